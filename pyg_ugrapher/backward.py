@@ -1,0 +1,126 @@
+r"""The backward pass of every operator, expressed as operators of the same IR.
+
+For an operator with edge function :math:`\phi(x_0, \dots, x_{n-1})` and upstream gradient
+:math:`G` (per destination for a gather op, per edge for message creation), the gradient message
+to operand slot :math:`i` is :math:`G \cdot \partial\phi/\partial x_i`, an elementwise expression
+over the same operands plus :math:`G`. It is routed with one IR operator, chosen by the slot's kind:
+
+* source vertices: a gather-sum on the **reversed** graph (the cached CSC);
+* destination vertices: a gather-sum on the graph itself;
+* edges: message creation (a reducing one, like ``u_dot_v``, when the edge operand is broadcast
+  over the last feature dimension).
+
+``mean`` scales :math:`G` by the inverse in-degree first (isolated vertices get no gradient).
+``max``/``min`` route :math:`G` to the edges whose message equals the result, split evenly among
+ties as ``torch.scatter_reduce(include_self=False)`` does: one extra gather-sum counts the ties
+(``eq(phi, out)``), and the routed message is ``eq(phi, out) * (G / count) * dphi/dx_i``. This
+needs no stored arg-index and works under every strategy, atomics included.
+
+Only IR is built here (:class:`GradStep`); :mod:`pyg_ugrapher.ops` runs the steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional, Tuple, Union
+
+from .ir import Expr, OpInfo
+
+#: A value feeding a gradient step: an operand slot of the forward op, or one of the tensors the
+#: backward computes ("grad": the (scaled) upstream gradient, "out": the forward output).
+Source = Union[int, str]
+
+_SWAP = {"src_v": "dst_v", "dst_v": "src_v", "edge": "edge"}
+
+
+@dataclass(frozen=True)
+class GradStep:
+    """One IR operator of the backward pass.
+
+    Args:
+        op: the operator to run.
+        reverse: run it on the reversed graph.
+        sources: what feeds each operand slot of ``op``.
+    """
+
+    op: OpInfo
+    reverse: bool
+    sources: Tuple[Source, ...]
+
+
+@dataclass(frozen=True)
+class Backward:
+    """The backward of one forward op: an optional tie-count step, then one step per slot."""
+
+    count: Optional[GradStep]  #: max/min only: per destination, how many messages equal the result
+    slots: Tuple[GradStep, ...]  #: the gradient of each forward operand slot
+
+
+def canonical(expr: Expr, kinds: Tuple[str, ...], gather_op: Optional[str], reduce: bool) -> OpInfo:
+    """An OpInfo for ``expr``; built-in (``u_mul_e_sum``, ``copy_e_sum``...) where it is one, so that
+    backward ops read like the forward ones and share their kernels and cost-model data."""
+    if not reduce and expr.fn == "input" and len(kinds) == 1:
+        return OpInfo("copy_lhs", gather_op, lhs=kinds[0])
+    binary = expr.fn in ("add", "sub", "mul", "div") and len(kinds) == 2 and \
+        tuple(a.fn for a in expr.args) == ("input", "input") and \
+        tuple(a.index for a in expr.args) == (0, 1)
+    if binary and (not reduce or expr.fn == "mul"):
+        return OpInfo("dot" if reduce else expr.fn, gather_op, lhs=kinds[0], rhs=kinds[1])
+    return OpInfo(expr, gather_op, operands=kinds, reduce=reduce)
+
+
+def _step(expr: Expr, kinds: Tuple[str, ...], sources: Tuple[Source, ...], gather_op: Optional[str],
+          reduce: bool, reverse: bool) -> GradStep:
+    """Keep only the slots ``expr`` reads, renumbered in the order they appear, and build the step."""
+    order = list(expr.inputs())
+    if expr.fn in ("add", "sub", "mul", "div") and all(a.fn == "input" for a in expr.args):
+        order = [a.index for a in expr.args] if len(order) == 2 else order
+    expr = expr.remap({old: new for new, old in enumerate(order)})
+    kinds = tuple(_SWAP[kinds[i]] if reverse else kinds[i] for i in order)
+    return GradStep(canonical(expr, kinds, gather_op, reduce), reverse, tuple(sources[i] for i in order))
+
+
+@lru_cache(maxsize=None)
+def derive(op: OpInfo, reduce_edge_slots: Tuple[bool, ...]) -> Backward:
+    """The backward of ``op``.
+
+    ``reduce_edge_slots[i]`` says that edge slot ``i`` is broadcast only over the last feature
+    dimension (one value per head, or per edge), so its gradient is a reducing message op instead
+    of a materialised ``[E, features]`` message followed by a sum.
+    """
+    n = len(op.inputs)
+    kinds = op.inputs + (("dst_v",) if op.gather_op else ("edge",))
+    sources: Tuple[Source, ...] = tuple(range(n)) + ("grad",)
+    grad = Expr.input(n)
+    count = None
+    if op.gather_op in ("max", "min"):
+        out = Expr.input(n + 1)
+        kinds = kinds + ("dst_v",)
+        sources = sources + ("out",)
+        winner = Expr.apply("eq", op.expr, out)
+        count = _step(winner, kinds, sources, "sum", False, False)
+        grad = winner * grad
+    steps = []
+    for i, kind in enumerate(op.inputs):
+        message = grad * op.expr.grad(i)
+        if kind == "src_v":
+            steps.append(_step(message, kinds, sources, "sum", False, True))
+        elif kind == "dst_v":
+            steps.append(_step(message, kinds, sources, "sum", False, False))
+        else:
+            steps.append(_step(message, kinds, sources, None, reduce_edge_slots[i], False))
+    return Backward(count, tuple(steps))
+
+
+def describe(op: OpInfo) -> str:
+    """Which IR op computes each gradient when every operand has the full feature shape (for the
+    docs' backward table)."""
+    backward = derive(op, (False,) * len(op.inputs))
+    names = ("lhs", "rhs") if op.is_builtin else tuple(f"in{i}" for i in range(len(op.inputs)))
+    parts = []
+    if backward.count is not None:
+        parts.append(f"ties: {backward.count.op.name}")
+    for name, step in zip(names, backward.slots):
+        where = " on the reversed graph" if step.reverse else ""
+        parts.append(f"d{name}: {step.op.name}{where}")
+    return "; ".join(parts)

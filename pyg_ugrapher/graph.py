@@ -1,0 +1,442 @@
+"""The graph data of an operator, apart from what is computed on it and how.
+
+A :class:`GraphTensor` holds the user's edges in the user's order and lazily builds, per device and
+index dtype, the structures the kernels walk: the destination-sorted CSR (rows are destinations,
+so a gather op reduces one row), the source-sorted CSC of the reversed graph (the backward pass),
+the COO in user order (message creation), the neighbour-group chunk tables, and the degree
+statistics the cost model reads. Edge-level tensors stay in the user's edge order at the API; the
+permutation from CSR positions back to edge ids (``eid``) is internal.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
+
+NumNodes = Union[None, int, Tuple[int, int]]
+_INT32_MAX = 2**31 - 1
+
+
+def index_dtype_for(num_nodes: int, num_edges: int) -> torch.dtype:
+    """int32 where every index and offset fits, int64 otherwise."""
+    return torch.int32 if max(num_nodes, num_edges) <= _INT32_MAX else torch.int64
+
+
+@dataclass(frozen=True)
+class CSR:
+    """Compressed rows: the edges of each row are contiguous.
+
+    For a graph's :meth:`GraphTensor.csr` the rows are destination vertices and ``col`` holds
+    sources; for :meth:`GraphTensor.csc` (the reversed graph) it is the other way round.
+    """
+
+    rowptr: Tensor  #: ``[num_rows + 1]`` offsets of each row's edges
+    col: Tensor  #: ``[E]`` the other endpoint of each edge, in row order
+    eid: Tensor  #: ``[E]`` the user's edge id at each position
+    rows: Tensor  #: ``[E]`` the row of each position (``rowptr`` expanded), for edge-parallel work
+    num_cols: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.rowptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.col.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.col.device
+
+
+@dataclass(frozen=True)
+class DegreeStats:
+    """Distribution of one side's degrees."""
+
+    mean: float
+    std: float
+    max: float
+    skew: float  #: Fisher skewness, 0 for a regular graph
+    top1_fraction: float  #: fraction of all edges held by the 1% highest-degree vertices
+    isolated_fraction: float  #: fraction of vertices with no edge on this side
+
+
+@dataclass(frozen=True)
+class GraphStats:
+    """Size and shape of a graph, as the cost model sees it.
+
+    ``rows`` describes the vertices an operator reduces into (destinations for a graph, sources
+    for its reverse); ``cols`` the vertices it gathers from.
+    """
+
+    num_rows: int
+    num_cols: int
+    num_edges: int
+    rows: DegreeStats
+    cols: DegreeStats
+
+
+# Derived structures are cached on the rowptr tensor itself (by identity, weakly): the custom op
+# of the frontend receives only tensors, and this lets it find a graph's chunk tables and
+# statistics again without the GraphTensor and without recomputing them per call.
+_DERIVED: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+
+
+def derived_cache(rowptr: Tensor) -> Dict:
+    """The per-structure cache of a CSR, keyed by its ``rowptr`` tensor object."""
+    cache = _DERIVED.get(rowptr)
+    if cache is None:
+        cache = {}
+        _DERIVED[rowptr] = cache
+    return cache
+
+
+def _degree_stats(degree: Tensor, num_edges: int) -> Tensor:
+    n = degree.numel()
+    if n == 0:
+        return torch.zeros(6, dtype=torch.float64, device=degree.device)
+    d = degree.to(torch.float64)
+    mean = d.mean()
+    std = d.std(unbiased=False)
+    skew = torch.where(std > 0, ((d - mean) ** 3).mean() / std.clamp_min(1e-12) ** 3, torch.zeros_like(std))
+    k = max(1, math.ceil(0.01 * n))
+    top = torch.topk(d, k).values.sum() / max(num_edges, 1)
+    isolated = (degree == 0).to(torch.float64).mean()
+    return torch.stack([mean, std, d.max(), skew, top, isolated])
+
+
+def csr_stats(csr: CSR) -> GraphStats:
+    """Degree statistics of a CSR, computed once per structure (one device sync)."""
+    cache = derived_cache(csr.rowptr)
+    if "stats" not in cache:
+        row_degree = csr.rowptr[1:] - csr.rowptr[:-1]
+        col_degree = torch.bincount(csr.col, minlength=csr.num_cols) if csr.num_edges else \
+            torch.zeros(csr.num_cols, dtype=torch.int64, device=csr.device)
+        values = torch.cat([_degree_stats(row_degree, csr.num_edges),
+                            _degree_stats(col_degree, csr.num_edges)]).tolist()
+        cache["stats"] = GraphStats(csr.num_rows, csr.num_cols, csr.num_edges,
+                                    DegreeStats(*values[:6]), DegreeStats(*values[6:]))
+    return cache["stats"]
+
+
+def chunk_table(csr: CSR, group_size: int) -> Tuple[Tensor, Tensor]:
+    """Neighbour groups: every row split into chunks of at most ``group_size`` edges.
+
+    Returns ``(chunk_row, chunk_start)``; a chunk ends at ``min(start + group_size, rowptr[row+1])``.
+    Every row has at least one chunk, so isolated rows are still written by the kernel.
+    Cached per structure and group size.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size: must be positive, got {group_size}")
+    cache = derived_cache(csr.rowptr)
+    key = ("chunks", group_size)
+    if key not in cache:
+        rowptr = csr.rowptr.to(torch.int64)
+        degree = rowptr[1:] - rowptr[:-1]
+        counts = torch.clamp((degree + group_size - 1) // group_size, min=1)
+        total = int(counts.sum()) if counts.numel() else 0
+        rows = torch.repeat_interleave(torch.arange(csr.num_rows, device=csr.device), counts,
+                                       output_size=total)
+        first = torch.cumsum(counts, 0) - counts
+        within = torch.arange(total, device=csr.device) - first[rows]
+        start = rowptr[:-1][rows] + within * group_size
+        cache[key] = (rows.to(csr.rowptr.dtype), start.to(csr.rowptr.dtype))
+    return cache[key]
+
+
+def build_csr(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, dtype: torch.dtype) -> CSR:
+    """Sort edges by ``rows`` (stable, so equal rows keep the user's edge order)."""
+    num_edges = rows.numel()
+    perm = torch.argsort(rows, stable=True)
+    sorted_rows = rows[perm]
+    counts = torch.bincount(sorted_rows, minlength=num_rows) if num_edges else \
+        torch.zeros(num_rows, dtype=torch.int64, device=rows.device)
+    rowptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=rows.device)
+    torch.cumsum(counts, 0, out=rowptr[1:])
+    return CSR(rowptr.to(dtype), cols[perm].to(dtype), perm.to(dtype), sorted_rows.to(dtype), num_cols)
+
+
+def _check_num(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"num_nodes: {name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"num_nodes: {name} must be non-negative, got {value}")
+    return value
+
+
+class GraphTensor:
+    r"""A directed graph :math:`(u \to v)` with ``num_src`` source and ``num_dst`` destination vertices.
+
+    Build it with :meth:`from_edge_index` (a ``[2, E]`` tensor, source row first as in PyG, or a PyG
+    ``EdgeIndex``) or :meth:`from_data` (a PyG ``Data``). The sizes may differ (bipartite message
+    passing, PyG's ``size=(N_src, N_dst)``). Structures are built on first use and cached per
+    device and index dtype, so one graph serves the CPU and several GPUs.
+
+    Args:
+        src: ``[E]`` source vertex of each edge.
+        dst: ``[E]`` destination vertex of each edge.
+        num_src: number of source vertices.
+        num_dst: number of destination vertices.
+        index_dtype: force int32 or int64 indices in the kernels; default: int32 where it fits.
+        validate: check dtypes, shapes and index ranges (one device sync).
+    """
+
+    def __init__(self, src: Tensor, dst: Tensor, num_src: int, num_dst: int, *,
+                 index_dtype: Optional[torch.dtype] = None, validate: bool = True) -> None:
+        num_src = _check_num("num_src", num_src)
+        num_dst = _check_num("num_dst", num_dst)
+        if validate:
+            _validate_endpoints(src, dst, num_src, num_dst)
+        if index_dtype is None:
+            index_dtype = index_dtype_for(max(num_src, num_dst), src.numel())
+        elif index_dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"index_dtype: must be torch.int32 or torch.int64, got {index_dtype}")
+        elif index_dtype == torch.int32 and index_dtype_for(max(num_src, num_dst), src.numel()) != torch.int32:
+            raise ValueError("index_dtype: this graph is too large for int32 indices")
+        self.src = src.to(torch.int64)
+        self.dst = dst.to(torch.int64)
+        self.num_src = num_src
+        self.num_dst = num_dst
+        self.index_dtype = index_dtype
+        # Shared with the reversed graph, whose CSR is this graph's CSC and vice versa.
+        self._csr_cache: Dict[torch.device, CSR] = {}
+        self._csc_cache: Dict[torch.device, CSR] = {}
+        self._coo_cache: Dict[torch.device, Tuple[Tensor, Tensor]] = {}
+        self._reverse: Optional[GraphTensor] = None
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_edge_index(cls, edge_index: Tensor, num_nodes: NumNodes = None, *,
+                        index_dtype: Optional[torch.dtype] = None, validate: bool = True) -> "GraphTensor":
+        """From a ``[2, E]`` tensor (row 0 = source) or a PyG ``EdgeIndex``.
+
+        ``num_nodes`` is an int (both sides), a ``(num_src, num_dst)`` pair, or ``None`` to infer
+        it from the indices (an ``EdgeIndex`` supplies its own sparse size).
+        """
+        if not isinstance(edge_index, Tensor):
+            raise TypeError(f"edge_index: expected a torch.Tensor of shape [2, E], got "
+                            f"{type(edge_index).__name__}")
+        if num_nodes is None and hasattr(edge_index, "sparse_size"):
+            sizes = edge_index.sparse_size()
+            if sizes[0] is not None and sizes[1] is not None:
+                num_nodes = (int(sizes[0]), int(sizes[1]))
+        if hasattr(edge_index, "as_tensor"):
+            edge_index = edge_index.as_tensor()
+        if edge_index.dim() != 2 or edge_index.size(0) != 2:
+            raise ValueError(f"edge_index: expected shape [2, E], got {list(edge_index.shape)}")
+        _check_index_dtype(edge_index)
+        src, dst = edge_index[0], edge_index[1]
+        if num_nodes is None:
+            inferred = int(edge_index.max()) + 1 if edge_index.numel() else 0
+            num_src = num_dst = inferred
+        elif isinstance(num_nodes, tuple) or isinstance(num_nodes, list):
+            if len(num_nodes) != 2:
+                raise ValueError(f"num_nodes: expected an int or a (num_src, num_dst) pair, got {num_nodes}")
+            num_src = _check_num("num_src", num_nodes[0])
+            num_dst = _check_num("num_dst", num_nodes[1])
+        else:
+            num_src = num_dst = _check_num("num_nodes", num_nodes)
+        return cls(src, dst, num_src, num_dst, index_dtype=index_dtype, validate=validate)
+
+    @classmethod
+    def from_data(cls, data, **kwargs) -> "GraphTensor":
+        """From a PyG ``Data`` (its ``edge_index`` and ``num_nodes``)."""
+        edge_index = getattr(data, "edge_index", None)
+        if edge_index is None:
+            raise ValueError("data: has no edge_index")
+        return cls.from_edge_index(edge_index, data.num_nodes, **kwargs)
+
+    # -- sizes -------------------------------------------------------------------------------
+    @property
+    def num_edges(self) -> int:
+        return self.src.numel()
+
+    @property
+    def device(self) -> torch.device:
+        """Where the user's edges live; structures for other devices are built on demand."""
+        return self.src.device
+
+    @property
+    def edge_index(self) -> Tensor:
+        return torch.stack([self.src, self.dst])
+
+    @property
+    def is_bipartite(self) -> bool:
+        return self.num_src != self.num_dst
+
+    def __repr__(self) -> str:
+        sizes = f"num_nodes={self.num_src}" if not self.is_bipartite else \
+            f"num_src={self.num_src}, num_dst={self.num_dst}"
+        return f"GraphTensor({sizes}, num_edges={self.num_edges}, device={self.device})"
+
+    # -- structures --------------------------------------------------------------------------
+    def _resolve(self, device: Union[None, str, torch.device]) -> torch.device:
+        device = self.device if device is None else torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
+
+    def csr(self, device: Union[None, str, torch.device] = None) -> CSR:
+        """Destination-sorted CSR: row ``v`` lists the edges into ``v``."""
+        device = self._resolve(device)
+        if device not in self._csr_cache:
+            self._csr_cache[device] = build_csr(self.dst.to(device), self.src.to(device),
+                                                self.num_dst, self.num_src, self.index_dtype)
+        return self._csr_cache[device]
+
+    def csc(self, device: Union[None, str, torch.device] = None) -> CSR:
+        """Source-sorted CSR of the reversed graph: row ``u`` lists the edges out of ``u``."""
+        return self.reverse().csr(device)
+
+    def coo(self, device: Union[None, str, torch.device] = None) -> Tuple[Tensor, Tensor]:
+        """``(src, dst)`` in the user's edge order, in the index dtype."""
+        device = self._resolve(device)
+        if device not in self._coo_cache:
+            self._coo_cache[device] = (self.src.to(device, self.index_dtype),
+                                       self.dst.to(device, self.index_dtype))
+        return self._coo_cache[device]
+
+    def structure(self, device: Union[None, str, torch.device] = None) -> List[Tensor]:
+        """The index arrays the custom op takes: CSR (rowptr, col, eid, rows), then the CSC, then
+        ``src`` and ``dst`` in user order, all in the index dtype."""
+        device = self._resolve(device)
+        csr, csc = self.csr(device), self.csc(device)
+        src, dst = self.coo(device)
+        return [csr.rowptr, csr.col, csr.eid, csr.rows, csc.rowptr, csc.col, csc.eid, csc.rows, src, dst]
+
+    def reverse(self) -> "GraphTensor":
+        """The graph with every edge turned around; shares this graph's caches."""
+        if self._reverse is None:
+            rev = GraphTensor.__new__(GraphTensor)
+            rev.src, rev.dst = self.dst, self.src
+            rev.num_src, rev.num_dst = self.num_dst, self.num_src
+            rev.index_dtype = self.index_dtype
+            rev._csr_cache, rev._csc_cache = self._csc_cache, self._csr_cache
+            rev._coo_cache = {}
+            rev._reverse = self
+            self._reverse = rev
+        return self._reverse
+
+    def stats(self, device: Union[None, str, torch.device] = None) -> GraphStats:
+        """Degree statistics (rows = destinations), cached."""
+        return csr_stats(self.csr(device))
+
+    def chunks(self, group_size: int, device: Union[None, str, torch.device] = None) -> Tuple[Tensor, Tensor]:
+        """The neighbour-group chunk table of the CSR (see :func:`chunk_table`)."""
+        return chunk_table(self.csr(device), group_size)
+
+    def in_degree(self, device: Union[None, str, torch.device] = None) -> Tensor:
+        rowptr = self.csr(device).rowptr
+        return (rowptr[1:] - rowptr[:-1]).to(torch.int64)
+
+    def out_degree(self, device: Union[None, str, torch.device] = None) -> Tensor:
+        return self.reverse().in_degree(device)
+
+    # -- reordering --------------------------------------------------------------------------
+    def reorder(self, method: str = "rcm") -> Tuple["GraphTensor", Tensor]:
+        """Relabel the vertices for locality; returns ``(graph, perm)`` with ``perm[new] = old``.
+
+        ``"degree"`` sorts vertices by decreasing total degree (hubs share cache lines);
+        ``"rcm"`` is reverse Cuthill-McKee on the symmetrised graph (neighbours get close ids).
+        Only for graphs whose two sides are the same vertex set. Vertex features must be permuted
+        with ``x[perm]`` and outputs mapped back with ``out[inverse]`` where
+        ``inverse[perm] = arange(N)``; edges keep their order.
+        """
+        if self.is_bipartite:
+            raise ValueError("method: reordering needs the same vertex set on both sides, "
+                             "this graph is bipartite")
+        n = self.num_src
+        degree = self.in_degree(self.device) + self.out_degree(self.device)
+        if method == "degree":
+            perm = torch.argsort(-degree, stable=True)
+        elif method == "rcm":
+            perm = _reverse_cuthill_mckee(self.src, self.dst, n, degree)
+        else:
+            raise ValueError(f"method: unknown reordering {method!r}; expected 'rcm' or 'degree'")
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(n, device=perm.device)
+        graph = GraphTensor(inverse[self.src], inverse[self.dst], n, n,
+                            index_dtype=self.index_dtype, validate=False)
+        return graph, perm
+
+
+def _reverse_cuthill_mckee(src: Tensor, dst: Tensor, n: int, degree: Tensor) -> Tensor:
+    """Level-synchronous RCM: BFS from a minimum-degree vertex of each component; within a level,
+    vertices are ordered by the position of their earliest visited neighbour, then by degree."""
+    device = src.device
+    sym = build_csr(torch.cat([src, dst]), torch.cat([dst, src]), n, n, torch.int64)
+    order = torch.full((n,), -1, dtype=torch.int64, device=device)
+    position = 0
+    by_degree = torch.argsort(degree, stable=True)
+    cursor = 0
+    while position < n:
+        while order[by_degree[cursor]] >= 0:
+            cursor += 1
+        frontier = by_degree[cursor:cursor + 1]
+        order[frontier] = position
+        position += 1
+        while frontier.numel():
+            counts = sym.rowptr[frontier + 1] - sym.rowptr[frontier]
+            parents = torch.repeat_interleave(frontier, counts)
+            starts = torch.repeat_interleave(sym.rowptr[frontier], counts)
+            offsets = torch.arange(parents.numel(), device=device) - \
+                torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+            neighbours = sym.col[starts + offsets]
+            fresh = order[neighbours] < 0
+            neighbours, parents = neighbours[fresh], parents[fresh]
+            if neighbours.numel() == 0:
+                break
+            # Key each new vertex by its earliest-ordered parent, then its degree.
+            key = order[parents] * (n + 1) + degree[neighbours]
+            best = torch.full((n,), torch.iinfo(torch.int64).max, dtype=torch.int64, device=device)
+            best.scatter_reduce_(0, neighbours, key, reduce="amin")
+            frontier = torch.unique(neighbours)
+            frontier = frontier[torch.argsort(best[frontier], stable=True)]
+            order[frontier] = torch.arange(position, position + frontier.numel(), device=device)
+            position += frontier.numel()
+    perm = torch.empty(n, dtype=torch.int64, device=device)
+    perm[order] = torch.arange(n, device=device)
+    return perm.flip(0)
+
+
+def _check_index_dtype(index: Tensor) -> None:
+    if index.dtype in (torch.bool,) or index.is_floating_point() or index.is_complex():
+        raise TypeError(f"edge_index: indices must be an integer tensor, got {index.dtype}")
+
+
+def _validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> None:
+    for name, index, bound in (("src", src, num_src), ("dst", dst, num_dst)):
+        if not isinstance(index, Tensor):
+            raise TypeError(f"edge_index: {name} must be a tensor, got {type(index).__name__}")
+        _check_index_dtype(index)
+        if index.dim() != 1:
+            raise ValueError(f"edge_index: {name} must be one-dimensional, got shape {list(index.shape)}")
+    if src.numel() != dst.numel():
+        raise ValueError(f"edge_index: src and dst differ in length ({src.numel()} vs {dst.numel()})")
+    if src.device != dst.device:
+        raise ValueError(f"edge_index: src and dst are on different devices ({src.device}, {dst.device})")
+    if src.numel() == 0:
+        return
+    low = torch.stack([src.min(), dst.min()]).tolist()
+    high = torch.stack([src.max(), dst.max()]).tolist()
+    if min(low) < 0:
+        raise ValueError(f"edge_index: negative vertex index {min(low)}")
+    if high[0] >= num_src:
+        raise ValueError(f"edge_index: source index {high[0]} out of range for num_src={num_src}")
+    if high[1] >= num_dst:
+        raise ValueError(f"edge_index: destination index {high[1]} out of range for num_dst={num_dst}")
+
+
+def as_graph(graph: Union["GraphTensor", Tensor], num_nodes: NumNodes = None) -> "GraphTensor":
+    """Accept a GraphTensor as is, or build one from an edge index."""
+    if isinstance(graph, GraphTensor):
+        return graph
+    return GraphTensor.from_edge_index(graph, num_nodes)
+
+
+__all__: Sequence[str] = ["GraphTensor", "CSR", "GraphStats", "DegreeStats", "chunk_table",
+                          "csr_stats", "derived_cache", "build_csr", "index_dtype_for", "as_graph"]

@@ -1,0 +1,254 @@
+"""``compute``: run one IR operator, differentiably, as a ``torch.library`` custom op.
+
+Every call goes through the custom op ``pyg_ugrapher::graph_op``. It receives only tensors and
+strings (the graph's index arrays, the operands, the serialised :class:`OpInfo` and schedule),
+so ``torch.compile`` traces it as one opaque node with a fake implementation for shapes, and a
+new graph per mini-batch is just new tensors: no recompilation and no graph break. The schedule is
+decided inside the op at run time (``"auto"``: the cost model, cached per graph and op), so the
+same compiled graph serves every graph. Its backward, registered with
+``torch.library.register_autograd``, is made of the same custom op (:mod:`pyg_ugrapher.backward`).
+
+Where it runs: CUDA tensors go to the Triton kernels; CPU tensors go to the reference executor,
+or to the Triton kernels through the interpreter when ``TRITON_INTERPRET=1``.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+import triton_kernels
+from triton_kernels import GraphArrays
+
+from . import reference
+from .backward import Backward, GradStep, derive
+from .graph import CSR, GraphTensor, NumNodes, as_graph
+from .ir import OpInfo
+from .layout import Layout, infer_layout, slot_names
+from .parallel import ParallelInfo
+
+AUTO = "auto"
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@lru_cache(maxsize=4096)
+def _op(text: str) -> OpInfo:
+    return OpInfo.deserialize(text)
+
+
+@lru_cache(maxsize=4096)
+def _layout(op_text: str, shapes: Tuple[Tuple[int, ...], ...]) -> Layout:
+    return infer_layout(_op(op_text), shapes)
+
+
+def _arrays(structure: Sequence[Tensor]) -> GraphArrays:
+    """The forward graph's arrays from a structure list (see :meth:`GraphTensor.structure`)."""
+    rowptr, col, eid, rows, csc_rowptr = structure[:5]
+    src, dst = structure[8], structure[9]
+    return GraphArrays(CSR(rowptr, col, eid, rows, csc_rowptr.numel() - 1), src, dst)
+
+
+def reversed_structure(structure: Sequence[Tensor]) -> List[Tensor]:
+    """The structure list of the reversed graph: CSR and CSC swap, and so do the endpoints."""
+    return list(structure[4:8]) + list(structure[:4]) + [structure[9], structure[8]]
+
+
+def uses_triton(device: torch.device) -> bool:
+    return device.type == "cuda" or triton_kernels.interpreting()
+
+
+def schedule_for(op: OpInfo, layout: Layout, csr: CSR, dtype: torch.dtype, device: torch.device,
+                 text: str = AUTO) -> ParallelInfo:
+    """The schedule named by ``text``, or the one the cost model picks for this call."""
+    if text != AUTO:
+        return ParallelInfo.deserialize(text)
+    from autotune import select
+    return select(csr, op, layout.message_width, dtype, reduce_size=layout.reduce_size, device=device)
+
+
+@torch.library.custom_op("pyg_ugrapher::graph_op", mutates_args=())
+def graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
+    """Run the serialised IR op ``op`` on a graph given by its structure list."""
+    info = _op(op)
+    layout = _layout(op, tuple(tuple(t.shape) for t in operands))
+    device = operands[0].device
+    if not uses_triton(device):
+        graph = GraphTensor(structure[8], structure[9], structure[4].numel() - 1,
+                            structure[0].numel() - 1, validate=False)
+        return reference.execute(graph, info, operands)
+    arrays = _arrays(structure)
+    dtype = reference.result_dtype(operands)
+    chosen = schedule_for(info, layout, arrays.csr, dtype, device, schedule)
+    return triton_kernels.run(info, layout, arrays, operands, chosen, dtype)
+
+
+@graph_op.register_fake
+def _(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
+    info = _op(op)
+    layout = _layout(op, tuple(tuple(t.shape) for t in operands))
+    rows = structure[0].shape[0] - 1 if info.gather_op else structure[1].shape[0]
+    return operands[0].new_empty((rows,) + layout.out_shape, dtype=reference.result_dtype(operands))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    structure, operands, op, schedule = inputs
+    ctx.op, ctx.schedule = op, schedule
+    ctx.num_structure = len(structure)
+    ctx.save_for_backward(*structure, *operands, output)
+
+
+def _backward(ctx, grad: Tensor):
+    saved = ctx.saved_tensors
+    structure = list(saved[:ctx.num_structure])
+    operands = list(saved[ctx.num_structure:-1])
+    out = saved[-1]
+    needed = ctx.needs_input_grad[1]
+    grads = operand_grads(structure, operands, out, grad, ctx.op, ctx.schedule, needed)
+    return [None] * len(structure), grads, None, None
+
+
+torch.library.register_autograd("pyg_ugrapher::graph_op", _backward, setup_context=_setup_context)
+
+
+def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, grad: Tensor, op_text: str,
+                  schedule: str, needed: Sequence[bool]) -> List[Optional[Tensor]]:
+    """Gradients of every operand slot, each computed by IR ops (see :mod:`pyg_ugrapher.backward`)."""
+    op = _op(op_text)
+    layout = _layout(op_text, tuple(tuple(t.shape) for t in operands))
+    reducible = tuple(kind == "edge" and pattern in ("head", "scalar")
+                      for kind, pattern in zip(op.inputs, layout.patterns))
+    plan: Backward = derive(op, reducible)
+    reversed_ = reversed_structure(structure)
+    values = {"out": out}
+    if op.gather_op == "mean":
+        degree = (structure[0][1:] - structure[0][:-1]).clamp_min(1).to(grad.dtype)
+        values["grad"] = grad / degree.view((-1,) + (1,) * (grad.dim() - 1))
+    elif op.gather_op in ("max", "min"):
+        if out.dtype in (torch.float16, torch.bfloat16):
+            # Messages are compared in float32, so compare them with the float32 result (the
+            # kernels upcast every operand on load, so this recomputes exactly that result).
+            values["out"] = graph_op(structure, [t.float() for t in operands], op_text, schedule)
+        count = _run_step(plan.count, structure, reversed_, operands, values, schedule)
+        values["grad"] = grad / count.clamp_min(1).to(grad.dtype)
+    else:
+        values["grad"] = grad
+    grads: List[Optional[Tensor]] = []
+    for slot, (step, tensor) in enumerate(zip(plan.slots, operands)):
+        if not needed[slot]:
+            grads.append(None)
+            continue
+        result = _run_step(step, structure, reversed_, operands, values, schedule)
+        grads.append(_sum_to(result, tensor, layout))
+    return grads
+
+
+def _run_step(step: GradStep, structure: List[Tensor], reversed_: List[Tensor], operands: List[Tensor],
+              values: dict, schedule: str) -> Tensor:
+    inputs = [operands[s] if isinstance(s, int) else values[s] for s in step.sources]
+    graph = reversed_ if step.reverse else structure
+    step_schedule = _inherit(schedule, step.op, inputs)
+    return graph_op(graph, inputs, step.op.serialize(), step_schedule)
+
+
+def _inherit(schedule: str, op: OpInfo, inputs: Sequence[Tensor]) -> str:
+    """An explicit forward schedule also runs the backward ops where it is valid for them."""
+    if schedule == AUTO:
+        return AUTO
+    try:
+        layout = infer_layout(op, [t.shape for t in inputs])
+        ParallelInfo.deserialize(schedule).validate_for(op.gather_op, layout.message_width)
+    except ValueError:
+        return AUTO
+    return schedule
+
+
+def _sum_to(grad: Tensor, operand: Tensor, layout: Layout) -> Tensor:
+    """Reduce a gradient over the feature dimensions its operand was broadcast along."""
+    if grad.shape == operand.shape:
+        return grad
+    feature = tuple(operand.shape[1:])
+    padded = (1,) * (len(layout.message_shape) - len(feature)) + feature
+    return grad.sum_to_size((operand.shape[0],) + padded).reshape(operand.shape)
+
+
+# -- the public entry point --------------------------------------------------------------------
+def _slot_tensors(op: OpInfo, lhs: Optional[Tensor], rhs: Optional[Tensor],
+                  operands: Optional[Sequence[Tensor]]) -> List[Tensor]:
+    if op.is_builtin:
+        if operands is not None:
+            raise ValueError("operands: built-in edge ops take lhs= and rhs=, not operands=")
+        tensors = []
+        for name, kind, value in (("lhs", op.lhs, lhs), ("rhs", op.rhs, rhs)):
+            if kind is None and value is not None:
+                raise ValueError(f"{name}: {op.name} reads no {name}; pass {name}=None")
+            if kind is not None:
+                if value is None:
+                    raise ValueError(f"{name}: {op.name} reads {name} ({kind}) but it was not given")
+                tensors.append(value)
+        return tensors
+    if lhs is not None or rhs is not None:
+        raise ValueError("lhs: an Expr op takes its tensors in operands=[...], in slot order")
+    if operands is None or len(operands) != len(op.inputs):
+        raise ValueError(f"operands: {op.name} reads {len(op.inputs)} operands, got "
+                         f"{None if operands is None else len(operands)}")
+    return list(operands)
+
+
+def _validate(graph: GraphTensor, op: OpInfo, tensors: Sequence[Tensor]) -> Layout:
+    names = slot_names(op)
+    rows_of = {"src_v": ("num_src", graph.num_src), "dst_v": ("num_dst", graph.num_dst),
+               "edge": ("num_edges", graph.num_edges)}
+    device = None
+    for name, kind, tensor in zip(names, op.inputs, tensors):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype not in _FLOATS:
+            raise TypeError(f"{name}: features must be float16, bfloat16, float32 or float64, "
+                            f"got {tensor.dtype}")
+        if tensor.dim() == 0:
+            raise ValueError(f"{name}: expected shape [rows, ...], got a scalar")
+        label, rows = rows_of[kind]
+        if tensor.shape[0] != rows:
+            raise ValueError(f"{name}: a {kind} operand needs {rows} rows ({label}), got shape "
+                             f"{list(tensor.shape)}")
+        if device is None:
+            device = tensor.device
+        elif tensor.device != device:
+            raise ValueError(f"{name}: on {tensor.device}, but {names[0]} is on {device}")
+    return infer_layout(op, [t.shape for t in tensors])
+
+
+def compute(graph: Union[GraphTensor, Tensor], op: Union[OpInfo, str], lhs: Optional[Tensor] = None,
+            rhs: Optional[Tensor] = None, *, operands: Optional[Sequence[Tensor]] = None,
+            parallel_info: Optional[ParallelInfo] = None, num_nodes: NumNodes = None) -> Tensor:
+    r"""Run one graph operator; differentiable with respect to every floating operand.
+
+    Args:
+        graph: a :class:`GraphTensor`, or an edge index ``[2, E]`` (then ``num_nodes`` applies).
+        op: an :class:`OpInfo` or a DGL-style name such as ``"u_mul_e_sum"``.
+        lhs: the left operand (``[rows]``, ``[rows, F]`` or ``[rows, H, C]``; rows are ``num_src``,
+            ``num_dst`` or ``num_edges`` by the operand's kind).
+        rhs: the right operand.
+        operands: the operands of an :class:`~pyg_ugrapher.ir.Expr` op, in slot order.
+        parallel_info: the schedule; ``None`` lets the cost model choose per graph and op.
+
+    Returns:
+        ``[num_dst, *features]`` for a gather op, ``[num_edges, *features]`` (user edge order) for
+        message creation.
+    """
+    if isinstance(op, str):
+        op = OpInfo.from_name(op)
+    elif not isinstance(op, OpInfo):
+        raise TypeError(f"op: expected an OpInfo or an op name, got {type(op).__name__}")
+    if parallel_info is not None and not isinstance(parallel_info, ParallelInfo):
+        raise TypeError(f"parallel_info: expected a ParallelInfo or None, got {type(parallel_info).__name__}")
+    graph = as_graph(graph, num_nodes)
+    tensors = _slot_tensors(op, lhs, rhs, operands)
+    layout = _validate(graph, op, tensors)
+    schedule = AUTO
+    if parallel_info is not None:
+        parallel_info.validate_for(op.gather_op, layout.message_width)
+        schedule = parallel_info.serialize()
+    return graph_op(graph.structure(tensors[0].device), tensors, op.serialize(), schedule)

@@ -1,0 +1,11 @@
+"""Triton kernel templates, one per parallel strategy, filled in from the IR by a code generator.
+
+No autograd and no PyG here: :func:`run` takes index arrays, operand tensors, an
+:class:`~pyg_ugrapher.ir.OpInfo` with its :class:`~pyg_ugrapher.layout.Layout` and a
+:class:`~pyg_ugrapher.parallel.ParallelInfo`, and returns the output.
+"""
+from .codegen import GraphArrays, cache_dir, interpreting
+from .dispatch import TEMPLATES, kernel_source, run
+from .space import space
+
+__all__ = ["GraphArrays", "TEMPLATES", "cache_dir", "interpreting", "kernel_source", "run", "space"]

@@ -1,0 +1,287 @@
+"""Generate Triton source for one (template, edge function, gather op, layout) from the IR.
+
+A template (one module per parallel strategy) owns the loop structure, the masks, the tiling and
+the reduction. It leaves holes that this module fills from the :class:`~pyg_ugrapher.ir.OpInfo`:
+
+* ``{operand_params}``: the pointer and row stride of each operand;
+* ``{hoisted}``: loads of operands whose row is the same for the whole edge loop (the destination
+  row in CSR-ordered templates), done once per row;
+* ``{message}``: loads of per-edge operands and the edge function, leaving ``msg``, a
+  ``[BLOCK_E, BLOCK_F]`` tile in the accumulation dtype (for a reducing op, the sum over the
+  last dimension, accumulated in a loop over ``R`` in chunks of ``BLOCK_R``);
+* the gather op's identity, combine and reduce functions.
+
+Templates name the row index of each operand kind (``u`` source, ``v`` destination, ``ei`` user
+edge id) and say which of them are scalars. The generated module is written to a cache folder as a
+real ``.py`` file (Triton compiles from source; a user can read it) and imported once.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import triton
+from torch import Tensor
+
+from pyg_ugrapher.graph import CSR
+from pyg_ugrapher.ir import Expr, parse_expr
+
+#: Row index variable of each operand kind inside every template.
+ROW_VARS = {"src_v": "u", "dst_v": "v", "edge": "ei"}
+
+_IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
+_COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "max": "tl.maximum({a}, {b})",
+            "min": "tl.minimum({a}, {b})"}
+_REDUCE = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}
+_ATOMIC = {"sum": "tl.atomic_add", "mean": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
+
+_UNARY = {
+    "neg": "(-{0})", "exp": "tl.exp({0})", "log": "tl.log({0})", "relu": "tl.maximum({0}, 0.0)",
+    "sigmoid": "tl.sigmoid({0})", "abs": "tl.abs({0})", "sqrt": "tl.sqrt({0})",
+    "square": "({0} * {0})", "reciprocal": "(1.0 / {0})",
+    # No tanh in triton.language: 1 - 2 / (exp(2x) + 1) saturates correctly at both ends.
+    "tanh": "(1.0 - 2.0 / (tl.exp(2.0 * {0}) + 1.0))",
+}
+_BINARY = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
+    "maximum": "tl.maximum({0}, {1})", "minimum": "tl.minimum({0}, {1})",
+    "eq": "tl.where({0} == {1}, 1.0, 0.0)", "gt": "tl.where({0} > {1}, 1.0, 0.0)",
+    "leaky_relu": "tl.where({0} >= 0.0, {0}, {0} * {1})",
+}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything that makes two generated kernels differ (besides dtypes, which Triton
+    specialises on by itself)."""
+
+    template: str
+    expr: str  #: :meth:`Expr.serialize` of the edge function
+    kinds: Tuple[str, ...]  #: operand kind per slot
+    patterns: Tuple[str, ...]  #: layout pattern per slot
+    gather_op: Optional[str]
+    reduce: bool  #: the message is summed over ``R`` features per output feature
+    acc64: bool  #: accumulate in float64 (float64 inputs)
+    wide: bool  #: int64 offsets (some row x stride product exceeds int32)
+
+
+def render_expr(expr: Expr, names: Sequence[str], acc: str) -> str:
+    """The edge function as a Triton expression over tiles named ``names``."""
+    if expr.fn == "input":
+        return names[expr.index]
+    if expr.fn == "const":
+        return f"{expr.value!r}"
+    args = [render_expr(arg, names, acc) for arg in expr.args]
+    if expr.fn in _UNARY:
+        return _UNARY[expr.fn].format(*args)
+    return _BINARY[expr.fn].format(*args)
+
+
+def _offset(pattern: str, f: str) -> str:
+    return {"full": f, "head": f"({f} // C)", "inner": f"({f} % C)"}[pattern]
+
+
+class Snippets:
+    """The holes of a template, generated for one :class:`KernelSpec`.
+
+    Args:
+        spec: the kernel.
+        scalar_rows: operand kinds whose row index is a scalar in this template; their loads are
+            hoisted out of the edge loop and masked by the template's scalar ``live``.
+    """
+
+    def __init__(self, spec: KernelSpec, scalar_rows: Sequence[str] = ()) -> None:
+        self.spec = spec
+        self.acc = "tl.float64" if spec.acc64 else "tl.float32"
+        self.scalar_rows = set(scalar_rows)
+        self.expr = parse_expr(spec.expr)
+
+    # -- signature -----------------------------------------------------------------------
+    @property
+    def operand_params(self) -> str:
+        return "".join(f"in{k}_ptr, in{k}_stride, " for k in range(len(self.spec.kinds)))
+
+    def needs(self, kind: str) -> bool:
+        """Whether some operand reads rows of this kind."""
+        return kind in self.spec.kinds
+
+    def row(self, var: str) -> str:
+        return f"{var}.to(tl.int64)" if self.spec.wide else var
+
+    # -- gather op -------------------------------------------------------------------------
+    @property
+    def identity(self) -> str:
+        return _IDENTITY[self.spec.gather_op]
+
+    def combine(self, a: str, b: str) -> str:
+        return _COMBINE[self.spec.gather_op].format(a=a, b=b)
+
+    @property
+    def reduce_fn(self) -> str:
+        return _REDUCE[self.spec.gather_op]
+
+    @property
+    def atomic_fn(self) -> str:
+        return _ATOMIC[self.spec.gather_op]
+
+    # -- loads and the edge function ---------------------------------------------------------
+    def _load(self, k: int, f: str, fmask: str, tile_dims: int) -> str:
+        """Load operand ``k`` as a tile broadcastable to ``[BLOCK_E, *f.shape]``."""
+        kind, pattern = self.spec.kinds[k], self.spec.patterns[k]
+        row = self.row(ROW_VARS[kind])
+        scalar_row = kind in self.scalar_rows
+        lead = "[None, :]" if tile_dims == 1 else "[None, :, :]"
+        edge_axis = "[:, None]" if tile_dims == 1 else "[:, None, None]"
+        base = f"in{k}_ptr + {row} * in{k}_stride"
+        if pattern == "scalar":
+            if scalar_row:
+                return f"tl.load({base}, mask=live, other=0.0).to({self.acc})"
+            return f"tl.load({base}, mask=emask, other=0.0).to({self.acc}){edge_axis}"
+        offset = _offset(pattern, f)
+        if scalar_row:
+            return f"tl.load({base} + {offset}, mask={fmask} & live, other=0.0).to({self.acc}){lead}"
+        row_index = f"{row}{edge_axis}"
+        inner = f"{offset}{lead}"
+        mask = f"emask{edge_axis} & {fmask}{lead}"
+        return f"tl.load(in{k}_ptr + {row_index} * in{k}_stride + {inner}, mask={mask}, other=0.0).to({self.acc})"
+
+    def hoisted(self, indent: int) -> str:
+        """Loads done once per row (elementwise ops only: a reducing op loads inside its loop)."""
+        if self.spec.reduce:
+            return _indent([], indent)
+        lines = [f"x{k} = {self._load(k, 'f', 'fmask', 1)}"
+                 for k, kind in enumerate(self.spec.kinds) if kind in self.scalar_rows]
+        return _indent(lines, indent)
+
+    def message(self, indent: int) -> str:
+        """Code that leaves the ``[BLOCK_E, BLOCK_F]`` message tile in ``msg``."""
+        names = [f"x{k}" for k in range(len(self.spec.kinds))]
+        if not self.spec.reduce:
+            lines = [f"x{k} = {self._load(k, 'f', 'fmask', 1)}"
+                     for k, kind in enumerate(self.spec.kinds) if kind not in self.scalar_rows]
+            lines.append(f"msg = tl.broadcast_to({render_expr(self.expr, names, self.acc)}, [BLOCK_E, BLOCK_F])")
+            return _indent(lines, indent)
+        lines = [
+            f"msg = tl.zeros([BLOCK_E, BLOCK_F], {self.acc})",
+            "for r0 in range(0, R, BLOCK_R):",
+            "    r = r0 + tl.arange(0, BLOCK_R)",
+            "    ff = f[:, None] * R + r[None, :]",
+            "    ffmask = fmask[:, None] & (r < R)[None, :]",
+        ]
+        lines += [f"    x{k} = {self._load(k, 'ff', 'ffmask', 2)}" for k in range(len(self.spec.kinds))]
+        body = render_expr(self.expr, names, self.acc)
+        lines.append(f"    msg += tl.sum(tl.broadcast_to({body}, [BLOCK_E, BLOCK_F, BLOCK_R]), axis=2)")
+        return _indent(lines, indent)
+
+    # -- fragments shared by the CSR-ordered templates -----------------------------------------
+    def csr_edge_loads(self, indent: int, need_eid: bool = False) -> str:
+        """Source ids and user edge ids of the CSR positions ``e``, loaded only when read."""
+        lines = []
+        if self.needs("src_v"):
+            lines.append("u = tl.load(col_ptr + e, mask=emask, other=0)")
+        if need_eid or self.needs("edge"):
+            lines.append("ei = tl.load(eid_ptr + e, mask=emask, other=0)")
+        return _indent(lines, indent)
+
+    def row_reduction(self, indent: int) -> str:
+        """Reduce the CSR edges ``[start, end)`` of the scalar row ``v`` into ``res``: a
+        ``[BLOCK_E, BLOCK_F]`` register accumulator, reduced once after the loop."""
+        pad = " " * indent
+        masked = f"tl.where(emask[:, None], msg, {self.identity})"
+        return "\n".join([
+            self.hoisted(indent),
+            f"{pad}acc = tl.full([BLOCK_E, BLOCK_F], {self.identity}, {self.acc})",
+            f"{pad}for e0 in range(start, end, BLOCK_E):",
+            f"{pad}    e = e0 + tl.arange(0, BLOCK_E)",
+            f"{pad}    emask = e < end",
+            self.csr_edge_loads(indent + 4),
+            self.message(indent + 4),
+            f"{pad}    acc = {self.combine('acc', masked)}",
+            f"{pad}res = {self.reduce_fn}(acc, axis=0)",
+        ])
+
+    def finalize(self, degree: str, indent: int) -> str:
+        """Turn a row's reduction into its output: mean divides by the degree, max/min of an
+        isolated row is 0 (as in PyG)."""
+        op = self.spec.gather_op
+        if op == "mean":
+            return _indent([f"res = res / tl.maximum({degree}, 1).to({self.acc})"], indent)
+        if op in ("max", "min"):
+            return _indent([f"res = tl.where({degree} > 0, res, 0.0)"], indent)
+        return _indent([], indent)
+
+    def header(self) -> str:
+        spec = self.spec
+        return (f"# Generated by pyg_ugrapher for template {spec.template!r}: edge function "
+                f"{spec.expr} over {', '.join(spec.kinds)} ({', '.join(spec.patterns)}), "
+                f"gather {spec.gather_op}, reduce={spec.reduce}, acc={self.acc}, wide={spec.wide}.\n"
+                "import triton\nimport triton.language as tl\n")
+
+
+@dataclass(frozen=True)
+class GraphArrays:
+    """The index arrays of one graph on one device, as the launchers read them."""
+
+    csr: CSR  #: destination-sorted CSR
+    src: Tensor  #: ``[E]`` sources in the user's edge order
+    dst: Tensor  #: ``[E]`` destinations in the user's edge order
+
+
+def reduce_tiles(block_f: int, width: int, reduce_size: int) -> Tuple[int, int]:
+    """Split a tile of ``block_f`` message features into ``(BLOCK_F, BLOCK_R)``: outputs per program
+    and reduced features per loop step. Without a reduction ``BLOCK_R`` is 1."""
+    block_r = min(block_f, triton.next_power_of_2(reduce_size)) if reduce_size > 1 else 1
+    block_out = min(max(1, block_f // block_r), triton.next_power_of_2(width))
+    return block_out, block_r
+
+
+def _indent(lines: List[str], width: int) -> str:
+    pad = " " * width
+    return "\n".join(pad + line for line in lines) if lines else f"{pad}pass"
+
+
+# -- compiling generated modules --------------------------------------------------------------
+_MODULES: Dict[Tuple[str, bool], object] = {}
+
+
+def cache_dir() -> Path:
+    """Where generated kernels are written: ``$PYG_UGRAPHER_CACHE/kernels`` or
+    ``~/.cache/pyg_ugrapher/kernels``."""
+    root = os.environ.get("PYG_UGRAPHER_CACHE") or os.path.join(Path.home(), ".cache", "pyg_ugrapher")
+    path = Path(root) / "kernels"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def load_kernel(source: str):
+    """Write ``source`` to the cache folder (named by its hash) and return its ``kernel``.
+
+    Modules are cached per source and per interpreter mode: Triton decides at decoration time
+    whether a function is compiled or interpreted.
+    """
+    key = (source, interpreting())
+    module = _MODULES.get(key)
+    if module is None:
+        digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+        path = cache_dir() / f"ug_{digest}.py"
+        if not path.exists() or path.read_text() != source:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(source)
+            os.replace(tmp, path)
+        name = f"pyg_ugrapher_generated.ug_{digest}_{int(key[1])}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        _MODULES[key] = module
+    return module.kernel
