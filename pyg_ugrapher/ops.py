@@ -13,8 +13,10 @@ or to the Triton kernels through the interpreter when ``TRITON_INTERPRET=1``.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -174,6 +176,31 @@ def _sum_to(grad: Tensor, operand: Tensor, layout: Layout) -> Tensor:
 
 
 # -- the public entry point --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Call:
+    """One :func:`compute` call, as observers (``ug.plan``) see it."""
+
+    graph: GraphTensor
+    op: OpInfo
+    operands: Tuple[Tensor, ...]
+    layout: Layout
+    parallel_info: Optional[ParallelInfo]
+
+
+_OBSERVERS: List[Callable[[Call], None]] = []
+
+
+@contextmanager
+def observe(callback: Callable[[Call], None]) -> Iterator[None]:
+    """Call ``callback`` with every :func:`compute` call made inside the ``with`` block."""
+    _OBSERVERS.append(callback)
+    try:
+        yield
+    finally:
+        _OBSERVERS.remove(callback)
+
+
+
 def _slot_tensors(op: OpInfo, lhs: Optional[Tensor], rhs: Optional[Tensor],
                   operands: Optional[Sequence[Tensor]]) -> List[Tensor]:
     if op.is_builtin:
@@ -251,4 +278,6 @@ def compute(graph: Union[GraphTensor, Tensor], op: Union[OpInfo, str], lhs: Opti
     if parallel_info is not None:
         parallel_info.validate_for(op.gather_op, layout.message_width)
         schedule = parallel_info.serialize()
+    for callback in _OBSERVERS:
+        callback(Call(graph, op, tuple(tensors), layout, parallel_info))
     return graph_op(graph.structure(tensors[0].device), tensors, op.serialize(), schedule)
