@@ -12,7 +12,9 @@ the reduction. It leaves holes that this module fills from the :class:`~pyg_ugra
 * the gather op's identity, combine and reduce functions.
 
 Templates name the row index of each operand kind (``u`` source, ``v`` destination, ``ei`` user
-edge id) and say which of them are scalars. The generated module is written to a cache folder as a
+edge id) and say which of them are scalars. Graph sizes (rows, edges, group size) are marked
+``do_not_specialize``: one compiled kernel then serves every graph, and kernels compiled on a
+tiny graph are the ones a large graph runs. The generated module is written to a cache folder as a
 real ``.py`` file (Triton compiles from source; a user can read it) and imported once.
 """
 from __future__ import annotations

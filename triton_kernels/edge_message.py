@@ -12,7 +12,7 @@ from .codegen import KernelSpec, Snippets, reduce_tiles
 
 TEMPLATE = '''{header}
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_edges"])
 def kernel(src_ptr, dst_ptr, {operand_params}out_ptr, num_edges, F, C, R,
            BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_R: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)

@@ -19,7 +19,7 @@ def _combine_runs(key_a, val_a, key_b, val_b):
     return key_b, tl.where(key_a == key_b, {combine}, val_b)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_edges"])
 def kernel(rows_ptr, col_ptr, eid_ptr, rowptr_ptr, {operand_params}out_ptr, num_edges, F, C,
            BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)

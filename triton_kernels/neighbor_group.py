@@ -15,7 +15,7 @@ from .codegen import KernelSpec, Snippets
 
 TEMPLATE = '''{header}
 
-@triton.jit
+@triton.jit(do_not_specialize=["group_size"])
 def kernel(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr,
            group_size, F, C, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)

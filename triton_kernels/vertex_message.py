@@ -12,7 +12,7 @@ from .codegen import KernelSpec, Snippets, reduce_tiles
 
 TEMPLATE = '''{header}
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def kernel(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C, R,
            BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_R: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
