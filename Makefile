@@ -14,8 +14,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
+# Without a GPU the kernels run through Triton's interpreter, which must be on before Triton loads.
+INTERPRET := $(if $(shell command -v nvidia-smi 2>/dev/null),,TRITON_INTERPRET=1)
+
 demo: $(VENV)/.installed
-	$(PY) -m pyg_ugrapher.demo
+	$(INTERPRET) $(PY) -m pyg_ugrapher.demo
 
 test: $(VENV)/.installed
 	$(PY) -m pytest tests

@@ -2,8 +2,9 @@
 
 Rules, in order (``stats.rows`` are the in-degrees of the rows an operator reduces into):
 
-1. Triton's CPU interpreter pays per program, not per element: the fewest, largest programs win,
-   so take edge-parallel with the largest tile.
+1. Triton's CPU interpreter pays per program and per loop step, not per element: the fewest,
+   largest programs win: vertex-parallel with 64 rows side by side for gathers (its segmented scan
+   makes edge-parallel slow there), edge-parallel with the largest tile for message creation.
 2. Message creation: vertex-parallel when a destination operand is read (it is loaded once per
    row), edge-parallel otherwise (contiguous output in the user's order).
 3. Gather on a skewed graph (the largest row holds over 32x the mean degree and at least 256
@@ -27,8 +28,10 @@ def heuristic(stats: GraphStats, op: OpInfo, width: int, on_gpu: bool) -> Parall
     """A reasonable schedule for ``op`` with ``width`` message features on a graph of ``stats``."""
     tile_f = triton.next_power_of_2(max(width, 1))
     if not on_gpu:
-        block_f = min(tile_f, 128)
-        return ParallelInfo("edge", block_f=block_f, block_e=min(1024, (1 << 14) // block_f))
+        block_f = min(tile_f, 64)
+        if op.gather_op is None:
+            return ParallelInfo("edge", block_f=block_f, block_e=min(1024, (1 << 14) // block_f))
+        return ParallelInfo("vertex", block_f=block_f, block_v=64, block_e=max(1, (1 << 8) // block_f))
     block_f = min(tile_f, 64)
     if op.gather_op is None:
         if "dst_v" in op.inputs:

@@ -7,8 +7,8 @@ the design space is a plain list of them (``triton_kernels.space``).
 =============  ====================================================  ==========================================
 strategy       work of one program                                   knobs
 =============  ====================================================  ==========================================
-``vertex``     ``block_v`` rows, ``block_f`` features; each row's     ``block_v``, ``block_e``, ``block_f``,
-               edges in chunks of ``block_e``; registers, no atomics  ``num_warps``, ``num_stages``
+``vertex``     ``block_v`` rows side by side, ``block_f`` features,   ``block_v``, ``block_e``, ``block_f``,
+               ``block_e`` edges of each row per step; no atomics    ``num_warps``, ``num_stages``
 ``edge``       ``block_e`` consecutive CSR edges, ``block_f``        ``block_e``, ``block_f``, ``num_warps``
                features; segmented reduce, atomics at run ends
 ``group``      one chunk of at most ``group_size`` edges of a row;    ``group_size``, ``block_e``, ``block_f``,
@@ -33,7 +33,7 @@ STRATEGY_KNOBS: Dict[str, Dict[str, int]] = {
 }
 
 _LIMITS = {
-    "block_v": (1, 64), "block_e": (1, 1024), "block_f": (1, 1024), "group_size": (1, 1 << 20),
+    "block_v": (1, 256), "block_e": (1, 1024), "block_f": (1, 1024), "group_size": (1, 1 << 20),
     "num_warps": (1, 16), "num_stages": (1, 4),
 }
 _POWER_OF_TWO = ("block_e", "block_f", "num_warps", "block_v")
@@ -85,9 +85,10 @@ class ParallelInfo:
                 raise ValueError(f"{f.name}: must lie in [{low}, {high}], got {value}")
             if f.name in _POWER_OF_TWO and not _is_pow2(value):
                 raise ValueError(f"{f.name}: must be a power of two, got {value}")
-        if self.block_e * self.block_f > _MAX_TILE:
-            raise ValueError(f"block_f: a tile of block_e x block_f = {self.block_e} x {self.block_f} "
-                             f"exceeds {_MAX_TILE} elements (registers would spill)")
+        rows = self.block_v if self.strategy == "vertex" else 1
+        if rows * self.block_e * self.block_f > _MAX_TILE:
+            raise ValueError(f"block_f: a tile of block_v x block_e x block_f = {rows} x {self.block_e} x "
+                             f"{self.block_f} exceeds {_MAX_TILE} elements (registers would spill)")
         if self.strategy == "group" and self.group_size < self.block_e:
             raise ValueError(f"group_size: must be at least block_e ({self.block_e}), got {self.group_size}")
 

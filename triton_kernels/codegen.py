@@ -91,16 +91,19 @@ def _offset(pattern: str, f: str) -> str:
 class Snippets:
     """The holes of a template, generated for one :class:`KernelSpec`.
 
-    Args:
-        spec: the kernel.
-        scalar_rows: operand kinds whose row index is a scalar in this template; their loads are
-            hoisted out of the edge loop and masked by the template's scalar ``live``.
+    A template's tiles have ``edge_rank`` edge axes (1: ``[BLOCK_E]``; 2: ``[BLOCK_V, BLOCK_E]``,
+    ``BLOCK_V`` rows walked side by side) followed by the feature axes (``f``, or ``f`` and the
+    reduction index for a reducing op). Per-edge row ids (``u``, ``ei`` and ``v`` in edge-ordered
+    templates) span the edge axes and are masked by ``emask``; the ids of ``row_kinds`` (the
+    destination in CSR-ordered templates) span only the row axes (a scalar when ``edge_rank`` is 1)
+    and are masked by ``live``. Loads of per-row operands are hoisted out of the edge loop.
     """
 
-    def __init__(self, spec: KernelSpec, scalar_rows: Sequence[str] = ()) -> None:
+    def __init__(self, spec: KernelSpec, row_kinds: Sequence[str] = (), edge_rank: int = 1) -> None:
         self.spec = spec
         self.acc = "tl.float64" if spec.acc64 else "tl.float32"
-        self.scalar_rows = set(scalar_rows)
+        self.row_kinds = set(row_kinds)
+        self.edge_rank = edge_rank
         self.expr = parse_expr(spec.expr)
 
     # -- signature -----------------------------------------------------------------------
@@ -131,45 +134,55 @@ class Snippets:
     def atomic_fn(self) -> str:
         return _ATOMIC[self.spec.gather_op]
 
+    # -- indexing ----------------------------------------------------------------------------
+    @property
+    def edge_tile(self) -> str:
+        return "BLOCK_E" if self.edge_rank == 1 else "BLOCK_V, BLOCK_E"
+
+    def edge_axes(self, var: str, feature_dims: int) -> str:
+        """A per-edge tensor broadcast over ``feature_dims`` trailing axes."""
+        return _place(var, range(self.edge_rank), self.edge_rank + feature_dims)
+
+    def row_axes(self, var: str, feature_dims: int) -> str:
+        """A per-row tensor (or scalar) broadcast over the edge axis and the feature axes."""
+        return _place(var, range(self.edge_rank - 1), self.edge_rank + feature_dims)
+
+    def feature_axes(self, var: str, feature_dims: int) -> str:
+        return _place(var, range(self.edge_rank, self.edge_rank + feature_dims), self.edge_rank + feature_dims)
+
     # -- loads and the edge function ---------------------------------------------------------
-    def _load(self, k: int, f: str, fmask: str, tile_dims: int) -> str:
-        """Load operand ``k`` as a tile broadcastable to ``[BLOCK_E, *f.shape]``."""
+    def _load(self, k: int, f: str, fmask: str, feature_dims: int) -> str:
+        """Load operand ``k`` as a tile broadcastable to the full message tile."""
         kind, pattern = self.spec.kinds[k], self.spec.patterns[k]
-        row = self.row(ROW_VARS[kind])
-        scalar_row = kind in self.scalar_rows
-        lead = "[None, :]" if tile_dims == 1 else "[None, :, :]"
-        edge_axis = "[:, None]" if tile_dims == 1 else "[:, None, None]"
-        base = f"in{k}_ptr + {row} * in{k}_stride"
-        if pattern == "scalar":
-            if scalar_row:
-                return f"tl.load({base}, mask=live, other=0.0).to({self.acc})"
-            return f"tl.load({base}, mask=emask, other=0.0).to({self.acc}){edge_axis}"
-        offset = _offset(pattern, f)
-        if scalar_row:
-            return f"tl.load({base} + {offset}, mask={fmask} & live, other=0.0).to({self.acc}){lead}"
-        row_index = f"{row}{edge_axis}"
-        inner = f"{offset}{lead}"
-        mask = f"emask{edge_axis} & {fmask}{lead}"
-        return f"tl.load(in{k}_ptr + {row_index} * in{k}_stride + {inner}, mask={mask}, other=0.0).to({self.acc})"
+        per_row = kind in self.row_kinds
+        place = self.row_axes if per_row else self.edge_axes
+        row = place(self.row(ROW_VARS[kind]), feature_dims)
+        valid = place("live" if per_row else "emask", feature_dims)
+        pointer = f"in{k}_ptr + {row} * in{k}_stride"
+        if pattern != "scalar":
+            pointer += f" + {self.feature_axes(_offset(pattern, f), feature_dims)}"
+            valid += f" & {self.feature_axes(fmask, feature_dims)}"
+        return f"tl.load({pointer}, mask={valid}, other=0.0).to({self.acc})"
 
     def hoisted(self, indent: int) -> str:
         """Loads done once per row (elementwise ops only: a reducing op loads inside its loop)."""
         if self.spec.reduce:
             return _indent([], indent)
         lines = [f"x{k} = {self._load(k, 'f', 'fmask', 1)}"
-                 for k, kind in enumerate(self.spec.kinds) if kind in self.scalar_rows]
+                 for k, kind in enumerate(self.spec.kinds) if kind in self.row_kinds]
         return _indent(lines, indent)
 
     def message(self, indent: int) -> str:
-        """Code that leaves the ``[BLOCK_E, BLOCK_F]`` message tile in ``msg``."""
+        """Code that leaves the message tile (edge axes x ``BLOCK_F``) in ``msg``."""
         names = [f"x{k}" for k in range(len(self.spec.kinds))]
+        tile = f"[{self.edge_tile}, BLOCK_F]"
         if not self.spec.reduce:
             lines = [f"x{k} = {self._load(k, 'f', 'fmask', 1)}"
-                     for k, kind in enumerate(self.spec.kinds) if kind not in self.scalar_rows]
-            lines.append(f"msg = tl.broadcast_to({render_expr(self.expr, names, self.acc)}, [BLOCK_E, BLOCK_F])")
+                     for k, kind in enumerate(self.spec.kinds) if kind not in self.row_kinds]
+            lines.append(f"msg = tl.broadcast_to({render_expr(self.expr, names, self.acc)}, {tile})")
             return _indent(lines, indent)
         lines = [
-            f"msg = tl.zeros([BLOCK_E, BLOCK_F], {self.acc})",
+            f"msg = tl.zeros({tile}, {self.acc})",
             "for r0 in range(0, R, BLOCK_R):",
             "    r = r0 + tl.arange(0, BLOCK_R)",
             "    ff = f[:, None] * R + r[None, :]",
@@ -177,7 +190,8 @@ class Snippets:
         ]
         lines += [f"    x{k} = {self._load(k, 'ff', 'ffmask', 2)}" for k in range(len(self.spec.kinds))]
         body = render_expr(self.expr, names, self.acc)
-        lines.append(f"    msg += tl.sum(tl.broadcast_to({body}, [BLOCK_E, BLOCK_F, BLOCK_R]), axis=2)")
+        lines.append(f"    msg += tl.sum(tl.broadcast_to({body}, [{self.edge_tile}, BLOCK_F, BLOCK_R]), "
+                     f"axis={self.edge_rank + 1})")
         return _indent(lines, indent)
 
     # -- fragments shared by the CSR-ordered templates -----------------------------------------
@@ -191,20 +205,30 @@ class Snippets:
         return _indent(lines, indent)
 
     def row_reduction(self, indent: int) -> str:
-        """Reduce the CSR edges ``[start, end)`` of the scalar row ``v`` into ``res``: a
-        ``[BLOCK_E, BLOCK_F]`` register accumulator, reduced once after the loop."""
+        """Reduce the CSR edges ``[start, end)`` of the row(s) ``v`` into ``res``.
+
+        The accumulator has the full tile shape and is reduced over the edge axis once, after the
+        loop. With two edge axes the rows of a block advance together, for as many steps as the
+        block's longest row needs.
+        """
         pad = " " * indent
-        masked = f"tl.where(emask[:, None], msg, {self.identity})"
+        masked = f"tl.where({self.edge_axes('emask', 1)}, msg, {self.identity})"
+        if self.edge_rank == 1:
+            loop = [f"{pad}for e0 in range(start, end, BLOCK_E):",
+                    f"{pad}    e = e0 + tl.arange(0, BLOCK_E)",
+                    f"{pad}    emask = e < end"]
+        else:
+            loop = [f"{pad}for step in range(0, tl.max(end - start, axis=0), BLOCK_E):",
+                    f"{pad}    e = (start + step)[:, None] + tl.arange(0, BLOCK_E)[None, :]",
+                    f"{pad}    emask = e < end[:, None]"]
         return "\n".join([
             self.hoisted(indent),
-            f"{pad}acc = tl.full([BLOCK_E, BLOCK_F], {self.identity}, {self.acc})",
-            f"{pad}for e0 in range(start, end, BLOCK_E):",
-            f"{pad}    e = e0 + tl.arange(0, BLOCK_E)",
-            f"{pad}    emask = e < end",
+            f"{pad}acc = tl.full([{self.edge_tile}, BLOCK_F], {self.identity}, {self.acc})",
+            *loop,
             self.csr_edge_loads(indent + 4),
             self.message(indent + 4),
             f"{pad}    acc = {self.combine('acc', masked)}",
-            f"{pad}res = {self.reduce_fn}(acc, axis=0)",
+            f"{pad}res = {self.reduce_fn}(acc, axis={self.edge_rank - 1})",
         ])
 
     def finalize(self, degree: str, indent: int) -> str:
@@ -242,6 +266,16 @@ def reduce_tiles(block_f: int, width: int, reduce_size: int) -> Tuple[int, int]:
     return block_out, block_r
 
 
+def _place(var: str, axes: Sequence[int], rank: int) -> str:
+    """Index ``var`` so that its axes land on ``axes`` of a ``rank``-dimensional tile."""
+    axes = list(axes)
+    if not axes:
+        return var
+    if axes == list(range(rank)):
+        return var
+    return f"{var}[{', '.join(':' if i in axes else 'None' for i in range(rank))}]"
+
+
 def _indent(lines: List[str], width: int) -> str:
     pad = " " * width
     return "\n".join(pad + line for line in lines) if lines else f"{pad}pass"
@@ -261,8 +295,19 @@ def cache_dir() -> Path:
 
 
 def interpreting() -> bool:
-    """Whether Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``).
+
+    Triton reads the variable when it is first imported (its own ``tl.sum``, ``tl.max`` ... are
+    decorated then), so setting it later cannot work: say so instead of failing inside a kernel.
+    """
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return False
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    if not isinstance(tl.standard.max, InterpretedFunction):
+        raise RuntimeError("TRITON_INTERPRET=1 was set after Triton was imported; set it before "
+                           "importing triton, torch_geometric or pyg_ugrapher (e.g. in the shell)")
+    return True
 
 
 def load_kernel(source: str):

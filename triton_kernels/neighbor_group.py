@@ -41,7 +41,7 @@ ATOMIC = True
 
 
 def source(spec: KernelSpec) -> str:
-    s = Snippets(spec, scalar_rows=("dst_v",))
+    s = Snippets(spec, row_kinds=("dst_v",))
     return TEMPLATE.format(header=s.header(), operand_params=s.operand_params,
                            row_reduction=s.row_reduction(4), finalize=s.finalize("degree", 4),
                            out_row=s.row("v"), atomic_fn=s.atomic_fn)

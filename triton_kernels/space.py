@@ -15,8 +15,10 @@ from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.parallel import ParallelInfo
 
 BLOCK_F = (8, 16, 32, 64, 128, 256)
-VERTEX_BLOCK_V = (1, 4, 16)
-VERTEX_BLOCK_E = (8, 16, 32, 64)
+VERTEX_BLOCK_V = (1, 2, 4, 8, 16, 32)
+VERTEX_BLOCK_E = (4, 8, 16, 32, 64)
+#: Largest vertex tile (rows x edges x features) in the space: past it registers spill.
+VERTEX_MAX_TILE = 1 << 13
 EDGE_BLOCK_E = (32, 64, 128, 256, 512)
 GROUP_SIZE = (32, 128, 512)
 GROUP_BLOCK_E = (16, 32, 64)
@@ -43,7 +45,10 @@ def space(op: OpInfo, message_width: int) -> List[ParallelInfo]:
     found: List[ParallelInfo] = []
     for block_f in feature_tiles(message_width):
         for block_v, block_e, stages in itertools.product(VERTEX_BLOCK_V, VERTEX_BLOCK_E, NUM_STAGES):
-            for warps in warps_for(block_e * block_f):
+            tile = block_v * block_e * block_f
+            if tile > VERTEX_MAX_TILE or (block_v > 1 and op.gather_op is None):
+                continue
+            for warps in warps_for(tile):
                 found.append(ParallelInfo("vertex", block_f=block_f, block_v=block_v, block_e=block_e,
                                           num_warps=warps, num_stages=stages))
         for block_e in EDGE_BLOCK_E:

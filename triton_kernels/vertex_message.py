@@ -37,7 +37,7 @@ ATOMIC = False
 
 
 def source(spec: KernelSpec) -> str:
-    s = Snippets(spec, scalar_rows=("dst_v",))
+    s = Snippets(spec, row_kinds=("dst_v",))
     return TEMPLATE.format(header=s.header(), operand_params=s.operand_params, hoisted=s.hoisted(8),
                            edge_loads=s.csr_edge_loads(12, need_eid=True), message=s.message(12),
                            out_row=s.row("ei"))

@@ -1,9 +1,11 @@
 """Vertex-parallel gather: one program reduces ``BLOCK_V`` destination rows x ``BLOCK_F`` features.
 
-Each row's incoming edges (contiguous in the CSR) are consumed in chunks of ``BLOCK_E`` into a
-``[BLOCK_E, BLOCK_F]`` register accumulator that is reduced once at the end of the row: no atomics,
-each output row written exactly once, the destination operand loaded once per row. Programs are
-numbered rows-fastest, so all programs in flight share one feature tile (the locality knob).
+The rows of a block advance side by side, ``BLOCK_E`` edges of each row per step, so a program has
+``BLOCK_V x BLOCK_E`` gathers in flight; the ``[BLOCK_V, BLOCK_E, BLOCK_F]`` register accumulator
+is reduced over the edge axis once at the end. No atomics: each output row is written exactly
+once, and the destination operand is loaded once per row. A block runs as many steps as its
+longest row needs, so this suits graphs whose neighbouring rows have similar degrees; programs
+are numbered rows-fastest, so all programs in flight share one feature tile (the locality knob).
 """
 from __future__ import annotations
 
@@ -18,14 +20,14 @@ def kernel(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C
            BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < F
-    for i in range(BLOCK_V):
-        v = tl.program_id(0) * BLOCK_V + i
-        live = v < num_rows
-        start = tl.load(rowptr_ptr + v, mask=live, other=0)
-        end = tl.load(rowptr_ptr + v + 1, mask=live, other=0)
+    v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    live = v < num_rows
+    start = tl.load(rowptr_ptr + v, mask=live, other=0)
+    end = tl.load(rowptr_ptr + v + 1, mask=live, other=0)
 {row_reduction}
 {finalize}
-        tl.store(out_ptr + {out_row} * F + f, res.to(out_ptr.dtype.element_ty), mask=fmask & live)
+    tl.store(out_ptr + {out_row}[:, None] * F + f[None, :], res.to(out_ptr.dtype.element_ty),
+             mask=live[:, None] & fmask[None, :])
 '''
 
 #: Whether the output must be initialised before launch (for atomics).
@@ -33,9 +35,9 @@ ATOMIC = False
 
 
 def source(spec: KernelSpec) -> str:
-    s = Snippets(spec, scalar_rows=("dst_v",))
+    s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
     return TEMPLATE.format(header=s.header(), operand_params=s.operand_params,
-                           row_reduction=s.row_reduction(8), finalize=s.finalize("(end - start)", 8),
+                           row_reduction=s.row_reduction(4), finalize=s.finalize("(end - start)[:, None]", 4),
                            out_row=s.row("v"))
 
 
