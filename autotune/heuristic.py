@@ -1,19 +1,19 @@
 """The schedule rule used when no trained cost model is available.
 
-Rules, in order (``stats.rows`` are the in-degrees of the rows an operator reduces into):
+Rules, in order (``stats.rows`` are the in-degrees of the rows an operator reduces into); the GPU
+rules come from sweeps on an H100 (``benchmarks/``):
 
 1. Triton's CPU interpreter pays per program and per loop step, not per element: the fewest,
    largest programs win: vertex-parallel with 64 rows side by side for gathers (its segmented scan
    makes edge-parallel slow there), edge-parallel with the largest tile for message creation.
 2. Message creation: vertex-parallel when a destination operand is read (it is loaded once per
    row), edge-parallel otherwise (contiguous output in the user's order).
-3. Gather on a skewed graph (the largest row holds over 32x the mean degree and at least 256
-   edges): neighbour groups of 128 edges, so hubs are split into balanced pieces.
-4. Gather on a very sparse graph (mean degree under 4): edge-parallel, since most vertex-parallel
-   programs would idle on a tiny row.
-5. Otherwise vertex-parallel with 4 rows per program and an edge chunk near the mean degree.
+3. Gather on a skewed graph (the largest row holds over 8x the mean degree): neighbour groups of
+   512 edges, 16 chunks side by side, 4 edges of each per step. Hubs split into balanced pieces
+   and the many tiny rows share programs (the chunk table is ordered by length).
+4. Otherwise vertex-parallel, 16 rows side by side, 4 edges of each per step.
 
-Feature tiles cover up to 64 features (128 for the interpreter).
+Feature tiles cover up to 64 features; warps give each thread about 16 tile elements.
 """
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.parallel import ParallelInfo
 
 
+def _warps(tile: int) -> int:
+    return max(1, min(8, tile // (32 * 16)))
+
+
 def heuristic(stats: GraphStats, op: OpInfo, width: int, on_gpu: bool) -> ParallelInfo:
     """A reasonable schedule for ``op`` with ``width`` message features on a graph of ``stats``."""
     tile_f = triton.next_power_of_2(max(width, 1))
@@ -32,15 +36,15 @@ def heuristic(stats: GraphStats, op: OpInfo, width: int, on_gpu: bool) -> Parall
         if op.gather_op is None:
             return ParallelInfo("edge", block_f=block_f, block_e=min(1024, (1 << 14) // block_f))
         return ParallelInfo("vertex", block_f=block_f, block_v=64, block_e=max(1, (1 << 8) // block_f))
-    block_f = min(tile_f, 64)
     if op.gather_op is None:
+        block_f = min(tile_f, 64)
         if "dst_v" in op.inputs:
-            return ParallelInfo("vertex", block_f=block_f, block_v=4, block_e=16)
-        return ParallelInfo("edge", block_f=block_f, block_e=64)
+            return ParallelInfo("vertex", block_f=block_f, block_v=1, block_e=32, num_warps=_warps(32 * block_f))
+        return ParallelInfo("edge", block_f=block_f, block_e=64, num_warps=_warps(64 * block_f))
     rows = stats.rows
-    if rows.max >= 256 and rows.max > 32 * max(rows.mean, 1.0):
-        return ParallelInfo("group", block_f=block_f, group_size=128, block_e=32)
-    if rows.mean < 4:
-        return ParallelInfo("edge", block_f=block_f, block_e=128)
-    block_e = 16 if rows.mean < 24 else 32
-    return ParallelInfo("vertex", block_f=block_f, block_v=4, block_e=block_e)
+    if rows.max > 8 * max(rows.mean, 1.0):
+        block_f = min(tile_f, 32)
+        return ParallelInfo("group", block_f=block_f, group_size=512, block_v=16, block_e=4,
+                            num_warps=_warps(64 * block_f))
+    block_f = min(tile_f, 64)
+    return ParallelInfo("vertex", block_f=block_f, block_v=16, block_e=4, num_warps=_warps(64 * block_f))

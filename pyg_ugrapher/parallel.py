@@ -11,8 +11,8 @@ strategy       work of one program                                   knobs
                ``block_e`` edges of each row per step; no atomics    ``num_warps``, ``num_stages``
 ``edge``       ``block_e`` consecutive CSR edges, ``block_f``        ``block_e``, ``block_f``, ``num_warps``
                features; segmented reduce, atomics at run ends
-``group``      one chunk of at most ``group_size`` edges of a row;    ``group_size``, ``block_e``, ``block_f``,
-               atomics only for rows split into several chunks        ``num_warps``, ``num_stages``
+``group``      ``block_v`` chunks of at most ``group_size`` edges     ``group_size``, ``block_v``, ``block_e``,
+               side by side; atomics only for rows split in chunks    ``block_f``, ``num_warps``, ``num_stages``
 =============  ====================================================  ==========================================
 
 Message creation (no gather op) has ``edge`` (user edge order) and ``vertex`` (CSR order, the
@@ -29,7 +29,7 @@ STRATEGIES = ("vertex", "edge", "group")
 STRATEGY_KNOBS: Dict[str, Dict[str, int]] = {
     "vertex": {"block_v": 4, "block_e": 32, "block_f": 64, "num_warps": 4, "num_stages": 1},
     "edge": {"block_e": 64, "block_f": 64, "num_warps": 4},
-    "group": {"group_size": 128, "block_e": 32, "block_f": 64, "num_warps": 4, "num_stages": 1},
+    "group": {"group_size": 128, "block_v": 4, "block_e": 16, "block_f": 64, "num_warps": 4, "num_stages": 1},
 }
 
 _LIMITS = {
@@ -85,7 +85,7 @@ class ParallelInfo:
                 raise ValueError(f"{f.name}: must lie in [{low}, {high}], got {value}")
             if f.name in _POWER_OF_TWO and not _is_pow2(value):
                 raise ValueError(f"{f.name}: must be a power of two, got {value}")
-        rows = self.block_v if self.strategy == "vertex" else 1
+        rows = self.block_v or 1
         if rows * self.block_e * self.block_f > _MAX_TILE:
             raise ValueError(f"block_f: a tile of block_v x block_e x block_f = {rows} x {self.block_e} x "
                              f"{self.block_f} exceeds {_MAX_TILE} elements (registers would spill)")

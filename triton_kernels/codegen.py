@@ -33,8 +33,9 @@ from torch import Tensor
 from pyg_ugrapher.graph import CSR
 from pyg_ugrapher.ir import Expr, parse_expr
 
-#: Row index variable of each operand kind inside every template.
-ROW_VARS = {"src_v": "u", "dst_v": "v", "edge": "ei"}
+#: Row index variable of each operand kind inside every template. ``edge_csr`` is an edge operand
+#: the dispatcher has already permuted into CSR order, read at the CSR position ``e``.
+ROW_VARS = {"src_v": "u", "dst_v": "v", "edge": "ei", "edge_csr": "e"}
 
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
 _COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "max": "tl.maximum({a}, {b})",

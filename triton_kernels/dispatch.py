@@ -9,6 +9,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.layout import Layout
@@ -28,17 +29,50 @@ TEMPLATES = {
 
 _INT32_LIMIT = 2**31 - 1
 _IDENTITY = {"max": float("-inf"), "min": float("inf")}
+#: Edge operands with at most this many features per edge are permuted into CSR order before a
+#: CSR-ordered kernel reads them: reading one scalar through ``eid`` costs a 32-byte sector per
+#: 4-byte value, while the permutation costs a few bytes per edge once.
+NARROW_EDGE = 4
 
 
 def template_for(op: OpInfo, info: ParallelInfo):
     return TEMPLATES[("gather" if op.gather_op else "message", info.strategy)]
 
 
+def operand_kinds(op: OpInfo, layout: Layout, info: ParallelInfo) -> Tuple[str, ...]:
+    """The kind each slot is read as: narrow edge operands of CSR-ordered kernels become
+    ``edge_csr`` (the dispatcher permutes them)."""
+    if template_for(op, info) is edge_message:
+        return op.inputs
+    widths = {"full": layout.message_width, "head": layout.message_width // max(layout.inner, 1),
+              "inner": layout.inner, "scalar": 1}
+    return tuple("edge_csr" if kind == "edge" and widths[pattern] <= NARROW_EDGE else kind
+                 for kind, pattern in zip(op.inputs, layout.patterns))
+
+
+_PERMUTED: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+
+
+def in_csr_order(tensor: Tensor, eid: Tensor) -> Tensor:
+    """``tensor`` (rows in user edge order) with its rows in CSR order, flattened to 2-D.
+
+    Cached per tensor object while its version is unchanged: static edge weights (GCN's
+    normalisation, a fixed ``edge_weight``) are permuted once, not once per call.
+    """
+    hit = _PERMUTED.get(tensor)
+    if hit is not None and hit[0] == tensor._version and hit[1] is eid:
+        return hit[2]
+    permuted = _as_rows(tensor).index_select(0, eid)
+    _PERMUTED[tensor] = (tensor._version, eid, permuted)
+    return permuted
+
+
 def kernel_spec(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = False,
                 wide: bool = False) -> KernelSpec:
     return KernelSpec(template=template_for(op, info).__name__.rsplit(".", 1)[-1],
-                      expr=op.expr.serialize(), kinds=op.inputs, patterns=layout.patterns,
-                      gather_op=op.gather_op, reduce=op.reduces, acc64=acc64, wide=wide)
+                      expr=op.expr.serialize(), kinds=operand_kinds(op, layout, info),
+                      patterns=layout.patterns, gather_op=op.gather_op, reduce=op.reduces,
+                      acc64=acc64, wide=wide)
 
 
 def kernel_source(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = False,
@@ -69,7 +103,9 @@ def run(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tenso
     """
     info.validate_for(op.gather_op, layout.message_width)
     template = template_for(op, info)
-    flat = [_as_rows(t) for t in operands]
+    kinds = operand_kinds(op, layout, info)
+    flat = [in_csr_order(t, graph.csr.eid) if kind == "edge_csr" else _as_rows(t)
+            for t, kind in zip(operands, kinds)]
     if out_dtype is None:
         out_dtype = flat[0].dtype
         for t in flat[1:]:
