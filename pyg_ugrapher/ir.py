@@ -251,6 +251,9 @@ def _simplify(node: Expr) -> Expr:
             return a
         if _is_const(a, -1.0) or _is_const(b, -1.0):
             return _simplify(Expr("neg", (b if _is_const(a) else a,)))
+        for x, y in ((a, b), (b, a)):
+            if y.fn == "div" and _is_const(y.args[0], 1.0):
+                return Expr("div", (x, y.args[1]))
     if fn == "add":
         a, b = args
         if _is_const(a, 0.0):
