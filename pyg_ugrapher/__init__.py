@@ -4,21 +4,22 @@ What is computed (:class:`OpInfo`), on what (:class:`GraphTensor`) and how (:cla
 are kept apart; :func:`compute` runs any operator through Triton kernels, with a learned cost model
 choosing the schedule when none is given.
 
-The PyG-facing frontend (``MessagePassing``, ``plan``, ``nn``, ``datasets``) is imported lazily, so
-``triton_kernels`` and ``autotune`` can use the core without importing PyG.
+The PyG-facing frontend (``MessagePassing``, ``plan``, ``nn``, ``datasets``) and ``compute`` are
+imported lazily, so ``triton_kernels`` and ``autotune`` can use the core (``ir``, ``graph``,
+``layout``, ``parallel``) without importing PyG, and without an import cycle.
 """
 from importlib import import_module
 from typing import Any
 
 from .graph import GraphTensor
 from .ir import Expr, OpInfo
-from .ops import compute
 from .parallel import ParallelInfo
 
-_LAZY = {"MessagePassing": "message_passing", "plan": "inspect", "Plan": "inspect"}
-_SUBMODULES = ("nn", "datasets", "reference", "backward", "layout")
+# ``compute`` is lazy too: it needs triton_kernels, which itself imports this package's core.
+_LAZY = {"compute": "ops", "MessagePassing": "message_passing", "plan": "inspect", "Plan": "inspect"}
+_SUBMODULES = ("nn", "datasets", "reference", "backward", "layout", "ops")
 
-__all__ = ["GraphTensor", "Expr", "OpInfo", "ParallelInfo", "compute", *_LAZY, *_SUBMODULES]
+__all__ = ["GraphTensor", "Expr", "OpInfo", "ParallelInfo", *_LAZY, *_SUBMODULES]
 __version__ = "0.1.0"
 
 

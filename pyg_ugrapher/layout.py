@@ -75,7 +75,12 @@ def infer_layout(op: OpInfo, shapes: Sequence[Sequence[int]]) -> Layout:
     inner = message[-1] if message else 1
     if op.reduces:
         for name, shape, feat in zip(names, shapes, features):
-            if not feat or feat[-1] != inner or (inner == 1 and not message):
+            # A generated op may read operands that are constant along the summed dimension
+            # ([.., H, 1] or one value per row): the gradient of an edge operand broadcast per
+            # head (GAT's attention [E, H, 1]) reads the other per-head operands (the softmax
+            # sum [N, H, 1]). The kernels load them by their pattern, inside the reduction too.
+            constant = not op.is_builtin and bool(message) and (not feat or feat[-1] == 1)
+            if not constant and (not feat or feat[-1] != inner or (inner == 1 and not message)):
                 raise ValueError(f"{name}: {op.name} sums over the last feature dimension, so every "
                                  f"operand needs it in full (size {inner}); got shape {list(shape)}")
         out_shape = message[:-1] + (1,)

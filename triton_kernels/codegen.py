@@ -190,7 +190,8 @@ class Snippets:
             "    ffmask = fmask[:, None] & (r < R)[None, :]",
         ]
         lines += [f"    x{k} = {self._load(k, 'ff', 'ffmask', 2)}" for k in range(len(self.spec.kinds))]
-        body = render_expr(self.expr, names, self.acc)
+        # Padded lanes load zeros, which an expression can turn into NaN (0 / 0): mask them out.
+        body = f"tl.where({self.feature_axes('ffmask', 2)}, {render_expr(self.expr, names, self.acc)}, 0.0)"
         lines.append(f"    msg += tl.sum(tl.broadcast_to({body}, [{self.edge_tile}, BLOCK_F, BLOCK_R]), "
                      f"axis={self.edge_rank + 1})")
         return _indent(lines, indent)

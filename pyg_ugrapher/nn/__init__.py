@@ -1,1 +1,13 @@
+"""Drop-in replacements for PyG's convolution layers, running on uGrapher's graph operators.
 
+Each layer takes the arguments of its PyG namesake and has the same parameters, so a PyG layer's
+``state_dict`` loads into it and back. The graph work of ``forward`` is a few
+:func:`pyg_ugrapher.compute` calls (fused Triton kernels on a GPU), never PyG's ``propagate``.
+"""
+from .gat_conv import GATConv
+from .gcn_conv import GCNConv
+from .gin_conv import GINConv, GINEConv
+from .graph_conv import GraphConv
+from .sage_conv import SAGEConv
+
+__all__ = ["GCNConv", "GATConv", "SAGEConv", "GINConv", "GINEConv", "GraphConv"]

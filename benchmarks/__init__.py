@@ -1,0 +1,1 @@
+"""The comparison harness against PyG, torch.compile'd PyG and cuSPARSE: ``python -m benchmarks.run``."""

@@ -1,0 +1,332 @@
+"""End-to-end training: GCN, GAT, GraphSAGE and GIN built from our layers and from PyG's.
+
+For every (dataset, model) both implementations start from the same weights (ours loads the PyG
+model's ``state_dict``) and the same seed, train full-batch node classification for ``--epochs``
+epochs, and are compared on test accuracy and mean epoch time (forward + backward + optimizer
+step; CUDA events on a GPU, the first epoch not counted: it builds the graph caches and compiles
+kernels). Results are printed side by side and written to ``<out>/train_e2e.csv`` and
+``<out>/train_e2e.png``.
+
+    python -m benchmarks.train_e2e --datasets cora --epochs 200 --device cpu
+
+By default a CPU run trains on Cora; a GPU run also on every node-level graph of
+:func:`pyg_ugrapher.datasets.available_datasets` and on a synthetic power-law graph of 1.6e7 edges
+(``power_law``). Graphs without features get random ones, graphs without node labels (graph-level
+collections, multi-label BlogCatalog) random labels, graphs without a split a random 60/20/20
+one; their accuracies only show that training runs.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Dict, List, Optional, Sequence
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+import torch_geometric.nn
+from torch import Tensor, nn
+from tqdm import tqdm
+
+import pyg_ugrapher.nn
+from pyg_ugrapher.datasets import available_datasets, load_dataset, power_law_graph
+
+MODELS = ("gcn", "gat", "sage", "gin")
+IMPLEMENTATIONS = {"ours": pyg_ugrapher.nn, "pyg": torch_geometric.nn}
+POWER_LAW = "power_law"
+#: The synthetic graph of a GPU run: 1.6e7 edges on 1e6 nodes (mean degree 16).
+POWER_LAW_NODES, POWER_LAW_EDGES = 1_000_000, 16_000_000
+RANDOM_FEATURES, RANDOM_CLASSES = 128, 10
+COLUMNS = ["dataset", "model", "impl", "device", "num_nodes", "num_edges", "epochs", "test_acc",
+           "val_acc", "final_loss", "epoch_ms", "status"]
+
+
+@dataclass
+class Task:
+    """A full-batch node classification problem on one device."""
+
+    name: str
+    x: Tensor
+    edge_index: Tensor
+    y: Tensor
+    train_mask: Tensor
+    val_mask: Tensor
+    test_mask: Tensor
+    num_classes: int
+
+
+# Data ######################################################################################
+
+
+def _random_split(num_nodes: int, generator: torch.Generator) -> List[Tensor]:
+    order = torch.randperm(num_nodes, generator=generator)
+    bounds = [0, int(0.6 * num_nodes), int(0.8 * num_nodes), num_nodes]
+    masks = []
+    for start, end in zip(bounds, bounds[1:]):
+        mask = torch.zeros(num_nodes, dtype=torch.bool)
+        mask[order[start:end]] = True
+        masks.append(mask)
+    return masks
+
+
+def make_task(name: str, device: torch.device, seed: int) -> Task:
+    """Load ``name`` (a dataset of :func:`load_dataset`, or ``power_law``) for node classification."""
+    generator = torch.Generator().manual_seed(seed)
+    if name == POWER_LAW:
+        edge_index = power_law_graph(POWER_LAW_NODES, POWER_LAW_EDGES, seed=seed, device=device)
+        num_nodes, x, y, masks = POWER_LAW_NODES, None, None, None
+    else:
+        data = load_dataset(name)
+        edge_index, num_nodes, x, y = data.edge_index, data.num_nodes, data.x, data.y
+        masks = [getattr(data, key, None) for key in ("train_mask", "val_mask", "test_mask")]
+        if any(mask is None for mask in masks):
+            masks = None
+        elif masks[0].dim() == 2:  # several splits (Tolokers): the first
+            masks = [mask[:, 0] for mask in masks]
+    if x is None:
+        x = torch.randn(num_nodes, RANDOM_FEATURES, generator=generator)
+    if y is None or y.dim() != 1 or y.size(0) != num_nodes:
+        y = torch.randint(0, RANDOM_CLASSES, (num_nodes,), generator=generator)
+    if masks is None:
+        masks = _random_split(num_nodes, generator)
+    x = x.float()
+    num_classes = int(y.max()) + 1
+    return Task(name, x.to(device), edge_index.to(device), y.to(device), *(m.to(device) for m in masks),
+                num_classes=num_classes)
+
+
+# Models ####################################################################################
+
+
+class Net(nn.Module):
+    """Two graph layers with an activation and feature dropout between them."""
+
+    def __init__(self, first: nn.Module, second: nn.Module, activation: Callable[[Tensor], Tensor],
+                 dropout: float) -> None:
+        super().__init__()
+        self.first, self.second = first, second
+        self.activation, self.dropout = activation, dropout
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        x = F.dropout(x, p=self.dropout, training=self.training)
+        x = self.activation(self.first(x, edge_index))
+        x = F.dropout(x, p=self.dropout, training=self.training)
+        return self.second(x, edge_index)
+
+
+def _mlp(in_channels: int, out_channels: int, hidden: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(in_channels, hidden), nn.ReLU(), nn.Linear(hidden, out_channels))
+
+
+def build_model(model: str, layers: ModuleType, in_channels: int, hidden: int, num_classes: int) -> Net:
+    """The usual two-layer model of each paper, from ``layers`` (our or PyG's namespace)."""
+    if model == "gcn":
+        return Net(layers.GCNConv(in_channels, hidden, cached=True),
+                   layers.GCNConv(hidden, num_classes, cached=True), F.relu, 0.5)
+    if model == "gat":
+        heads = 8
+        return Net(layers.GATConv(in_channels, hidden // heads, heads=heads, dropout=0.6),
+                   layers.GATConv(hidden, num_classes, heads=1, dropout=0.6), F.elu, 0.6)
+    if model == "sage":
+        return Net(layers.SAGEConv(in_channels, hidden), layers.SAGEConv(hidden, num_classes), F.relu, 0.5)
+    if model == "gin":
+        return Net(layers.GINConv(_mlp(in_channels, hidden, hidden), train_eps=True),
+                   layers.GINConv(_mlp(hidden, num_classes, hidden), train_eps=True), F.relu, 0.5)
+    raise ValueError(f"model: expected one of {MODELS}, got {model!r}")
+
+
+# Training ##################################################################################
+
+
+class Timer:
+    """Wall time of a block: CUDA events on a GPU, ``perf_counter`` on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self) -> "Timer":
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.begin = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self.end.record()
+            torch.cuda.synchronize()
+            self.ms = self.start.elapsed_time(self.end)
+        else:
+            self.ms = (time.perf_counter() - self.begin) * 1e3
+
+
+def accuracy(logits: Tensor, y: Tensor, mask: Tensor) -> float:
+    return float((logits[mask].argmax(dim=-1) == y[mask]).float().mean())
+
+
+def train(model: Net, task: Task, epochs: int, lr: float, weight_decay: float,
+          progress: Callable[[], None]) -> Dict[str, float]:
+    """Train ``model`` and return its accuracies, final loss and mean epoch time."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    device = task.x.device
+    times: List[float] = []
+    loss = torch.tensor(math.nan)
+    for _ in range(epochs):
+        model.train()
+        with Timer(device) as timer:
+            optimizer.zero_grad()
+            out = model(task.x, task.edge_index)
+            loss = F.cross_entropy(out[task.train_mask], task.y[task.train_mask])
+            loss.backward()
+            optimizer.step()
+        times.append(timer.ms)
+        progress()
+    model.eval()
+    with torch.no_grad():
+        logits = model(task.x, task.edge_index)
+    # The first epoch builds the graph caches (and compiles kernels on a GPU): not counted.
+    measured = times[1:] if len(times) > 1 else times
+    return {"test_acc": accuracy(logits, task.y, task.test_mask),
+            "val_acc": accuracy(logits, task.y, task.val_mask),
+            "final_loss": loss.item(), "epoch_ms": sum(measured) / len(measured)}
+
+
+def run(datasets: Sequence[str], models: Sequence[str], epochs: int, device: torch.device, hidden: int,
+        lr: float, weight_decay: float, seed: int) -> pd.DataFrame:
+    """Every (dataset, model) with both implementations; failures (e.g. out of memory) become rows
+    whose ``status`` holds the error."""
+    rows = []
+    bar = tqdm(total=len(datasets) * len(models) * len(IMPLEMENTATIONS) * epochs, unit="epoch")
+    for name in datasets:
+        bar.set_description(f"loading {name}")
+        task = make_task(name, device, seed)
+        for model_name in models:
+            torch.manual_seed(seed)
+            reference = build_model(model_name, torch_geometric.nn, task.x.size(1), hidden, task.num_classes)
+            for impl, layers in IMPLEMENTATIONS.items():
+                bar.set_description(f"{name} {model_name} {impl}")
+                row = {"dataset": name, "model": model_name, "impl": impl, "device": str(device),
+                       "num_nodes": task.x.size(0), "num_edges": task.edge_index.size(1), "epochs": epochs}
+                done = bar.n
+                try:
+                    net = build_model(model_name, layers, task.x.size(1), hidden, task.num_classes)
+                    net.load_state_dict(reference.state_dict())
+                    torch.manual_seed(seed)  # the same dropout masks where both draw alike
+                    row.update(train(net.to(device), task, epochs, lr, weight_decay, bar.update))
+                    row["status"] = "ok"
+                except (RuntimeError, ValueError) as error:  # out of memory, unsupported input
+                    row.update({"test_acc": math.nan, "val_acc": math.nan, "final_loss": math.nan,
+                                "epoch_ms": math.nan, "status": f"{type(error).__name__}: {error}"[:200]})
+                    bar.update(done + epochs - bar.n)
+                rows.append(row)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    bar.close()
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+# Report ####################################################################################
+
+
+def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (dataset, model): accuracy and epoch time of both, and our speed-up."""
+    table = results.pivot_table(index=["dataset", "model"], columns="impl",
+                                values=["test_acc", "epoch_ms"], aggfunc="first")
+    table.columns = [f"{value}_{impl}" for value, impl in table.columns]
+    table["speedup"] = table["epoch_ms_pyg"] / table["epoch_ms_ours"]
+    return table.reset_index()
+
+
+def plot(results: pd.DataFrame, path: Path) -> None:
+    """Bar plots of mean epoch time and test accuracy per (dataset, model), ours next to PyG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = side_by_side(results)
+    labels = [f"{d}\n{m}" for d, m in zip(table["dataset"], table["model"])]
+    positions = range(len(labels))
+    width = 0.4
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.9 * len(labels) + 2), 7), sharex=True)
+    for axis, value, title in ((axes[0], "epoch_ms", "mean epoch time (ms)"), (axes[1], "test_acc", "test accuracy")):
+        for offset, impl in ((-width / 2, "ours"), (width / 2, "pyg")):
+            axis.bar([p + offset for p in positions], table[f"{value}_{impl}"], width, label=impl)
+        axis.set_ylabel(title)
+    axes[0].set_yscale("log")
+    axes[0].legend()
+    axes[1].set_xticks(list(positions))
+    axes[1].set_xticklabels(labels, fontsize=8)
+    fig.suptitle(f"training, {results['device'].iloc[0]}, {results['epochs'].iloc[0]} epochs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# Command line ##############################################################################
+
+
+def default_datasets(device: torch.device) -> List[str]:
+    if device.type == "cuda":
+        return available_datasets() + [POWER_LAW]
+    return ["cora"]
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--datasets", nargs="+", default=None,
+                        help=f"datasets ({', '.join(available_datasets())}, {POWER_LAW}); comma-separated "
+                             f"lists work too; default: cora on a CPU, all of them on a GPU")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"models among {', '.join(MODELS)}")
+    parser.add_argument("--epochs", type=int, default=200)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden width (GAT: 8 heads of hidden/8)")
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--weight-decay", type=float, default=5e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
+                        help="output folder for the CSV and the plot")
+    args = parser.parse_args(argv)
+    args.device = torch.device(args.device)
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device: CUDA is not available")
+    known = set(available_datasets()) | {POWER_LAW}
+    names = [part for item in (args.datasets or default_datasets(args.device)) for part in item.split(",") if part]
+    unknown = sorted(set(names) - known)
+    if unknown:
+        parser.error(f"--datasets: unknown {unknown}; expected some of {sorted(known)}")
+    args.datasets = names
+    models = [part for item in args.models for part in item.split(",") if part]
+    if set(models) - set(MODELS):
+        parser.error(f"--models: unknown {sorted(set(models) - set(MODELS))}; expected some of {MODELS}")
+    args.models = models
+    if args.epochs < 1:
+        parser.error("--epochs: must be at least 1")
+    if args.hidden < 8 or args.hidden % 8:
+        parser.error("--hidden: must be a positive multiple of 8 (GAT splits it over 8 heads)")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    args = parse_args(argv)
+    results = run(args.datasets, args.models, args.epochs, args.device, args.hidden, args.lr,
+                  args.weight_decay, args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results.to_csv(args.out / "train_e2e.csv", index=False)
+    plot(results, args.out / "train_e2e.png")
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        print(side_by_side(results).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    failed = results[results["status"] != "ok"]
+    for row in failed.itertuples():
+        print(f"{row.dataset} {row.model} {row.impl}: {row.status}")
+    print(f"wrote {args.out / 'train_e2e.csv'} and {args.out / 'train_e2e.png'}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+r"""The graph argument of a drop-in layer, turned into a cached :class:`~pyg_ugrapher.GraphTensor`.
+
+PyG layers take the graph as a ``[2, E]`` index tensor, a PyG ``EdgeIndex`` or a ``torch.sparse``
+adjacency ``adj_t`` (rows are destinations). A :class:`~pyg_ugrapher.GraphTensor` builds its CSR,
+CSC and statistics once; building one per forward would redo that work every step. So everything
+derived from a graph argument is cached on that argument object itself, weakly and by identity
+(:func:`derived`): a graph used by several layers, or for many epochs, is prepared once, and the
+cache entry dies with the graph. An in-place change of the graph tensor (its ``_version``) drops
+its entries.
+"""
+from __future__ import annotations
+
+from typing import Callable, Hashable, List, Optional, Tuple, TypeVar
+
+import torch
+from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
+from torch_geometric import EdgeIndex
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
+
+from .. import ops
+from ..graph import GraphTensor
+
+T = TypeVar("T")
+
+# tensor -> (its _version when the entries were built, {key: entry}). Entries must not hold the
+# key tensor itself (views of it would): they are built from ``detach()``-ed aliases.
+_DERIVED: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+
+GATHERS = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "min": "min"}
+
+
+def derived(tensor: Tensor, key: Hashable, build: Callable[[], T]) -> T:
+    """``build()``, cached on ``tensor`` under ``key`` until ``tensor`` dies or changes in place."""
+    version = tensor._version
+    slot = _DERIVED.get(tensor)
+    if slot is None or slot[0] != version:
+        slot = (version, {})
+        _DERIVED[tensor] = slot
+    entries = slot[1]
+    if key not in entries:
+        # Entries are constants of the graph: built outside autograd, and never as inference
+        # tensors, which a later training step could not save for its backward pass.
+        with torch.inference_mode(False), torch.no_grad():
+            entries[key] = build()
+    return entries[key]
+
+
+def gather_op(aggr: object) -> str:
+    """The IR gather op of a PyG ``aggr`` string."""
+    if not isinstance(aggr, str) or aggr not in GATHERS:
+        raise ValueError(f"aggr: expected one of {sorted(GATHERS)}, got {aggr!r} (aggregation "
+                         f"modules and lists of aggregations are not supported)")
+    return GATHERS[aggr]
+
+
+def check_features(name: str, x: object) -> Tensor:
+    """A ``[N, F]`` floating-point node or edge feature matrix."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: expected floating-point features, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{name}: expected shape [num_nodes, channels], got {list(x.shape)} "
+                         f"(static graphs with a batch dimension are not supported)")
+    return x
+
+
+def is_sparse(edge_index: object) -> bool:
+    return isinstance(edge_index, Tensor) and is_torch_sparse_tensor(edge_index)
+
+
+def endpoints(flow: str) -> Tuple[int, int]:
+    """Rows ``(j, i)`` of an edge index holding the sources and the destinations of messages."""
+    return (0, 1) if flow == "source_to_target" else (1, 0)
+
+
+def node_sizes(layer, edge_index: Tensor, size: Optional[Tuple[int, int]], x_src: Optional[Tensor],
+               x_dst: Optional[Tensor]) -> Tuple[int, int]:
+    """``(num_src, num_dst)`` as PyG's ``propagate`` infers them: from ``size``, an ``EdgeIndex``'s
+    or sparse tensor's own size, and the node features, which must agree."""
+    check_graph(layer, edge_index)
+    j, i = endpoints(layer.flow)
+    sizes: List[Optional[int]]
+    if isinstance(edge_index, EdgeIndex):
+        sizes = list(edge_index.sparse_size())
+    elif is_sparse(edge_index):
+        sizes = [edge_index.size(1), edge_index.size(0)]
+    elif size is not None:
+        if len(size) != 2:
+            raise ValueError(f"size: expected (num_src_nodes, num_dst_nodes), got {size}")
+        sizes = list(size)
+    else:
+        sizes = [None, None]
+    for dim, x in ((j, x_src), (i, x_dst)):
+        if x is None:
+            continue
+        if sizes[dim] is None:
+            sizes[dim] = x.size(0)
+        elif sizes[dim] != x.size(0):
+            raise ValueError(f"size: the graph has {sizes[dim]} {'source' if dim == j else 'destination'} "
+                             f"nodes but the node features have {x.size(0)} rows")
+    num_src = sizes[j] if sizes[j] is not None else sizes[i]
+    num_dst = sizes[i] if sizes[i] is not None else sizes[j]
+    if num_src is None or num_dst is None:
+        raise ValueError("size: cannot infer the number of nodes; pass size=(num_src, num_dst)")
+    return int(num_src), int(num_dst)
+
+
+def check_graph(layer, edge_index: object) -> None:
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(f"edge_index: expected a [2, E] tensor, an EdgeIndex or a torch.sparse "
+                        f"adjacency, got {type(edge_index).__name__}")
+    if is_sparse(edge_index):
+        if edge_index.dim() != 2:
+            raise ValueError(f"edge_index: a sparse adjacency must be two-dimensional, got "
+                             f"{edge_index.dim()} dimensions")
+        if layer.flow != "source_to_target":
+            raise ValueError("edge_index: flow='target_to_source' needs an edge index; for a "
+                             "sparse adjacency pass its transpose instead")
+        return
+    if edge_index.is_floating_point() or edge_index.dtype == torch.bool or edge_index.is_complex():
+        raise TypeError(f"edge_index: expected integer indices, got {edge_index.dtype}")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"edge_index: expected shape [2, E], got {list(edge_index.shape)}")
+
+
+def plain_index(edge_index: Tensor) -> Tensor:
+    """A ``[2, E]`` int64 alias of an edge index that holds no reference to it (see :data:`_DERIVED`)."""
+    if isinstance(edge_index, EdgeIndex):
+        edge_index = edge_index.as_tensor()
+    return edge_index.detach().long()
+
+
+def sparse_edges(adj_t: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(edge_index, values)`` of a sparse adjacency, row 0 = sources, in its stored order.
+
+    An uncoalesced COO tensor is coalesced first, as PyG's ``spmm`` does when it converts it to
+    CSR: duplicate entries are one edge whose value is their sum.
+    """
+    if adj_t.layout == torch.sparse_coo and not adj_t.is_coalesced():
+        adj_t = adj_t.coalesce()
+    index, values = to_edge_index(adj_t)
+    return index.flip(0), values
+
+
+def graph_of(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> GraphTensor:
+    """A GraphTensor of a plain ``[2, E]`` int64 index (not cached: callers cache)."""
+    j, i = endpoints(flow)
+    return GraphTensor(edge_index[j], edge_index[i], num_src, num_dst)
+
+
+def adjacency(layer, edge_index: Tensor, num_src: int, num_dst: int) -> Tuple[GraphTensor, Optional[Tensor]]:
+    """The cached graph of a layer's graph argument, and a sparse adjacency's values (per call, so
+    that they stay differentiable; ``None`` for an edge index)."""
+    if is_sparse(edge_index):
+        index, values = sparse_edges(edge_index)
+        graph = derived(edge_index, ("graph", num_src, num_dst),
+                        lambda: graph_of(index, "source_to_target", num_src, num_dst))
+        return graph, values
+    graph = derived(edge_index, ("graph", layer.flow, num_src, num_dst),
+                    lambda: graph_of(plain_index(edge_index), layer.flow, num_src, num_dst))
+    return graph, None
+
+
+def pair(x: object) -> Tuple[Tensor, Optional[Tensor]]:
+    """``x`` or ``(x_src, x_dst)`` as a pair, checked; ``x_dst`` may be ``None``."""
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise ValueError(f"x: expected a tensor or a pair (x_src, x_dst), got {len(x)} items")
+        x_src = check_features("x[0]", x[0])
+        x_dst = None if x[1] is None else check_features("x[1]", x[1])
+        return x_src, x_dst
+    x = check_features("x", x)
+    return x, x
+
+
+def edge_tensor(name: str, value: Optional[Tensor], num_edges: int) -> Optional[Tensor]:
+    """An optional per-edge tensor with one row per edge of the graph argument."""
+    if value is None:
+        return None
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise TypeError(f"{name}: expected floating-point values, got {value.dtype}")
+    if value.dim() == 0 or value.size(0) != num_edges:
+        raise ValueError(f"{name}: expected {num_edges} rows (one per edge), got shape {list(value.shape)}")
+    return value
+
+
+def aggregate(layer: MessagePassing, gather: str, x_src: Tensor, x_dst: Optional[Tensor], edge_index: Tensor,
+              size: Optional[Tuple[int, int]], edge_weight: Optional[Tensor] = None) -> Tensor:
+    """``gather`` over the incoming edges of ``x_src[u]`` (times the edge weight, if any): one IR op.
+
+    A sparse adjacency's values are edge weights, as in PyG's ``spmm``.
+    """
+    num_src, num_dst = node_sizes(layer, edge_index, size, x_src, x_dst)
+    graph, values = adjacency(layer, edge_index, num_src, num_dst)
+    if values is None:
+        weight = edge_tensor("edge_weight", edge_weight, graph.num_edges)
+    elif edge_weight is not None:
+        raise ValueError("edge_weight: a sparse adjacency carries its edge weights as its values; "
+                         "pass edge_weight=None")
+    else:
+        weight = values
+    if weight is None:
+        return ops.compute(graph, f"copy_u_{gather}", lhs=x_src)
+    return ops.compute(graph, f"u_mul_e_{gather}", lhs=x_src, rhs=weight.view(-1, 1))

@@ -1,0 +1,334 @@
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import Parameter
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.nn.inits import glorot, zeros
+from torch_geometric.utils import add_self_loops, remove_self_loops, to_edge_index
+from torch_geometric.utils.loop import compute_loop_attr
+from torch_geometric.utils.sparse import set_sparse_value
+
+from .. import ops
+from ..graph import GraphTensor
+from ..ir import Expr, OpInfo
+from ._graph import (adjacency, check_features, derived, edge_tensor, gather_op, graph_of, is_sparse,
+                     node_sizes, plain_index)
+
+#: ``exp(score[e] - max[v])``: the max-stabilised numerator of the softmax, one message op.
+EXP_SHIFTED = OpInfo(Expr.apply("exp", Expr.input(0) - Expr.input(1)), None, operands=("edge", "dst_v"))
+#: ``x[u] * (p[e] * (1 / s)[v])``: normalisation and message in one expression, aggregated by one
+#: gather op, so neither the attention coefficients nor an ``[E, H, C]`` message is ever written.
+#: The sum enters as its reciprocal: the gradient of ``p`` is then a reducing op without a
+#: division, whose padded lanes (loaded as 0) stay 0 instead of becoming 0 / 0.
+WEIGHTED_SOURCE = Expr.input(0) * (Expr.input(1) * Expr.input(2))
+
+# (graph, the edge index PyG would return, the kept (non-loop) edges of the input) of a graph
+# whose self loops were replaced by one per node.
+_LoopedGraph = Tuple[GraphTensor, Tensor, Tensor]
+
+
+def score_op(kinds: Tuple[str, ...], negative_slope: float) -> OpInfo:
+    """``leaky_relu(sum of the operands)``: the attention logit of every edge, one message op."""
+    total = Expr.input(0)
+    for slot in range(1, len(kinds)):
+        total = total + Expr.input(slot)
+    return OpInfo(Expr.apply("leaky_relu", total, float(negative_slope)), None, operands=kinds)
+
+
+class GATConv(MessagePassing):
+    r"""The graph attentional operator from the `"Graph Attention Networks"
+    <https://arxiv.org/abs/1710.10903>`_ paper, on uGrapher's graph operators.
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \sum_{j \in \mathcal{N}(i) \cup \{ i \}}
+        \alpha_{i,j}\mathbf{\Theta}_t\mathbf{x}_{j},
+
+    where the attention coefficients :math:`\alpha_{i,j}` are computed as
+
+    .. math::
+        \alpha_{i,j} =
+        \frac{
+        \exp\left(\mathrm{LeakyReLU}\left(
+        \mathbf{a}^{\top}_{s} \mathbf{\Theta}_{s}\mathbf{x}_i
+        + \mathbf{a}^{\top}_{t} \mathbf{\Theta}_{t}\mathbf{x}_j
+        + \mathbf{a}^{\top}_{e} \mathbf{\Theta}_{e} \mathbf{e}_{i,j}
+        \right)\right)}
+        {\sum_{k \in \mathcal{N}(i) \cup \{ i \}}
+        \exp\left(\mathrm{LeakyReLU}\left(
+        \mathbf{a}^{\top}_{s} \mathbf{\Theta}_{s}\mathbf{x}_i
+        + \mathbf{a}^{\top}_{t}\mathbf{\Theta}_{t}\mathbf{x}_k
+        + \mathbf{a}^{\top}_{e} \mathbf{\Theta}_{e} \mathbf{e}_{i,k}
+        \right)\right)}
+
+    (the edge term only with ``edge_dim``; :math:`\mathbf{\Theta}_{s} = \mathbf{\Theta}_{t}`
+    unless the graph is bipartite).
+
+    A drop-in replacement for :class:`torch_geometric.nn.conv.GATConv`: same arguments, same
+    parameters, so ``load_state_dict`` works both ways. The edge softmax runs as IR operators and
+    never builds an ``[E, H, C]`` tensor:
+
+    1. the logits, ``leaky_relu(a_src[u] + a_dst[v] (+ a_edge[e]))``, one message op ``[E, H]``;
+    2. their maximum per destination, ``copy_e_max`` (the softmax is shift-invariant, so it is
+       taken of detached logits, as PyG does);
+    3. ``p = exp(logit[e] - max[v])``, one message op (max-stabilised, unlike uGrapher's code);
+    4. the sum per destination, ``copy_e_sum``;
+    5. ``out[v] = sum x[u] * p[e] / s[v]``, **one** fused gather op (``1 / s`` is ``[N, H]``).
+
+    When the coefficients themselves are needed (attention dropout in training, or
+    ``return_attention_weights``), step 5 becomes ``alpha = p / s[v]`` (``e_div_v``), dropout,
+    and ``u_mul_e_sum``. Gradients flow through every step (each op is differentiable).
+
+    Args:
+        in_channels (int or tuple): Size of each input sample, or :obj:`-1` to derive it from the
+            first input. A tuple gives the source and target sizes of a bipartite graph.
+        out_channels (int): Size of each output sample.
+        heads (int, optional): Number of attention heads. (default: :obj:`1`)
+        concat (bool, optional): Concatenate the heads; if :obj:`False`, average them.
+            (default: :obj:`True`)
+        negative_slope (float, optional): LeakyReLU angle of the negative slope.
+            (default: :obj:`0.2`)
+        dropout (float, optional): Dropout probability of the normalised attention coefficients.
+            (default: :obj:`0`)
+        add_self_loops (bool, optional): Replace the self loops of the graph by one per node.
+            (default: :obj:`True`)
+        edge_dim (int, optional): Edge feature dimensionality, if any. (default: :obj:`None`)
+        fill_value (float or torch.Tensor or str, optional): Edge features of the added self
+            loops: a value, or how to aggregate the edges pointing to the node (:obj:`"add"`,
+            :obj:`"mean"`, :obj:`"min"`, :obj:`"max"`, :obj:`"mul"`). (default: :obj:`"mean"`)
+        bias (bool, optional): Learn an additive bias. (default: :obj:`True`)
+        residual (bool, optional): Add a learnable skip connection. (default: :obj:`False`)
+        **kwargs (optional): Additional arguments of
+            :class:`torch_geometric.nn.conv.MessagePassing`.
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
+          :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite, edge indices
+          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex`` or a ``torch.sparse`` adjacency),
+          edge features :math:`(|\mathcal{E}|, D)` *(optional)*
+        - **output:** node features :math:`(|\mathcal{V}_t|, H * F_{out})`, and with
+          ``return_attention_weights`` also :math:`((2, |\mathcal{E}|), (|\mathcal{E}|, H))`
+          (for a sparse adjacency: the adjacency holding the coefficients, and them)
+    """
+
+    def __init__(
+        self,
+        in_channels: Union[int, Tuple[int, int]],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        negative_slope: float = 0.2,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        edge_dim: Optional[int] = None,
+        fill_value: Union[float, Tensor, str] = "mean",
+        bias: bool = True,
+        residual: bool = False,
+        **kwargs,
+    ) -> None:
+        kwargs.setdefault("aggr", "add")
+        super().__init__(node_dim=0, **kwargs)
+        self._gather = gather_op(self.aggr)
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout: expected a probability in [0, 1], got {dropout}")
+
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.negative_slope = negative_slope
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.edge_dim = edge_dim
+        self.fill_value = fill_value
+        self.residual = residual
+
+        # Bipartite graphs transform source and target nodes separately (lin_src / lin_dst).
+        self.lin = self.lin_src = self.lin_dst = None
+        if isinstance(in_channels, int):
+            self.lin = Linear(in_channels, heads * out_channels, bias=False, weight_initializer="glorot")
+        else:
+            self.lin_src = Linear(in_channels[0], heads * out_channels, False, weight_initializer="glorot")
+            self.lin_dst = Linear(in_channels[1], heads * out_channels, False, weight_initializer="glorot")
+
+        self.att_src = Parameter(torch.empty(1, heads, out_channels))
+        self.att_dst = Parameter(torch.empty(1, heads, out_channels))
+
+        if edge_dim is not None:
+            self.lin_edge = Linear(edge_dim, heads * out_channels, bias=False, weight_initializer="glorot")
+            self.att_edge = Parameter(torch.empty(1, heads, out_channels))
+        else:
+            self.lin_edge = None
+            self.register_parameter("att_edge", None)
+
+        total_out_channels = out_channels * (heads if concat else 1)
+        if residual:
+            self.res = Linear(in_channels if isinstance(in_channels, int) else in_channels[1],
+                              total_out_channels, bias=False, weight_initializer="glorot")
+        else:
+            self.register_parameter("res", None)
+
+        if bias:
+            self.bias = Parameter(torch.empty(total_out_channels))
+        else:
+            self.register_parameter("bias", None)
+
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        for lin in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.res):
+            if lin is not None:
+                lin.reset_parameters()
+        glorot(self.att_src)
+        glorot(self.att_dst)
+        glorot(self.att_edge)
+        zeros(self.bias)
+
+    def forward(
+        self,
+        x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],
+        edge_index: Tensor,
+        edge_attr: Optional[Tensor] = None,
+        size: Optional[Tuple[int, int]] = None,
+        return_attention_weights: Optional[bool] = None,
+    ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
+        r"""Runs the layer.
+
+        Args:
+            x (torch.Tensor or (torch.Tensor, torch.Tensor)): The input node features.
+            edge_index (torch.Tensor): The graph: ``[2, E]`` indices, an ``EdgeIndex`` or a
+                ``torch.sparse`` adjacency ``adj_t``.
+            edge_attr (torch.Tensor, optional): The edge features. (default: :obj:`None`)
+            size ((int, int), optional): The shape of the adjacency matrix. (default: :obj:`None`)
+            return_attention_weights (bool, optional): If truthy, also return
+                ``(edge_index, alpha)``: the graph with its self loops and the attention
+                coefficients ``[E, H]`` (after dropout). (default: :obj:`None`)
+        """
+        H, C = self.heads, self.out_channels
+        res: Optional[Tensor] = None
+
+        if isinstance(x, Tensor):
+            x = check_features("x", x)
+            if self.res is not None:
+                res = self.res(x)
+            if self.lin is not None:
+                x_src = x_dst = self.lin(x).view(-1, H, C)
+            else:
+                x_src = self.lin_src(x).view(-1, H, C)
+                x_dst = self.lin_dst(x).view(-1, H, C)
+        else:
+            if not isinstance(x, (tuple, list)) or len(x) != 2:
+                raise TypeError(f"x: expected a tensor or a pair (x_src, x_dst), got {type(x).__name__}")
+            x_src = check_features("x[0]", x[0])
+            x_dst = None if x[1] is None else check_features("x[1]", x[1])
+            if x_dst is not None and self.res is not None:
+                res = self.res(x_dst)
+            lin_src = self.lin if self.lin is not None else self.lin_src
+            lin_dst = self.lin if self.lin is not None else self.lin_dst
+            x_src = lin_src(x_src).view(-1, H, C)
+            if x_dst is not None:
+                x_dst = lin_dst(x_dst).view(-1, H, C)
+
+        # Node-level halves of the attention logits.
+        alpha_src = (x_src * self.att_src).sum(dim=-1)
+        alpha_dst = None if x_dst is None else (x_dst * self.att_dst).sum(dim=-1)
+
+        num_src, num_dst = node_sizes(self, edge_index, size, x_src, x_dst)
+        graph, returned_index, edge_attr = self._graph(edge_index, edge_attr, size, num_src, num_dst,
+                                                       x_src.size(0) if x_dst is None else
+                                                       min(x_src.size(0), x_dst.size(0)))
+
+        operands = [alpha_src]
+        kinds: Tuple[str, ...] = ("src_v",)
+        if alpha_dst is not None:
+            operands.append(alpha_dst)
+            kinds += ("dst_v",)
+        if edge_attr is not None and self.lin_edge is not None:
+            if edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            alpha_edge = (self.lin_edge(edge_attr).view(-1, H, C) * self.att_edge).sum(dim=-1)
+            operands.append(alpha_edge)
+            kinds += ("edge",)
+
+        logits = ops.compute(graph, score_op(kinds, self.negative_slope), operands=operands)
+        shift = ops.compute(graph, "copy_e_max", lhs=logits.detach())
+        numer = ops.compute(graph, EXP_SHIFTED, operands=[logits, shift])
+        # PyG's 1e-16 keeps destinations without edges finite (and their gradients 0).
+        denom = ops.compute(graph, "copy_e_sum", lhs=numer) + 1e-16
+        if return_attention_weights or (self.training and self.dropout > 0):
+            alpha = ops.compute(graph, "e_div_v", lhs=numer, rhs=denom)
+            alpha = F.dropout(alpha, p=self.dropout, training=self.training)
+            out = ops.compute(graph, f"u_mul_e_{self._gather}", lhs=x_src, rhs=alpha.unsqueeze(-1))
+        else:
+            aggregate = OpInfo(WEIGHTED_SOURCE, self._gather, operands=("src_v", "edge", "dst_v"))
+            out = ops.compute(graph, aggregate,
+                              operands=[x_src, numer.unsqueeze(-1), denom.reciprocal().unsqueeze(-1)])
+
+        if self.concat:
+            out = out.view(-1, H * C)
+        else:
+            out = out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+
+        if return_attention_weights:
+            if is_sparse(returned_index):
+                return out, (set_sparse_value(returned_index, alpha), alpha)
+            return out, (returned_index, alpha)
+        return out
+
+    def _graph(self, edge_index: Tensor, edge_attr: Optional[Tensor], size: Optional[Tuple[int, int]],
+               num_src: int, num_dst: int, num_loops: int
+               ) -> Tuple[GraphTensor, Tensor, Optional[Tensor]]:
+        """The graph to attend over, the graph argument PyG would return with the coefficients,
+        and the edge features in the graph's edge order."""
+        if size is not None:
+            num_loops = min(size)
+        if is_sparse(edge_index):
+            if not self.add_self_loops:
+                graph, _ = adjacency(self, edge_index, num_src, num_dst)
+                return graph, edge_index, edge_tensor("edge_attr", edge_attr, graph.num_edges)
+            if edge_attr is not None:
+                raise ValueError("edge_attr: edge features with add_self_loops=True need an edge "
+                                 "index, not a sparse adjacency")
+            graph, looped = derived(edge_index, ("gat", num_src, num_dst),
+                                    lambda: self._looped_sparse(edge_index, num_src, num_dst))
+            return graph, looped, None
+
+        edge_attr = edge_tensor("edge_attr", edge_attr, edge_index.size(1))
+        if not self.add_self_loops:
+            graph, _ = adjacency(self, edge_index, num_src, num_dst)
+            return graph, edge_index, edge_attr
+        graph, looped, keep = derived(edge_index, ("gat", self.flow, num_src, num_dst, num_loops),
+                                      lambda: self._looped(edge_index, num_src, num_dst, num_loops))
+        if edge_attr is not None:
+            # As PyG's remove_self_loops + add_self_loops, fill_value applied by PyG's own helper.
+            edge_attr = edge_attr[keep]
+            loop_attr = compute_loop_attr(looped[:, :edge_attr.size(0)], edge_attr, num_loops, False,
+                                          self.fill_value)
+            edge_attr = torch.cat([edge_attr, loop_attr], dim=0)
+        return graph, looped, edge_attr
+
+    def _looped(self, edge_index: Tensor, num_src: int, num_dst: int, num_loops: int) -> _LoopedGraph:
+        """The input's non-loop edges in order, then one loop per node below ``num_loops``."""
+        index = plain_index(edge_index)
+        keep = index[0] != index[1]
+        loops = torch.arange(num_loops, device=index.device).repeat(2, 1)
+        looped = torch.cat([index[:, keep], loops], dim=1)
+        return graph_of(looped, self.flow, num_src, num_dst), looped, keep
+
+    def _looped_sparse(self, adj_t: Tensor, num_src: int, num_dst: int) -> Tuple[GraphTensor, Tensor]:
+        """PyG's own self-loop helpers on the adjacency (their result is what PyG returns), and
+        its graph in that adjacency's edge order."""
+        looped, _ = remove_self_loops(adj_t.detach())
+        looped, _ = add_self_loops(looped, fill_value=self.fill_value)
+        index, _ = to_edge_index(looped)
+        return graph_of(index.flip(0), "source_to_target", num_src, num_dst), looped
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -1,0 +1,221 @@
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Parameter
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.nn.inits import zeros
+
+from .. import ops
+from ..graph import GraphTensor
+from ..ir import Expr, OpInfo
+from ._graph import (adjacency, check_features, derived, edge_tensor, gather_op, graph_of, is_sparse,
+                     node_sizes, plain_index, sparse_edges)
+
+#: The normalised weight of edge ``(u, e, v)``: ``d[u]^-1/2 * w[e] * d[v]^-1/2``, one message op.
+NORMALIZE = OpInfo(Expr.input(0) * Expr.input(1) * Expr.input(2), None, operands=("src_v", "edge", "dst_v"))
+
+# (graph, self-loop mask, nodes of the removed self loops) of a graph with remaining self loops.
+_LoopedGraph = Tuple[GraphTensor, Tensor, Tensor]
+
+
+def gcn_norm_weights(graph: GraphTensor, weight: Tensor) -> Tensor:
+    r"""The weights of :math:`\mathbf{\hat{D}}^{-1/2} \mathbf{\hat{A}} \mathbf{\hat{D}}^{-1/2}`
+    for a graph whose self loops are already in place: the in-degree is a ``copy_e_sum`` and the
+    per-edge product one message-creation op, both differentiable in ``weight``."""
+    deg = ops.compute(graph, "copy_e_sum", lhs=weight)
+    deg_inv_sqrt = deg.pow(-0.5)
+    deg_inv_sqrt = deg_inv_sqrt.masked_fill(deg_inv_sqrt == float("inf"), 0.0)
+    return ops.compute(graph, NORMALIZE, operands=[deg_inv_sqrt, weight, deg_inv_sqrt])
+
+
+class GCNConv(MessagePassing):
+    r"""The graph convolutional operator from the `"Semi-supervised
+    Classification with Graph Convolutional Networks"
+    <https://arxiv.org/abs/1609.02907>`_ paper, on uGrapher's graph operators.
+
+    .. math::
+        \mathbf{X}^{\prime} = \mathbf{\hat{D}}^{-1/2} \mathbf{\hat{A}}
+        \mathbf{\hat{D}}^{-1/2} \mathbf{X} \mathbf{\Theta},
+
+    where :math:`\mathbf{\hat{A}} = \mathbf{A} + \mathbf{I}` denotes the adjacency matrix with
+    inserted self-loops and :math:`\hat{D}_{ii} = \sum_{j=0} \hat{A}_{ij}` its diagonal degree
+    matrix. Node-wise:
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \mathbf{\Theta}^{\top} \sum_{j \in
+        \mathcal{N}(i) \cup \{ i \}} \frac{e_{j,i}}{\sqrt{\hat{d}_j
+        \hat{d}_i}} \mathbf{x}_j
+
+    with :math:`\hat{d}_i = 1 + \sum_{j \in \mathcal{N}(i)} e_{j,i}` and :math:`e_{j,i}` the edge
+    weight (default :obj:`1`).
+
+    A drop-in replacement for :class:`torch_geometric.nn.conv.GCNConv`: same arguments, same
+    parameters (``lin.weight``, ``bias``), so ``load_state_dict`` works both ways. The
+    normalisation is computed as one weight per edge (the degrees by a ``copy_e_sum`` op, the
+    weights by one message-creation op); the propagation is **one** ``u_mul_e_sum`` op. Without
+    ``edge_weight`` the normalised weights depend on the graph alone and are cached with it (on
+    the ``edge_index`` object), so a forward then runs that single op; ``cached=True`` also keeps
+    weighted normalisations, as PyG does.
+
+    Args:
+        in_channels (int): Size of each input sample, or :obj:`-1` to derive it from the first
+            input.
+        out_channels (int): Size of each output sample.
+        improved (bool, optional): If :obj:`True`, :math:`\mathbf{\hat{A}} = \mathbf{A} +
+            2\mathbf{I}`. (default: :obj:`False`)
+        cached (bool, optional): Cache the normalised graph and weights of the first call and
+            reuse them afterwards (transductive learning only). (default: :obj:`False`)
+        add_self_loops (bool, optional): Add self loops; defaults to :obj:`normalize`.
+            (default: :obj:`None`)
+        normalize (bool, optional): Add self loops and normalise symmetrically on the fly.
+            (default: :obj:`True`)
+        bias (bool, optional): Learn an additive bias. (default: :obj:`True`)
+        **kwargs (optional): Additional arguments of
+            :class:`torch_geometric.nn.conv.MessagePassing` (``aggr`` may be ``"add"``,
+            ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``).
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})`, edge indices
+          :math:`(2, |\mathcal{E}|)` (a tensor or an ``EdgeIndex``) or a ``torch.sparse``
+          adjacency :math:`(|\mathcal{V}|, |\mathcal{V}|)` whose values are the edge weights,
+          edge weights :math:`(|\mathcal{E}|)` *(optional)*
+        - **output:** node features :math:`(|\mathcal{V}|, F_{out})`
+    """
+    _cached_edge_index: Optional[Tuple[GraphTensor, Optional[Tensor]]]
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        improved: bool = False,
+        cached: bool = False,
+        add_self_loops: Optional[bool] = None,
+        normalize: bool = True,
+        bias: bool = True,
+        **kwargs,
+    ) -> None:
+        kwargs.setdefault("aggr", "add")
+        super().__init__(**kwargs)
+        self._gather = gather_op(self.aggr)
+
+        if add_self_loops is None:
+            add_self_loops = normalize
+        if add_self_loops and not normalize:
+            raise ValueError(f"add_self_loops: '{self.__class__.__name__}' does not support adding "
+                             f"self-loops to the graph when no on-the-fly normalization is applied")
+
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.improved = improved
+        self.cached = cached
+        self.add_self_loops = add_self_loops
+        self.normalize = normalize
+
+        self._cached_edge_index = None
+
+        self.lin = Linear(in_channels, out_channels, bias=False, weight_initializer="glorot")
+        if bias:
+            self.bias = Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.lin.reset_parameters()
+        zeros(self.bias)
+        self._cached_edge_index = None
+
+    def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor] = None) -> Tensor:
+        if isinstance(x, (tuple, list)):
+            raise ValueError(f"x: '{self.__class__.__name__}' received a tuple of node features as "
+                             f"input while this layer does not support bipartite message passing. "
+                             f"Please try other layers such as 'SAGEConv' or 'GraphConv' instead")
+        x = check_features("x", x)
+
+        if self._cached_edge_index is not None:
+            graph, weight = self._cached_edge_index
+        else:
+            graph, weight = self._graph(x, edge_index, edge_weight)
+            if self.cached and self.normalize:
+                self._cached_edge_index = (graph, weight)
+
+        x = self.lin(x)
+        if weight is None:
+            out = ops.compute(graph, f"copy_u_{self._gather}", lhs=x)
+        else:
+            out = ops.compute(graph, f"u_mul_e_{self._gather}", lhs=x, rhs=weight)
+
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def _graph(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor]
+               ) -> Tuple[GraphTensor, Optional[Tensor]]:
+        """The graph to propagate on and its edge weights (``None``: all ones)."""
+        num_nodes, _ = node_sizes(self, edge_index, None, x, x)
+        if is_sparse(edge_index):
+            if edge_weight is not None:
+                raise ValueError("edge_weight: a sparse adjacency carries its edge weights as its "
+                                 "values; pass edge_weight=None")
+            if not self.normalize:
+                return adjacency(self, edge_index, num_nodes, num_nodes)
+            # As PyG's gcn_norm on a sparse matrix: a loop is added to every node, on top of any
+            # stored one (their values add up).
+            index, values = sparse_edges(edge_index)
+            graph = derived(edge_index, ("gcn", num_nodes, self.add_self_loops),
+                            lambda: self._looped_sparse(index, num_nodes))
+            if self.add_self_loops:
+                values = torch.cat([values, values.new_full((num_nodes,), 2.0 if self.improved else 1.0)])
+            return graph, gcn_norm_weights(graph, values)
+
+        edge_weight = edge_tensor("edge_weight", edge_weight, edge_index.size(1))
+        if edge_weight is not None and edge_weight.dim() != 1:
+            raise ValueError(f"edge_weight: expected shape [E], got {list(edge_weight.shape)}")
+        if not self.add_self_loops:
+            graph = adjacency(self, edge_index, num_nodes, num_nodes)[0]
+            if not self.normalize:
+                return graph, edge_weight
+            keep = loop_nodes = None
+        else:
+            graph, keep, loop_nodes = derived(edge_index, ("gcn", self.flow, num_nodes),
+                                              lambda: self._looped(edge_index, num_nodes))
+        if edge_weight is None:
+            # Without weights the normalisation is a function of the graph alone: cache it there.
+            # Every edge, self loops included, weighs 1: PyG 2.8's gcn_norm fills self loops
+            # with 2 (improved=True) only when edge weights are given, and this matches it.
+            key = ("gcn_norm", self.flow, num_nodes, self.add_self_loops, x.dtype, x.device)
+            return graph, derived(edge_index, key,
+                                  lambda: gcn_norm_weights(graph, x.new_ones(graph.num_edges)))
+        return graph, gcn_norm_weights(graph, self._loop_weights(keep, loop_nodes, edge_weight, num_nodes))
+
+    def _looped(self, edge_index: Tensor, num_nodes: int) -> _LoopedGraph:
+        """PyG's ``add_remaining_self_loops`` on the structure: the non-loop edges in order, then
+        one loop per node."""
+        index = plain_index(edge_index)
+        keep = index[0] != index[1]
+        loops = torch.arange(num_nodes, device=index.device).repeat(2, 1)
+        looped = torch.cat([index[:, keep], loops], dim=1)
+        return graph_of(looped, self.flow, num_nodes, num_nodes), keep, index[0][~keep]
+
+    def _looped_sparse(self, index: Tensor, num_nodes: int) -> GraphTensor:
+        if self.add_self_loops:
+            loops = torch.arange(num_nodes, device=index.device).repeat(2, 1)
+            index = torch.cat([index, loops], dim=1)
+        return graph_of(index, "source_to_target", num_nodes, num_nodes)
+
+    def _loop_weights(self, keep: Optional[Tensor], loop_nodes: Optional[Tensor], weight: Tensor,
+                      num_nodes: int) -> Tensor:
+        """Edge weights in the order of :meth:`_looped`: a stored self loop keeps its weight (the
+        same indexing as PyG's, so duplicate loops resolve alike), other loops get the fill value."""
+        if keep is None:
+            return weight
+        loop_weight = weight.new_full((num_nodes,), 2.0 if self.improved else 1.0)
+        loop_weight[loop_nodes] = weight[~keep]
+        return torch.cat([weight[keep], loop_weight])
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels})"

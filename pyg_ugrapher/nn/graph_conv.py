@@ -1,0 +1,87 @@
+from typing import Optional, Tuple, Union
+
+from torch import Tensor
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.dense.linear import Linear
+
+from ._graph import aggregate, gather_op, pair
+
+
+class GraphConv(MessagePassing):
+    r"""The graph neural network operator from the `"Weisfeiler and Leman Go
+    Neural: Higher-order Graph Neural Networks" <https://arxiv.org/abs/1810.02244>`_ paper, on
+    uGrapher's graph operators.
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \mathbf{W}_1 \mathbf{x}_i + \mathbf{W}_2
+        \sum_{j \in \mathcal{N}(i)} e_{j,i} \cdot \mathbf{x}_j
+
+    where :math:`e_{j,i}` denotes the edge weight from source node :obj:`j` to target node
+    :obj:`i` (default: :obj:`1`).
+
+    A drop-in replacement for :class:`torch_geometric.nn.conv.GraphConv`: same arguments, same
+    parameters (``lin_rel``, ``lin_root``), so ``load_state_dict`` works both ways. The
+    aggregation is **one** op: ``u_mul_e_<aggr>`` with edge weights, ``copy_u_<aggr>`` without.
+
+    Args:
+        in_channels (int or tuple): Size of each input sample, or :obj:`-1` to derive it from the
+            first input. A tuple gives the source and target sizes.
+        out_channels (int): Size of each output sample.
+        aggr (str, optional): :obj:`"add"` (or :obj:`"sum"`), :obj:`"mean"`, :obj:`"max"` or
+            :obj:`"min"`. (default: :obj:`"add"`)
+        bias (bool, optional): Learn an additive bias (in ``lin_rel``). (default: :obj:`True`)
+        **kwargs (optional): Additional arguments of
+            :class:`torch_geometric.nn.conv.MessagePassing`.
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
+          :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite, edge indices
+          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex`` or a ``torch.sparse`` ``adj_t``
+          whose values are the edge weights), edge weights :math:`(|\mathcal{E}|)` *(optional)*
+        - **output:** node features :math:`(|\mathcal{V}|, F_{out})` or
+          :math:`(|\mathcal{V}_t|, F_{out})` if bipartite
+    """
+
+    def __init__(
+        self,
+        in_channels: Union[int, Tuple[int, int]],
+        out_channels: int,
+        aggr: str = "add",
+        bias: bool = True,
+        **kwargs,
+    ) -> None:
+        super().__init__(aggr=aggr, **kwargs)
+        self._gather = gather_op(self.aggr)
+
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+
+        if isinstance(in_channels, int):
+            in_channels = (in_channels, in_channels)
+
+        self.lin_rel = Linear(in_channels[0], out_channels, bias=bias)
+        self.lin_root = Linear(in_channels[1], out_channels, bias=False)
+
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.lin_rel.reset_parameters()
+        self.lin_root.reset_parameters()
+
+    def forward(
+        self,
+        x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],
+        edge_index: Tensor,
+        edge_weight: Optional[Tensor] = None,
+        size: Optional[Tuple[int, int]] = None,
+    ) -> Tensor:
+        x_src, x_dst = pair(x)
+        out = aggregate(self, self._gather, x_src, x_dst, edge_index, size, edge_weight)
+        out = self.lin_rel(out)
+        if x_dst is not None:
+            out = out + self.lin_root(x_dst)
+        return out
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels})"

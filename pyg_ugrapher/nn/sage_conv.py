@@ -1,0 +1,113 @@
+from typing import Optional, Tuple, Union
+
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.dense.linear import Linear
+
+from ._graph import aggregate, gather_op, pair
+
+
+class SAGEConv(MessagePassing):
+    r"""The GraphSAGE operator from the `"Inductive Representation Learning on
+    Large Graphs" <https://arxiv.org/abs/1706.02216>`_ paper, on uGrapher's graph operators.
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \mathbf{W}_1 \mathbf{x}_i + \mathbf{W}_2 \cdot
+        \mathrm{mean}_{j \in \mathcal{N(i)}} \mathbf{x}_j
+
+    If :obj:`project = True`, :math:`\mathbf{x}_j` is first projected via
+    :math:`\mathbf{x}_j \leftarrow \sigma ( \mathbf{W}_3 \mathbf{x}_j + \mathbf{b})`.
+
+    A drop-in replacement for :class:`torch_geometric.nn.conv.SAGEConv`: same arguments, same
+    parameters (``lin_l``, ``lin_r``, ``lin``), so ``load_state_dict`` works both ways. The
+    aggregation is **one** ``copy_u_<aggr>`` op (``u_mul_e_<aggr>`` for a sparse adjacency with
+    values, as PyG's ``spmm`` multiplies by them).
+
+    Args:
+        in_channels (int or tuple): Size of each input sample, or :obj:`-1` to derive it from the
+            first input. A tuple gives the source and target sizes.
+        out_channels (int): Size of each output sample.
+        aggr (str, optional): :obj:`"mean"`, :obj:`"sum"` (or :obj:`"add"`), :obj:`"max"` or
+            :obj:`"min"`. (default: :obj:`"mean"`)
+        normalize (bool, optional): :math:`\ell_2`-normalise the output features.
+            (default: :obj:`False`)
+        root_weight (bool, optional): Add the transformed root node features to the output.
+            (default: :obj:`True`)
+        project (bool, optional): Apply a linear transformation and a ReLU to the source features
+            before aggregating. (default: :obj:`False`)
+        bias (bool, optional): Learn an additive bias (in ``lin_l``). (default: :obj:`True`)
+        **kwargs (optional): Additional arguments of
+            :class:`torch_geometric.nn.conv.MessagePassing`.
+
+    Shapes:
+        - **inputs:** node features :math:`(|\mathcal{V}|, F_{in})` or
+          :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite, edge indices
+          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex`` or a ``torch.sparse`` ``adj_t``)
+        - **outputs:** node features :math:`(|\mathcal{V}|, F_{out})` or
+          :math:`(|\mathcal{V_t}|, F_{out})` if bipartite
+    """
+
+    def __init__(
+        self,
+        in_channels: Union[int, Tuple[int, int]],
+        out_channels: int,
+        aggr: str = "mean",
+        normalize: bool = False,
+        root_weight: bool = True,
+        project: bool = False,
+        bias: bool = True,
+        **kwargs,
+    ) -> None:
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.normalize = normalize
+        self.root_weight = root_weight
+        self.project = project
+
+        if isinstance(in_channels, int):
+            in_channels = (in_channels, in_channels)
+
+        super().__init__(aggr, **kwargs)
+        self._gather = gather_op(self.aggr)
+
+        if self.project:
+            if in_channels[0] <= 0:
+                raise ValueError(f"in_channels: '{self.__class__.__name__}' does not support lazy "
+                                 f"initialization with `project=True`")
+            self.lin = Linear(in_channels[0], in_channels[0], bias=True)
+
+        self.lin_l = Linear(in_channels[0], out_channels, bias=bias)
+        if self.root_weight:
+            self.lin_r = Linear(in_channels[1], out_channels, bias=False)
+
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if self.project:
+            self.lin.reset_parameters()
+        self.lin_l.reset_parameters()
+        if self.root_weight:
+            self.lin_r.reset_parameters()
+
+    def forward(
+        self,
+        x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],
+        edge_index: Tensor,
+        size: Optional[Tuple[int, int]] = None,
+    ) -> Tensor:
+        x_src, x_dst = pair(x)
+        if self.project:
+            x_src = self.lin(x_src).relu()
+
+        out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
+        out = self.lin_l(out)
+        if self.root_weight and x_dst is not None:
+            out = out + self.lin_r(x_dst)
+        if self.normalize:
+            out = F.normalize(out, p=2.0, dim=-1)
+        return out
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, aggr={self.aggr})"

@@ -1,0 +1,206 @@
+"""Fixtures of the drop-in layer tests: graphs, datasets, the Triton interpreter, and the comparison
+of a layer of ours with its PyG namesake (outputs and every gradient)."""
+import copy
+import os
+import subprocess
+import sys
+from typing import Callable, Dict, List, Optional, Sequence
+
+import pytest
+import torch
+
+
+def _import_triton_interpretable() -> None:
+    """Import Triton in interpreter mode, without making the interpreter the default.
+
+    Triton decides at import whether its language functions are interpreted, while
+    ``triton_kernels`` reads ``TRITON_INTERPRET`` at every call. Importing Triton with the variable
+    set and then restoring it keeps the reference executor the default on the CPU and lets a test
+    switch to the interpreter with ``monkeypatch.setenv`` (the ``interpret`` fixture). Only on a
+    machine without a GPU, and only if nothing imported Triton before this conftest.
+    """
+    if "triton" in sys.modules or torch.cuda.is_available():
+        return
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+
+
+_import_triton_interpretable()
+
+import pyg_ugrapher  # noqa: E402,F401  (before triton_kernels: that order avoids a circular import)
+import triton_kernels  # noqa: E402
+
+#: Relative tolerance (to the largest magnitude of the compared tensor), float32.
+RTOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def reference_executor(monkeypatch):
+    """Every test runs on the reference executor unless it asks for ``interpret``."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def _interpreter_importable() -> bool:
+    """Whether Triton was imported in interpreter mode (see :func:`_import_triton_interpretable`)."""
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        return triton_kernels.interpreting()
+    except RuntimeError:
+        return False
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+
+
+INTERPRETER_IN_PROCESS = _interpreter_importable()
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Run ``compute`` through the Triton interpreter in this test (in a child process when this
+    one imported Triton without it, see :func:`pytest_pyfunc_call`)."""
+    if INTERPRETER_IN_PROCESS:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+#: nodeid -> outcome of the interpreter tests run in a child pytest.
+_CHILD_OUTCOMES: Dict[str, str] = {}
+
+
+def pytest_pyfunc_call(pyfuncitem):
+    """When another module imported Triton first (so that it cannot interpret here), run the tests
+    that ask for ``interpret`` in one child pytest started with ``TRITON_INTERPRET=1``."""
+    if INTERPRETER_IN_PROCESS or "interpret" not in pyfuncitem.fixturenames:
+        return None
+    if not _CHILD_OUTCOMES:
+        nodeids = [item.nodeid for item in pyfuncitem.session.items if "interpret" in item.fixturenames]
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *nodeids],
+                                cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True,
+                                timeout=900)
+        for line in result.stdout.splitlines():
+            outcome, _, rest = line.partition(" ")
+            if outcome in ("PASSED", "FAILED", "ERROR", "SKIPPED"):
+                _CHILD_OUTCOMES[rest.split(" - ")[0]] = line
+        _CHILD_OUTCOMES.setdefault("", result.stdout[-4000:] + result.stderr[-2000:])
+    outcome = _CHILD_OUTCOMES.get(pyfuncitem.nodeid)
+    if outcome is None or not outcome.startswith("PASSED"):
+        pytest.fail(f"with TRITON_INTERPRET=1 in a child process: {outcome}\n{_CHILD_OUTCOMES['']}")
+    return True
+
+
+def make_graph(num_nodes: int, num_edges: int, seed: int, num_dst: Optional[int] = None) -> torch.Tensor:
+    """A random edge index with what trips kernels up: an isolated vertex (the last one on both
+    sides), self loops, duplicate edges and a hub (vertex 0, a third of the edges)."""
+    generator = torch.Generator().manual_seed(seed)
+    num_dst = num_nodes if num_dst is None else num_dst
+    src = torch.randint(0, num_nodes - 1, (num_edges,), generator=generator)
+    dst = torch.randint(0, num_dst - 1, (num_edges,), generator=generator)
+    dst[: num_edges // 3] = 0
+    if num_dst == num_nodes:
+        src[-4:] = dst[-4:]  # self loops
+    edge_index = torch.stack([src, dst])
+    return torch.cat([edge_index, edge_index[:, 1:4]], dim=1)  # duplicates
+
+
+@pytest.fixture(scope="session")
+def small_graph():
+    """``(x, edge_index)``: 12 vertices, 43 edges."""
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(12, 6, generator=generator), make_graph(12, 40, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_graph():
+    """``(x, edge_index)`` small enough for the Triton interpreter: 6 vertices, 15 edges."""
+    generator = torch.Generator().manual_seed(2)
+    return torch.randn(6, 4, generator=generator), make_graph(6, 12, seed=2)
+
+
+@pytest.fixture(scope="session")
+def bipartite_graph():
+    """``(x_src, x_dst, edge_index)``: 10 source and 7 destination vertices."""
+    generator = torch.Generator().manual_seed(3)
+    edge_index = make_graph(10, 30, seed=3, num_dst=7)
+    return torch.randn(10, 6, generator=generator), torch.randn(7, 5, generator=generator), edge_index
+
+
+def _load(name: str):
+    from pyg_ugrapher.datasets import load_dataset
+    return load_dataset(name)
+
+
+@pytest.fixture(scope="session", params=["cora", "citeseer", "pubmed"])
+def dataset(request):
+    try:
+        return _load(request.param)
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+
+
+def _outputs_and_grads(layer: torch.nn.Module, forward: Callable, inputs: Sequence[torch.Tensor],
+                       dtype: torch.dtype) -> List[torch.Tensor]:
+    """``forward(layer, *inputs)`` and the gradients of a fixed random projection of it with
+    respect to every floating input and parameter."""
+    inputs = [t.detach().to(dtype).requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point()
+              else t for t in inputs]
+    out = forward(layer, *inputs)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    head = outs[0]
+    probe = torch.randn(head.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad] + list(layer.parameters())
+    loss = (head * probe.to(head.dtype)).sum()
+    grads = torch.autograd.grad(loss, wrt, allow_unused=True, materialize_grads=True)
+    return [t.detach() for t in outs] + [g.detach() for g in grads]
+
+
+def _error(a: torch.Tensor, b: torch.Tensor) -> float:
+    scale = b.abs().max().item() if b.numel() else 0.0
+    return (a.double() - b.double()).abs().max().item() / max(scale, 1e-12) if a.numel() else 0.0
+
+
+@pytest.fixture
+def compare():
+    """``compare(ours, theirs, forward, inputs)``: load PyG's weights into our layer (strictly),
+    then check outputs and gradients (inputs and parameters) agree to :data:`RTOL` in float32.
+
+    A float32 gradient with heavy cancellation (GAT's attention vectors) may differ from PyG's by
+    more than that while both are equally far from the exact value; there the float64 PyG result
+    decides: ours must be no further from it than 4x PyG's own float32 error.
+    """
+    def run(ours: torch.nn.Module, theirs: torch.nn.Module, forward: Callable,
+            inputs: Sequence[torch.Tensor], train: bool = False) -> List[torch.Tensor]:
+        ours.load_state_dict(theirs.state_dict(), strict=True)
+        ours.train(train)
+        theirs.train(train)
+        mine = _outputs_and_grads(ours, forward, inputs, torch.float32)
+        ref = _outputs_and_grads(theirs, forward, inputs, torch.float32)
+        assert len(mine) == len(ref)
+        exact = None
+        for index, (a, b) in enumerate(zip(mine, ref)):
+            assert a.shape == b.shape, f"tensor {index}: shape {tuple(a.shape)} vs PyG's {tuple(b.shape)}"
+            if not b.is_floating_point():
+                assert torch.equal(a, b), f"tensor {index} differs from PyG's"
+                continue
+            error = _error(a, b)
+            if error <= RTOL:
+                continue
+            if exact is None:
+                exact = _outputs_and_grads(copy.deepcopy(theirs).double(), forward, inputs, torch.float64)
+            ours_error, their_error = _error(a, exact[index]), _error(b, exact[index])
+            assert ours_error <= max(4 * their_error, RTOL), (
+                f"tensor {index}: relative error {error:.2e} vs PyG; {ours_error:.2e} vs float64 "
+                f"where PyG's float32 is {their_error:.2e}")
+        return mine
+
+    return run

@@ -1,0 +1,196 @@
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+from torch_geometric import EdgeIndex
+from torch_geometric.utils import to_torch_csr_tensor
+
+from pyg_ugrapher import ops
+from pyg_ugrapher.nn import GATConv
+
+CONFIGS = [
+    {},
+    {"heads": 3},
+    {"heads": 3, "concat": False},
+    {"heads": 2, "residual": True},
+    {"heads": 2, "add_self_loops": False},
+    {"heads": 2, "negative_slope": 0.05, "bias": False},
+    {"heads": 2, "flow": "target_to_source"},
+    {"heads": 2, "edge_dim": 3},
+    {"heads": 2, "edge_dim": 3, "fill_value": "max"},
+    {"heads": 2, "edge_dim": 3, "fill_value": 0.5},
+    {"heads": 2, "edge_dim": 3, "add_self_loops": False},
+]
+
+
+def _name(kwargs):
+    return ",".join(f"{a}={b}" for a, b in kwargs.items()) or "default"
+
+
+@pytest.mark.parametrize("kwargs", CONFIGS, ids=_name)
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_matches_pyg(compare, small_graph, kwargs, train):
+    x, edge_index = small_graph
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATConv(6, 4, **kwargs)
+    compare(GATConv(6, 4, **kwargs), theirs,
+            lambda layer, x, edge_attr: layer(x, edge_index, edge_attr if "edge_dim" in kwargs else None),
+            [x, edge_attr], train=train)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["lin_src_dst", "shared_lin"])
+def test_bipartite(compare, bipartite_graph, shared):
+    x_src, x_dst, edge_index = bipartite_graph
+    if shared:
+        x_dst = torch.randn(7, 6)
+    in_channels = 6 if shared else (6, 5)
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATConv(in_channels, 4, heads=2, residual=True)
+    compare(GATConv(in_channels, 4, heads=2, residual=True), theirs,
+            lambda layer, a, b: layer((a, b), edge_index), [x_src, x_dst])
+
+
+def test_bipartite_without_target_features(compare, bipartite_graph):
+    x_src, _, edge_index = bipartite_graph
+    torch.manual_seed(0)
+    compare(GATConv((6, 5), 4, heads=2), pyg_nn.GATConv((6, 5), 4, heads=2),
+            lambda layer, a: layer((a, None), edge_index, size=(10, 7)), [x_src])
+
+
+def test_return_attention_weights(compare, small_graph):
+    x, edge_index = small_graph
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATConv(6, 4, heads=2)
+
+    def forward(layer, x):
+        out, (index, alpha) = layer(x, edge_index, return_attention_weights=True)
+        return out, index, alpha
+
+    compare(GATConv(6, 4, heads=2), theirs, forward, [x])
+
+
+def test_edge_index_type(compare, small_graph):
+    x, edge_index = small_graph
+    index = EdgeIndex(edge_index, sparse_size=(12, 12))
+    compare(GATConv(6, 4, heads=2), pyg_nn.GATConv(6, 4, heads=2), lambda layer, x: layer(x, index), [x])
+
+
+@pytest.mark.parametrize("loops", [True, False], ids=["loops", "no_loops"])
+def test_sparse_adjacency(compare, small_graph, loops):
+    x, edge_index = small_graph
+    adj_t = to_torch_csr_tensor(edge_index.flip(0), size=(12, 12))
+
+    def forward(layer, x):
+        out, (adj, alpha) = layer(x, adj_t, return_attention_weights=True)
+        return out, adj.to_dense(), alpha
+
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATConv(6, 4, heads=2, add_self_loops=loops)
+    compare(GATConv(6, 4, heads=2, add_self_loops=loops), theirs, forward, [x])
+
+
+def test_attention_dropout(small_graph):
+    x, edge_index = small_graph
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATConv(6, 4, heads=2, dropout=0.5)
+    ours = GATConv(6, 4, heads=2, dropout=0.5)
+    ours.load_state_dict(theirs.state_dict())
+
+    def run(layer, seed):
+        torch.manual_seed(seed)
+        return layer(x, edge_index, return_attention_weights=True)
+
+    ours.train()
+    theirs.train()
+    first, (_, alpha) = run(ours, 1)
+    again, (_, alpha_again) = run(ours, 1)
+    other, _ = run(ours, 2)
+    torch.testing.assert_close(first, again, rtol=0, atol=0)
+    torch.testing.assert_close(alpha, alpha_again, rtol=0, atol=0)
+    assert not torch.allclose(first, other)
+    assert (alpha == 0).any()
+    ours.eval()
+    assert not torch.allclose(first, ours(x, edge_index))
+    # The coefficients have PyG's shape and edge order, so the same seed drops the same ones.
+    pyg_out, (_, pyg_alpha) = run(theirs, 1)
+    torch.testing.assert_close(first, pyg_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(alpha, pyg_alpha, rtol=1e-5, atol=1e-6)
+    # Without return_attention_weights the training path is the same.
+    ours.train()
+    torch.manual_seed(1)
+    torch.testing.assert_close(ours(x, edge_index), first, rtol=0, atol=0)
+
+
+def test_ops_per_forward(small_graph):
+    """Five IR ops, and no [E, H, C] tensor goes into or comes out of any of them."""
+    x, edge_index = small_graph
+    heads, channels = 2, 4
+    conv = GATConv(6, channels, heads=heads)
+    calls = []
+    with ops.observe(calls.append):
+        conv(x, edge_index)
+    names = [call.op.name for call in calls]
+    assert names == ["leaky_relu((u0 + v1), 0.2)", "copy_e_max", "exp((e0 - v1))", "copy_e_sum",
+                     "(u0 * (e1 * v2))_sum"]
+    num_edges = calls[0].graph.num_edges
+    for call in calls:
+        for operand in call.operands:
+            if operand.shape[0] == num_edges:
+                assert operand.numel() <= num_edges * heads
+
+
+def test_state_dict_round_trip():
+    kwargs = dict(heads=2, edge_dim=3, residual=True)
+    theirs, ours = pyg_nn.GATConv((5, 4), 3, **kwargs), GATConv((5, 4), 3, **kwargs)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    ours.load_state_dict(theirs.state_dict())
+    pyg_nn.GATConv((5, 4), 3, **kwargs).load_state_dict(ours.state_dict())
+    assert repr(ours) == repr(theirs)
+
+
+def test_bad_input(small_graph):
+    x, edge_index = small_graph
+    conv = GATConv(6, 4, edge_dim=3)
+    with pytest.raises(ValueError, match="edge_attr:"):
+        conv(x, edge_index, torch.randn(5, 3))
+    with pytest.raises(ValueError, match="size:"):
+        conv((x, x[:5]), edge_index, size=(12, 12))
+    with pytest.raises(TypeError, match="x:"):
+        conv(x.long(), edge_index)
+    with pytest.raises(ValueError, match="dropout:"):
+        GATConv(6, 4, dropout=1.5)
+
+
+def test_interpreter(compare, interpret, tiny_graph):
+    x, edge_index = tiny_graph
+    edge_attr = torch.randn(edge_index.size(1), 2, generator=torch.Generator().manual_seed(8))
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATConv(4, 3, heads=2, edge_dim=2)
+    compare(GATConv(4, 3, heads=2, edge_dim=2), theirs, lambda layer, x, e: layer(x, edge_index, e),
+            [x, edge_attr], train=True)
+
+
+def test_interpreter_attention(compare, interpret, tiny_graph):
+    x, edge_index = tiny_graph
+
+    def forward(layer, x):
+        out, (index, alpha) = layer(x, edge_index, return_attention_weights=True)
+        return out, index, alpha
+
+    torch.manual_seed(0)
+    compare(GATConv(4, 3, heads=2), pyg_nn.GATConv(4, 3, heads=2), forward, [x])
+
+
+def test_datasets(compare, dataset):
+    torch.manual_seed(0)
+    compare(GATConv(dataset.num_features, 8, heads=2), pyg_nn.GATConv(dataset.num_features, 8, heads=2),
+            lambda layer, x: layer(x, dataset.edge_index), [dataset.x], train=True)
+
+
+@pytest.mark.parametrize("loops", [True, False], ids=["loops", "no_loops"])
+def test_graph_without_edges(compare, small_graph, loops):
+    x, _ = small_graph
+    empty = torch.empty(2, 0, dtype=torch.long)
+    torch.manual_seed(0)
+    compare(GATConv(6, 4, heads=2, add_self_loops=loops), pyg_nn.GATConv(6, 4, heads=2, add_self_loops=loops),
+            lambda layer, x: layer(x, empty), [x])

@@ -1,0 +1,145 @@
+import gc
+import weakref
+
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+from torch_geometric import EdgeIndex
+from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
+
+from pyg_ugrapher import ops
+from pyg_ugrapher.nn import GCNConv
+
+CONFIGS = [
+    {},
+    {"improved": True},
+    {"add_self_loops": False},
+    {"normalize": False},
+    {"cached": True},
+    {"bias": False},
+    {"flow": "target_to_source"},
+    {"normalize": False, "aggr": "mean"},
+]
+
+
+def _forward(edge_index, weighted):
+    def forward(layer, x, weight):
+        return layer(x, edge_index, weight if weighted else None)
+    return forward
+
+
+@pytest.mark.parametrize("kwargs", CONFIGS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "default")
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_matches_pyg(compare, small_graph, kwargs, weighted, train):
+    x, edge_index = small_graph
+    weight = torch.rand(edge_index.size(1), generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(0)
+    theirs = pyg_nn.GCNConv(6, 4, **kwargs)
+    compare(GCNConv(6, 4, **kwargs), theirs, _forward(edge_index, weighted), [x, weight], train=train)
+
+
+def test_state_dict_round_trip():
+    theirs, ours = pyg_nn.GCNConv(5, 3), GCNConv(5, 3)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    ours.load_state_dict(theirs.state_dict())
+    back = pyg_nn.GCNConv(5, 3)
+    back.load_state_dict(ours.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), theirs.state_dict().values()))
+    assert repr(ours) == repr(theirs) == "GCNConv(5, 3)"
+
+
+def test_edge_index_type(compare, small_graph):
+    x, edge_index = small_graph
+    index = EdgeIndex(edge_index, sparse_size=(12, 12))
+    compare(GCNConv(6, 4), pyg_nn.GCNConv(6, 4), lambda layer, x: layer(x, index), [x])
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("kwargs", [{}, {"improved": True}, {"normalize": False}], ids=["default", "improved", "raw"])
+def test_sparse_adjacency(compare, small_graph, layout, kwargs):
+    x, edge_index = small_graph
+    weight = torch.rand(edge_index.size(1), generator=torch.Generator().manual_seed(6))
+    convert = to_torch_coo_tensor if layout == "coo" else to_torch_csr_tensor
+    adj_t = convert(edge_index.flip(0), weight, size=(12, 12))
+    compare(GCNConv(6, 4, **kwargs), pyg_nn.GCNConv(6, 4, **kwargs), lambda layer, x: layer(x, adj_t), [x])
+
+
+def test_one_propagation_op_per_forward(small_graph):
+    """Without edge weights the normalisation is cached with the graph: one op per forward."""
+    x, edge_index = small_graph
+    conv = GCNConv(6, 4)
+    conv(x, edge_index)
+    calls = []
+    with ops.observe(calls.append):
+        conv(x, edge_index)
+    assert [call.op.name for call in calls] == ["u_mul_e_sum"]
+    with ops.observe(calls.append):
+        conv(x, edge_index, torch.rand(edge_index.size(1)))
+    assert [call.op.name for call in calls[1:]] == ["copy_e_sum", "((u0 * e1) * v2)", "u_mul_e_sum"]
+
+
+def test_graph_built_once_and_released(small_graph):
+    x, edge_index = small_graph
+    edge_index = edge_index.clone()
+    conv = GCNConv(6, 4)
+    graphs = []
+    with ops.observe(lambda call: graphs.append(call.graph)):
+        conv(x, edge_index)
+        first = graphs[-1]
+        conv(x, edge_index)
+        assert graphs[-1] is first
+        edge_index.add_(0)  # an in-place change invalidates the cached graph
+        conv(x, edge_index)
+        assert graphs[-1] is not first
+    graphs.clear()
+    reference = weakref.ref(edge_index)
+    del edge_index, first
+    gc.collect()
+    assert reference() is None  # the cache does not keep the graph argument alive
+
+
+def test_cached_keeps_first_graph(small_graph):
+    x, edge_index = small_graph
+    torch.manual_seed(0)
+    theirs = pyg_nn.GCNConv(6, 4, cached=True)
+    ours = GCNConv(6, 4, cached=True)
+    ours.load_state_dict(theirs.state_dict())
+    ours(x, edge_index), theirs(x, edge_index)
+    other = edge_index[:, :10]
+    torch.testing.assert_close(ours(x, other), theirs(x, other), rtol=1e-5, atol=1e-6)
+    ours.reset_parameters()
+    assert ours._cached_edge_index is None
+
+
+def test_bad_input(small_graph):
+    x, edge_index = small_graph
+    conv = GCNConv(6, 4)
+    with pytest.raises(ValueError, match="x:"):
+        conv((x, x), edge_index)
+    with pytest.raises(TypeError, match="edge_index:"):
+        conv(x, edge_index.float())
+    with pytest.raises(ValueError, match="edge_index:"):
+        conv(x, edge_index[0])
+    with pytest.raises(ValueError, match="edge_index:"):
+        conv(x[:5], edge_index)
+    with pytest.raises(ValueError, match="edge_weight:"):
+        conv(x, edge_index, torch.rand(3))
+    with pytest.raises(TypeError, match="x:"):
+        conv(x.long(), edge_index)
+    with pytest.raises(ValueError, match="add_self_loops:"):
+        GCNConv(6, 4, normalize=False, add_self_loops=True)
+    with pytest.raises(ValueError, match="aggr:"):
+        GCNConv(6, 4, aggr="std")
+
+
+def test_interpreter(compare, interpret, tiny_graph):
+    x, edge_index = tiny_graph
+    weight = torch.rand(edge_index.size(1), generator=torch.Generator().manual_seed(7))
+    compare(GCNConv(4, 3), pyg_nn.GCNConv(4, 3), _forward(edge_index, True), [x, weight], train=True)
+
+
+def test_datasets(compare, dataset):
+    torch.manual_seed(0)
+    compare(GCNConv(dataset.num_features, 16), pyg_nn.GCNConv(dataset.num_features, 16),
+            lambda layer, x: layer(x, dataset.edge_index), [dataset.x], train=True)

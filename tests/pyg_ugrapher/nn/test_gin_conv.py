@@ -1,0 +1,107 @@
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+from torch_geometric import EdgeIndex
+from torch_geometric.utils import to_torch_csr_tensor
+
+from pyg_ugrapher import ops
+from pyg_ugrapher.nn import GINConv, GINEConv
+
+
+def _mlp(in_channels, out_channels=4):
+    return torch.nn.Sequential(torch.nn.Linear(in_channels, 8), torch.nn.ReLU(), torch.nn.Linear(8, out_channels))
+
+
+def _pair(cls_ours, cls_theirs, in_channels, **kwargs):
+    torch.manual_seed(0)
+    theirs = cls_theirs(_mlp(in_channels), **kwargs)
+    return cls_ours(_mlp(in_channels), **kwargs), theirs
+
+
+GIN_CONFIGS = [{}, {"eps": 0.3}, {"eps": 0.3, "train_eps": True}, {"aggr": "mean"}, {"aggr": "max"}]
+
+
+@pytest.mark.parametrize("kwargs", GIN_CONFIGS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "default")
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_gin_matches_pyg(compare, small_graph, kwargs, train):
+    x, edge_index = small_graph
+    ours, theirs = _pair(GINConv, pyg_nn.GINConv, 6, **kwargs)
+    compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x], train=train)
+
+
+def test_gin_bipartite_and_graph_types(compare, small_graph, bipartite_graph):
+    x_src, _, edge_index = bipartite_graph
+    x_dst = torch.randn(7, 6)
+    ours, theirs = _pair(GINConv, pyg_nn.GINConv, 6, train_eps=True)
+    compare(ours, theirs, lambda layer, a, b: layer((a, b), edge_index), [x_src, x_dst])
+    x, edge_index = small_graph
+    adj_t = to_torch_csr_tensor(edge_index.flip(0), size=(12, 12))
+    index = EdgeIndex(edge_index, sparse_size=(12, 12))
+    for graph in (adj_t, index):
+        ours, theirs = _pair(GINConv, pyg_nn.GINConv, 6)
+        compare(ours, theirs, lambda layer, x: layer(x, graph), [x])
+
+
+GINE_CONFIGS = [{}, {"edge_dim": 3}, {"edge_dim": 3, "train_eps": True, "eps": 0.1}]
+
+
+@pytest.mark.parametrize("kwargs", GINE_CONFIGS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "default")
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_gine_matches_pyg(compare, small_graph, kwargs, train):
+    x, edge_index = small_graph
+    edge_attr = torch.randn(edge_index.size(1), kwargs.get("edge_dim", 6), generator=torch.Generator().manual_seed(9))
+    ours, theirs = _pair(GINEConv, pyg_nn.GINEConv, 6, **kwargs)
+    compare(ours, theirs, lambda layer, x, e: layer(x, edge_index, e), [x, edge_attr], train=train)
+
+
+def test_gine_one_fused_op(small_graph):
+    x, edge_index = small_graph
+    conv = GINEConv(_mlp(6))
+    calls = []
+    with ops.observe(calls.append):
+        conv(x, edge_index, torch.randn(edge_index.size(1), 6))
+    assert [call.op.name for call in calls] == ["relu((u0 + e1))_sum"]
+
+
+def test_gine_bipartite(compare, bipartite_graph):
+    x_src, _, edge_index = bipartite_graph
+    edge_attr = torch.randn(edge_index.size(1), 2)
+    ours, theirs = _pair(GINEConv, pyg_nn.GINEConv, 6, edge_dim=2)
+    compare(ours, theirs, lambda layer, a, b, e: layer((a, b), edge_index, e),
+            [x_src, torch.randn(7, 6), edge_attr])
+
+
+def test_state_dict_round_trip():
+    for ours, theirs in (_pair(GINConv, pyg_nn.GINConv, 5, train_eps=True),
+                         _pair(GINEConv, pyg_nn.GINEConv, 5, edge_dim=2)):
+        assert ours.state_dict().keys() == theirs.state_dict().keys()
+        ours.load_state_dict(theirs.state_dict())
+        theirs.load_state_dict(ours.state_dict())
+        assert repr(ours) == repr(theirs)
+
+
+def test_bad_input(small_graph):
+    x, edge_index = small_graph
+    conv = GINEConv(_mlp(6))
+    with pytest.raises(ValueError, match="edge_attr:"):
+        conv(x, edge_index)
+    with pytest.raises(ValueError, match="edge_attr:"):
+        conv(x, edge_index, torch.randn(edge_index.size(1), 3))
+    with pytest.raises(ValueError, match="edge_attr:"):
+        conv(x, edge_index, torch.randn(4, 6))
+    with pytest.raises(ValueError, match="nn:"):
+        GINEConv(torch.nn.ReLU(), edge_dim=3)
+
+
+def test_interpreter(compare, interpret, tiny_graph):
+    x, edge_index = tiny_graph
+    ours, theirs = _pair(GINConv, pyg_nn.GINConv, 4, train_eps=True)
+    compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x], train=True)
+    edge_attr = torch.randn(edge_index.size(1), 2)
+    ours, theirs = _pair(GINEConv, pyg_nn.GINEConv, 4, edge_dim=2)
+    compare(ours, theirs, lambda layer, x, e: layer(x, edge_index, e), [x, edge_attr], train=True)
+
+
+def test_datasets(compare, dataset):
+    ours, theirs = _pair(GINConv, pyg_nn.GINConv, dataset.num_features, train_eps=True)
+    compare(ours, theirs, lambda layer, x: layer(x, dataset.edge_index), [dataset.x], train=True)

@@ -1,0 +1,97 @@
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+from torch_geometric import EdgeIndex
+from torch_geometric.utils import to_torch_csr_tensor
+
+from pyg_ugrapher import ops
+from pyg_ugrapher.nn import SAGEConv
+
+CONFIGS = [
+    {},
+    {"aggr": "max"},
+    {"aggr": "min"},
+    {"aggr": "sum"},
+    {"aggr": "add"},
+    {"root_weight": False},
+    {"normalize": True},
+    {"project": True},
+    {"bias": False},
+    {"flow": "target_to_source"},
+]
+
+
+def _name(kwargs):
+    return ",".join(f"{a}={b}" for a, b in kwargs.items()) or "default"
+
+
+@pytest.mark.parametrize("kwargs", CONFIGS, ids=_name)
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_matches_pyg(compare, small_graph, kwargs, train):
+    x, edge_index = small_graph
+    torch.manual_seed(0)
+    compare(SAGEConv(6, 4, **kwargs), pyg_nn.SAGEConv(6, 4, **kwargs),
+            lambda layer, x: layer(x, edge_index), [x], train=train)
+
+
+@pytest.mark.parametrize("aggr", ["mean", "max"])
+def test_bipartite(compare, bipartite_graph, aggr):
+    x_src, x_dst, edge_index = bipartite_graph
+    torch.manual_seed(0)
+    compare(SAGEConv((6, 5), 4, aggr=aggr), pyg_nn.SAGEConv((6, 5), 4, aggr=aggr),
+            lambda layer, a, b: layer((a, b), edge_index), [x_src, x_dst])
+    compare(SAGEConv((6, 5), 4, aggr=aggr), pyg_nn.SAGEConv((6, 5), 4, aggr=aggr),
+            lambda layer, a: layer((a, None), edge_index, size=(10, 7)), [x_src])
+
+
+@pytest.mark.parametrize("aggr", ["mean", "sum", "max"])
+def test_sparse_and_edge_index_types(compare, small_graph, aggr):
+    x, edge_index = small_graph
+    adj_t = to_torch_csr_tensor(edge_index.flip(0), size=(12, 12))
+    index = EdgeIndex(edge_index, sparse_size=(12, 12))
+    for graph in (adj_t, index):
+        torch.manual_seed(0)
+        compare(SAGEConv(6, 4, aggr=aggr), pyg_nn.SAGEConv(6, 4, aggr=aggr),
+                lambda layer, x: layer(x, graph), [x])
+
+
+def test_one_op_per_forward(small_graph):
+    x, edge_index = small_graph
+    calls = []
+    with ops.observe(calls.append):
+        SAGEConv(6, 4, aggr="max")(x, edge_index)
+    assert [call.op.name for call in calls] == ["copy_u_max"]
+
+
+def test_state_dict_round_trip():
+    theirs, ours = pyg_nn.SAGEConv((5, 4), 3, project=True), SAGEConv((5, 4), 3, project=True)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    ours.load_state_dict(theirs.state_dict())
+    pyg_nn.SAGEConv((5, 4), 3, project=True).load_state_dict(ours.state_dict())
+    assert repr(ours) == repr(theirs)
+
+
+def test_bad_input(small_graph):
+    x, edge_index = small_graph
+    with pytest.raises(ValueError, match="aggr:"):
+        SAGEConv(6, 4, aggr="std")
+    with pytest.raises(ValueError, match="x:"):
+        SAGEConv(6, 4)((x, x, x), edge_index)
+    with pytest.raises(ValueError, match="size:"):
+        SAGEConv(6, 4)(x, edge_index, size=(12, 5))
+    with pytest.raises(ValueError, match="edge_index:"):
+        SAGEConv(6, 4)(x, edge_index + 20)
+
+
+@pytest.mark.parametrize("aggr", ["mean", "max"])
+def test_interpreter(compare, interpret, tiny_graph, aggr):
+    x, edge_index = tiny_graph
+    torch.manual_seed(0)
+    compare(SAGEConv(4, 3, aggr=aggr), pyg_nn.SAGEConv(4, 3, aggr=aggr),
+            lambda layer, x: layer(x, edge_index), [x], train=True)
+
+
+def test_datasets(compare, dataset):
+    torch.manual_seed(0)
+    compare(SAGEConv(dataset.num_features, 16), pyg_nn.SAGEConv(dataset.num_features, 16),
+            lambda layer, x: layer(x, dataset.edge_index), [dataset.x], train=True)
