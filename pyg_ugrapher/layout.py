@@ -94,7 +94,7 @@ def infer_layout(op: OpInfo, shapes: Sequence[Sequence[int]]) -> Layout:
 
 
 def _broadcast(shapes: Sequence[Tuple[int, ...]]) -> Tuple[int, ...]:
-    rank = max((len(s) for s in shapes), default=0)
+    rank = max([len(s) for s in shapes] + [0])
     result = []
     for axis in range(rank):
         sizes = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0} - {1}

@@ -41,6 +41,11 @@ def _op(text: str) -> OpInfo:
 
 
 @lru_cache(maxsize=4096)
+def _named(name: str) -> OpInfo:
+    return OpInfo.from_name(name)
+
+
+@lru_cache(maxsize=4096)
 def _layout(op_text: str, shapes: Tuple[Tuple[int, ...], ...]) -> Layout:
     return infer_layout(_op(op_text), shapes)
 
@@ -266,7 +271,7 @@ def compute(graph: Union[GraphTensor, Tensor], op: Union[OpInfo, str], lhs: Opti
         message creation.
     """
     if isinstance(op, str):
-        op = OpInfo.from_name(op)
+        op = _named(op)
     elif not isinstance(op, OpInfo):
         raise TypeError(f"op: expected an OpInfo or an op name, got {type(op).__name__}")
     if parallel_info is not None and not isinstance(parallel_info, ParallelInfo):

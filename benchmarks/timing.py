@@ -1,0 +1,234 @@
+"""Timing, memory and failure helpers shared by every suite.
+
+On CUDA, times are medians of :func:`triton.testing.do_bench` (CUDA events). ``do_bench`` zeroes
+a 256 MB buffer before every timed call, which evicts the whole L2 cache (50 MB on an H100), so
+every call starts cold: small graphs are not flattered by inputs left in L2 by the previous call,
+and rotating input buffers would add nothing. Warm-up is never timed: :func:`measure` makes the
+first call (compilation, Triton JIT, structure building) and the correctness call itself, and
+``do_bench`` warms up again before its timed calls.
+
+On a CPU (tests, ``--tiny``), ``do_bench`` is unavailable; times are wall-clock medians and rows
+say so in their ``timer`` column.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import torch
+import torch_geometric
+import triton
+from torch import Tensor
+from triton.testing import do_bench
+from torch._dynamo.utils import counters
+
+#: A result whose normwise relative error to the reference exceeds this is marked ``mismatch``.
+#: float32 sums in another order differ by ~1e-6 relative; a wrong kernel differs by O(1).
+TOLERANCE = 1e-3
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long to time each measurement.
+
+    ``do_bench`` picks its repetition count from a time (``rep_ms``); ``min_reps`` keeps slow cases
+    (tens of ms per call) from being timed from one or two calls.
+    """
+
+    warmup_ms: float = 5.0
+    rep_ms: float = 25.0
+    min_reps: int = 5
+    #: The CPU timer's cap on calls, so that a slow CPU case ends.
+    max_cpu_reps: int = 50
+
+
+class Budget:
+    """A wall-clock allowance for a whole run; ``None`` means unlimited."""
+
+    def __init__(self, seconds: Optional[float]) -> None:
+        self.seconds = seconds
+        self._deadline = None if seconds is None else time.monotonic() + seconds
+
+    @property
+    def expired(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+
+def is_cuda(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def synchronize(device: torch.device) -> None:
+    if is_cuda(device):
+        torch.cuda.synchronize(device)
+
+
+def free_memory(device: torch.device) -> None:
+    """Return cached blocks to the driver, so the next graph starts from an empty allocator."""
+    gc.collect()
+    if is_cuda(device):
+        torch.cuda.empty_cache()
+
+
+def environment(device: torch.device) -> Dict[str, str]:
+    """The columns every result row carries: where and with what it was measured."""
+    if is_cuda(device):
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu ({platform.processor() or platform.machine()})"
+    return {"device": name, "timer": "cuda_event" if is_cuda(device) else "wall",
+            "torch": torch.__version__, "triton": triton.__version__,
+            "pyg": torch_geometric.__version__,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def _wall_ms(fn: Callable[[], Any], device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def bench(fn: Callable[[], Any], device: torch.device, settings: Settings) -> float:
+    """Median milliseconds per call of an already warmed-up ``fn``."""
+    estimate = _wall_ms(fn, device)
+    if is_cuda(device):
+        rep = max(settings.rep_ms, settings.min_reps * estimate)
+        return float(do_bench(fn, warmup=settings.warmup_ms, rep=rep, return_mode="median"))
+    calls = int(min(settings.max_cpu_reps, max(settings.min_reps, settings.rep_ms / max(estimate, 1e-3))))
+    return statistics.median(_wall_ms(fn, device) for _ in range(calls))
+
+
+def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
+    """Peak memory of one call above what was allocated before it, in MiB (NaN on a CPU)."""
+    if not is_cuda(device):
+        return NAN
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    result = fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del result
+    return peak / 2**20
+
+
+@lru_cache(maxsize=None)
+def copy_bandwidth(device: torch.device) -> float:
+    """Measured device-to-device copy bandwidth in bytes/s (bytes read plus bytes written).
+
+    1 GiB on a GPU, far beyond any L2; 64 MiB on a CPU, enough to leave its caches.
+    """
+    numel = (2**30 if is_cuda(device) else 2**26) // 4
+    src = torch.rand(numel, device=device)
+    dst = torch.empty_like(src)
+    copy = lambda: dst.copy_(src)  # noqa: E731
+    copy()
+    ms = bench(copy, device, Settings())
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+
+
+def max_rel_err(got: Sequence[Tensor], want: Sequence[Tensor]) -> float:
+    """Normwise relative error ``max|got - want| / max|want|``, the worst over tensor pairs.
+
+    Normwise rather than elementwise, so that outputs near zero (sums of random signs) do not turn
+    rounding noise into huge ratios. Computed in chunks: ``[E, F]`` outputs of the largest graphs
+    take gigabytes, and a full-size difference would double that.
+    """
+    if len(got) != len(want):
+        raise ValueError(f"got: {len(got)} tensors to compare with {len(want)}")
+    worst = 0.0
+    chunk = 1 << 24
+    for g, w in zip(got, want):
+        if g.shape != w.shape:
+            raise ValueError(f"got: shape {list(g.shape)} differs from the reference's {list(w.shape)}")
+        g, w = g.detach().reshape(-1), w.detach().reshape(-1)
+        diff = scale = 0.0
+        for a, b in zip(g.split(chunk), w.split(chunk)):
+            if not a.numel():
+                continue
+            part = (a.float() - b.float()).abs().max().item()
+            if math.isnan(part):  # Python's max() would drop a NaN: any NaN is an error
+                return math.inf
+            diff = max(diff, part)
+            scale = max(scale, b.float().abs().max().item())
+        worst = max(worst, diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf))
+    return worst
+
+
+def _compile_counts() -> Dict[str, int]:
+    return {"graphs": counters["stats"]["unique_graphs"],
+            "graph_breaks": sum(counters["graph_break"].values())}
+
+
+def _break_reasons() -> str:
+    """Dynamo's graph-break reasons since the last reset: each one's summary and debug context."""
+    reasons = []
+    for text in counters["graph_break"]:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        context = [line for line in lines if line.startswith("Developer debug context")]
+        reasons.append(" ".join(lines[:1] + context[:1]))
+    return ("graph breaks: " + " | ".join(reasons))[:400] if reasons else ""
+
+
+def failure(error: BaseException) -> Dict[str, str]:
+    """A row's ``status`` and ``note`` for an exception; CUDA out-of-memory is its own status."""
+    message = str(error).strip().splitlines()
+    note = f"{type(error).__name__}: {message[0] if message else ''}"[:300]
+    return {"status": "oom" if isinstance(error, torch.OutOfMemoryError) else "error", "note": note}
+
+
+def measure(step: Callable[[], Any], device: torch.device, settings: Settings, *,
+            compare: Optional[Callable[[Any], float]] = None, compiled: bool = False) -> Dict[str, Any]:
+    """Time one step and check its result; never raises.
+
+    1. The first call is timed alone (``first_call_s``: compilation and JIT included). For a
+       compiled step, Dynamo is reset first and the graphs it compiles and the graph breaks it
+       meets during that call are counted.
+       ``compare`` maps that call's result to its error against the reference (the first call,
+       because a training step changes the weights it is compared on).
+    2. Peak memory of one call, then the median time.
+
+    Returns the measurement columns of a row; an exception (out of memory, compile error) gives
+    ``status`` ``oom`` / ``error`` and NaN for what was not measured.
+    """
+    row: Dict[str, Any] = {"time_ms": NAN, "peak_mib": NAN, "first_call_s": NAN, "max_rel_err": NAN,
+                           "graphs": NAN, "graph_breaks": NAN, "status": "ok", "note": ""}
+    try:
+        if compiled:
+            # Dynamo stops re-tracing code it already failed on, so breaks would only be counted
+            # for whichever compiled step ran first: start each compiled step from a clean slate.
+            torch._dynamo.reset()
+        before = _compile_counts()
+        synchronize(device)
+        start = time.perf_counter()
+        result = step()
+        synchronize(device)
+        row["first_call_s"] = time.perf_counter() - start
+        if compiled:
+            after = _compile_counts()
+            row.update({k: after[k] - before[k] for k in after})
+            row["note"] = _break_reasons()
+        if compare is not None:
+            row["max_rel_err"] = compare(result)
+            if row["max_rel_err"] > TOLERANCE:
+                row["status"] = "mismatch"
+        del result
+        row["peak_mib"] = peak_mib(step, device)
+        row["time_ms"] = bench(step, device, settings)
+    except Exception as error:  # noqa: BLE001 - every failure becomes a row, the run goes on
+        row.update(failure(error))
+    if row["status"] in ("oom", "error"):
+        # Outside the handler: the traceback's frames hold the failed call's tensors until then.
+        free_memory(device)
+    return row

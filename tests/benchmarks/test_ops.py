@@ -1,0 +1,157 @@
+"""The operator-level harness end to end on toy graphs on the CPU, and its building blocks.
+
+These runs check the harness, not performance: on a CPU our side runs the reference executor and
+times are wall-clock. Compilation uses the ``aot_eager`` backend (Dynamo and AOTAutograd, no code
+generation), which keeps every compiled code path at a fraction of inductor's compile time.
+"""
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+# `benchmarks` is a plain folder at the repository root, not an installed package.
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import graphs, ops, report, run, timing  # noqa: E402
+from benchmarks.report import OPS_COLUMNS  # noqa: E402
+
+TINY = ["--tiny", "--device", "cpu", "--compile-backend", "aot_eager"]
+
+
+@pytest.fixture(scope="module")
+def ops_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ops")
+    report = run.main(["--suite", "ops", "--out", str(out), *TINY])
+    return out, pd.read_csv(out / "ops.csv"), report
+
+
+@pytest.fixture(scope="module")
+def headline_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("headline")
+    argv = ["--suite", "headline", "--out", str(out), *TINY, "--layers", "GCNConv",
+            "--ours-layers", "torch_geometric.nn"]
+    report = run.main(argv)
+    return out, argv, pd.read_csv(out / "headline.csv"), report
+
+
+def test_ops_rows(ops_run):
+    _, frame, _ = ops_run
+    assert tuple(frame.columns) == OPS_COLUMNS
+    assert set(frame.method) == {"pyg", "cusparse", "ours", "sweep", "floor"}
+    assert set(frame.op) == set(ops.OPS)
+    assert set(frame.F) == set(ops.TINY_FEATURES)
+    assert (frame.status == "ok").all(), frame[frame.status != "ok"].note.tolist()
+    assert set(frame[frame.method == "cusparse"].op) == {"copy_u_sum", "u_mul_e_sum"}
+    assert not (frame[frame.method.isin(["cusparse", "sweep"])]["pass"] == "fwd+bwd").any()
+    timed = frame[frame.method != "floor"]
+    assert (timed.time_ms > 0).all() and (timed.first_call_s > 0).all()
+    assert (frame.timer == "wall").all() and frame.device.str.startswith("cpu").all()
+    for column in ("torch", "triton", "pyg", "date"):
+        assert frame[column].notna().all()
+    assert (frame[frame.method == "ours"].schedule == "reference").all()
+
+
+def test_ops_outputs_are_checked_against_pyg(ops_run):
+    _, frame, _ = ops_run
+    checked = frame[frame.method.isin(["ours", "cusparse", "sweep"])]
+    assert checked.max_rel_err.notna().all()
+    assert (checked.max_rel_err <= timing.TOLERANCE).all()
+    assert set(checked[checked.method == "ours"]["pass"]) == {"fwd", "fwd+bwd"}
+    sweep = frame[frame.method == "sweep"]
+    assert (sweep.schedule == sweep.config).all() and set(sweep.strategy) == {"vertex", "edge", "group"}
+
+
+def test_ops_report(ops_run):
+    out, _, report = ops_run
+    assert "### Operators over the corpus" in report and "| op | pass | F |" in report
+    assert (out / "report.md").read_text() == report
+    full = (out / "ops.md").read_text()
+    assert "### copy_u_max, fwd+bwd (ms)" in full and "best group" in full
+    assert (out / "ops.png").stat().st_size > 0
+
+
+def test_headline_rows(headline_run):
+    out, _, frame, report = headline_run
+    assert tuple(frame.columns) == OPS_COLUMNS
+    assert set(frame.op) == set(ops.HEADLINE_OPS)
+    assert set(frame.method) == {"pyg", "pyg_compiled", "cusparse", "ours", "ours_compiled", "floor"}
+    assert (frame.status == "ok").all(), frame[frame.status != "ok"].note.tolist()
+    compiled = frame[frame.method.isin(ops.COMPILED)]
+    assert compiled.graph_breaks.notna().all() and (compiled.graphs >= 1).all()
+    checked = frame[frame.method.isin(["pyg_compiled", "cusparse", "ours", "ours_compiled"])]
+    assert (checked.max_rel_err <= timing.TOLERANCE).all()
+    assert "### Operators: time (ms, median)" in report and "### Layers" in report
+    assert (out / "headline.png").stat().st_size > 0 and (out / "layers.csv").exists()
+
+
+def test_setup_check_compares_with_the_issue(headline_run):
+    out, _, _, _ = headline_run
+    frame = report.read(out / "headline.csv", OPS_COLUMNS)
+    frame = frame.assign(graph=frame.graph.str.replace("uniform-4.8k", "uniform-16M"), F="128")
+    text = report.setup_check({"headline": frame, "layers": None, "ops": None})
+    assert "| uniform-16M | copy_u_sum | fwd | pyg_compiled | time_ms | 9.69 |" in text
+
+
+def test_resume_measures_only_what_is_missing(headline_run):
+    out, argv, frame, _ = headline_run
+    run.main(argv + ["--resume"])
+    assert len(pd.read_csv(out / "headline.csv")) == len(frame)
+
+
+def test_time_budget_skips_and_still_reports(tmp_path):
+    report = run.main(["--suite", "ops", "--out", str(tmp_path), *TINY, "--time-budget", "0"])
+    assert not (tmp_path / "ops.csv").exists()
+    assert "time budget of 0.0 s exhausted" in (tmp_path / "run.log").read_text()
+    assert "No results yet." in report
+
+
+def test_failures_become_rows(tmp_path, monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+
+    monkeypatch.setattr(ops.ug, "compute", out_of_memory)
+    run.main(["--suite", "ops", "--out", str(tmp_path), *TINY, "--graphs", "cora", "--ops", "copy_u_sum",
+              "--features", "8", "--sweep-size", "1"])
+    frame = pd.read_csv(tmp_path / "ops.csv")
+    ours = frame[frame.method.isin(["ours", "sweep"])]
+    assert (ours.status == "oom").all() and ours.note.str.contains("out of memory").all()
+    assert (frame[frame.method == "pyg"].status == "ok").all()
+
+
+def test_unloadable_graphs_become_rows(tmp_path, monkeypatch):
+    def missing(self, device):
+        raise FileNotFoundError("no shared datasets folder")
+
+    monkeypatch.setattr(graphs.GraphSpec, "load", missing)
+    report = run.main(["--suite", "ops", "--out", str(tmp_path), *TINY, "--graphs", "cora",
+                       "--ops", "copy_u_sum"])
+    frame = pd.read_csv(tmp_path / "ops.csv")
+    assert frame[["graph", "method", "status"]].values.tolist() == [["cora", "load", "unavailable"]]
+    assert "could not load: cora (unavailable: FileNotFoundError: no shared datasets folder)" in report
+
+
+def test_floor_bytes():
+    N, E, F = 10, 40, 8
+    index = (N + 1 + E) * 4
+    assert ops.floor_bytes(ops.OPS["copy_u_sum"], "fwd", N, E, F) == 2 * N * F * 4 + index
+    # backward: read the output gradient and the graph, write the input gradient
+    assert ops.floor_bytes(ops.OPS["copy_u_sum"], "fwd+bwd", N, E, F) == 4 * N * F * 4 + 2 * index
+    assert ops.floor_bytes(ops.OPS["u_dot_v"], "fwd", N, E, F) == (2 * N * F + E) * 4 + 2 * E * 4
+
+
+def test_sweep_is_seeded_and_anchored():
+    first = ops.sweep_configs("copy_u_sum", 128, 4)
+    assert first == ops.sweep_configs("copy_u_sum", 128, 4)
+    assert [p.strategy for p in first] == ["vertex"] * 4 + ["edge"] * 4 + ["group"] * 4
+    assert first[0].block_v == 4 and first[0].block_e == 16 and first[0].block_f == 64
+    assert {p.strategy for p in ops.sweep_configs("u_add_v", 32, 2)} == {"vertex", "edge"}
+
+
+def test_max_rel_err():
+    want = torch.tensor([1.0, -2.0, 4.0])
+    assert timing.max_rel_err([want + 0.04], [want]) == pytest.approx(0.01)
+    assert timing.max_rel_err([torch.tensor([1.0, float("nan"), 4.0])], [want]) == float("inf")
