@@ -1,0 +1,130 @@
+"""``ug.plan``: the graph operators a model runs, how each is scheduled, and the kernel it runs.
+
+:func:`plan` runs a module's forward pass once (under ``torch.no_grad()``) and records every
+:func:`~pyg_ugrapher.compute` call (through :func:`pyg_ugrapher.ops.observe`, so layers that call
+``compute`` directly are seen too) and every :class:`~pyg_ugrapher.MessagePassing` propagation that
+ran PyG's own path instead of a captured op. Each record says which submodule ran it, the operator
+(its nested loop), the schedule (the explicit one, or what the cost model picks for that call) and
+the generated Triton source.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from triton_kernels import kernel_source
+
+from .ir import OpInfo
+from .layout import Layout
+from .message_passing import observe_fallbacks
+from .ops import Call, observe, schedule_for
+from .parallel import ParallelInfo
+from .reference import result_dtype
+
+#: Lines of generated source shown when an entry is printed.
+SOURCE_LINES = 12
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One operator a forward pass ran, or one propagation that fell back to PyG (``op is None``)."""
+
+    module: Optional[str]  #: qualified name of the submodule that ran it (``""``: the model itself)
+    module_type: Optional[str]  #: that submodule's class name
+    op: Optional[OpInfo]  #: the operator; ``None`` for a PyG fallback
+    fallback_reason: Optional[str]  #: why PyG's path ran; ``None`` for an operator
+    parallel_info: Optional[ParallelInfo] = None  #: its schedule
+    source: Optional[str] = None  #: the generated Triton source
+    layout: Optional[Layout] = None  #: its feature layout
+    shapes: Tuple[Tuple[int, ...], ...] = ()  #: the operand shapes, in slot order
+    dtype: Optional[torch.dtype] = None  #: the result dtype
+
+    def __str__(self) -> str:
+        where = "<unknown module>" if self.module is None else (self.module or "<model>")
+        if self.module_type is not None:
+            where += f" ({self.module_type})"
+        if self.op is None:
+            return f"{where}: PyG fallback\n  reason: {self.fallback_reason}"
+        loop = self.op.loop_text().replace("\n", "\n  ")
+        operands = ", ".join(f"{kind} {list(shape)}" for kind, shape in zip(self.op.inputs, self.shapes))
+        lines = self.source.splitlines()
+        shown = "\n".join(f"    | {line}" for line in lines[:SOURCE_LINES])
+        more = f" (first {SOURCE_LINES} of {len(lines)} lines)" if len(lines) > SOURCE_LINES else ""
+        return (f"{where}: {self.op.name}\n  {loop}\n  operands: {operands}; result {self.dtype}\n"
+                f"  schedule: {self.parallel_info}\n  source{more}:\n{shown}")
+
+    __repr__ = __str__
+
+
+class Plan(list):
+    """The entries of :func:`plan`, in execution order; prints one numbered block per entry."""
+
+    def __str__(self) -> str:
+        if not self:
+            return "Plan: no graph operator ran"
+        blocks = [f"[{index}] {entry}" for index, entry in enumerate(self)]
+        captured = sum(entry.op is not None for entry in self)
+        return f"Plan: {captured} operator(s), {len(self) - captured} PyG fallback(s)\n" + "\n".join(blocks)
+
+    __repr__ = __str__
+
+
+def plan(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Plan:
+    """Run ``module(*args, **kwargs)`` once under ``torch.no_grad()`` and list what it ran.
+
+    Returns one :class:`PlanEntry` per :func:`~pyg_ugrapher.compute` call (with its op, schedule and
+    generated source) and one per :class:`~pyg_ugrapher.MessagePassing` propagation that fell back to
+    PyG (``op=None``, ``fallback_reason`` set), in execution order.
+
+    Example::
+
+        >>> print(ug.plan(model, x, edge_index))
+        Plan: 2 operator(s), 0 PyG fallback(s)
+        [0] conv1 (GCNConv): u_mul_e_sum
+        ...
+    """
+    names = {id(m): name for name, m in module.named_modules()}
+    running: List[torch.nn.Module] = []  # the submodules whose forward is running, innermost last
+    entries = Plan()
+
+    def where(submodule: Optional[torch.nn.Module]) -> Tuple[Optional[str], Optional[str]]:
+        if submodule is None:
+            return None, None
+        return names.get(id(submodule)), type(submodule).__name__
+
+    def enter(submodule: torch.nn.Module, inputs: Any) -> None:
+        if id(submodule) in names:
+            running.append(submodule)
+
+    def leave(submodule: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if running and running[-1] is submodule:
+            running.pop()
+
+    def on_call(call: Call) -> None:
+        device = call.operands[0].device
+        dtype = result_dtype(call.operands)
+        info = call.parallel_info or schedule_for(call.op, call.layout, call.graph.csr(device), dtype, device)
+        acc64 = any(t.dtype == torch.float64 for t in call.operands)
+        entries.append(PlanEntry(*where(running[-1] if running else None), call.op, None, info,
+                                 kernel_source(call.op, call.layout, info, acc64=acc64), call.layout,
+                                 tuple(tuple(t.shape) for t in call.operands), dtype))
+
+    def on_fallback(submodule: torch.nn.Module, reason: str) -> None:
+        entries.append(PlanEntry(*where(submodule), None, reason))
+
+    # Global module hooks, not per-module ones: hooks on a layer's aggregation module would make it
+    # fall back (they need the materialised messages).
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(enter)
+    post = torch.nn.modules.module.register_module_forward_hook(leave, always_call=True)
+    try:
+        with torch.no_grad(), observe(on_call), observe_fallbacks(on_fallback):
+            module(*args, **kwargs)
+    finally:
+        pre.remove()
+        post.remove()
+    return entries
+
+
+__all__ = ["plan", "Plan", "PlanEntry"]

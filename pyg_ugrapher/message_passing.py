@@ -1,0 +1,511 @@
+r"""``MessagePassing``: PyG's base class, with ``message()`` and the aggregation fused into one IR op.
+
+PyG's message passing computes
+
+.. math::
+    \mathbf{x}_i^{\prime} = \gamma\left(\mathbf{x}_i, \bigoplus_{j \in \mathcal{N}(i)}
+    \phi\left(\mathbf{x}_i, \mathbf{x}_j, \mathbf{e}_{j,i}\right)\right)
+
+by materialising every message :math:`\phi(\cdot)` as an ``[E, F]`` tensor and then reducing it.
+Here :math:`\phi` (``message()``) is traced once per argument signature into an
+:class:`~pyg_ugrapher.ir.OpInfo` (see :mod:`pyg_ugrapher.capture`) whose gather op is
+:math:`\bigoplus` (``aggr``), and :func:`~pyg_ugrapher.compute` runs both in one kernel that never
+writes the messages; :math:`\gamma` (``update()``) is applied to its result as in PyG. A message
+that is not one elementwise IR op, and every PyG feature that needs the materialised messages,
+runs PyG's own ``propagate()`` instead, with the reason kept in :attr:`MessagePassing.fallback_reason`.
+"""
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch.nn import Parameter
+from torch.utils.weak import WeakIdKeyDictionary
+from torch_geometric import EdgeIndex
+from torch_geometric.index import ptr2index
+from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, MinAggregation, SumAggregation
+from torch_geometric.nn.conv import MessagePassing as PyGMessagePassing
+from torch_geometric.typing import Adj, Size
+from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
+
+from .capture import Argument, Capture, CaptureError
+from .capture import capture as trace_message
+from .graph import GraphTensor
+from .ir import OpInfo
+from .ops import compute
+
+#: PyG aggregation modules that are IR gather ops (exact types: a subclass may reduce differently).
+GATHER_OPS = {SumAggregation: "sum", MeanAggregation: "mean", MaxAggregation: "max", MinAggregation: "min"}
+
+#: How many argument signatures a module keeps captures for.
+MAX_CAPTURES = 64
+
+FallbackObserver = Callable[["MessagePassing", str], None]
+_FALLBACK_OBSERVERS: List[FallbackObserver] = []
+
+
+@contextmanager
+def observe_fallbacks(callback: FallbackObserver) -> Iterator[None]:
+    """Call ``callback(module, reason)`` whenever a :class:`MessagePassing` inside the ``with`` block
+    runs PyG's own ``propagate()`` instead of a captured op (``ug.plan`` reports these)."""
+    _FALLBACK_OBSERVERS.append(callback)
+    try:
+        yield
+    finally:
+        _FALLBACK_OBSERVERS.remove(callback)
+
+
+class _Fallback(Exception):
+    """Raised while preparing a captured propagation: run PyG's path; ``str()`` is the reason."""
+
+
+class _Lifted(NamedTuple):
+    """A node tensor PyG would index by one endpoint of every edge (``x_i``, ``x_j``), not indexed."""
+
+    tensor: Tensor
+    dim: int  #: the row of ``edge_index`` PyG would index it with
+    kind: str  #: ``"src_v"`` or ``"dst_v"``
+
+
+class _Failure(NamedTuple):
+    reason: str
+    num_edges: Optional[int]  #: the verdict holds for this edge count only (the trace read it)
+
+
+class _State:
+    """Everything this class adds to a module, in one attribute: the module's plain-valued attributes
+    key the captures (``message()`` may read them), and this object is not one of them."""
+
+    def __init__(self) -> None:
+        self.captures: "OrderedDict[Hashable, Union[Capture, _Failure]]" = OrderedDict()
+        self.last: Optional[Capture] = None
+        self.fallback_reason: Optional[str] = None
+        self.trace_count = 0
+        self.collecting = False
+        self.defaults: Optional[Dict[str, Any]] = None  #: of message()/update() arguments
+
+    def __reduce__(self):
+        # Captures are not saved with a module: they are re-traced on first use.
+        return _State, ()
+
+
+class MessagePassing(PyGMessagePassing):
+    r"""A drop-in for :class:`torch_geometric.nn.MessagePassing` whose propagation runs as one fused
+    uGrapher operator.
+
+    .. math::
+        \mathbf{x}_i^{\prime} = \gamma\left(\mathbf{x}_i, \bigoplus_{j \in \mathcal{N}(i)}
+        \phi\left(\mathbf{x}_i, \mathbf{x}_j, \mathbf{e}_{j,i}\right)\right)
+
+    Subclass it exactly as PyG's class: implement ``message()`` (and optionally ``update()``) and call
+    :meth:`propagate` from ``forward()``. On the first call with a given argument signature (names,
+    which arguments are present, their dtypes and feature shapes, plain-valued module attributes)
+    ``message()`` is traced into an :class:`~pyg_ugrapher.ir.OpInfo`: ``x_j`` becomes an operand read
+    at the source vertex, ``x_i`` at the destination vertex, tensors with one row per edge at the
+    edge. Elementwise arithmetic, activations, feature views and a final dot product are captured
+    (:mod:`pyg_ugrapher.capture`); ``aggr`` (``"sum"``/``"add"``, ``"mean"``, ``"max"``, ``"min"`` or
+    the matching :class:`~torch_geometric.nn.aggr.Aggregation`) becomes the gather op.
+
+    PyG's own ``propagate()`` runs instead, never a wrong answer, when ``message()`` is not one
+    elementwise IR op (``torch.cat``, per-edge ``nn.Module`` s, tuples, data-dependent Python...),
+    for other aggregations, an overridden ``aggregate()``, hooks on ``message()``/``aggregate()``,
+    explain mode, ``decomposed_layers > 1``, and inputs for which PyG runs
+    ``message_and_aggregate()``. :attr:`fallback_reason` says why, as a sentence.
+
+    Args:
+        aggr: the aggregation, as in PyG.
+        aggr_kwargs: arguments of a resolved aggregation, as in PyG.
+        flow: ``"source_to_target"`` or ``"target_to_source"``.
+        node_dim: the node dimension of node tensors; captured when it is their first dimension.
+        decomposed_layers: PyG's feature decomposition; values above 1 run PyG's path.
+
+    Example::
+
+        >>> class WeightedSum(ug.MessagePassing):
+        ...     def forward(self, x, edge_index, edge_weight):
+        ...         return self.propagate(edge_index, x=x, edge_weight=edge_weight)
+        ...     def message(self, x_j, edge_weight):
+        ...         return x_j * edge_weight.view(-1, 1)
+        >>> conv = WeightedSum(aggr="mean")
+        >>> out = conv(x, edge_index, edge_weight)   # one u_mul_e_mean kernel
+        >>> conv.fallback_reason is None
+        True
+    """
+
+    @property
+    def _ug(self) -> _State:
+        # Created on first use rather than in __init__, so that the class also works as a mixin
+        # before a PyG layer (``class FastGIN(ug.MessagePassing, GINConv)``), whose __init__ skips ours.
+        state = self.__dict__.get("_ug_state")
+        if state is None:
+            state = self.__dict__["_ug_state"] = _State()
+        return state
+
+    def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
+        # PyG installs a generated copy of its own propagate() on every subclass, which would bypass
+        # ours; keep ours, as PyG itself does for a class with a custom propagate(). edge_updater()
+        # keeps PyG's generic implementation.
+        cls = self.__class__
+        cls._orig_propagate = cls._jinja_propagate = cls.propagate
+
+    # -- what the last call did ------------------------------------------------------------------
+    @property
+    def fallback_reason(self) -> Optional[str]:
+        """Why the last :meth:`propagate` ran PyG's own path, as a sentence; ``None`` when it ran a
+        captured op."""
+        return self._ug.fallback_reason
+
+    @property
+    def capture(self) -> Optional[Capture]:
+        """The capture the last :meth:`propagate` ran (its ops, operands and message shape), or
+        ``None`` after a fallback."""
+        return self._ug.last
+
+    @property
+    def trace_count(self) -> int:
+        """How many times ``message()`` was traced: once per new argument signature."""
+        return self._ug.trace_count
+
+    # -- propagation -------------------------------------------------------------------------------
+    def propagate(self, edge_index: Adj, size: Size = None, **kwargs: Any) -> Tensor:
+        r"""Compute :math:`\gamma(\mathbf{x}_i, \bigoplus_j \phi(\ldots))` for every destination.
+
+        Takes what PyG's ``propagate()`` takes: ``edge_index`` as a ``[2, E]`` tensor, a PyG
+        ``EdgeIndex``, a transposed sparse adjacency ``adj_t[dst, src]`` (``torch.sparse`` or
+        ``torch_sparse.SparseTensor``, whose values fill ``edge_weight``/``edge_attr`` when those
+        are ``None``); ``size=(N_src, N_dst)``; and the keyword arguments of ``message()`` and
+        ``update()``, where ``x`` may be a pair ``(x_src, x_dst)`` for bipartite graphs.
+        """
+        for hook in self._propagate_forward_pre_hooks.values():
+            res = hook(self, (edge_index, size, kwargs))
+            if res is not None:
+                edge_index, size, kwargs = res
+        kwargs = self._with_defaults(kwargs)
+        gather, reason = self._static_check()
+        if reason is not None:
+            return self._fallback(reason, edge_index, size, kwargs)
+        mutable_size = self._check_input(edge_index, size)
+        try:
+            captured, graph, operands, collected = self._prepare(edge_index, mutable_size, kwargs, gather)
+        except _Fallback as fallback:
+            return self._fallback(str(fallback), edge_index, size, kwargs)
+        self._ug.fallback_reason, self._ug.last = None, captured
+        out = _run(graph, captured.op, operands)
+        out = out.reshape(out.shape[:1] + captured.message_shape)
+        if captured.gather is not None:
+            out = _run(graph, captured.gather, [out])
+        update_kwargs = self.inspector.collect_param_data("update", collected)
+        update_kwargs = {name: self._materialize(value, edge_index) for name, value in update_kwargs.items()}
+        out = self.update(out, **update_kwargs)
+        for hook in self._propagate_forward_hooks.values():
+            res = hook(self, (edge_index, mutable_size, kwargs), out)
+            if res is not None:
+                out = res
+        return out
+
+    def _lift(self, src: Tensor, edge_index: Adj, dim: int) -> Any:
+        # While message() arguments are collected, node tensors stay unindexed: the fused op reads
+        # them at each edge's endpoint, so PyG's [E, F] copy of them is never made.
+        if self._ug.collecting:
+            return _Lifted(src, dim, "src_v" if dim == self._source_row else "dst_v")
+        return super()._lift(src, edge_index, dim)
+
+    @property
+    def _source_row(self) -> int:
+        """The row of ``edge_index`` holding the senders of messages (PyG's ``j``)."""
+        return 0 if self.flow == "source_to_target" else 1
+
+    def _with_defaults(self, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        """``kwargs`` with the defaults of the ``message()``/``update()`` arguments it lacks, as PyG's
+        compiled ``propagate()`` gives them (its generic one, which ours builds on, would pass
+        ``inspect.Parameter.empty``)."""
+        if self._ug.defaults is None:
+            params = self.inspector.get_flat_param_dict(["message", "aggregate", "update"],
+                                                        exclude=list(self.special_args))
+            self._ug.defaults = {name: param.default for name, param in params.items()
+                                 if param.default is not inspect.Parameter.empty
+                                 and not name.endswith(("_i", "_j"))}
+        missing = {name: value for name, value in self._ug.defaults.items() if name not in kwargs}
+        return {**missing, **kwargs} if missing else kwargs
+
+    def _materialize(self, value: Any, edge_index: Adj) -> Any:
+        """What PyG's collection gives ``update()``: lifted node tensors indexed for real."""
+        if isinstance(value, _Lifted):
+            return super()._lift(value.tensor, edge_index, value.dim)
+        return value
+
+    # -- deciding -------------------------------------------------------------------------------
+    def _static_check(self) -> Tuple[Optional[str], Optional[str]]:
+        """``(gather_op, None)``, or ``(None, reason)`` when no call of this module can be captured
+        in its current configuration."""
+        if self.explain:
+            return None, "explain mode is on: PyG's explainer masks the materialised per-edge messages"
+        if self.decomposed_layers > 1:
+            return None, (f"decomposed_layers={self.decomposed_layers}: PyG slices the features into "
+                          f"several propagations, which the fused op does not need")
+        if "aggregate" in vars(self) or type(self).aggregate is not PyGMessagePassing.aggregate:
+            return None, "the module overrides aggregate(), which needs the materialised per-edge messages"
+        if (self._message_forward_pre_hooks or self._message_forward_hooks
+                or self._aggregate_forward_pre_hooks or self._aggregate_forward_hooks):
+            return None, "hooks on message() or aggregate() need the materialised per-edge messages"
+        module = self.aggr_module
+        gather = GATHER_OPS.get(type(module)) if isinstance(self.aggr, str) else None
+        if gather is None:
+            what = "aggr=None (the module aggregates itself)" if module is None else \
+                f"the aggregation {type(module).__name__} ({self.aggr!r})"
+            return None, (f"{what} is not a gather op of the IR; only sum/add, mean, max and min (or "
+                          f"Sum/Mean/Max/MinAggregation) are captured")
+        if module._forward_hooks or module._forward_pre_hooks:
+            return None, "hooks on the aggregation module need the materialised per-edge messages"
+        return gather, None
+
+    def _prepare(self, edge_index: Adj, size: List[Optional[int]], kwargs: Dict[str, Any],
+                 gather: str) -> Tuple[Capture, GraphTensor, List[Tensor], Dict[str, Any]]:
+        """The capture, graph and operands of this call, and PyG's collected arguments (for
+        ``update()``); raises :class:`_Fallback` when the call cannot be captured."""
+        if self.fuse and _runs_fused(self, edge_index):
+            raise _Fallback("PyG runs the module's message_and_aggregate() for this graph input, not "
+                            "message()")
+        num_edges = _num_edges(edge_index)
+        differentiable_coo = (is_torch_sparse_tensor(edge_index) and edge_index.layout == torch.sparse_coo
+                              and edge_index.requires_grad)
+        # PyG's own collection, so that sizes, pairs, flows and sparse values mean what they mean in
+        # PyG. It flags a COO adjacency coalesced in place, which autograd cannot differentiate (PyG's
+        # compiled propagate avoids that): collect from a detached alias, then put the adjacency's
+        # differentiable values back.
+        self._ug.collecting = True
+        try:
+            collected = self._collect(self._user_args, edge_index.detach() if differentiable_coo else edge_index,
+                                      size, kwargs)
+        finally:
+            self._ug.collecting = False
+        if differentiable_coo:
+            self._restore_sparse_values(collected, edge_index, kwargs)
+        arguments, tensors, signature = self._describe(
+            self.inspector.collect_param_data("message", collected), num_edges)
+        captured = self._lookup((gather, torch.is_grad_enabled(), _settings(self)) + signature, arguments,
+                                num_edges, gather)
+        rank = 1 + len(captured.message_shape)
+        if not -rank <= self.node_dim < rank or self.node_dim % rank != 0:
+            raise _Fallback(f"node_dim={self.node_dim} does not name the first dimension of the "
+                            f"{rank}-dimensional messages, so PyG aggregates along another dimension")
+        src, dst = _endpoints(edge_index, self.flow)
+        num_src = collected["size_j"] if collected["size_j"] is not None else _count(src)
+        num_dst = collected["dim_size"] if collected["dim_size"] is not None else _count(dst)
+        graph = _graph(edge_index, self.flow, src, dst, num_src, num_dst)
+        operands = [operand.build(tensors[operand.argument]) for operand in captured.operands]
+        return captured, graph, operands, collected
+
+    def _restore_sparse_values(self, collected: Dict[str, Any], adj_t: Tensor, kwargs: Dict[str, Any]) -> None:
+        """Where PyG's collection fills arguments from a sparse adjacency's values, use ``adj_t``'s own."""
+        values = adj_t.values()
+        collected["adj_t"] = adj_t
+        for name, value in (("edge_weight", values), ("edge_attr", None if values.dim() == 1 else values),
+                            ("edge_type", values)):
+            given = kwargs.get(name, inspect.Parameter.empty) if name in self._user_args else None
+            if given is None:
+                collected[name] = value
+
+    def _describe(self, message_kwargs: Dict[str, Any], num_edges: int
+                  ) -> Tuple[Dict[str, Any], Dict[str, Tensor], Tuple[Hashable, ...]]:
+        """The trace's view of each ``message()`` argument, the real tensor behind each operand, and
+        the argument signature that keys captures."""
+        arguments: Dict[str, Any] = {}
+        tensors: Dict[str, Tensor] = {}
+        signature: List[Hashable] = [getattr(self.message, "__func__", self.message)]
+        for name, value in message_kwargs.items():
+            if isinstance(value, _Lifted):
+                tensor = value.tensor
+                if self.node_dim % tensor.dim() != 0:
+                    raise _Fallback(f"node_dim={self.node_dim} makes PyG index dimension "
+                                    f"{self.node_dim % tensor.dim()} of the node tensor behind {name!r} "
+                                    f"(shape {list(tensor.shape)}); only the first dimension is captured")
+                _check_plain(name, tensor)
+                why = _not_an_operand(tensor)
+                argument = Argument.of(tensor, None if why else value.kind, why, rows=num_edges)
+            elif isinstance(value, Tensor):
+                _check_plain(name, value)
+                tensor = value
+                why = _not_an_operand(tensor) or ("" if tensor.size(0) == num_edges else
+                                                  f"a tensor of shape {list(tensor.shape)}, which has no "
+                                                  f"row per edge ({num_edges} edges)")
+                argument = Argument.of(tensor, None if why else "edge", why)
+            else:
+                try:
+                    signature.append((name, _freeze(value)))
+                except TypeError:
+                    raise _Fallback(f"message() takes argument {name!r} of type {type(value).__name__}, "
+                                    f"which cannot key a capture") from None
+                arguments[name] = value
+                continue
+            arguments[name] = argument
+            if argument.kind is not None:
+                tensors[name] = tensor
+            shape = argument.shape if argument.kind is None else argument.shape[1:]
+            signature.append((name, argument.kind, shape, argument.dtype, argument.device,
+                              argument.requires_grad))
+        return arguments, tensors, tuple(signature)
+
+    def _lookup(self, key: Tuple[Hashable, ...], arguments: Dict[str, Any], num_edges: int,
+                gather: str) -> Capture:
+        """The cached capture of this signature, tracing ``message()`` when there is none."""
+        captures = self._ug.captures
+        entry = captures.get(key)
+        if entry is None or entry.num_edges not in (None, num_edges):
+            self._ug.trace_count += 1
+            try:
+                # The trace runs Python on tensor subclasses: under torch.compile it runs eagerly.
+                entry = torch.compiler.disable(trace_message)(self.message, arguments, num_edges, gather)
+            except CaptureError as error:
+                entry = _Failure(str(error), error.num_edges)
+            captures[key] = entry
+            if len(captures) > MAX_CAPTURES:
+                captures.popitem(last=False)
+        else:
+            captures.move_to_end(key)
+        if isinstance(entry, _Failure):
+            raise _Fallback(entry.reason)
+        return entry
+
+    def _fallback(self, reason: str, edge_index: Adj, size: Size, kwargs: Dict[str, Any]) -> Tensor:
+        """PyG's own propagation of inputs the propagate pre-hooks already rewrote."""
+        self._ug.fallback_reason, self._ug.last = reason, None
+        for callback in list(_FALLBACK_OBSERVERS):
+            callback(self, reason)
+        pre_hooks = self._propagate_forward_pre_hooks
+        self._propagate_forward_pre_hooks = OrderedDict()
+        try:
+            return _pyg_propagate()(self, edge_index, size, **kwargs)
+        finally:
+            self._propagate_forward_pre_hooks = pre_hooks
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+def _pyg_propagate() -> Callable[..., Tensor]:
+    """PyG's generic ``propagate()``. Instantiating PyG's base class itself replaces its ``propagate``
+    by one generated for the base class's ``message()``; PyG keeps the original as ``_orig_propagate``."""
+    attributes = vars(PyGMessagePassing)
+    return attributes.get("_orig_propagate", attributes["propagate"])
+
+
+def _run(graph: GraphTensor, op: OpInfo, operands: Sequence[Tensor]) -> Tensor:
+    if op.is_builtin:
+        return compute(graph, op, *operands)
+    return compute(graph, op, operands=operands)
+
+
+def _runs_fused(module: PyGMessagePassing, edge_index: Adj) -> bool:
+    """Whether PyG's ``propagate()`` calls ``message_and_aggregate()`` for this input (mirrors it)."""
+    if is_sparse(edge_index):
+        return True
+    return (isinstance(edge_index, EdgeIndex) and module.SUPPORTS_FUSED_EDGE_INDEX
+            and edge_index.is_sorted_by_col)
+
+
+def _num_edges(edge_index: Adj) -> int:
+    if is_torch_sparse_tensor(edge_index):
+        return edge_index._nnz()
+    if isinstance(edge_index, Tensor):
+        return edge_index.size(1)
+    return edge_index.nnz()
+
+
+def _endpoints(edge_index: Adj, flow: str) -> Tuple[Tensor, Tensor]:
+    """``(senders, receivers)`` of every edge, in PyG's edge order; aliases that do not keep
+    ``edge_index`` alive (they end up in the graph cache, keyed weakly by ``edge_index``)."""
+    if is_torch_sparse_tensor(edge_index):  # adj_t[receiver, sender], edges in storage order
+        layout = edge_index.layout
+        if layout == torch.sparse_coo:
+            index = edge_index._indices().detach()
+            return index[1], index[0]
+        nnz = edge_index._nnz()
+        if layout == torch.sparse_csr:
+            return edge_index.col_indices().detach(), ptr2index(edge_index.crow_indices().detach(), nnz)
+        if layout == torch.sparse_csc:
+            return ptr2index(edge_index.ccol_indices().detach(), nnz), edge_index.row_indices().detach()
+        raise _Fallback(f"the sparse layout {layout} is not one PyG's message() path reads")
+    if isinstance(edge_index, Tensor):
+        plain = edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
+        plain = plain.detach()
+        j = 0 if flow == "source_to_target" else 1
+        return plain[j], plain[1 - j]
+    row, col, _ = edge_index.coo()  # torch_sparse.SparseTensor adj_t[receiver, sender]
+    return col.detach(), row.detach()
+
+
+def _count(index: Tensor) -> int:
+    """PyG's node count when no tensor or size gives it: the largest index plus one."""
+    return int(index.max()) + 1 if index.numel() else 0
+
+
+# Graphs are cached on the graph argument (weakly, by identity, until it changes in place), so that
+# the CSR and its statistics are built once for every layer and epoch that use it.
+_GRAPHS: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+
+
+def _graph(edge_index: Adj, flow: str, src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> GraphTensor:
+    if not isinstance(edge_index, Tensor):
+        return _new_graph(src, dst, num_src, num_dst)
+    slot = _GRAPHS.get(edge_index)
+    if slot is None or slot[0] != edge_index._version:
+        slot = (edge_index._version, {})
+        _GRAPHS[edge_index] = slot
+    key = (flow, num_src, num_dst)
+    if key not in slot[1]:
+        slot[1][key] = _new_graph(src, dst, num_src, num_dst)
+    return slot[1][key]
+
+
+def _new_graph(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> GraphTensor:
+    try:
+        return GraphTensor(src, dst, num_src, num_dst)
+    except (TypeError, ValueError) as error:
+        raise _Fallback(f"the graph does not fit the node tensors ({error}); PyG's path reports it") from None
+
+
+def _check_plain(name: str, tensor: Tensor) -> None:
+    """Only dense tensors of torch's own classes are traced: a subclass (``EdgeIndex``...) or a sparse
+    tensor could answer the trace's questions differently from what it is."""
+    if tensor.layout != torch.strided or type(tensor) not in (Tensor, Parameter):
+        what = type(tensor).__name__ if type(tensor) not in (Tensor, Parameter) else f"{tensor.layout} tensor"
+        raise _Fallback(f"message() takes {name!r}, a {what}, which the capture does not trace")
+
+
+def _not_an_operand(tensor: Tensor) -> str:
+    """Why ``tensor`` cannot be read by a kernel as an operand (completes a sentence), or ``""``."""
+    if not tensor.is_floating_point():
+        return f"a {tensor.dtype} tensor (operands are floating-point)"
+    if tensor.dim() == 0:
+        return "a 0-dimensional tensor"
+    return ""
+
+
+_ATOMS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, type)
+
+
+def _freeze(value: Any) -> Hashable:
+    """A hashable, type-exact image of a plain Python value; ``TypeError`` for anything else."""
+    if isinstance(value, _ATOMS):
+        return type(value).__name__, value
+    if isinstance(value, (tuple, list, torch.Size)):
+        return type(value).__name__, tuple(_freeze(item) for item in value)
+    raise TypeError(type(value).__name__)
+
+
+def _settings(module: torch.nn.Module) -> Tuple[Hashable, ...]:
+    """The module's plain-valued attributes (``self.negative_slope``, ``self.training``...):
+    ``message()`` may read them, so a change re-traces it."""
+    settings = []
+    for name, value in vars(module).items():
+        try:
+            settings.append((name, _freeze(value)))
+        except TypeError:
+            continue
+    return tuple(settings)
+
+
+__all__ = ["MessagePassing", "GATHER_OPS", "observe_fallbacks"]

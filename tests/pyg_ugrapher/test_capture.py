@@ -1,0 +1,215 @@
+"""The tracer behind ``ug.MessagePassing``: ``message()`` -> IR operators, operand recipes, or a reason."""
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pyg_ugrapher as ug
+from pyg_ugrapher.capture import Argument, Capture, CaptureError, Operand, capture
+from pyg_ugrapher.ir import Expr
+
+NUM_NODES, NUM_EDGES = 6, 9
+EDGES = torch.tensor([[0, 1, 2, 3, 4, 0, 2, 2, 1], [1, 2, 0, 0, 3, 1, 2, 4, 4]])  # vertex 5 isolated
+
+
+def arg(*features: int, kind="edge", dtype=torch.float32, requires_grad=False) -> Argument:
+    return Argument((NUM_EDGES,) + features, dtype, torch.device("cpu"), requires_grad, kind)
+
+
+def trace(message: Callable, gather: str = "sum", **arguments) -> Capture:
+    return capture(message, arguments, NUM_EDGES, gather)
+
+
+def node(*features: int, **options) -> Argument:
+    return arg(*features, kind="src_v", **options)
+
+
+@pytest.fixture(autouse=True)
+def reference_executor(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+# -- what is captured, and what it computes ---------------------------------------------------------
+def test_gcn_message_is_a_builtin_op_with_reshaped_operands():
+    result = trace(lambda x_j, w: x_j * w.view(-1, 1), x_j=node(4), w=arg())
+    assert result.op == ug.OpInfo.from_name("u_mul_e_sum")
+    assert result.operands == (Operand("x_j", "src_v", (4,)), Operand("w", "edge", (1,)))
+    assert result.message_shape == (4,) and result.gather is None and result.num_edges is None
+    assert result.operands[1].build(torch.ones(NUM_EDGES)).shape == (NUM_EDGES, 1)
+
+
+ELEMENTWISE = {
+    "relu": lambda a, b, w: torch.relu(a) + F.relu(b) + a.relu(),
+    "leaky_relu": lambda a, b, w: F.leaky_relu(a - b, 0.3) + F.leaky_relu(b, negative_slope=0.05),
+    "sigmoid_tanh": lambda a, b, w: torch.sigmoid(a) * b.sigmoid() + torch.tanh(b) - F.tanh(a)
+    + torch.special.expit(b) - F.sigmoid(a),
+    "exp_log_sqrt": lambda a, b, w: torch.exp(-a) + torch.log(b) * a.sqrt() - torch.rsqrt(b) + b.exp(),
+    "abs_neg_square": lambda a, b, w: torch.abs(a - b) - (-a) + torch.square(b) + abs(a) * torch.neg(b),
+    "reciprocal": lambda a, b, w: torch.reciprocal(a) + 1 / b + a.reciprocal(),
+    "powers": lambda a, b, w: a ** 2 + b ** 0.5 - a ** -1 + torch.pow(b, 2) + a ** 1,
+    "constants": lambda a, b, w: 2 * a - b / 3 + 1 - (0.5 - a) * 4 + (True + a) + a.div(2) - torch.sub(a, b),
+    "extrema": lambda a, b, w: torch.maximum(a, b) + torch.minimum(a, b) + torch.max(a, b) - torch.min(b, a),
+    "identities": lambda a, b, w: a.contiguous() + a.clone() + a.double() + F.dropout(b, 0.5, training=False)
+    + a.to(torch.float64) + a.type_as(b) + +a,
+    "edge_weights": lambda a, b, w: a * w.view(-1, 1) + b / w.unsqueeze(-1) - w.reshape(-1, 1, 1).squeeze(-1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
+def test_captured_message_computes_what_message_computes(name):
+    """The captured op on a graph equals message() on real, gathered tensors, aggregated."""
+    message = ELEMENTWISE[name]
+    double = torch.float64
+    result = trace(lambda x_j, x_i, w: message(x_j, x_i, w), x_j=arg(3, kind="src_v", dtype=double),
+                   x_i=arg(3, kind="dst_v", dtype=double), w=arg(dtype=double))
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(NUM_NODES, 3, generator=generator, dtype=torch.float64) + 0.5
+    w = torch.rand(NUM_EDGES, generator=generator, dtype=torch.float64) + 0.5
+    src, dst = EDGES
+    expected = torch.zeros(NUM_NODES, 3, dtype=torch.float64).index_add_(0, dst, message(x[src], x[dst], w))
+    tensors = {"x_j": x, "x_i": x, "w": w}
+    operands = [operand.build(tensors[operand.argument]) for operand in result.operands]
+    graph = ug.GraphTensor.from_edge_index(EDGES, NUM_NODES)
+    out = ug.compute(graph, result.op, *operands) if result.op.is_builtin else \
+        ug.compute(graph, result.op, operands=operands)
+    torch.testing.assert_close(out, expected)
+
+
+def test_leaky_relu_keeps_its_slope():
+    result = trace(lambda x_i, x_j: F.leaky_relu(x_i + x_j, 0.2), x_i=arg(4, kind="dst_v"), x_j=node(4))
+    expected = Expr.apply("leaky_relu", Expr.input(0) + Expr.input(1), 0.2)
+    assert result.op.expr == expected and result.op.inputs == ("dst_v", "src_v")
+
+
+def test_heads_broadcast_per_head():
+    result = trace(lambda x_j, alpha: x_j.view(-1, 2, 3) * alpha.unsqueeze(-1), x_j=node(6), alpha=arg(2))
+    assert result.op.name == "u_mul_e_sum"
+    assert [o.shape for o in result.operands] == [(2, 3), (2, 1)] and result.message_shape == (2, 3)
+
+
+def test_views_of_intermediates_follow_the_operands():
+    """A view of ``a + b`` becomes a view of ``a`` and of ``b``, so later ops can combine with it."""
+    def message(x_j, alpha, w):
+        h = (x_j * alpha).unsqueeze(-1)  # [E, 2, 3, 1]; alpha broadcasts as [2, 1] -> [2, 1, 1]
+        return (h * w.view(-1, 1, 1, 4)).flatten(1)
+    result = trace(message, x_j=arg(2, 3, kind="src_v"), alpha=arg(2, 1), w=arg(4))
+    assert [o.shape for o in result.operands] == [(2, 3, 1), (2, 1, 1), (1, 1, 4)]
+    assert result.message_shape == (24,)
+
+
+def test_final_view_that_operands_cannot_follow_views_the_aggregate():
+    result = trace(lambda x_j, alpha: (x_j * alpha.unsqueeze(-1)).view(-1, 6), x_j=arg(2, 3, kind="src_v"),
+                   alpha=arg(2))
+    assert result.message_shape == (6,)
+    assert [o.shape for o in result.operands] == [(2, 3), (2, 1)]
+
+
+def test_dot_product_is_a_reducing_message_op_then_a_gather():
+    result = trace(lambda x_i, x_j: (x_i * x_j).sum(dim=-1), "max", x_i=arg(2, 3, kind="dst_v"), x_j=node(2, 3))
+    assert result.op == ug.OpInfo("dot", None, lhs="dst_v", rhs="src_v")
+    assert result.gather == ug.OpInfo.from_name("copy_e_max") and result.message_shape == (2,)
+    assert [op.name for op in result.ops] == ["v_dot_u", "copy_e_max"]
+    kept = trace(lambda a, b: torch.sum(a * b, -1, keepdim=True), a=node(4), b=arg(4))
+    assert kept.message_shape == (1,) and kept.op.reduces
+
+
+def test_sum_over_a_unit_dimension_is_a_view():
+    result = trace(lambda x_j, w: (x_j * w.view(-1, 1, 1)).sum(-1), x_j=arg(3, 1, kind="src_v"), w=arg())
+    assert not result.op.reduces and result.gather is None and result.message_shape == (3,)
+
+
+def test_kernels_get_broadcasts_they_can_read():
+    """A [2, 1, 4] operand of [2, 3, 4] messages is neither per head nor per channel: expanded."""
+    result = trace(lambda a, b: a * b, a=node(2, 3, 4), b=arg(2, 1, 4))
+    assert result.operands[1].expand == (2, 3, 4)
+    assert result.operands[1].build(torch.ones(NUM_EDGES, 8)).shape == (NUM_EDGES, 2, 3, 4)
+    dot = trace(lambda a, b: (a * b).sum(-1), a=node(2, 3), b=arg(2, 1))  # a dot over a broadcast
+    assert dot.operands[1].expand == (2, 3)
+
+
+# -- the edge count, and metadata --------------------------------------------------------------------
+def test_reading_the_edge_count_is_recorded():
+    assert trace(lambda a: a * a.size(-1) * a.dim(), a=node(4)).num_edges is None
+    assert trace(lambda a: a.view(a.size(0), 2, 2), a=node(4)).num_edges == NUM_EDGES
+    assert trace(lambda a: a * a.shape[-1], a=node(4)).num_edges == NUM_EDGES
+    with pytest.raises(CaptureError) as error:
+        trace(lambda a: a.view(a.numel(), -1), a=node(4))
+    assert error.value.num_edges == NUM_EDGES
+
+
+def test_metadata_is_the_real_one():
+    seen = {}
+
+    def message(a):
+        seen.update(dtype=a.dtype, grad=a.requires_grad, device=a.device, float=a.is_floating_point())
+        return a * 2 if a.dtype == torch.float64 else a
+
+    assert trace(message, a=node(2, dtype=torch.float64, requires_grad=True)).op.expr == Expr.input(0) * 2
+    assert seen == {"dtype": torch.float64, "grad": True, "device": torch.device("cpu"), "float": True}
+    assert trace(message, a=node(2)).op.name == "copy_u_sum"
+
+
+# -- what is not captured, and why ------------------------------------------------------------------
+LINEAR = torch.nn.Linear(4, 4)
+WEIGHT = torch.nn.Parameter(torch.randn(4))
+
+
+def _inplace(a):
+    a += 1
+    return a
+
+
+def _branch(a):
+    return a if a.sum(-1, keepdim=True).tolist()[0][0] > 0 else -a
+
+
+REASONS = {
+    "concatenation": (lambda a, b, w: torch.cat([a, b], -1), "calls torch.cat"),
+    "matmul": (lambda a, b, w: a @ b.view(-1, 4, 1), "matmul"),
+    "linear layer": (lambda a, b, w: LINEAR(a), "torch.nn.functional.linear"),
+    "parameter": (lambda a, b, w: a * WEIGHT, "not an argument of propagate()"),
+    "made inside": (lambda a, b, w: a * torch.ones(4), "not an argument of propagate()"),
+    "tuple": (lambda a, b, w: (a, b), "returns a tuple of 2 values"),
+    "not a tensor": (lambda a, b, w: 3.0, "returns a float"),
+    "in place": (lambda a, b, w: _inplace(a), "in place"),
+    "in-place activation": (lambda a, b, w: F.relu(a, inplace=True), "in place"),
+    "branch": (lambda a, b, w: _branch(a), "reads tensor values in Python"),
+    "rows": (lambda a, b, w: a.view(-1), "moves data between edges"),
+    "rank": (lambda a, b, w: a * w, "view the smaller one first"),
+    "sum over edges": (lambda a, b, w: a.sum(0), "only a sum over the last feature dimension"),
+    "after sum": (lambda a, b, w: (a * b).sum(-1, keepdim=True) + 1, "only as the last operation"),
+    "dropout": (lambda a, b, w: F.dropout(a, 0.5), "random numbers"),
+    "constant": (lambda a, b, w: a * 0, "constant"),
+    "power": (lambda a, b, w: a ** 3, "power 3"),
+    "indexing": (lambda a, b, w: a[:, :2], "torch.Tensor.__getitem__"),
+    "indices": (lambda a, b, w, index: a * index.view(-1, 1), "argument 'index', a torch.int64 tensor"),
+    "user error": (lambda a, b, w: a.view(-1, 2, 2) * b.view(-1, 4, 1), "raised RuntimeError"),
+    "python number": (lambda a, b, w: a * int(w), "reads tensor values in Python"),
+    "dropped dtype": (lambda a, b, w, d: d * 0 + b, "promote to another dtype"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REASONS))
+def test_unsupported_messages_say_why(case):
+    message, expected = REASONS[case]
+    arguments = {"a": node(4), "b": arg(4), "w": arg()}
+    if "index" in message.__code__.co_varnames:
+        arguments["index"] = Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None,
+                                      "a torch.int64 tensor (operands are floating-point)")
+    if "d" in message.__code__.co_varnames:
+        arguments["d"] = arg(4, dtype=torch.float64)
+    with pytest.raises(CaptureError) as error:
+        trace(message, **arguments)
+    reason = str(error.value)
+    assert expected in reason and reason.startswith("message() ") and "\n" not in reason
+
+
+def test_computing_with_a_view_the_operands_cannot_follow():
+    with pytest.raises(CaptureError, match="reshape the arguments instead"):
+        trace(lambda a, b: (a * b.unsqueeze(-1)).view(-1, 6) + 1, a=arg(2, 3, kind="src_v"), b=arg(2))
+
+
+def test_capture_prints_its_operators():
+    text = str(trace(lambda x_j, w: x_j * w.view(-1, 1), x_j=node(4), w=arg()))
+    assert "x_j as src_v [4]" in text and "u_mul_e_sum" in text and "for each edge" in text

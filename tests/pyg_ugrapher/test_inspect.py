@@ -1,0 +1,114 @@
+"""``ug.plan``: one entry per operator a forward pass runs and per propagation that fell back to PyG."""
+import pytest
+import torch
+
+import pyg_ugrapher as ug
+from pyg_ugrapher.inspect import Plan, PlanEntry
+
+
+@pytest.fixture(autouse=True)
+def reference_executor(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+class WeightedConv(ug.MessagePassing):
+    def forward(self, x, edge_index, edge_weight):
+        return self.propagate(edge_index, x=x, edge_weight=edge_weight)
+
+    def message(self, x_j, edge_weight):
+        return x_j * edge_weight.view(-1, 1)
+
+
+class EdgeConvCat(ug.MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="max")
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j):
+        return torch.cat([x_i, x_j - x_i], dim=-1)
+
+
+class Attention(ug.MessagePassing):
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j):
+        return (x_i * x_j).sum(dim=-1, keepdim=True)
+
+
+class DirectCompute(torch.nn.Module):
+    """A layer calling ``ug.compute`` itself, with an explicit schedule."""
+
+    schedule = ug.ParallelInfo("edge", block_e=32, block_f=8)
+
+    def forward(self, x, edge_index):
+        return ug.compute(edge_index, "copy_u_mean", x, num_nodes=x.size(0), parallel_info=self.schedule)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = WeightedConv()
+        self.block = torch.nn.ModuleDict({"conv2": EdgeConvCat()})
+        self.direct = DirectCompute()
+
+    def forward(self, x, edge_index, edge_weight):
+        h = self.conv1(x, edge_index, edge_weight).relu()
+        h = self.block["conv2"](h, edge_index)
+        return self.direct(h, edge_index)
+
+
+@pytest.fixture
+def graph():
+    generator = torch.Generator().manual_seed(0)
+    edge_index = torch.tensor([[0, 1, 2, 3, 3, 0, 2], [1, 2, 0, 0, 1, 1, 2]])
+    return torch.randn(5, 4, generator=generator, requires_grad=True), edge_index, torch.rand(7, generator=generator)
+
+
+def test_two_layers_and_a_direct_call(graph):
+    x, edge_index, weight = graph
+    model = Model()
+    plan = ug.plan(model, x, edge_index, weight)
+    assert isinstance(plan, Plan) and len(plan) == 3 and all(isinstance(e, PlanEntry) for e in plan)
+    captured, fallback, direct = plan
+    assert (captured.module, captured.module_type) == ("conv1", "WeightedConv")
+    assert captured.op == ug.OpInfo.from_name("u_mul_e_sum") and captured.fallback_reason is None
+    assert isinstance(captured.parallel_info, ug.ParallelInfo)
+    assert "@triton.jit" in captured.source and "def kernel" in captured.source
+    assert captured.shapes == ((5, 4), (7, 1)) and captured.dtype == torch.float32
+    assert (fallback.module, fallback.op, fallback.source) == ("block.conv2", None, None)
+    assert "torch.cat" in fallback.fallback_reason
+    assert direct.module == "direct" and direct.op.name == "copy_u_mean"
+    assert direct.parallel_info == DirectCompute.schedule and direct.source
+
+
+def test_plan_prints_readably(graph):
+    plan = ug.plan(Model(), *graph)
+    text = str(plan)
+    assert text.startswith("Plan: 2 operator(s), 1 PyG fallback(s)")
+    for expected in ("[0] conv1 (WeightedConv): u_mul_e_sum", "for each edge (u, e, v)", "schedule: ParallelInfo(",
+                     "source (first", "| @triton.jit", "[1] block.conv2 (EdgeConvCat): PyG fallback",
+                     "reason: message() calls torch.cat", "[2] direct (DirectCompute): copy_u_mean"):
+        assert expected in text, expected
+    assert repr(plan) == text and repr(plan[0]) == str(plan[0])
+    assert str(Plan()) == "Plan: no graph operator ran"
+
+
+def test_dot_product_message_runs_two_operators(graph):
+    x, edge_index, _ = graph
+    plan = ug.plan(Attention(), x, edge_index)
+    assert [entry.op.name for entry in plan] == ["v_dot_u", "copy_e_sum"]
+    assert [entry.module for entry in plan] == ["", ""] and "<model> (Attention)" in str(plan[0])
+
+
+def test_plan_runs_without_gradients_and_leaves_no_hooks(graph):
+    hooks = dict(torch.nn.modules.module._global_forward_hooks)
+    pre_hooks = dict(torch.nn.modules.module._global_forward_pre_hooks)
+    model = Model()
+    ug.plan(model, *graph)
+    assert dict(torch.nn.modules.module._global_forward_hooks) == hooks
+    assert dict(torch.nn.modules.module._global_forward_pre_hooks) == pre_hooks
+    assert model.conv1.fallback_reason is None  # the global hooks did not make the layers fall back
+    assert all(p.grad is None for p in model.parameters()) and graph[0].grad is None
