@@ -92,7 +92,7 @@ OPS: Dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("u_dot_v", ("x", "y"), grad_reads_inputs=True),
     OpSpec("u_add_v", ("x", "y"), backward=False),
 )}
-HEADLINE_OPS = ("copy_u_sum", "u_mul_e_sum", "copy_u_max")
+HEADLINE_OPS = ("copy_u_sum", "u_mul_e_sum", "copy_u_max", "u_dot_v")
 
 
 def floor_bytes(spec: OpSpec, pass_: str, num_nodes: int, num_edges: int, F: int,

@@ -5,6 +5,8 @@ nothing of autograd or PyG.
 """
 from __future__ import annotations
 
+import functools
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -16,7 +18,7 @@ from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
 
 from . import edge_message, edge_parallel, neighbor_group, vertex_message, vertex_parallel
-from .codegen import GraphArrays, KernelSpec, load_kernel
+from .codegen import GraphArrays, KernelSpec, interpreting, load_kernel
 
 #: (gather or message creation, strategy) -> template module.
 TEMPLATES = {
@@ -29,9 +31,11 @@ TEMPLATES = {
 
 _INT32_LIMIT = 2**31 - 1
 _IDENTITY = {"max": float("-inf"), "min": float("inf")}
-#: Edge operands with at most this many features per edge are permuted into CSR order before a
-#: CSR-ordered kernel reads them: reading one scalar through ``eid`` costs a 32-byte sector per
-#: 4-byte value, while the permutation costs a few bytes per edge once.
+#: Edge operands with at most this many features per edge are read in CSR order by CSR-ordered
+#: kernels once they are reused: reading one scalar through ``eid`` costs a 32-byte sector per
+#: 4-byte value, while a cached permutation costs a few bytes per edge once. A tensor seen for the
+#: first time is read through ``eid``: permuting it would cost more than it saves (on the H100,
+#: ``index_select`` of a ``[4.2e6, 4]`` tensor took 2.4 ms, longer than GAT's kernels reading it).
 NARROW_EDGE = 4
 
 
@@ -39,28 +43,44 @@ def template_for(op: OpInfo, info: ParallelInfo):
     return TEMPLATES[("gather" if op.gather_op else "message", info.strategy)]
 
 
-def operand_kinds(op: OpInfo, layout: Layout, info: ParallelInfo) -> Tuple[str, ...]:
-    """The kind each slot is read as: narrow edge operands of CSR-ordered kernels become
-    ``edge_csr`` (the dispatcher permutes them)."""
+def operand_kinds(op: OpInfo, layout: Layout, info: ParallelInfo,
+                  reused: Optional[Sequence[bool]] = None) -> Tuple[str, ...]:
+    """The kind each slot is read as: narrow edge operands of CSR-ordered kernels that are
+    ``reused`` (default: none) become ``edge_csr`` (the dispatcher permutes them, once)."""
     if template_for(op, info) is edge_message:
         return op.inputs
     widths = {"full": layout.message_width, "head": layout.message_width // max(layout.inner, 1),
               "inner": layout.inner, "scalar": 1}
-    return tuple("edge_csr" if kind == "edge" and widths[pattern] <= NARROW_EDGE else kind
-                 for kind, pattern in zip(op.inputs, layout.patterns))
+    reused = reused or (False,) * len(op.inputs)
+    return tuple("edge_csr" if kind == "edge" and widths[pattern] <= NARROW_EDGE and again else kind
+                 for kind, pattern, again in zip(op.inputs, layout.patterns, reused))
 
 
+#: tensor -> (version, eid, its rows in CSR order, or None while it was seen only once).
 _PERMUTED: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
 
 
-def in_csr_order(tensor: Tensor, eid: Tensor) -> Tensor:
-    """``tensor`` (rows in user edge order) with its rows in CSR order, flattened to 2-D.
-
-    Cached per tensor object while its version is unchanged: static edge weights (GCN's
-    normalisation, a fixed ``edge_weight``) are permuted once, not once per call.
-    """
+def is_reused(tensor: Tensor, eid: Tensor) -> bool:
+    """Whether ``tensor``, unchanged, was already an edge operand on the graph of ``eid`` (the
+    first call marks it). Static edge weights (GCN's normalisation, a fixed ``edge_weight``) are
+    reused; attention coefficients and gradients are new tensors every step. Tensors that require
+    grad never count: trainable edge operands change every step anyway, and writes through
+    ``.data`` (``gradcheck``'s perturbations, hand-written updates) leave ``_version`` unchanged,
+    so a cached copy would go stale silently."""
+    if tensor.requires_grad:
+        return False
     hit = _PERMUTED.get(tensor)
     if hit is not None and hit[0] == tensor._version and hit[1] is eid:
+        return True
+    _PERMUTED[tensor] = (tensor._version, eid, None)
+    return False
+
+
+def in_csr_order(tensor: Tensor, eid: Tensor) -> Tensor:
+    """``tensor`` (rows in user edge order, reused: see :func:`is_reused`) with its rows in CSR
+    order, flattened to 2-D; permuted once per tensor version."""
+    hit = _PERMUTED.get(tensor)
+    if hit is not None and hit[2] is not None and hit[0] == tensor._version and hit[1] is eid:
         return hit[2]
     permuted = _as_rows(tensor).index_select(0, eid)
     _PERMUTED[tensor] = (tensor._version, eid, permuted)
@@ -68,9 +88,9 @@ def in_csr_order(tensor: Tensor, eid: Tensor) -> Tensor:
 
 
 def kernel_spec(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = False,
-                wide: bool = False) -> KernelSpec:
+                wide: bool = False, kinds: Optional[Tuple[str, ...]] = None) -> KernelSpec:
     return KernelSpec(template=template_for(op, info).__name__.rsplit(".", 1)[-1],
-                      expr=op.expr.serialize(), kinds=operand_kinds(op, layout, info),
+                      expr=op.expr.serialize(), kinds=kinds or operand_kinds(op, layout, info),
                       patterns=layout.patterns, gather_op=op.gather_op, reduce=op.reduces,
                       acc64=acc64, wide=wide)
 
@@ -81,9 +101,17 @@ def kernel_source(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = 
     return template_for(op, info).source(kernel_spec(op, layout, info, acc64, wide))
 
 
+@functools.lru_cache(maxsize=None)
+def _kernel(template, spec: KernelSpec, interpreted: bool):
+    """The kernel of ``spec``, compiled or ``interpreted`` (generating its source costs ~60 us, as
+    much as a launch)."""
+    return load_kernel(template.source(spec))
+
+
 def _as_rows(tensor: Tensor) -> Tensor:
     """``[rows, *features]`` as ``[rows, width]`` with unit feature stride (rows may be strided)."""
-    flat = tensor.reshape(tensor.shape[0], -1)
+    # An explicit width: ``-1`` is ambiguous for a tensor without rows (a graph without edges).
+    flat = tensor.reshape(tensor.shape[0], math.prod(tensor.shape[1:]))
     if flat.shape[1] > 1 and flat.stride(1) != 1:
         flat = flat.contiguous()
     return flat
@@ -103,8 +131,10 @@ def run(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tenso
     """
     info.validate_for(op.gather_op, layout.message_width)
     template = template_for(op, info)
-    kinds = operand_kinds(op, layout, info)
-    flat = [in_csr_order(t, graph.csr.eid) if kind == "edge_csr" else _as_rows(t)
+    eid = graph.csr.eid
+    kinds = operand_kinds(op, layout, info, [kind == "edge" and is_reused(t, eid)
+                                             for t, kind in zip(operands, op.inputs)])
+    flat = [in_csr_order(t, eid) if kind == "edge_csr" else _as_rows(t)
             for t, kind in zip(operands, kinds)]
     if out_dtype is None:
         out_dtype = flat[0].dtype
@@ -119,8 +149,8 @@ def run(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tenso
     out = _allocate(op, graph, template, rows, width, out_dtype)
     if graph.csr.num_edges or (op.gather_op and not template.ATOMIC):
         acc64 = any(t.dtype == torch.float64 for t in flat)
-        spec = kernel_spec(op, layout, info, acc64=acc64, wide=_needs_wide(flat + [out]))
-        kernel = load_kernel(template.source(spec))
+        spec = kernel_spec(op, layout, info, acc64=acc64, wide=_needs_wide(flat + [out]), kinds=kinds)
+        kernel = _kernel(template, spec, interpreting())
         args: List = []
         for t in flat:
             args += [t, t.stride(0)]
