@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Tuple, Union
 
-from .ir import Expr, OpInfo
+from .ir import EDGE_OPS, GATHER_OPS, Expr, OpInfo
 
 #: A value feeding a gradient step: an operand slot of the forward op, or one of the tensors the
 #: backward computes ("grad": the (scaled) upstream gradient, "out": the forward output).
@@ -124,3 +124,34 @@ def describe(op: OpInfo) -> str:
         where = " on the reversed graph" if step.reverse else ""
         parts.append(f"d{name}: {step.op.name}{where}")
     return "; ".join(parts)
+
+
+def backward_table() -> str:
+    """The README's backward table (Markdown): for every edge op x gather op of the IR, the IR ops
+    that compute each gradient, with full-shape operands. ``lhs`` reads the source vertex; ``rhs``
+    the edge for a gather op and the destination vertex for message creation.
+
+    Regenerate the README section with ``python -m pyg_ugrapher.backward``.
+    """
+    def cell(step: Optional[GradStep]) -> str:
+        if step is None:
+            return "-"
+        return f"`{step.op.name}`" + (" (reversed)" if step.reverse else "")
+
+    lines = ["| forward | d lhs | d rhs | ties (max/min) |", "| --- | --- | --- | --- |"]
+    for edge_op in EDGE_OPS:
+        for gather_op in GATHER_OPS + (None,):
+            if edge_op == "dot" and gather_op is not None:
+                continue
+            lhs = None if edge_op == "copy_rhs" else "src_v"
+            rhs = None if edge_op == "copy_lhs" else ("edge" if gather_op else "dst_v")
+            op = OpInfo(edge_op, gather_op, lhs=lhs, rhs=rhs)
+            backward = derive(op, (False,) * len(op.inputs))
+            slots = dict(zip([name for name, kind in (("lhs", lhs), ("rhs", rhs)) if kind], backward.slots))
+            lines.append(f"| `{op.name}` | {cell(slots.get('lhs'))} | {cell(slots.get('rhs'))} | "
+                         f"{cell(backward.count)} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(backward_table())

@@ -165,6 +165,22 @@ def build_csr(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, dtype: t
     return CSR(rowptr.to(dtype), cols[perm].to(dtype), perm.to(dtype), sorted_rows.to(dtype), num_cols)
 
 
+@torch.library.custom_op("pyg_ugrapher::graph_structure", mutates_args=())
+def graph_structure(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> List[Tensor]:
+    """:meth:`GraphTensor.structure` of the graph ``(src, dst)`` (same index dtype), uncached."""
+    csr = build_csr(dst, src, num_dst, num_src, src.dtype)
+    csc = build_csr(src, dst, num_src, num_dst, src.dtype)
+    return [csr.rowptr, csr.col, csr.eid, csr.rows, csc.rowptr, csc.col, csc.eid, csc.rows,
+            src.clone(), dst.clone()]
+
+
+@graph_structure.register_fake
+def _(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> List[Tensor]:
+    edges = [src.new_empty(src.shape) for _ in range(3)]
+    return ([src.new_empty(num_dst + 1)] + edges + [src.new_empty(num_src + 1)]
+            + [src.new_empty(src.shape) for _ in range(5)])
+
+
 def _check_num(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"num_nodes: {name} must be an int, got {type(value).__name__}")
@@ -307,8 +323,15 @@ class GraphTensor:
 
     def structure(self, device: Union[None, str, torch.device] = None) -> List[Tensor]:
         """The index arrays the custom op takes: CSR (rowptr, col, eid, rows), then the CSC, then
-        ``src`` and ``dst`` in user order, all in the index dtype."""
+        ``src`` and ``dst`` in user order, all in the index dtype.
+
+        Under ``torch.compile`` a structure not built yet is built by one opaque op inside the
+        compiled graph (no graph break, but no caching either: build it once outside to reuse it).
+        """
         device = self._resolve(device)
+        if torch.compiler.is_compiling() and device not in self._csr_cache:
+            return graph_structure(self.src.to(device, self.index_dtype), self.dst.to(device, self.index_dtype),
+                                   self.num_src, self.num_dst)
         csr, csc = self.csr(device), self.csc(device)
         src, dst = self.coo(device)
         return [csr.rowptr, csr.col, csr.eid, csr.rows, csc.rowptr, csc.col, csc.eid, csc.rows, src, dst]

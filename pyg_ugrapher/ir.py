@@ -296,6 +296,8 @@ def parse_expr(text: str) -> Expr:
             args = []
             while position < len(tokens) and tokens[position] != ")":
                 args.append(read())
+            if position >= len(tokens):
+                raise ValueError(f"expr: unclosed parenthesis in {text!r}")
             position += 1
             return Expr(fn, tuple(args))
         if token.startswith("$"):
@@ -341,7 +343,7 @@ class OpInfo:
         >>> OpInfo.from_name("u_mul_e_sum")
         OpInfo u_mul_e_sum
           for each edge (u, e, v):
-            out[v] = sum(out[v], lhs[u] * rhs[e])
+              out[v] = sum(out[v], (lhs[u] * rhs[e]))
     """
 
     edge_op: Union[str, Expr]
@@ -504,6 +506,20 @@ class OpInfo:
         raise ValueError(f"name: cannot parse {name!r}; expected copy_<t>[_<gather>] or "
                          f"<t>_<op>_<t>[_<gather>] with t in u/v/e, op in "
                          f"add/sub/mul/div/dot and gather in {'/'.join(GATHER_OPS)}")
+
+    @staticmethod
+    def names() -> Iterator[str]:
+        """Every name :meth:`from_name` accepts: DGL's gspmm (with a gather op) and gsddmm names."""
+        binary = [op for op in EDGE_OPS if not op.startswith("copy")]
+        for gather in (None,) + GATHER_OPS:
+            suffix = f"_{gather}" if gather else ""
+            for target in TARGET_TO_KIND:
+                yield f"copy_{target}{suffix}"
+            for lhs in TARGET_TO_KIND:
+                for rhs in TARGET_TO_KIND:
+                    for op in binary:
+                        if op != "dot" or gather is None:
+                            yield f"{lhs}_{op}_{rhs}{suffix}"
 
     # -- display -----------------------------------------------------------------------------
     def loop_text(self) -> str:

@@ -36,7 +36,7 @@ from .capture import Argument, Capture, CaptureError
 from .capture import capture as trace_message
 from .graph import GraphTensor
 from .ir import OpInfo
-from .ops import compute
+from .ops import AUTO, compute, graph_op
 
 #: PyG aggregation modules that are IR gather ops (exact types: a subclass may reduce differently).
 GATHER_OPS = {SumAggregation: "sum", MeanAggregation: "mean", MaxAggregation: "max", MinAggregation: "min"}
@@ -193,11 +193,14 @@ class MessagePassing(PyGMessagePassing):
             captured, graph, operands, collected = self._prepare(edge_index, mutable_size, kwargs, gather)
         except _Fallback as fallback:
             return self._fallback(str(fallback), edge_index, size, kwargs)
-        self._ug.fallback_reason, self._ug.last = None, captured
-        out = _run(graph, captured.op, operands)
-        out = out.reshape(out.shape[:1] + captured.message_shape)
-        if captured.gather is not None:
-            out = _run(graph, captured.gather, [out])
+        if isinstance(captured, _Compiled):
+            out = captured.run(graph, operands)
+        else:
+            self._ug.fallback_reason, self._ug.last = None, captured
+            out = _run(graph, captured.op, operands)
+            out = out.reshape(out.shape[:1] + captured.message_shape)
+            if captured.gather is not None:
+                out = _run(graph, captured.gather, [out])
         update_kwargs = self.inspector.collect_param_data("update", collected)
         update_kwargs = {name: self._materialize(value, edge_index) for name, value in update_kwargs.items()}
         out = self.update(out, **update_kwargs)
@@ -287,17 +290,52 @@ class MessagePassing(PyGMessagePassing):
             self._restore_sparse_values(collected, edge_index, kwargs)
         arguments, tensors, signature = self._describe(
             self.inspector.collect_param_data("message", collected), num_edges)
+        if torch.compiler.is_compiling():
+            return self._prepare_compiled(edge_index, collected, tensors, signature, num_edges, gather)
         captured = self._lookup((gather, torch.is_grad_enabled(), _settings(self)) + signature, arguments,
                                 num_edges, gather)
-        rank = 1 + len(captured.message_shape)
-        if not -rank <= self.node_dim < rank or self.node_dim % rank != 0:
-            raise _Fallback(f"node_dim={self.node_dim} does not name the first dimension of the "
-                            f"{rank}-dimensional messages, so PyG aggregates along another dimension")
+        self._check_node_dim(captured.message_shape)
         src, dst = _endpoints(edge_index, self.flow)
         num_src = collected["size_j"] if collected["size_j"] is not None else _count(src)
         num_dst = collected["dim_size"] if collected["dim_size"] is not None else _count(dst)
         graph = _graph(edge_index, self.flow, src, dst, num_src, num_dst)
         operands = [operand.build(tensors[operand.argument]) for operand in captured.operands]
+        return captured, graph, operands, collected
+
+    def _check_node_dim(self, message_shape: Tuple[int, ...]) -> None:
+        rank = 1 + len(message_shape)
+        if not -rank <= self.node_dim < rank or self.node_dim % rank != 0:
+            raise _Fallback(f"node_dim={self.node_dim} does not name the first dimension of the "
+                            f"{rank}-dimensional messages, so PyG aggregates along another dimension")
+
+    def _prepare_compiled(self, edge_index: Adj, collected: Dict[str, Any], tensors: Dict[str, Tensor],
+                          signature: Tuple[Hashable, ...], num_edges: int, gather: str
+                          ) -> Tuple["_Compiled", List[Tensor], List[Tensor], Dict[str, Any]]:
+        """:meth:`_prepare` under ``torch.compile``: the capture is looked up (or traced) at trace
+        time and enters the compiled graph as constants (:func:`_compiled_capture`); the graph is
+        the structure the drop-in layers' custom op returns."""
+        from .nn._graph import layer_graph  # the layers import this module
+
+        if not isinstance(edge_index, Tensor) or is_torch_sparse_tensor(edge_index) \
+                or isinstance(edge_index, EdgeIndex):
+            raise _Fallback("under torch.compile only a plain [2, E] edge_index is captured")
+        num_src, num_dst = collected["size_j"], collected["dim_size"]
+        if num_src is None or num_dst is None:
+            raise _Fallback("under torch.compile the node counts must come from the node tensors or "
+                            "size=, not from the largest index")
+        # The signature without its first entry, message() itself, which the constant function
+        # reads from the module (a function is not a constant of the trace).
+        captured = _compiled_capture(self, signature[1:], int(num_edges), gather)
+        if isinstance(captured, str):
+            raise _Fallback(captured)
+        self._check_node_dim(captured.message_shape)
+        self._ug.fallback_reason = None
+        graph = layer_graph(edge_index, self.flow, num_src, num_dst).structure
+        operands = []
+        for argument, shape, expand in captured.operands:
+            tensor = tensors[argument]
+            operand = tensor.reshape((tensor.shape[0],) + shape)
+            operands.append(operand if expand is None else operand.expand((tensor.shape[0],) + expand))
         return captured, graph, operands, collected
 
     def _restore_sparse_values(self, collected: Dict[str, Any], adj_t: Tensor, kwargs: Dict[str, Any]) -> None:
@@ -347,7 +385,7 @@ class MessagePassing(PyGMessagePassing):
                 tensors[name] = tensor
             shape = argument.shape if argument.kind is None else argument.shape[1:]
             signature.append((name, argument.kind, shape, argument.dtype, argument.device,
-                              argument.requires_grad))
+                              argument.requires_grad, argument.why))
         return arguments, tensors, tuple(signature)
 
     def _lookup(self, key: Tuple[Hashable, ...], arguments: Dict[str, Any], num_edges: int,
@@ -382,6 +420,49 @@ class MessagePassing(PyGMessagePassing):
             return _pyg_propagate()(self, edge_index, size, **kwargs)
         finally:
             self._propagate_forward_pre_hooks = pre_hooks
+
+
+# -- torch.compile ----------------------------------------------------------------------------------
+class _Compiled(NamedTuple):
+    """A :class:`Capture` as plain constants, which a compiled graph can hold."""
+
+    op: str  #: the serialised op
+    gather: Optional[str]  #: the serialised gather op of a reducing message, if any
+    message_shape: Tuple[int, ...]
+    operands: Tuple[Tuple[str, Tuple[int, ...], Optional[Tuple[int, ...]]], ...]  #: argument, shape, expand
+
+    def run(self, structure: List[Tensor], operands: List[Tensor]) -> Tensor:
+        out = graph_op(structure, operands, self.op, AUTO)
+        out = out.reshape(out.shape[:1] + self.message_shape)
+        if self.gather is not None:
+            out = graph_op(structure, [out], self.gather, AUTO)
+        return out
+
+
+@torch.compiler.assume_constant_result
+def _compiled_capture(module: "MessagePassing", signature: Tuple[Hashable, ...], num_edges: int,
+                      gather: str) -> Union[_Compiled, str]:
+    """The capture of ``module.message()`` for an argument signature, as constants (or the reason
+    it cannot be captured). Runs in Python while ``torch.compile`` traces: the tracing of
+    ``message()`` is not itself traceable. The module's plain attributes are read here, once; a
+    compiled model that changes one that ``message()`` reads needs ``torch._dynamo.reset()``."""
+    arguments = {}
+    for entry in signature:
+        if len(entry) == 2:
+            arguments[entry[0]] = _thaw(entry[1])
+        else:
+            name, kind, shape, dtype, device, requires_grad, why = entry
+            rows = (num_edges,) if kind is not None else ()
+            arguments[name] = Argument(rows + shape, dtype, device, requires_grad, kind, why)
+    message = getattr(module.message, "__func__", module.message)
+    key = (gather, torch.is_grad_enabled(), _settings(module), message) + signature
+    try:
+        captured = module._lookup(key, arguments, num_edges, gather)
+    except _Fallback as fallback:
+        return str(fallback)
+    return _Compiled(captured.op.serialize(), None if captured.gather is None else captured.gather.serialize(),
+                     captured.message_shape,
+                     tuple((o.argument, o.shape, o.expand) for o in captured.operands))
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -494,6 +575,15 @@ def _freeze(value: Any) -> Hashable:
     if isinstance(value, (tuple, list, torch.Size)):
         return type(value).__name__, tuple(_freeze(item) for item in value)
     raise TypeError(type(value).__name__)
+
+
+def _thaw(frozen: Hashable) -> Any:
+    """The value :func:`_freeze` made ``frozen`` of."""
+    kind, value = frozen
+    if kind in ("tuple", "list", "Size"):
+        items = [_thaw(item) for item in value]
+        return {"tuple": tuple, "list": list, "Size": torch.Size}[kind](items)
+    return value
 
 
 def _settings(module: torch.nn.Module) -> Tuple[Hashable, ...]:

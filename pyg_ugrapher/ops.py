@@ -16,7 +16,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -40,14 +40,25 @@ def _op(text: str) -> OpInfo:
     return OpInfo.deserialize(text)
 
 
-@lru_cache(maxsize=4096)
+#: Every DGL-style name, parsed once (~2 ms): a dictionary lookup is what ``torch.compile`` traces
+#: through without a graph break (the parser uses ``re``).
+_NAMED: Dict[str, OpInfo] = {name: OpInfo.from_name(name) for name in OpInfo.names()}
+
+
 def _named(name: str) -> OpInfo:
-    return OpInfo.from_name(name)
+    op = _NAMED.get(name)
+    return op if op is not None else OpInfo.from_name(name)
 
 
 @lru_cache(maxsize=4096)
 def _layout(op_text: str, shapes: Tuple[Tuple[int, ...], ...]) -> Layout:
     return infer_layout(_op(op_text), shapes)
+
+
+def _layout_of(op_text: str, operands: Sequence[Tensor]) -> Layout:
+    """The layout of ``operands``, cached by their feature shapes: row counts are symbolic under
+    ``torch.compile(dynamic=True)`` (and unhashable), and the layout does not depend on them."""
+    return _layout(op_text, tuple((0,) + tuple(int(d) for d in t.shape[1:]) for t in operands))
 
 
 def _arrays(structure: Sequence[Tensor]) -> GraphArrays:
@@ -79,7 +90,7 @@ def schedule_for(op: OpInfo, layout: Layout, csr: CSR, dtype: torch.dtype, devic
 def graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
     """Run the serialised IR op ``op`` on a graph given by its structure list."""
     info = _op(op)
-    layout = _layout(op, tuple(tuple(t.shape) for t in operands))
+    layout = _layout_of(op, operands)
     device = operands[0].device
     if not uses_triton(device):
         graph = GraphTensor(structure[8], structure[9], structure[4].numel() - 1,
@@ -94,7 +105,7 @@ def graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule:
 @graph_op.register_fake
 def _(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
     info = _op(op)
-    layout = _layout(op, tuple(tuple(t.shape) for t in operands))
+    layout = _layout_of(op, operands)
     rows = structure[0].shape[0] - 1 if info.gather_op else structure[1].shape[0]
     return operands[0].new_empty((rows,) + layout.out_shape, dtype=reference.result_dtype(operands))
 
@@ -123,7 +134,7 @@ def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, 
                   schedule: str, needed: Sequence[bool]) -> List[Optional[Tensor]]:
     """Gradients of every operand slot, each computed by IR ops (see :mod:`pyg_ugrapher.backward`)."""
     op = _op(op_text)
-    layout = _layout(op_text, tuple(tuple(t.shape) for t in operands))
+    layout = _layout_of(op_text, operands)
     reducible = tuple(kind == "edge" and pattern in ("head", "scalar")
                       for kind, pattern in zip(op.inputs, layout.patterns))
     plan: Backward = derive(op, reducible)

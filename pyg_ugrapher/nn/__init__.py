@@ -1,8 +1,10 @@
 """Drop-in replacements for PyG's convolution layers, running on uGrapher's graph operators.
 
-Each layer takes the arguments of its PyG namesake and has the same parameters, so a PyG layer's
-``state_dict`` loads into it and back. The graph work of ``forward`` is a few
-:func:`pyg_ugrapher.compute` calls (fused Triton kernels on a GPU), never PyG's ``propagate``.
+Each layer is a :class:`pyg_ugrapher.MessagePassing`, takes the arguments of its PyG namesake and
+has the same parameters, so a PyG layer's ``state_dict`` loads into it and back. The graph work of
+``forward`` is a few :func:`pyg_ugrapher.compute` calls (fused Triton kernels on a GPU), never PyG's
+``propagate``. Under ``torch.compile`` a layer with a ``[2, E]`` edge index compiles without graph
+breaks, also with ``dynamic=True`` (one graph for every mini-batch), see :mod:`._graph`.
 """
 from .gat_conv import GATConv
 from .gcn_conv import GCNConv

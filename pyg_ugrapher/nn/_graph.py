@@ -7,10 +7,21 @@ derived from a graph argument is cached on that argument object itself, weakly a
 (:func:`derived`): a graph used by several layers, or for many epochs, is prepared once, and the
 cache entry dies with the graph. An in-place change of the graph tensor (its ``_version``) drops
 its entries.
+
+Under ``torch.compile`` that Python-side cache cannot be traced. There a layer's graph is the
+output of a custom op (``pyg_ugrapher::layer_graph`` / ``pyg_ugrapher::looped_graph``) that looks
+the same cache up at run time and returns the structure arrays that
+:func:`pyg_ugrapher.ops.graph_op` takes; the operators then go to ``graph_op`` directly, with their
+serialised :class:`~pyg_ugrapher.OpInfo` a trace-time constant (:func:`op_text`). A compiled model
+thus has no graph break, one graph serves every graph of a mini-batch loader (only tensors
+change), and the structure of a graph seen before is not rebuilt. Removing stored self loops
+(``GCNConv``, ``GATConv``) keeps a data-dependent number of edges: the fake implementation gives
+it as an unbacked size.
 """
 from __future__ import annotations
 
-from typing import Callable, Hashable, List, Optional, Tuple, TypeVar
+from functools import lru_cache
+from typing import Callable, Hashable, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -21,8 +32,11 @@ from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 
 from .. import ops
 from ..graph import GraphTensor
+from ..ir import OpInfo
 
 T = TypeVar("T")
+
+_INT32_MAX = torch.iinfo(torch.int32).max
 
 # tensor -> (its _version when the entries were built, {key: entry}). Entries must not hold the
 # key tensor itself (views of it would): they are built from ``detach()``-ed aliases.
@@ -151,17 +165,165 @@ def graph_of(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> Graph
     return GraphTensor(edge_index[j], edge_index[i], num_src, num_dst)
 
 
-def adjacency(layer, edge_index: Tensor, num_src: int, num_dst: int) -> Tuple[GraphTensor, Optional[Tensor]]:
+class Graph(NamedTuple):
+    """The graph of one layer call: a cached :class:`GraphTensor` in eager mode (so that
+    :func:`pyg_ugrapher.compute` validates and ``ug.plan`` observes every op), or, under
+    ``torch.compile``, the structure arrays a custom op returned (see the module docstring)."""
+
+    tensor: Optional[GraphTensor]
+    structure: Optional[List[Tensor]]
+    num_edges: int
+
+
+class Looped(NamedTuple):
+    """A graph whose stored self loops were replaced by one loop per node below ``num_loops``:
+    the input's other edges in order, then the loops (PyG's ``add_remaining_self_loops``)."""
+
+    graph: Graph
+    kept: Tensor  #: ``[E']`` ids of the input edges that are kept, in order
+    loops: Tensor  #: ``[L]`` ids of the input's self loops
+    loop_nodes: Tensor  #: ``[L]`` their nodes
+    index: Tensor  #: ``[2, E' + num_loops]`` the looped edge index, as PyG returns it
+
+
+def _looped(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int
+            ) -> Tuple[GraphTensor, Tensor, Tensor, Tensor, Tensor]:
+    index = plain_index(edge_index)
+    is_loop = index[0] == index[1]
+    kept, loops = (~is_loop).nonzero().view(-1), is_loop.nonzero().view(-1)
+    added = torch.arange(num_loops, device=index.device).repeat(2, 1)
+    looped = torch.cat([index[:, kept], added], dim=1)
+    return graph_of(looped, flow, num_src, num_dst), kept, loops, index[0, loops], looped
+
+
+def _cached(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> GraphTensor:
+    return derived(edge_index, ("graph", flow, num_src, num_dst),
+                   lambda: graph_of(plain_index(edge_index), flow, num_src, num_dst))
+
+
+def _cached_looped(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int
+                   ) -> Tuple[GraphTensor, Tensor, Tensor, Tensor, Tensor]:
+    return derived(edge_index, ("looped", flow, num_src, num_dst, num_loops),
+                   lambda: _looped(edge_index, flow, num_src, num_dst, num_loops))
+
+
+def _unaliased(tensors: Sequence[Tensor], edge_index: Tensor) -> List[Tensor]:
+    """A custom op's outputs may not alias its input: copy the arrays that share its storage
+    (int64 endpoints are views of the index)."""
+    storage = edge_index.untyped_storage().data_ptr()
+    return [t.clone() if t.numel() and t.untyped_storage().data_ptr() == storage else t for t in tensors]
+
+
+@torch.library.custom_op("pyg_ugrapher::layer_graph", mutates_args=())
+def _layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> List[Tensor]:
+    """The structure arrays of the graph of ``edge_index``, from (or into) its cache."""
+    graph = _cached(edge_index, flow, num_src, num_dst)
+    return _unaliased(graph.structure(edge_index.device), edge_index)
+
+
+def _structure_like(edge_index: Tensor, num_src: int, num_dst: int, num_edges: int, bound: int) -> List[Tensor]:
+    """Empty tensors shaped as :meth:`GraphTensor.structure` of ``num_edges`` edges, at most
+    ``bound`` (for fake implementations: the index dtype depends on the sizes)."""
+    # index_dtype_for(max(num_src, num_dst), bound), without max(): on symbolic sizes that would
+    # guard on which side is larger, and recompile when a batch has more nodes than edges.
+    fits = all(size <= _INT32_MAX for size in (num_src, num_dst, bound))
+    dtype = torch.int32 if fits else torch.int64
+    new = lambda *shape: edge_index.new_empty(shape, dtype=dtype)  # noqa: E731
+    return ([new(num_dst + 1)] + [new(num_edges) for _ in range(3)] + [new(num_src + 1)]
+            + [new(num_edges) for _ in range(5)])
+
+
+@_layer_graph.register_fake
+def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> List[Tensor]:
+    return _structure_like(edge_index, num_src, num_dst, edge_index.size(1), edge_index.size(1))
+
+
+@torch.library.custom_op("pyg_ugrapher::looped_graph", mutates_args=())
+def _looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
+    """The structure arrays of the looped graph (see :class:`Looped`), then its kept edge ids, loop
+    ids, loop nodes and edge index."""
+    graph, *extra = _cached_looped(edge_index, flow, num_src, num_dst, num_loops)
+    return _unaliased(graph.structure(edge_index.device) + extra, edge_index)
+
+
+@_looped_graph.register_fake
+def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
+    ctx = torch.library.get_ctx()
+    num_kept = ctx.new_dynamic_size()
+    num_loops_stored = ctx.new_dynamic_size()
+    structure = _structure_like(edge_index, num_src, num_dst, num_kept + num_loops, edge_index.size(1) + num_loops)
+    ids = lambda size: edge_index.new_empty(size, dtype=torch.long)  # noqa: E731
+    return structure + [ids(num_kept), ids(num_loops_stored), ids(num_loops_stored),
+                        ids((2, num_kept + num_loops))]
+
+
+def layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> Graph:
+    """The graph of a ``[2, E]`` index (or ``EdgeIndex``) for one layer call."""
+    if torch.compiler.is_compiling():
+        # The index itself, not an alias made in the graph: the op finds its cache by identity.
+        return Graph(None, _layer_graph(edge_index, flow, num_src, num_dst), edge_index.size(1))
+    graph = _cached(edge_index, flow, num_src, num_dst)
+    return Graph(graph, None, graph.num_edges)
+
+
+def looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Looped:
+    """The graph of a ``[2, E]`` index with its self loops replaced (see :class:`Looped`)."""
+    if torch.compiler.is_compiling():
+        arrays = _looped_graph(edge_index, flow, num_src, num_dst, num_loops)
+        structure = arrays[:10]
+        return Looped(Graph(None, structure, structure[1].size(0)), *arrays[10:])
+    graph, kept, loops, loop_nodes, index = _cached_looped(edge_index, flow, num_src, num_dst, num_loops)
+    return Looped(Graph(graph, None, graph.num_edges), kept, loops, loop_nodes, index)
+
+
+def adjacency(layer, edge_index: Tensor, num_src: int, num_dst: int) -> Tuple[Graph, Optional[Tensor]]:
     """The cached graph of a layer's graph argument, and a sparse adjacency's values (per call, so
     that they stay differentiable; ``None`` for an edge index)."""
     if is_sparse(edge_index):
+        check_eager(edge_index)
         index, values = sparse_edges(edge_index)
         graph = derived(edge_index, ("graph", num_src, num_dst),
                         lambda: graph_of(index, "source_to_target", num_src, num_dst))
-        return graph, values
-    graph = derived(edge_index, ("graph", layer.flow, num_src, num_dst),
-                    lambda: graph_of(plain_index(edge_index), layer.flow, num_src, num_dst))
-    return graph, None
+        return Graph(graph, None, graph.num_edges), values
+    return layer_graph(edge_index, layer.flow, num_src, num_dst), None
+
+
+def check_eager(edge_index: Tensor) -> None:
+    """Sparse adjacencies are read in Python (their layouts and caches): not under torch.compile."""
+    if torch.compiler.is_compiling():
+        raise TypeError("edge_index: under torch.compile the drop-in layers take a [2, E] edge index, "
+                        "not a sparse adjacency")
+
+
+# -- running operators --------------------------------------------------------------------------
+@lru_cache(maxsize=1024)
+def layer_op(build: Callable[..., OpInfo], *args: Hashable) -> OpInfo:
+    """``build(*args)``, once per argument tuple."""
+    return build(*args)
+
+
+@torch.compiler.assume_constant_result
+def op_text(build: Callable[..., OpInfo], *args: Hashable) -> str:
+    """The serialised op ``build(*args)``: a constant of the compiled graph, decided at trace time."""
+    return layer_op(build, *args).serialize()
+
+
+def named(name: str) -> OpInfo:
+    """A built-in op by its DGL-style name (a builder for :func:`run`)."""
+    return OpInfo.from_name(name)
+
+
+def run(graph: Graph, build: Callable[..., OpInfo], args: Tuple[Hashable, ...], operands: Sequence[Tensor]
+        ) -> Tensor:
+    """Run the op ``build(*args)`` on ``graph``: :func:`pyg_ugrapher.compute` in eager mode, the
+    custom op it calls under ``torch.compile`` (``compute``'s Python-side checks and caches are
+    not traceable; the layers pass it only shapes they checked)."""
+    if graph.structure is not None:
+        return ops.graph_op(graph.structure, list(operands), op_text(build, *args), ops.AUTO)
+    op = layer_op(build, *args)
+    if op.is_builtin:
+        return ops.compute(graph.tensor, op, *operands)
+    return ops.compute(graph.tensor, op, operands=operands)
 
 
 def pair(x: object) -> Tuple[Tensor, Optional[Tensor]]:
@@ -205,5 +367,5 @@ def aggregate(layer: MessagePassing, gather: str, x_src: Tensor, x_dst: Optional
     else:
         weight = values
     if weight is None:
-        return ops.compute(graph, f"copy_u_{gather}", lhs=x_src)
-    return ops.compute(graph, f"u_mul_e_{gather}", lhs=x_src, rhs=weight.view(-1, 1))
+        return run(graph, named, (f"copy_u_{gather}",), [x_src])
+    return run(graph, named, (f"u_mul_e_{gather}",), [x_src, weight.view(-1, 1)])

@@ -4,30 +4,29 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
-from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 from torch_geometric.utils import add_self_loops, remove_self_loops, to_edge_index
 from torch_geometric.utils.loop import compute_loop_attr
 from torch_geometric.utils.sparse import set_sparse_value
 
-from .. import ops
-from ..graph import GraphTensor
 from ..ir import Expr, OpInfo
-from ._graph import (adjacency, check_features, derived, edge_tensor, gather_op, graph_of, is_sparse,
-                     node_sizes, plain_index)
+from ..message_passing import MessagePassing
+from ._graph import (Graph, adjacency, check_eager, check_features, derived, edge_tensor, gather_op, graph_of,
+                     is_sparse, looped_graph, named, node_sizes, run)
 
-#: ``exp(score[e] - max[v])``: the max-stabilised numerator of the softmax, one message op.
-EXP_SHIFTED = OpInfo(Expr.apply("exp", Expr.input(0) - Expr.input(1)), None, operands=("edge", "dst_v"))
-#: ``x[u] * (p[e] * (1 / s)[v])``: normalisation and message in one expression, aggregated by one
-#: gather op, so neither the attention coefficients nor an ``[E, H, C]`` message is ever written.
-#: The sum enters as its reciprocal: the gradient of ``p`` is then a reducing op without a
-#: division, whose padded lanes (loaded as 0) stay 0 instead of becoming 0 / 0.
-WEIGHTED_SOURCE = Expr.input(0) * (Expr.input(1) * Expr.input(2))
 
-# (graph, the edge index PyG would return, the kept (non-loop) edges of the input) of a graph
-# whose self loops were replaced by one per node.
-_LoopedGraph = Tuple[GraphTensor, Tensor, Tensor]
+def exp_shifted() -> OpInfo:
+    """``exp(score[e] - max[v])``: the max-stabilised numerator of the softmax, one message op."""
+    return OpInfo(Expr.apply("exp", Expr.input(0) - Expr.input(1)), None, operands=("edge", "dst_v"))
+
+
+def weighted_source(gather: str) -> OpInfo:
+    """``x[u] * (p[e] * (1 / s)[v])``: normalisation and message in one expression, aggregated by
+    ``gather``, so neither the attention coefficients nor an ``[E, H, C]`` message is ever written.
+    The sum enters as its reciprocal: the gradient of ``p`` is then a reducing op without a
+    division, whose padded lanes (loaded as 0) stay 0 instead of becoming 0 / 0."""
+    return OpInfo(Expr.input(0) * (Expr.input(1) * Expr.input(2)), gather, operands=("src_v", "edge", "dst_v"))
 
 
 def score_op(kinds: Tuple[str, ...], negative_slope: float) -> OpInfo:
@@ -177,6 +176,16 @@ class GATConv(MessagePassing):
 
         self.reset_parameters()
 
+    @property
+    def negative_slope(self) -> float:
+        return float(self._negative_slope)
+
+    @negative_slope.setter
+    def negative_slope(self, value: float) -> None:
+        # Kept as text: torch.compile reads a str attribute as a constant of the graph, where a
+        # float one may become a symbolic input (dynamic=True) that an op's source cannot hold.
+        self._negative_slope = repr(float(value))
+
     def reset_parameters(self) -> None:
         super().reset_parameters()
         for lin in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.res):
@@ -253,19 +262,18 @@ class GATConv(MessagePassing):
             operands.append(alpha_edge)
             kinds += ("edge",)
 
-        logits = ops.compute(graph, score_op(kinds, self.negative_slope), operands=operands)
-        shift = ops.compute(graph, "copy_e_max", lhs=logits.detach())
-        numer = ops.compute(graph, EXP_SHIFTED, operands=[logits, shift])
+        logits = run(graph, score_op, (kinds, self._negative_slope), operands)
+        shift = run(graph, named, ("copy_e_max",), [logits.detach()])
+        numer = run(graph, exp_shifted, (), [logits, shift])
         # PyG's 1e-16 keeps destinations without edges finite (and their gradients 0).
-        denom = ops.compute(graph, "copy_e_sum", lhs=numer) + 1e-16
+        denom = run(graph, named, ("copy_e_sum",), [numer]) + 1e-16
         if return_attention_weights or (self.training and self.dropout > 0):
-            alpha = ops.compute(graph, "e_div_v", lhs=numer, rhs=denom)
+            alpha = run(graph, named, ("e_div_v",), [numer, denom])
             alpha = F.dropout(alpha, p=self.dropout, training=self.training)
-            out = ops.compute(graph, f"u_mul_e_{self._gather}", lhs=x_src, rhs=alpha.unsqueeze(-1))
+            out = run(graph, named, (f"u_mul_e_{self._gather}",), [x_src, alpha.unsqueeze(-1)])
         else:
-            aggregate = OpInfo(WEIGHTED_SOURCE, self._gather, operands=("src_v", "edge", "dst_v"))
-            out = ops.compute(graph, aggregate,
-                              operands=[x_src, numer.unsqueeze(-1), denom.reciprocal().unsqueeze(-1)])
+            out = run(graph, weighted_source, (self._gather,),
+                      [x_src, numer.unsqueeze(-1), denom.reciprocal().unsqueeze(-1)])
 
         if self.concat:
             out = out.view(-1, H * C)
@@ -283,8 +291,7 @@ class GATConv(MessagePassing):
         return out
 
     def _graph(self, edge_index: Tensor, edge_attr: Optional[Tensor], size: Optional[Tuple[int, int]],
-               num_src: int, num_dst: int, num_loops: int
-               ) -> Tuple[GraphTensor, Tensor, Optional[Tensor]]:
+               num_src: int, num_dst: int, num_loops: int) -> Tuple[Graph, Tensor, Optional[Tensor]]:
         """The graph to attend over, the graph argument PyG would return with the coefficients,
         and the edge features in the graph's edge order."""
         if size is not None:
@@ -293,36 +300,28 @@ class GATConv(MessagePassing):
             if not self.add_self_loops:
                 graph, _ = adjacency(self, edge_index, num_src, num_dst)
                 return graph, edge_index, edge_tensor("edge_attr", edge_attr, graph.num_edges)
+            check_eager(edge_index)
             if edge_attr is not None:
                 raise ValueError("edge_attr: edge features with add_self_loops=True need an edge "
                                  "index, not a sparse adjacency")
             graph, looped = derived(edge_index, ("gat", num_src, num_dst),
                                     lambda: self._looped_sparse(edge_index, num_src, num_dst))
-            return graph, looped, None
+            return Graph(graph, None, graph.num_edges), looped, None
 
         edge_attr = edge_tensor("edge_attr", edge_attr, edge_index.size(1))
         if not self.add_self_loops:
             graph, _ = adjacency(self, edge_index, num_src, num_dst)
             return graph, edge_index, edge_attr
-        graph, looped, keep = derived(edge_index, ("gat", self.flow, num_src, num_dst, num_loops),
-                                      lambda: self._looped(edge_index, num_src, num_dst, num_loops))
+        looped = looped_graph(edge_index, self.flow, num_src, num_dst, num_loops)
         if edge_attr is not None:
             # As PyG's remove_self_loops + add_self_loops, fill_value applied by PyG's own helper.
-            edge_attr = edge_attr[keep]
-            loop_attr = compute_loop_attr(looped[:, :edge_attr.size(0)], edge_attr, num_loops, False,
+            edge_attr = edge_attr.index_select(0, looped.kept)
+            loop_attr = compute_loop_attr(looped.index[:, :edge_attr.size(0)], edge_attr, num_loops, False,
                                           self.fill_value)
             edge_attr = torch.cat([edge_attr, loop_attr], dim=0)
-        return graph, looped, edge_attr
+        return looped.graph, looped.index, edge_attr
 
-    def _looped(self, edge_index: Tensor, num_src: int, num_dst: int, num_loops: int) -> _LoopedGraph:
-        """The input's non-loop edges in order, then one loop per node below ``num_loops``."""
-        index = plain_index(edge_index)
-        keep = index[0] != index[1]
-        loops = torch.arange(num_loops, device=index.device).repeat(2, 1)
-        looped = torch.cat([index[:, keep], loops], dim=1)
-        return graph_of(looped, self.flow, num_src, num_dst), looped, keep
-
-    def _looped_sparse(self, adj_t: Tensor, num_src: int, num_dst: int) -> Tuple[GraphTensor, Tensor]:
+    def _looped_sparse(self, adj_t: Tensor, num_src: int, num_dst: int):
         """PyG's own self-loop helpers on the adjacency (their result is what PyG returns), and
         its graph in that adjacency's edge order."""
         looped, _ = remove_self_loops(adj_t.detach())

@@ -3,31 +3,28 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 from torch.nn import Parameter
-from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import zeros
 
-from .. import ops
-from ..graph import GraphTensor
 from ..ir import Expr, OpInfo
-from ._graph import (adjacency, check_features, derived, edge_tensor, gather_op, graph_of, is_sparse,
-                     node_sizes, plain_index, sparse_edges)
-
-#: The normalised weight of edge ``(u, e, v)``: ``d[u]^-1/2 * w[e] * d[v]^-1/2``, one message op.
-NORMALIZE = OpInfo(Expr.input(0) * Expr.input(1) * Expr.input(2), None, operands=("src_v", "edge", "dst_v"))
-
-# (graph, self-loop mask, nodes of the removed self loops) of a graph with remaining self loops.
-_LoopedGraph = Tuple[GraphTensor, Tensor, Tensor]
+from ..message_passing import MessagePassing
+from ._graph import (Graph, Looped, adjacency, check_eager, check_features, derived, edge_tensor, gather_op,
+                     graph_of, is_sparse, looped_graph, named, node_sizes, run, sparse_edges)
 
 
-def gcn_norm_weights(graph: GraphTensor, weight: Tensor) -> Tensor:
+def normalize_op() -> OpInfo:
+    """The normalised weight of edge ``(u, e, v)``: ``d[u]^-1/2 * w[e] * d[v]^-1/2``, one message op."""
+    return OpInfo(Expr.input(0) * Expr.input(1) * Expr.input(2), None, operands=("src_v", "edge", "dst_v"))
+
+
+def gcn_norm_weights(graph: Graph, weight: Tensor) -> Tensor:
     r"""The weights of :math:`\mathbf{\hat{D}}^{-1/2} \mathbf{\hat{A}} \mathbf{\hat{D}}^{-1/2}`
     for a graph whose self loops are already in place: the in-degree is a ``copy_e_sum`` and the
     per-edge product one message-creation op, both differentiable in ``weight``."""
-    deg = ops.compute(graph, "copy_e_sum", lhs=weight)
+    deg = run(graph, named, ("copy_e_sum",), [weight])
     deg_inv_sqrt = deg.pow(-0.5)
     deg_inv_sqrt = deg_inv_sqrt.masked_fill(deg_inv_sqrt == float("inf"), 0.0)
-    return ops.compute(graph, NORMALIZE, operands=[deg_inv_sqrt, weight, deg_inv_sqrt])
+    return run(graph, normalize_op, (), [deg_inv_sqrt, weight, deg_inv_sqrt])
 
 
 class GCNConv(MessagePassing):
@@ -83,7 +80,7 @@ class GCNConv(MessagePassing):
           edge weights :math:`(|\mathcal{E}|)` *(optional)*
         - **output:** node features :math:`(|\mathcal{V}|, F_{out})`
     """
-    _cached_edge_index: Optional[Tuple[GraphTensor, Optional[Tensor]]]
+    _cached_edge_index: Optional[Tuple[Graph, Optional[Tensor]]]
 
     def __init__(
         self,
@@ -145,16 +142,16 @@ class GCNConv(MessagePassing):
 
         x = self.lin(x)
         if weight is None:
-            out = ops.compute(graph, f"copy_u_{self._gather}", lhs=x)
+            out = run(graph, named, (f"copy_u_{self._gather}",), [x])
         else:
-            out = ops.compute(graph, f"u_mul_e_{self._gather}", lhs=x, rhs=weight)
+            out = run(graph, named, (f"u_mul_e_{self._gather}",), [x, weight])
 
         if self.bias is not None:
             out = out + self.bias
         return out
 
     def _graph(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor]
-               ) -> Tuple[GraphTensor, Optional[Tensor]]:
+               ) -> Tuple[Graph, Optional[Tensor]]:
         """The graph to propagate on and its edge weights (``None``: all ones)."""
         num_nodes, _ = node_sizes(self, edge_index, None, x, x)
         if is_sparse(edge_index):
@@ -163,59 +160,53 @@ class GCNConv(MessagePassing):
                                  "values; pass edge_weight=None")
             if not self.normalize:
                 return adjacency(self, edge_index, num_nodes, num_nodes)
+            check_eager(edge_index)
             # As PyG's gcn_norm on a sparse matrix: a loop is added to every node, on top of any
             # stored one (their values add up).
             index, values = sparse_edges(edge_index)
-            graph = derived(edge_index, ("gcn", num_nodes, self.add_self_loops),
-                            lambda: self._looped_sparse(index, num_nodes))
+            looped = derived(edge_index, ("gcn", num_nodes, self.add_self_loops),
+                             lambda: self._looped_sparse(index, num_nodes))
             if self.add_self_loops:
                 values = torch.cat([values, values.new_full((num_nodes,), 2.0 if self.improved else 1.0)])
+            graph = Graph(looped, None, looped.num_edges)
             return graph, gcn_norm_weights(graph, values)
 
         edge_weight = edge_tensor("edge_weight", edge_weight, edge_index.size(1))
         if edge_weight is not None and edge_weight.dim() != 1:
             raise ValueError(f"edge_weight: expected shape [E], got {list(edge_weight.shape)}")
-        if not self.add_self_loops:
+        looped: Optional[Looped] = None
+        if self.add_self_loops:
+            looped = looped_graph(edge_index, self.flow, num_nodes, num_nodes, num_nodes)
+            graph = looped.graph
+        else:
             graph = adjacency(self, edge_index, num_nodes, num_nodes)[0]
             if not self.normalize:
                 return graph, edge_weight
-            keep = loop_nodes = None
-        else:
-            graph, keep, loop_nodes = derived(edge_index, ("gcn", self.flow, num_nodes),
-                                              lambda: self._looped(edge_index, num_nodes))
         if edge_weight is None:
-            # Without weights the normalisation is a function of the graph alone: cache it there.
+            # Without weights the normalisation is a function of the graph alone: cache it there
+            # (in eager mode; a compiled model recomputes it, two small ops, as compiled PyG does).
             # Every edge, self loops included, weighs 1: PyG 2.8's gcn_norm fills self loops
             # with 2 (improved=True) only when edge weights are given, and this matches it.
+            if torch.compiler.is_compiling():
+                return graph, gcn_norm_weights(graph, x.new_ones(graph.num_edges))
             key = ("gcn_norm", self.flow, num_nodes, self.add_self_loops, x.dtype, x.device)
-            return graph, derived(edge_index, key,
-                                  lambda: gcn_norm_weights(graph, x.new_ones(graph.num_edges)))
-        return graph, gcn_norm_weights(graph, self._loop_weights(keep, loop_nodes, edge_weight, num_nodes))
+            return graph, derived(edge_index, key, lambda: gcn_norm_weights(graph, x.new_ones(graph.num_edges)))
+        return graph, gcn_norm_weights(graph, self._loop_weights(looped, edge_weight, num_nodes))
 
-    def _looped(self, edge_index: Tensor, num_nodes: int) -> _LoopedGraph:
-        """PyG's ``add_remaining_self_loops`` on the structure: the non-loop edges in order, then
-        one loop per node."""
-        index = plain_index(edge_index)
-        keep = index[0] != index[1]
-        loops = torch.arange(num_nodes, device=index.device).repeat(2, 1)
-        looped = torch.cat([index[:, keep], loops], dim=1)
-        return graph_of(looped, self.flow, num_nodes, num_nodes), keep, index[0][~keep]
-
-    def _looped_sparse(self, index: Tensor, num_nodes: int) -> GraphTensor:
+    def _looped_sparse(self, index: Tensor, num_nodes: int):
         if self.add_self_loops:
             loops = torch.arange(num_nodes, device=index.device).repeat(2, 1)
             index = torch.cat([index, loops], dim=1)
         return graph_of(index, "source_to_target", num_nodes, num_nodes)
 
-    def _loop_weights(self, keep: Optional[Tensor], loop_nodes: Optional[Tensor], weight: Tensor,
-                      num_nodes: int) -> Tensor:
-        """Edge weights in the order of :meth:`_looped`: a stored self loop keeps its weight (the
+    def _loop_weights(self, looped: Optional[Looped], weight: Tensor, num_nodes: int) -> Tensor:
+        """Edge weights in the order of the looped graph: a stored self loop keeps its weight (the
         same indexing as PyG's, so duplicate loops resolve alike), other loops get the fill value."""
-        if keep is None:
+        if looped is None:
             return weight
-        loop_weight = weight.new_full((num_nodes,), 2.0 if self.improved else 1.0)
-        loop_weight[loop_nodes] = weight[~keep]
-        return torch.cat([weight[keep], loop_weight])
+        fill = weight.new_full((num_nodes,), 2.0 if self.improved else 1.0)
+        loop_weight = fill.index_put((looped.loop_nodes,), weight.index_select(0, looped.loops))
+        return torch.cat([weight.index_select(0, looped.kept), loop_weight])
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels})"

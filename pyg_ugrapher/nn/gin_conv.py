@@ -2,16 +2,17 @@ from typing import Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
-from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import reset
 
-from .. import ops
 from ..ir import Expr, OpInfo
-from ._graph import adjacency, aggregate, edge_tensor, gather_op, node_sizes, pair
+from ..message_passing import MessagePassing
+from ._graph import adjacency, aggregate, edge_tensor, gather_op, node_sizes, pair, run
 
-#: GINE's message ``relu(x[u] + edge_attr[e])``.
-RELU_SUM = Expr.apply("relu", Expr.input(0) + Expr.input(1))
+
+def relu_sum(gather: str) -> OpInfo:
+    """GINE's message ``relu(x[u] + edge_attr[e])``, aggregated by ``gather``: one fused op."""
+    return OpInfo(Expr.apply("relu", Expr.input(0) + Expr.input(1)), gather, operands=("src_v", "edge"))
 
 
 class GINConv(MessagePassing):
@@ -166,8 +167,7 @@ class GINEConv(MessagePassing):
         if self.lin is not None:
             edge_attr = self.lin(edge_attr)
 
-        op = OpInfo(RELU_SUM, self._gather, operands=("src_v", "edge"))
-        out = ops.compute(graph, op, operands=[x_src, edge_attr])
+        out = run(graph, relu_sum, (self._gather,), [x_src, edge_attr])
         if x_dst is not None:
             out = out + (1 + self.eps) * x_dst
         return self.nn(out)

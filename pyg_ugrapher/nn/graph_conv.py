@@ -1,9 +1,9 @@
 from typing import Optional, Tuple, Union
 
 from torch import Tensor
-from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 
+from ..message_passing import MessagePassing
 from ._graph import aggregate, gather_op, pair
 
 

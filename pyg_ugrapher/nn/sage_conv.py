@@ -2,9 +2,9 @@ from typing import Optional, Tuple, Union
 
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 
+from ..message_passing import MessagePassing
 from ._graph import aggregate, gather_op, pair
 
 

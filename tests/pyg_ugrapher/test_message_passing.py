@@ -619,3 +619,28 @@ def test_pyg_layers_with_the_mixin(executor, name, args, captured):
     for index, (a, b) in enumerate(zip(*results)):
         assert_close(a, b, f"tensor {index}")
     assert (ours.fallback_reason is None) == captured, ours.fallback_reason
+
+
+def _torch_sparse_missing() -> str:
+    import importlib.util
+    return "" if importlib.util.find_spec("torch_sparse") else \
+        "torch_sparse is not installed (FakeSparseTensor covers PyG's SparseTensor path)"
+
+
+@pytest.mark.skipif(bool(_torch_sparse_missing()), reason=_torch_sparse_missing() or "installed")
+def test_torch_sparse_tensor(executor):
+    from torch_sparse import SparseTensor as RealSparseTensor
+
+    x, edge_index, _, generator = random_inputs(executor, seed=15)
+    num_nodes = x.size(0)
+    values = torch.rand(edge_index.size(1), generator=generator)
+
+    def adjacency(kwargs):
+        return RealSparseTensor(row=edge_index[1], col=edge_index[0], value=kwargs["values"],
+                                sparse_sizes=(num_nodes, num_nodes))
+
+    def forward(self, adj_t, values, x):
+        return self.propagate(adj_t, x=x, edge_weight=None)
+
+    ours, theirs = twins(gcn_message, extra={"forward": forward})
+    compare(ours, theirs, None, make_graph_arg=adjacency, x=x, values=values)

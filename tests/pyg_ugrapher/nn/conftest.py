@@ -1,102 +1,15 @@
-"""Fixtures of the drop-in layer tests: graphs, datasets, the Triton interpreter, and the comparison
-of a layer of ours with its PyG namesake (outputs and every gradient)."""
+"""Fixtures of the drop-in layer tests: graphs, datasets, and the comparison of a layer of ours with
+its PyG namesake (outputs and every gradient). The Triton interpreter (``interpret``) and the
+reference-executor default come from ``tests/conftest.py``."""
 import copy
-import os
-import subprocess
-import sys
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import pytest
 import torch
 
 
-def _import_triton_interpretable() -> None:
-    """Import Triton in interpreter mode, without making the interpreter the default.
-
-    Triton decides at import whether its language functions are interpreted, while
-    ``triton_kernels`` reads ``TRITON_INTERPRET`` at every call. Importing Triton with the variable
-    set and then restoring it keeps the reference executor the default on the CPU and lets a test
-    switch to the interpreter with ``monkeypatch.setenv`` (the ``interpret`` fixture). Only on a
-    machine without a GPU, and only if nothing imported Triton before this conftest.
-    """
-    if "triton" in sys.modules or torch.cuda.is_available():
-        return
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        import triton.language  # noqa: F401
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
-
-
-_import_triton_interpretable()
-
-import pyg_ugrapher  # noqa: E402,F401  (before triton_kernels: that order avoids a circular import)
-import triton_kernels  # noqa: E402
-
 #: Relative tolerance (to the largest magnitude of the compared tensor), float32.
 RTOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def reference_executor(monkeypatch):
-    """Every test runs on the reference executor unless it asks for ``interpret``."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-
-
-def _interpreter_importable() -> bool:
-    """Whether Triton was imported in interpreter mode (see :func:`_import_triton_interpretable`)."""
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return triton_kernels.interpreting()
-    except RuntimeError:
-        return False
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
-
-
-INTERPRETER_IN_PROCESS = _interpreter_importable()
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    """Run ``compute`` through the Triton interpreter in this test (in a child process when this
-    one imported Triton without it, see :func:`pytest_pyfunc_call`)."""
-    if INTERPRETER_IN_PROCESS:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-#: nodeid -> outcome of the interpreter tests run in a child pytest.
-_CHILD_OUTCOMES: Dict[str, str] = {}
-
-
-def pytest_pyfunc_call(pyfuncitem):
-    """When another module imported Triton first (so that it cannot interpret here), run the tests
-    that ask for ``interpret`` in one child pytest started with ``TRITON_INTERPRET=1``."""
-    if INTERPRETER_IN_PROCESS or "interpret" not in pyfuncitem.fixturenames:
-        return None
-    if not _CHILD_OUTCOMES:
-        nodeids = [item.nodeid for item in pyfuncitem.session.items if "interpret" in item.fixturenames]
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *nodeids],
-                                cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True,
-                                timeout=900)
-        for line in result.stdout.splitlines():
-            outcome, _, rest = line.partition(" ")
-            if outcome in ("PASSED", "FAILED", "ERROR", "SKIPPED"):
-                _CHILD_OUTCOMES[rest.split(" - ")[0]] = line
-        _CHILD_OUTCOMES.setdefault("", result.stdout[-4000:] + result.stderr[-2000:])
-    outcome = _CHILD_OUTCOMES.get(pyfuncitem.nodeid)
-    if outcome is None or not outcome.startswith("PASSED"):
-        pytest.fail(f"with TRITON_INTERPRET=1 in a child process: {outcome}\n{_CHILD_OUTCOMES['']}")
-    return True
 
 
 def make_graph(num_nodes: int, num_edges: int, seed: int, num_dst: Optional[int] = None) -> torch.Tensor:

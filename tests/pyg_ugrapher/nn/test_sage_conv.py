@@ -49,7 +49,7 @@ def test_sparse_and_edge_index_types(compare, small_graph, aggr):
     x, edge_index = small_graph
     adj_t = to_torch_csr_tensor(edge_index.flip(0), size=(12, 12))
     index = EdgeIndex(edge_index, sparse_size=(12, 12))
-    for graph in (adj_t, index):
+    for graph in (adj_t, adj_t.to_sparse_coo(), index):
         torch.manual_seed(0)
         compare(SAGEConv(6, 4, aggr=aggr), pyg_nn.SAGEConv(6, 4, aggr=aggr),
                 lambda layer, x: layer(x, graph), [x])

@@ -1,0 +1,341 @@
+"""Shared set-up of the test suite.
+
+* Triton is imported in interpreter mode on a machine without a GPU (before anything else imports
+  it), so a test can run the real kernels on the CPU by asking for the ``interpret`` or ``device``
+  fixture, while every other test runs ``compute`` on the reference executor.
+* Markers: ``cuda`` tests are skipped without a GPU; ``slow`` marks the long ones
+  (``pytest -m "not slow"`` leaves them out).
+* Graphs with what trips kernels up (:data:`GRAPH_CASES`), operands for any
+  :class:`~pyg_ugrapher.ir.OpInfo`, poisoned kernel outputs and the relative-error check of the
+  suite (:func:`assert_close`), as fixtures.
+"""
+import math
+import os
+import subprocess
+import sys
+from typing import Callable, Dict, List, Optional
+
+import pytest
+import torch
+
+
+def _import_triton_interpretable() -> None:
+    """Import Triton in interpreter mode, without making the interpreter the default.
+
+    Triton decides at import whether its language functions are interpreted, while
+    ``triton_kernels`` reads ``TRITON_INTERPRET`` at every call. Importing Triton with the variable
+    set and then restoring it keeps the reference executor the default on the CPU and lets a test
+    switch to the interpreter with ``monkeypatch.setenv`` (the ``interpret`` fixture). Only on a
+    machine without a GPU, and only if nothing imported Triton before this conftest.
+    """
+    if "triton" in sys.modules or torch.cuda.is_available():
+        return
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+
+
+_import_triton_interpretable()
+
+import pyg_ugrapher as ug  # noqa: E402  (before triton_kernels: that order avoids a circular import)
+import triton_kernels  # noqa: E402
+from triton_kernels import dispatch  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+
+
+# -- markers -------------------------------------------------------------------------------------
+def pytest_collection_modifyitems(config, items):
+    """Skip ``cuda`` tests on a machine without a GPU."""
+    if CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+# -- where compute runs --------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def reference_executor(monkeypatch):
+    """Every test runs ``compute`` on the reference executor on the CPU unless it asks for the
+    ``interpret`` or ``device`` fixture, whatever ``TRITON_INTERPRET`` the shell set."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def _interpreter_importable() -> bool:
+    """Whether Triton was imported in interpreter mode (see :func:`_import_triton_interpretable`)."""
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        return triton_kernels.interpreting()
+    except RuntimeError:
+        return False
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+
+
+INTERPRETER_IN_PROCESS = _interpreter_importable()
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Run ``compute`` through the Triton interpreter in this test (in a child process when this
+    one imported Triton without it, see :func:`pytest_pyfunc_call`)."""
+    if INTERPRETER_IN_PROCESS:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def device(monkeypatch) -> torch.device:
+    """Where the Triton kernels run: the GPU when there is one, else the CPU through the
+    interpreter."""
+    if CUDA:
+        return torch.device("cuda")
+    if INTERPRETER_IN_PROCESS:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return torch.device("cpu")
+
+
+def _needs_interpreter(item) -> bool:
+    names = getattr(item, "fixturenames", ())
+    return "interpret" in names or ("device" in names and not CUDA)
+
+
+#: nodeid -> outcome of the interpreter tests run in a child pytest.
+_CHILD_OUTCOMES: Dict[str, str] = {}
+
+
+def pytest_pyfunc_call(pyfuncitem):
+    """When another module imported Triton first (so that it cannot interpret here), run the tests
+    that need the interpreter in one child pytest started with ``TRITON_INTERPRET=1``."""
+    if INTERPRETER_IN_PROCESS or not _needs_interpreter(pyfuncitem):
+        return None
+    if not _CHILD_OUTCOMES:
+        nodeids = [item.nodeid for item in pyfuncitem.session.items if _needs_interpreter(item)]
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *nodeids],
+                                cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True,
+                                timeout=1800)
+        for line in result.stdout.splitlines():
+            outcome, _, rest = line.partition(" ")
+            if outcome in ("PASSED", "FAILED", "ERROR", "SKIPPED"):
+                _CHILD_OUTCOMES[rest.split(" - ")[0]] = line
+        _CHILD_OUTCOMES.setdefault("", result.stdout[-4000:] + result.stderr[-2000:])
+    outcome = _CHILD_OUTCOMES.get(pyfuncitem.nodeid)
+    if outcome is None or not outcome.startswith("PASSED"):
+        pytest.fail(f"with TRITON_INTERPRET=1 in a child process: {outcome}\n{_CHILD_OUTCOMES['']}")
+    return True
+
+
+# -- graphs --------------------------------------------------------------------------------------
+def _random_edges(generator: torch.Generator, num_src: int, num_dst: int, num_edges: int) -> torch.Tensor:
+    return torch.stack([torch.randint(0, num_src, (num_edges,), generator=generator),
+                        torch.randint(0, num_dst, (num_edges,), generator=generator)])
+
+
+def _isolated(g: torch.Generator) -> torch.Tensor:
+    # Vertex 8 has no edge in either direction.
+    return _random_edges(g, 8, 8, 29)
+
+
+def _self_loops(g: torch.Generator) -> torch.Tensor:
+    edges = _random_edges(g, 8, 8, 23)
+    edges[1, ::3] = edges[0, ::3]
+    return edges
+
+
+def _duplicates(g: torch.Generator) -> torch.Tensor:
+    edges = _random_edges(g, 8, 8, 11)
+    return torch.cat([edges, edges, edges[:, :5]], dim=1)  # 27 edges, some three times
+
+
+def _hub(g: torch.Generator) -> torch.Tensor:
+    # Vertex 0 receives 32 of the 47 edges and sends 6 of them.
+    edges = _random_edges(g, 10, 10, 47)
+    edges[1, :32] = 0
+    edges[0, 32:38] = 0
+    return edges
+
+
+def _bipartite(g: torch.Generator) -> torch.Tensor:
+    # Source 6 and destination 4 are isolated.
+    return _random_edges(g, 6, 4, 31)
+
+
+def _mixed(g: torch.Generator) -> torch.Tensor:
+    # An isolated vertex (11), a hub (0), self loops and duplicate edges in one graph.
+    edges = _random_edges(g, 11, 11, 30)
+    edges[1, :12] = 0
+    edges[1, 25:] = edges[0, 25:]
+    return torch.cat([edges, edges[:, 3:14]], dim=1)  # 41 edges
+
+
+def _tiny(g: torch.Generator) -> torch.Tensor:
+    # For gradcheck: vertex 5 isolated, vertex 0 a hub, a self loop and a duplicate edge.
+    return torch.tensor([[1, 2, 3, 4, 0, 2, 3, 4, 1, 1, 2, 4, 3],
+                         [0, 0, 0, 0, 0, 0, 1, 1, 2, 2, 2, 3, 4]])
+
+
+#: name -> (builder of the ``[2, E]`` edge index, ``(num_src, num_dst)``). Edge counts are primes,
+#: so that no block size divides them.
+GRAPH_CASES: Dict[str, tuple] = {
+    "empty": (lambda g: torch.empty(2, 0, dtype=torch.int64), (5, 5)),
+    "isolated": (_isolated, (9, 9)),
+    "self_loops": (_self_loops, (8, 8)),
+    "duplicates": (_duplicates, (8, 8)),
+    "hub": (_hub, (10, 10)),
+    "bipartite": (_bipartite, (7, 5)),
+    "mixed": (_mixed, (12, 12)),
+    "tiny": (_tiny, (6, 6)),
+}
+
+
+def make_graph(case: str, seed: int = 0, index_dtype: Optional[torch.dtype] = None) -> ug.GraphTensor:
+    """The graph ``case`` of :data:`GRAPH_CASES`, with random edges drawn from ``seed``."""
+    build, sizes = GRAPH_CASES[case]
+    edge_index = build(torch.Generator().manual_seed(seed))
+    return ug.GraphTensor.from_edge_index(edge_index, sizes, index_dtype=index_dtype)
+
+
+def pytest_generate_tests(metafunc):
+    """A test with a ``graph_case`` argument runs on every graph of :data:`GRAPH_CASES`."""
+    if "graph_case" in metafunc.fixturenames:
+        metafunc.parametrize("graph_case", list(GRAPH_CASES))
+
+
+@pytest.fixture(scope="session")
+def graph_factory() -> Callable[..., ug.GraphTensor]:
+    """``graph_factory(case, seed=0, index_dtype=None)``, see :func:`make_graph`."""
+    return make_graph
+
+
+# -- operands ------------------------------------------------------------------------------------
+#: Feature shapes of operand layouts: the first operand's, then the others'. ``F = 5`` and
+#: ``C = 3`` are not powers of two, so feature tiles are always partly masked.
+OPERAND_SHAPES: Dict[str, tuple] = {
+    "scalar": ((), ()),  # [rows]
+    "vector": ((5,), (5,)),  # [rows, F]
+    "heads": ((2, 3), (2, 3)),  # [rows, H, C]
+    "head_bcast": ((2, 3), (2, 1)),  # GAT: per-head vectors times per-head scalars
+    "inner": ((2, 3), (3,)),  # one C-vector shared by every head
+    "row_bcast": ((2, 3), ()),  # one value per row times per-head vectors
+}
+
+
+def shapes_for(op: ug.OpInfo) -> List[str]:
+    """The operand layouts of :data:`OPERAND_SHAPES` that ``op`` accepts: a reducing op (``dot``)
+    needs the summed last dimension in full in every operand."""
+    if op.reduces:
+        return ["vector", "heads", "inner"]
+    if len(op.inputs) == 1:
+        return ["scalar", "vector", "heads"]
+    return list(OPERAND_SHAPES)
+
+
+def make_operands(graph: ug.GraphTensor, op: ug.OpInfo, shape: str = "vector",
+                  dtype: torch.dtype = torch.float32, seed: int = 0,
+                  device: Optional[torch.device] = None) -> List[torch.Tensor]:
+    """Random operands of ``op`` on ``graph`` in slot order, laid out as ``OPERAND_SHAPES[shape]``.
+
+    Values are distinct with probability one (so max/min have unique winners) and a divisor lies
+    in ``±[0.5, 1.5]``, away from zero.
+    """
+    rows = {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}
+    generator = torch.Generator().manual_seed(seed)
+    first, rest = OPERAND_SHAPES[shape]
+    tensors = []
+    for slot, kind in enumerate(op.inputs):
+        size = (rows[kind],) + (first if slot == 0 else rest)
+        values = torch.rand(size, generator=generator, dtype=torch.float64) * 2 - 1
+        if op.edge_op == "div" and slot == 1:
+            values = torch.sign(values) * (0.5 + values.abs())
+        tensors.append(values.to(dtype=dtype, device=device))
+    return tensors
+
+
+@pytest.fixture(scope="session")
+def operand_factory() -> Callable[..., List[torch.Tensor]]:
+    """``operand_factory(graph, op, shape="vector", dtype=torch.float32, seed=0, device=None)``,
+    see :func:`make_operands`."""
+    return make_operands
+
+
+@pytest.fixture(scope="session")
+def operand_shapes() -> Callable[[ug.OpInfo], List[str]]:
+    """``operand_shapes(op)``: the operand layouts ``op`` accepts, see :func:`shapes_for`."""
+    return shapes_for
+
+
+# -- checking results ----------------------------------------------------------------------------
+#: Largest relative error (to the largest magnitude of the expected tensor) per dtype.
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``max |actual - expected| / max |expected|``; NaN anywhere in ``actual`` counts as infinite."""
+    if actual.numel() == 0:
+        return 0.0
+    actual, expected = actual.double(), expected.double()
+    if torch.isnan(actual).any():
+        return math.inf
+    scale = max(expected.abs().max().item(), 1e-12)
+    return (actual - expected).abs().max().item() / scale
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: Optional[torch.dtype] = None,
+                 context: str = "") -> None:
+    """Same shape and dtype, and a relative error within :data:`TOLERANCE` of ``dtype`` (default:
+    ``expected.dtype``)."""
+    assert actual.shape == expected.shape, f"{context}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"{context}: dtype {actual.dtype} != {expected.dtype}"
+    tolerance = TOLERANCE[dtype or expected.dtype]
+    error = relative_error(actual, expected)
+    assert error <= tolerance, f"{context}: relative error {error:.3g} > {tolerance:g}"
+
+
+@pytest.fixture(scope="session")
+def check_close() -> Callable[..., None]:
+    """``check_close(actual, expected, dtype=None, context="")``, see :func:`assert_close`."""
+    return assert_close
+
+
+@pytest.fixture
+def poison(monkeypatch) -> None:
+    """Fill every kernel output that the kernel must write in full with NaN before the launch.
+
+    :func:`triton_kernels.dispatch.run` allocates outputs itself: uninitialised (``torch.empty``)
+    for templates that write each element once, initialised for the atomic ones (their partial
+    results accumulate into it). Poisoning the former turns any element a kernel forgets into a
+    NaN the comparison catches.
+    """
+    allocate = dispatch._allocate
+
+    def poisoned(op, graph, template, rows, width, out_dtype):
+        out = allocate(op, graph, template, rows, width, out_dtype)
+        if not template.ATOMIC:
+            out.fill_(math.nan)
+        return out
+
+    monkeypatch.setattr(dispatch, "_allocate", poisoned)
+
+
+def isolated_rows(graph: ug.GraphTensor) -> torch.Tensor:
+    """Mask of the destinations without an in-edge."""
+    return torch.bincount(graph.dst, minlength=graph.num_dst) == 0
+
+
+@pytest.fixture(scope="session")
+def isolated() -> Callable[[ug.GraphTensor], torch.Tensor]:
+    """``isolated(graph)``: mask of the destinations without an in-edge."""
+    return isolated_rows
+

@@ -1,0 +1,184 @@
+"""The backward pass, itself made of IR operators: gradcheck in float64 for every op of the IR
+through the kernels (the Triton interpreter on a CPU), gradient parity with the reference
+executor's autograd under every strategy, the tie rule of max/min, and the README's table."""
+import itertools
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import pyg_ugrapher as ug
+from pyg_ugrapher import reference
+from pyg_ugrapher.backward import backward_table, derive, describe
+from pyg_ugrapher.ir import GATHER_OPS, OpInfo
+
+TARGETS = ("u", "v", "e")
+PAIRS = list(itertools.product(TARGETS, repeat=2))
+NAMES = [f"copy_{t}_{g}" for g in GATHER_OPS for t in TARGETS] + \
+    [f"{a}_{op}_{b}_{g}" for g in GATHER_OPS for a, b in PAIRS for op in ("add", "sub", "mul", "div")] + \
+    [f"copy_{t}" for t in TARGETS] + \
+    [f"{a}_{op}_{b}" for a, b in PAIRS for op in ("add", "sub", "mul", "div", "dot")]
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def strategies(op: OpInfo):
+    return ("vertex", "edge", "group") if op.gather_op else ("vertex", "edge")
+
+
+def small_schedule(strategy: str, operands) -> ug.ParallelInfo:
+    """Blocks smaller than the test graphs' hub rows and edge counts, so that chunks, blocks and
+    atomics all take part (the template tests sweep smaller ones); feature tiles of at most 8,
+    within the operands' width."""
+    knobs = {"vertex": dict(block_v=2, block_e=4), "edge": dict(block_e=8),
+             "group": dict(group_size=4, block_v=2, block_e=4)}[strategy]
+    width = max(math.prod(t.shape[1:]) for t in operands)
+    return ug.ParallelInfo(strategy, block_f=min(8, 1 << max(width - 1, 0).bit_length()), **knobs)
+
+
+def grads(fn, operands, probe_seed=0):
+    """``fn(*operands)`` and the gradients of ``sum(fn(*operands) * probe)`` for a random probe."""
+    leaves = [t.detach().clone().requires_grad_() for t in operands]
+    out = fn(*leaves)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(probe_seed), dtype=torch.float64)
+    torch.autograd.backward(out, (probe.to(out))) if out.numel() else None
+    return [out.detach()] + [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradcheck(name, device, graph_factory, operand_factory, operand_shapes):
+    """Every op, float64, one strategy each (cycling), through the kernels."""
+    op = OpInfo.from_name(name)
+    index = NAMES.index(name)
+    strategy = strategies(op)[index % len(strategies(op))]
+    shapes = operand_shapes(op)
+    graph = graph_factory("tiny")
+    operands = [t.requires_grad_() for t in operand_factory(
+        graph, op, shapes[index % len(shapes)], torch.float64, seed=index, device=device)]
+    info = small_schedule(strategy, operands)
+    assert torch.autograd.gradcheck(lambda *xs: ug.compute(graph, op, *xs, parallel_info=info), operands,
+                                    fast_mode=True, atol=1e-7, rtol=1e-5)
+
+
+PARITY_GATHER = ["copy_u_sum", "copy_e_mean", "copy_v_max", "u_mul_e_sum", "u_div_e_mean", "e_sub_v_max",
+                 "v_add_u_min", "u_mul_v_max", "e_div_u_sum", "u_sub_e_min", "v_mul_e_mean", "e_add_e_max"]
+PARITY_MESSAGE = ["u_dot_v", "u_add_v", "e_div_u", "copy_e", "v_mul_e", "e_dot_e", "u_sub_u", "copy_u"]
+PARITY = [(s, n) for s in ("vertex", "edge", "group") for n in PARITY_GATHER] + \
+    [(s, n) for s in ("vertex", "edge") for n in PARITY_MESSAGE]
+
+
+@pytest.mark.parametrize("strategy,name", PARITY, ids=[f"{s}-{n}" for s, n in PARITY])
+def test_gradient_parity(strategy, name, device, graph_factory, operand_factory, operand_shapes,
+                         check_close):
+    """Gradients through the kernels equal torch's autograd through the reference executor, in
+    three operand layouts per op, cycling through all (per-head edge operands take the
+    reducing-message path)."""
+    op = OpInfo.from_name(name)
+    graph = graph_factory("mixed")
+    shapes = operand_shapes(op)
+    for i in range(3):
+        shape = shapes[(PARITY.index((strategy, name)) + i) % len(shapes)]
+        operands = operand_factory(graph, op, shape, seed=i, device=device)
+        info = small_schedule(strategy, operands)
+        ours = grads(lambda *xs: ug.compute(graph, op, *xs, parallel_info=info), operands)
+        theirs = grads(lambda *xs: reference.execute(graph, op, xs), operands)
+        for k, (a, b) in enumerate(zip(ours, theirs)):
+            check_close(a, b, context=f"{name} under {strategy}, {shape} operands, tensor {k}")
+
+
+HALF = [("vertex", "u_mul_e_sum"), ("edge", "copy_u_max"), ("group", "u_add_v_mean"), ("vertex", "u_dot_v"),
+        ("edge", "e_mul_v")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("strategy,name", HALF, ids=[f"{s}-{n}" for s, n in HALF])
+def test_half_gradients(strategy, name, dtype, device, graph_factory, operand_factory, check_close):
+    op = OpInfo.from_name(name)
+    graph = graph_factory("hub")
+    operands = operand_factory(graph, op, "heads", dtype, seed=2, device=device)
+    info = small_schedule(strategy, operands)
+    ours = grads(lambda *xs: ug.compute(graph, op, *xs, parallel_info=info), operands)
+    theirs = grads(lambda *xs: reference.execute(graph, op, xs), operands)
+    for a, b in zip(ours, theirs):
+        check_close(a, b, dtype, f"{name} under {strategy}")
+
+
+@pytest.mark.parametrize("gather", ["max", "min"])
+@pytest.mark.parametrize("strategy", ["vertex", "edge", "group"])
+def test_tie_rule(strategy, gather, device, graph_factory, check_close):
+    """Tied messages share the gradient evenly, as ``torch.scatter_reduce(include_self=False)``:
+    small integers make many ties, within rows and across chunks and blocks. (Positive ones: see
+    :func:`test_zero_result_is_not_a_tie_with_the_initial_value`.)"""
+    graph = graph_factory("hub")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(1, 4, (graph.num_src, 3), generator=gen).to(device, torch.float64)
+    w = torch.randint(1, 3, (graph.num_edges, 3), generator=gen).to(device, torch.float64)
+    op = OpInfo.from_name(f"u_mul_e_{gather}")
+    ours = grads(lambda x, w: ug.compute(graph, op, x, w, parallel_info=small_schedule(strategy, [x])), [x, w])
+
+    def torch_rule(x, w):
+        index = graph.dst.to(device)[:, None].expand(-1, 3)
+        message = x[graph.src.to(device)] * w
+        return message.new_zeros(graph.num_dst, 3).scatter_reduce(0, index, message, f"a{gather}",
+                                                                  include_self=False)
+
+    theirs = grads(torch_rule, [x, w])
+    hub_messages = (x[graph.src.to(device)] * w)[graph.dst.to(device) == 0]
+    winners = hub_messages == (hub_messages.amax(0) if gather == "max" else hub_messages.amin(0))
+    assert (winners.sum(0) > 1).all(), "the hub must have tied winners in every feature"
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        check_close(a, b, context=f"tensor {k}")
+
+
+def test_zero_result_is_not_a_tie_with_the_initial_value(device):
+    """One message of value 0 wins: it gets the whole gradient. torch's ``scatter_reduce`` backward
+    also counts the (zero-filled) output it reduces into as a tie even with ``include_self=False``
+    and would give it half; the IR backward compares messages only."""
+    graph = ug.GraphTensor.from_edge_index(torch.tensor([[0, 1], [0, 0]]), 2)
+    x = torch.tensor([[0.0], [-1.0]], dtype=torch.float64, device=device)
+    _, dx = grads(lambda x: ug.compute(graph, "copy_u_max", x, parallel_info=small_schedule("vertex", [x])),
+                  [x], probe_seed=1)
+    probe = torch.randn((2, 1), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert torch.equal(dx.cpu(), torch.tensor([[probe[0, 0].item()], [0.0]], dtype=torch.float64))
+
+
+def test_mean_gives_isolated_vertices_no_gradient(device, graph_factory, operand_factory):
+    graph = graph_factory("isolated")
+    op = OpInfo.from_name("copy_u_mean")
+    (x,) = operand_factory(graph, op, device=device)
+    _, dx = grads(lambda x: ug.compute(graph, op, x, parallel_info=ug.ParallelInfo("vertex", block_f=8)), [x])
+    no_out_edges = torch.bincount(graph.src, minlength=graph.num_src) == 0
+    assert no_out_edges.any() and torch.equal(dx[no_out_edges], torch.zeros_like(dx[no_out_edges]))
+    assert (dx[~no_out_edges] != 0).all()
+
+
+def test_backward_ops_follow_the_ir():
+    """The structure the issue asks for: vertex gradients of a gather are gathers (source operands
+    on the reversed graph), edge gradients are message creation, broadcast edge operands reduce."""
+    backward = derive(OpInfo.from_name("u_mul_e_sum"), (False, False))
+    dx, dw = backward.slots
+    assert (dx.op.name, dx.reverse, dx.sources) == ("u_mul_e_sum", True, ("grad", 1))
+    assert (dw.op.name, dw.reverse, dw.sources) == ("v_mul_u", False, ("grad", 0))
+    reduced = derive(OpInfo.from_name("u_mul_e_sum"), (False, True)).slots[1]
+    assert reduced.op.name == "v_dot_u" and reduced.op.gather_op is None
+    copy = derive(OpInfo.from_name("copy_u_sum"), (False,)).slots[0]
+    assert (copy.op.name, copy.reverse) == ("copy_u_sum", True)
+    assert derive(OpInfo.from_name("copy_u_max"), (False,)).count.op.gather_op == "sum"
+    assert describe(OpInfo.from_name("u_dot_v")) == "dlhs: e_mul_u_sum on the reversed graph; drhs: e_mul_u_sum"
+
+
+def test_readme_backward_table_is_generated():
+    text = README.read_text()
+    match = re.search(r"<!-- BACKWARD_TABLE -->\n(.*?)\n<!-- /BACKWARD_TABLE -->", text, re.S)
+    assert match, "README.md has no <!-- BACKWARD_TABLE --> section"
+    assert match.group(1) == backward_table(), "regenerate it with `python -m pyg_ugrapher.backward`"
+
+
+def test_backward_table_lists_every_op():
+    rows = backward_table().splitlines()[2:]
+    forwards = [row.split("|")[1].strip().strip("`") for row in rows]
+    builtin = [n for n in NAMES if re.fullmatch(r"copy_u(_\w+)?|u_\w+_e_\w+|u_\w+_v", n)]
+    expected = set(builtin) | {f"copy_e_{g}" for g in GATHER_OPS} | {"copy_v"}
+    expected = {n for n in expected if not re.fullmatch(r"u_\w+_e", n)}
+    assert set(forwards) == expected and len(forwards) == len(set(forwards)) == 31

@@ -1,0 +1,239 @@
+"""``torch.compile`` over the drop-in layers and over a captured ``ug.MessagePassing`` subclass.
+
+``fullgraph=True`` raises on any graph break, so every test here also asserts there is none. The
+``aot_eager`` backend traces forward and backward exactly as Inductor would (Dynamo, fake tensors,
+AOTAutograd) without generating code, which keeps the tests cheap on the CPU. Compiled outputs and
+gradients must equal eager ones, and a new graph every call (``dynamic=True``, a mini-batch
+loader) must not recompile.
+"""
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import pyg_ugrapher as ug
+from pyg_ugrapher import nn as ug_nn
+from pyg_ugrapher.nn import _graph
+
+RTOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Every test compiles from scratch (Dynamo's caches are global)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def make_graph(num_nodes: int, num_edges: int, seed: int) -> torch.Tensor:
+    """A random edge index with a hub (vertex 0), self loops, duplicate edges and an isolated vertex."""
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, num_nodes - 1, (num_edges,), generator=generator)
+    dst = torch.randint(0, num_nodes - 1, (num_edges,), generator=generator)
+    dst[: num_edges // 3] = 0
+    src[-3:] = dst[-3:]
+    edge_index = torch.stack([src, dst])
+    return torch.cat([edge_index, edge_index[:, :2]], dim=1)
+
+
+def outputs_and_grads(model: torch.nn.Module, forward: Callable, inputs: Sequence[torch.Tensor]
+                      ) -> List[torch.Tensor]:
+    """The output and the gradients of a fixed projection of it (floating inputs and parameters)."""
+    leaves = [t.detach().clone().requires_grad_() if t.is_floating_point() else t for t in inputs]
+    out = forward(model, *leaves)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+    wrt = [t for t in leaves if t.requires_grad] + list(model.parameters())
+    grads = torch.autograd.grad((out * probe).sum(), wrt, allow_unused=True, materialize_grads=True)
+    return [out.detach()] + [g.detach() for g in grads]
+
+
+def assert_close(ours: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert ours.shape == expected.shape, f"{what}: shape {list(ours.shape)} vs {list(expected.shape)}"
+    scale = expected.abs().max().item() if expected.numel() else 0.0
+    error = (ours.double() - expected.double()).abs().max().item() if ours.numel() else 0.0
+    assert error <= RTOL * max(scale, 1e-6), f"{what}: max error {error:.3e} (scale {scale:.3e})"
+
+
+def check_compiled(model: torch.nn.Module, forward: Callable, inputs: Sequence[torch.Tensor], **options
+                   ) -> Callable:
+    """Compile ``forward`` over ``model`` with ``fullgraph=True`` and compare it with eager (the
+    compiled call first, so that it is the one that meets the model first)."""
+    compiled = torch.compile(forward, fullgraph=True, backend=options.pop("backend", "aot_eager"), **options)
+    got = outputs_and_grads(model, compiled, inputs)
+    expected = outputs_and_grads(model, forward, inputs)
+    for index, (a, b) in enumerate(zip(got, expected)):
+        assert_close(a, b, "output" if index == 0 else f"gradient {index - 1}")
+    return compiled
+
+
+# -- the drop-in layers ------------------------------------------------------------------------------
+#: id -> (layer factory, forward(layer, x, edge_index, edge_weight, edge_attr)).
+LAYERS: Dict[str, Tuple[Callable[[], torch.nn.Module], Callable]] = {
+    "gcn": (lambda: ug_nn.GCNConv(6, 4), lambda m, x, ei, w, e: m(x, ei)),
+    "gcn_weighted": (lambda: ug_nn.GCNConv(6, 4, improved=True), lambda m, x, ei, w, e: m(x, ei, w)),
+    "gcn_no_loops": (lambda: ug_nn.GCNConv(6, 4, add_self_loops=False), lambda m, x, ei, w, e: m(x, ei, w)),
+    "gat": (lambda: ug_nn.GATConv(6, 4, heads=2), lambda m, x, ei, w, e: m(x, ei)),
+    "gat_edge_dim": (lambda: ug_nn.GATConv(6, 4, heads=2, edge_dim=3, concat=False),
+                     lambda m, x, ei, w, e: m(x, ei, e)),
+    "gat_no_loops": (lambda: ug_nn.GATConv(6, 4, heads=2, add_self_loops=False, flow="target_to_source"),
+                     lambda m, x, ei, w, e: m(x, ei)),
+    "sage": (lambda: ug_nn.SAGEConv(6, 4), lambda m, x, ei, w, e: m(x, ei)),
+    "sage_max_bipartite": (lambda: ug_nn.SAGEConv(6, 4, aggr="max"),
+                           lambda m, x, ei, w, e: m((x, x[:10]), torch.stack([ei[0], ei[1] % 10]))),
+    "gin": (lambda: ug_nn.GINConv(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(),
+                                                      torch.nn.Linear(8, 4)), train_eps=True),
+            lambda m, x, ei, w, e: m(x, ei)),
+    "gine": (lambda: ug_nn.GINEConv(torch.nn.Linear(6, 4), edge_dim=3), lambda m, x, ei, w, e: m(x, ei, e)),
+    "graph_conv_max": (lambda: ug_nn.GraphConv(6, 4, aggr="max"), lambda m, x, ei, w, e: m(x, ei, w)),
+}
+
+
+def layer_inputs(num_nodes: int = 12, num_edges: int = 40, seed: int = 0) -> List[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    edge_index = make_graph(num_nodes, num_edges, seed)
+    num_edges = edge_index.size(1)
+    return [torch.randn(num_nodes, 6, generator=generator), edge_index,
+            torch.rand(num_edges, generator=generator), torch.randn(num_edges, 3, generator=generator)]
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_layer_compiles_without_graph_breaks(name):
+    factory, forward = LAYERS[name]
+    torch.manual_seed(0)
+    check_compiled(factory(), forward, layer_inputs())
+
+
+def test_two_layer_model_in_training_mode():
+    """A model as users write one, GAT attention dropout off, ReLU and dropout between layers."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = ug_nn.GATConv(6, 4, heads=2)
+            self.conv2 = ug_nn.GCNConv(8, 3)
+
+        def forward(self, x, edge_index):
+            return self.conv2(F.dropout(F.relu(self.conv1(x, edge_index)), p=0.0, training=self.training),
+                              edge_index)
+
+    torch.manual_seed(0)
+    model = Net().train()
+    x, edge_index, _, _ = layer_inputs()
+    check_compiled(model, lambda m, x, ei: m(x, ei), [x, edge_index])
+
+
+def test_the_graph_is_prepared_once_per_graph(monkeypatch):
+    """The custom op finds its graph in the cache on the edge_index object: compiled calls on the
+    same graph build it once, a new graph builds its own."""
+    built = []
+    original = _graph.graph_of
+    monkeypatch.setattr(_graph, "graph_of", lambda *args: built.append(args[0].size(1)) or original(*args))
+    torch.manual_seed(0)
+    model = ug_nn.SAGEConv(6, 4)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x, edge_index, _, _ = layer_inputs()
+    for _ in range(3):
+        compiled(x, edge_index)
+    assert built == [edge_index.size(1)]
+    other = make_graph(12, 30, seed=5)
+    compiled(x, other)
+    assert built == [edge_index.size(1), other.size(1)]
+
+
+@pytest.mark.parametrize("name", ["gcn", "gat_edge_dim", "sage", "gine"])
+def test_dynamic_shapes_do_not_recompile_per_graph(name):
+    """dynamic=True: one graph for every graph size (self loops removed by GCN/GAT give a
+    data-dependent edge count, an unbacked size)."""
+    factory, forward = LAYERS[name]
+    torch.manual_seed(0)
+    model = factory()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(forward, fullgraph=True, backend=counter, dynamic=True)
+    compiled_at_first = None
+    for step, (num_nodes, num_edges) in enumerate([(12, 40), (15, 52), (9, 25), (20, 70), (11, 33)]):
+        inputs = layer_inputs(num_nodes, num_edges, seed=step)
+        expected = outputs_and_grads(model, forward, inputs)
+        got = outputs_and_grads(model, compiled, inputs)
+        for index, (a, b) in enumerate(zip(got, expected)):
+            assert_close(a, b, f"graph {step}, tensor {index}")
+        compiled_at_first = compiled_at_first or counter.frame_count
+    # GAT's trace-time constant (its slope) adds an empty graph on the first call; then nothing.
+    assert compiled_at_first <= 2 and counter.frame_count == compiled_at_first
+
+
+def test_default_compile_recompiles_a_bounded_number_of_times():
+    """Without dynamic=True, Dynamo's automatic dynamic shapes take over after one recompile."""
+    torch.manual_seed(0)
+    model = ug_nn.GCNConv(6, 4)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    for step, num_nodes in enumerate(range(10, 18)):
+        x, edge_index, _, _ = layer_inputs(num_nodes, 3 * num_nodes, seed=step)
+        assert_close(compiled(x, edge_index), model(x, edge_index), f"graph {step}")
+    assert counter.frame_count <= 2
+
+
+# -- a user's MessagePassing -----------------------------------------------------------------------
+class WeightedSum(ug.MessagePassing):
+    def forward(self, x, edge_index, edge_weight):
+        return self.propagate(edge_index, x=x, edge_weight=edge_weight)
+
+    def message(self, x_j, edge_weight):
+        return x_j * edge_weight.view(-1, 1)
+
+
+class Attention(ug.MessagePassing):
+    """Heads, broadcasting, an activation and a dot product, aggregated by max."""
+
+    def __init__(self):
+        super().__init__(aggr="max", node_dim=0)
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x, edge_index):
+        h = self.lin(x).view(-1, 2, 3)
+        return self.propagate(edge_index, x=h).flatten(1)
+
+    def message(self, x_i, x_j):
+        return F.leaky_relu(x_i + x_j, 0.2) * torch.sigmoid(x_j)
+
+
+def graph_targets(calls: List[set]) -> Callable:
+    """An ``aot_eager`` backend that records the call targets of every Dynamo graph."""
+    def backend(gm, example_inputs):
+        calls.append({node.target for node in gm.graph.nodes if node.op == "call_function"})
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+    return backend
+
+
+@pytest.mark.parametrize("cls, aggr", [(WeightedSum, "mean"), (Attention, None)], ids=["weighted_mean", "heads"])
+def test_captured_message_passing_compiles_to_the_fused_op(cls, aggr):
+    torch.manual_seed(0)
+    model = cls(aggr=aggr) if aggr else cls()
+    x, edge_index, weight, _ = layer_inputs()
+    if cls is WeightedSum:
+        forward, inputs = (lambda m, x, ei, w: m(x, ei, w)), [x, edge_index, weight]
+    else:
+        forward, inputs = (lambda m, x, ei: m(x, ei)), [x, edge_index]
+    outputs_and_grads(model, forward, inputs)  # eager, with the same argument signature
+    assert model.fallback_reason is None, model.fallback_reason
+    traces = model.trace_count
+    calls: List[set] = []
+    check_compiled(model, forward, inputs, backend=graph_targets(calls))
+    assert len(calls) == 1
+    targets = calls[0]
+    assert torch.ops.pyg_ugrapher.graph_op.default in targets
+    # The messages are never materialised: no gather of node rows per edge, no scatter.
+    gathers = {torch.index_select, torch.Tensor.index_select, torch.ops.aten.index_select.default}
+    assert not targets & gathers and not any("scatter" in str(t) for t in targets), targets
+    assert model.trace_count == traces  # the eager call's capture served the compiled trace
+
+
+def test_message_passing_traced_first_under_compile():
+    """The first call ever is compiled: message() is traced while Dynamo traces propagate()."""
+    torch.manual_seed(0)
+    model = WeightedSum(aggr="sum")
+    x, edge_index, weight, _ = layer_inputs()
+    check_compiled(model, lambda m, x, ei, w: m(x, ei, w), [x, edge_index, weight])
+    assert model.trace_count == 1 and model.fallback_reason is None

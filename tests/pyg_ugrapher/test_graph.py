@@ -1,0 +1,218 @@
+"""GraphTensor: construction, cached structures, CSR <-> user edge order, statistics, reordering and
+every validation error."""
+import numpy as np
+import pytest
+import torch
+from torch_geometric import EdgeIndex
+from torch_geometric.data import Data
+
+import pyg_ugrapher as ug
+from pyg_ugrapher import reference
+from pyg_ugrapher.graph import GraphTensor, index_dtype_for
+
+
+def _edge_set(src, dst):
+    return sorted(zip(src.tolist(), dst.tolist()))
+
+
+def test_from_edge_index_infers_sizes():
+    edge_index = torch.tensor([[0, 2, 3], [1, 1, 0]])
+    g = GraphTensor.from_edge_index(edge_index)
+    assert (g.num_src, g.num_dst, g.num_edges) == (4, 4, 3)
+    assert torch.equal(g.edge_index, edge_index)
+    assert not g.is_bipartite and "num_nodes=4" in repr(g)
+
+
+def test_from_edge_index_sizes_and_int32_input():
+    edge_index = torch.tensor([[0, 2, 3], [1, 1, 0]], dtype=torch.int32)
+    assert GraphTensor.from_edge_index(edge_index, 6).num_dst == 6
+    g = GraphTensor.from_edge_index(edge_index, (5, 2))
+    assert (g.num_src, g.num_dst) == (5, 2) and g.is_bipartite
+    assert g.src.dtype == torch.int64 and "num_src=5, num_dst=2" in repr(g)
+    assert GraphTensor.from_edge_index(edge_index, [5, 2]).num_src == 5
+
+
+def test_from_pyg_edge_index_and_data():
+    edge_index = torch.tensor([[0, 2, 3], [1, 1, 0]])
+    g = GraphTensor.from_edge_index(EdgeIndex(edge_index, sparse_size=(6, 3)))
+    assert (g.num_src, g.num_dst) == (6, 3)
+    assert type(g.src) is torch.Tensor
+    unsized = GraphTensor.from_edge_index(EdgeIndex(edge_index))
+    assert (unsized.num_src, unsized.num_dst) == (4, 4)
+    data = GraphTensor.from_data(Data(edge_index=edge_index, num_nodes=7))
+    assert (data.num_src, data.num_dst) == (7, 7)
+    with pytest.raises(ValueError, match="^data:"):
+        GraphTensor.from_data(Data(x=torch.zeros(3, 1)))
+
+
+def test_structures_are_cached(graph_factory):
+    g = graph_factory("mixed")
+    assert g.csr() is g.csr() and g.csr("cpu") is g.csr()
+    assert g.csc() is g.csc() and g.csc() is g.reverse().csr()
+    assert g.reverse() is g.reverse() and g.reverse().reverse() is g
+    assert g.reverse().csc() is g.csr()
+    assert g.coo() is g.coo()
+    assert g.stats() is g.stats()
+    assert g.chunks(4) is g.chunks(4) and g.chunks(4) is not g.chunks(8)
+    structure = g.structure()
+    assert structure[0] is g.csr().rowptr and structure[4] is g.csc().rowptr
+    assert all(a is b for a, b in zip(structure, g.structure()))
+
+
+def test_csr_round_trip(graph_case, graph_factory):
+    g = graph_factory(graph_case)
+    for graph in (g, g.reverse()):
+        csr = graph.csr()
+        rows = csr.rows.long()
+        eid = csr.eid.long()
+        assert csr.rowptr.numel() == graph.num_dst + 1 and csr.num_cols == graph.num_src
+        assert torch.equal(torch.sort(eid).values, torch.arange(graph.num_edges))
+        # Position p of the CSR is the user's edge eid[p]: same endpoints, rows sorted, and the
+        # user's order kept among the edges of one row (a stable sort).
+        assert torch.equal(csr.col.long(), graph.src[eid]) and torch.equal(rows, graph.dst[eid])
+        assert torch.all(rows[1:] >= rows[:-1])
+        same_row = rows[1:] == rows[:-1]
+        assert torch.all(eid[1:][same_row] > eid[:-1][same_row])
+        expanded = torch.repeat_interleave(torch.arange(graph.num_dst), csr.rowptr.diff().long())
+        assert torch.equal(expanded, rows)
+    assert _edge_set(g.csc().col.long(), g.csc().rows.long()) == _edge_set(g.dst, g.src)
+
+
+def test_index_dtype():
+    assert index_dtype_for(2**31 - 1, 2**31 - 1) == torch.int32
+    assert index_dtype_for(2**31, 5) == torch.int64
+    assert index_dtype_for(5, 2**31) == torch.int64
+    g = GraphTensor.from_edge_index(torch.tensor([[0, 1], [1, 0]]))
+    assert g.index_dtype == torch.int32
+    assert all(t.dtype == torch.int32 for t in g.structure())
+    wide = GraphTensor.from_edge_index(torch.tensor([[0, 1], [1, 0]]), index_dtype=torch.int64)
+    assert all(t.dtype == torch.int64 for t in wide.structure())
+    # Without building anything: a graph past int32 gets int64, and refuses a forced int32.
+    empty = torch.empty(0, dtype=torch.int64)
+    assert GraphTensor(empty, empty, 2**31, 4).index_dtype == torch.int64
+    with pytest.raises(ValueError, match="^index_dtype:"):
+        GraphTensor(empty, empty, 2**31, 4, index_dtype=torch.int32)
+    with pytest.raises(TypeError, match="^index_dtype:"):
+        GraphTensor(empty, empty, 3, 4, index_dtype=torch.float32)
+
+
+def _numpy_stats(degree: np.ndarray, num_edges: int):
+    d = degree.astype(np.float64)
+    std = d.std()
+    skew = ((d - d.mean()) ** 3).mean() / std ** 3 if std > 0 else 0.0
+    k = max(1, int(np.ceil(0.01 * d.size)))
+    top = np.sort(d)[::-1][:k].sum() / max(num_edges, 1)
+    return [d.mean(), std, d.max(), skew, top, (degree == 0).mean()]
+
+
+def test_stats_match_numpy(graph_case, graph_factory):
+    g = graph_factory(graph_case)
+    stats = g.stats()
+    assert (stats.num_rows, stats.num_cols, stats.num_edges) == (g.num_dst, g.num_src, g.num_edges)
+    in_degree = np.bincount(g.dst.numpy(), minlength=g.num_dst)
+    out_degree = np.bincount(g.src.numpy(), minlength=g.num_src)
+    for side, degree in ((stats.rows, in_degree), (stats.cols, out_degree)):
+        got = [side.mean, side.std, side.max, side.skew, side.top1_fraction, side.isolated_fraction]
+        np.testing.assert_allclose(got, _numpy_stats(degree, g.num_edges), rtol=1e-12, atol=1e-12)
+    assert torch.equal(g.in_degree(), torch.from_numpy(in_degree))
+    assert torch.equal(g.out_degree(), torch.from_numpy(out_degree))
+
+
+def test_stats_of_empty_vertex_set():
+    g = GraphTensor.from_edge_index(torch.empty(2, 0, dtype=torch.int64), 0)
+    assert g.stats().rows.mean == 0.0 and g.stats().num_edges == 0
+
+
+def test_chunk_table(graph_factory):
+    g = graph_factory("hub")
+    rowptr = g.csr().rowptr.long()
+    rows, starts = (t.long() for t in g.chunks(4))
+    ends = torch.minimum(starts + 4, rowptr[rows + 1])
+    lengths = ends - starts
+    # Every row has a chunk, the chunks of a row tile its edges, and chunks come longest first.
+    assert set(rows.tolist()) == set(range(g.num_dst))
+    covered = torch.zeros(g.num_edges, dtype=torch.int64)
+    for start, end in zip(starts.tolist(), ends.tolist()):
+        covered[start:end] += 1
+    assert torch.equal(covered, torch.ones_like(covered))
+    assert torch.all(lengths[1:] <= lengths[:-1]) and lengths.max() <= 4
+    with pytest.raises(ValueError, match="^group_size:"):
+        g.chunks(0)
+
+
+@pytest.mark.parametrize("method", ["rcm", "degree"])
+def test_reorder(method, graph_factory):
+    g = graph_factory("mixed")
+    new, perm = g.reorder(method)
+    n = g.num_src
+    assert torch.equal(torch.sort(perm).values, torch.arange(n))
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(n)
+    # Same edges in the same order, relabelled.
+    assert torch.equal(perm[new.src], g.src) and torch.equal(perm[new.dst], g.dst)
+    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(g.num_edges, 3, generator=torch.Generator().manual_seed(1))
+    for name in ("u_mul_e_sum", "copy_u_max", "u_sub_v"):
+        op = ug.OpInfo.from_name(name)
+        args = [x if kind == "src_v" else w if kind == "edge" else x for kind in op.inputs]
+        moved = [x[perm] if kind != "edge" else w for kind in op.inputs]
+        out = reference.execute(g, op, args)
+        out_new = reference.execute(new, op, moved)
+        expected = out_new if op.gather_op is None else out_new[inverse]
+        assert torch.allclose(expected, out, atol=1e-6)
+
+
+def test_degree_reorder_puts_hub_first(graph_factory):
+    g = graph_factory("hub")
+    _, perm = g.reorder("degree")
+    degree = (g.in_degree() + g.out_degree())[perm]
+    assert perm[0] == 0 and torch.all(degree[1:] <= degree[:-1])
+
+
+def test_rcm_narrows_a_shuffled_path():
+    # A path whose labels were shuffled: RCM must give it back bandwidth 1.
+    n = 30
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    src, dst = order[:-1], order[1:]
+    g = GraphTensor.from_edge_index(torch.stack([torch.cat([src, dst]), torch.cat([dst, src])]), n)
+    new, _ = g.reorder("rcm")
+    assert (new.src - new.dst).abs().max() == 1
+
+
+def test_reorder_errors(graph_factory):
+    with pytest.raises(ValueError, match="^method:.*bipartite"):
+        graph_factory("bipartite").reorder()
+    with pytest.raises(ValueError, match="^method:"):
+        graph_factory("mixed").reorder("metis")
+
+
+@pytest.mark.parametrize("build,error,field", [
+    (lambda: GraphTensor.from_edge_index([[0, 1], [1, 0]]), TypeError, "edge_index"),
+    (lambda: GraphTensor.from_edge_index(torch.zeros(3, 4, dtype=torch.int64)), ValueError, "edge_index"),
+    (lambda: GraphTensor.from_edge_index(torch.zeros(2, 3, 1, dtype=torch.int64)), ValueError, "edge_index"),
+    (lambda: GraphTensor.from_edge_index(torch.zeros(2, 3)), TypeError, "edge_index"),
+    (lambda: GraphTensor.from_edge_index(torch.zeros(2, 3, dtype=torch.bool)), TypeError, "edge_index"),
+    (lambda: GraphTensor.from_edge_index(torch.tensor([[0, 5], [1, 0]]), 4), ValueError, "edge_index"),
+    (lambda: GraphTensor.from_edge_index(torch.tensor([[0, 1], [1, 4]]), (5, 4)), ValueError, "edge_index"),
+    (lambda: GraphTensor.from_edge_index(torch.tensor([[0, -1], [1, 0]]), 4), ValueError, "edge_index"),
+    (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), -2), ValueError, "num_nodes"),
+    (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), True), TypeError, "num_nodes"),
+    (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), 2.0), TypeError, "num_nodes"),
+    (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), (2, 2, 2)), ValueError, "num_nodes"),
+    (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), (2, None)), TypeError, "num_nodes"),
+    (lambda: GraphTensor(torch.tensor([0, 1]), torch.tensor([1]), 2, 2), ValueError, "edge_index"),
+    (lambda: GraphTensor(torch.tensor([[0, 1]]), torch.tensor([[1, 0]]), 2, 2), ValueError, "edge_index"),
+    (lambda: GraphTensor([0, 1], torch.tensor([1, 0]), 2, 2), TypeError, "edge_index"),
+    (lambda: GraphTensor(torch.tensor([0, 1]), torch.tensor([1, 0], device="meta"), 2, 2), ValueError,
+     "edge_index"),
+])
+def test_validation_errors(build, error, field):
+    with pytest.raises(error, match=f"^{field}:"):
+        build()
+
+
+def test_as_graph_passes_graphs_through():
+    from pyg_ugrapher.graph import as_graph
+    g = GraphTensor.from_edge_index(torch.tensor([[0], [1]]))
+    assert as_graph(g) is g
+    assert as_graph(torch.tensor([[0], [1]]), (3, 2)).num_src == 3

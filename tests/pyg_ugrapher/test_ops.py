@@ -1,0 +1,133 @@
+"""``ug.compute``: argument checking, where it runs, and ``torch.compile`` without graph breaks,
+forward and backward."""
+import pytest
+import torch
+
+import pyg_ugrapher as ug
+from pyg_ugrapher import reference
+from pyg_ugrapher.ops import observe
+
+
+@pytest.fixture
+def graph(graph_factory):
+    return graph_factory("mixed")
+
+
+def _inputs(graph, width=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(graph.num_src, width, generator=gen), torch.randn(graph.num_edges, width, generator=gen)
+
+
+def test_names_ops_and_edge_index(graph, check_close):
+    x, w = _inputs(graph)
+    expected = reference.execute(graph, ug.OpInfo.from_name("u_mul_e_sum"), [x, w])
+    check_close(ug.compute(graph, "u_mul_e_sum", x, w), expected)
+    check_close(ug.compute(graph, ug.OpInfo.from_name("u_mul_e_sum"), lhs=x, rhs=w), expected)
+    check_close(ug.compute(graph.edge_index, "u_mul_e_sum", x, w, num_nodes=graph.num_src), expected)
+    op = ug.OpInfo(ug.Expr.input(0) * ug.Expr.input(1), "sum", operands=("src_v", "edge"))
+    check_close(ug.compute(graph, op, operands=[x, w]), expected)
+
+
+def test_observers_see_every_call(graph):
+    x, w = _inputs(graph)
+    calls = []
+    info = ug.ParallelInfo("edge", block_f=4)
+    with observe(calls.append):
+        ug.compute(graph, "u_mul_e_sum", x, w, parallel_info=info)
+    ug.compute(graph, "copy_u_sum", x)
+    assert len(calls) == 1 and calls[0].op.name == "u_mul_e_sum" and calls[0].parallel_info == info
+    assert calls[0].graph is graph and calls[0].layout.message_shape == (4,)
+
+
+@pytest.mark.parametrize("call,error,field", [
+    (lambda g, x, w: ug.compute(g, 3, x, w), TypeError, "op"),
+    (lambda g, x, w: ug.compute(g, "u_pow_e_sum", x, w), ValueError, "name"),
+    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w, parallel_info="vertex"), TypeError, "parallel_info"),
+    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x), ValueError, "rhs"),
+    (lambda g, x, w: ug.compute(g, "copy_u_sum", x, w), ValueError, "rhs"),
+    (lambda g, x, w: ug.compute(g, "copy_u_sum", x, operands=[x]), ValueError, "operands"),
+    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, x), ValueError, "rhs"),
+    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x[:3], w), ValueError, "lhs"),
+    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x.long(), w), TypeError, "lhs"),
+    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w.to(torch.complex64)), TypeError, "rhs"),
+    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w.tolist()), TypeError, "rhs"),
+    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", torch.tensor(1.0), w), ValueError, "lhs"),
+    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w.to("meta")), ValueError, "rhs"),
+    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w[:, :3]), ValueError, "rhs"),
+    (lambda g, x, w: ug.compute(g, "u_dot_v", x, x[:, :1]), ValueError, "rhs"),
+    (lambda g, x, w: ug.compute(g, "u_add_v", x, x, parallel_info=ug.ParallelInfo("group")), ValueError,
+     "strategy"),
+    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w, parallel_info=ug.ParallelInfo("edge", block_f=8)),
+     ValueError, "block_f"),
+    (lambda g, x, w: ug.compute(g, ug.OpInfo(ug.Expr.input(0), "sum", operands=("src_v",)), x), ValueError,
+     "lhs"),
+    (lambda g, x, w: ug.compute(g, ug.OpInfo(ug.Expr.input(0), "sum", operands=("src_v",)), operands=[x, w]),
+     ValueError, "operands"),
+])
+def test_argument_errors(graph, call, error, field):
+    x, w = _inputs(graph)
+    with pytest.raises(error, match=f"^{field}:"):
+        call(graph, x, w)
+
+
+def test_explicit_schedule_runs_the_backward_too(monkeypatch, graph):
+    """An explicit schedule runs the backward ops where it is valid for them."""
+    from pyg_ugrapher import ops
+    seen = []
+    run = ops.triton_kernels.run
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(ops.triton_kernels, "run", lambda op, layout, g, xs, info, dtype: seen.append(info)
+                        or run(op, layout, g, xs, info, dtype))
+    x, w = _inputs(graph)
+    x.requires_grad_()
+    info = ug.ParallelInfo("edge", block_e=16, block_f=4)
+    ug.compute(graph, "u_mul_e_sum", x, w, parallel_info=info).sum().backward()
+    assert seen == [info, info]
+
+
+def test_cpu_default_is_the_reference(monkeypatch, graph):
+    import triton_kernels
+    monkeypatch.setattr(triton_kernels, "run", lambda *args: pytest.fail("a kernel ran without the interpreter"))
+    x, w = _inputs(graph)
+    ug.compute(graph, "u_mul_e_max", x, w)
+
+
+MUL, MAX, DOT = (ug.OpInfo.from_name(n) for n in ("u_mul_e_sum", "copy_u_max", "u_dot_v"))
+
+
+def test_torch_compile_without_graph_breaks(graph_factory, check_close):
+    """fullgraph=True fails on any graph break; a second graph of another size reuses the
+    compiled function (the graph is just tensors)."""
+    torch._dynamo.reset()
+    weight = torch.randn(4, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+
+    def layer(graph, x, w):
+        h = ug.compute(graph, MUL, x @ weight, w)
+        return ug.compute(graph, MAX, torch.relu(h)) + ug.compute(graph, DOT, h, h).sum()
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager", dynamic=True)
+    for case in ("mixed", "hub"):
+        graph = graph_factory(case)
+        graph.structure()  # built outside: see test_torch_compile_builds_structures
+        x, w = _inputs(graph, seed=1)
+        x.requires_grad_()
+        out = compiled(graph, x, w)
+        (dx, dweight) = torch.autograd.grad(out.square().sum(), [x, weight])
+        x_ref = x.detach().requires_grad_()
+        ref = layer(graph, x_ref, w)
+        (dx_ref, dweight_ref) = torch.autograd.grad(ref.square().sum(), [x_ref, weight])
+        check_close(out.detach(), ref.detach(), context=case)
+        check_close(dx, dx_ref, context=case)
+        check_close(dweight, dweight_ref, context=case)
+
+
+@pytest.mark.parametrize("by_name", [True, False])
+def test_torch_compile_builds_structures(by_name, graph_factory, check_close):
+    """An op given by name and a graph whose structure is not built yet compile without a graph
+    break: names are looked up in a table, the structure is built by an op inside the graph."""
+    torch._dynamo.reset()
+    graph = graph_factory("mixed")
+    x, w = _inputs(graph)
+    out = torch.compile(lambda g, x, w: ug.compute(g, "u_mul_e_sum" if by_name else MUL, x, w), fullgraph=True,
+                        backend="aot_eager")(graph, x, w)
+    check_close(out, reference.execute(graph, MUL, [x, w]))
