@@ -1,0 +1,184 @@
+r"""Leave-graphs-out cross-validation of the cost model: ``python -m autotune evaluate``.
+
+Graphs are dealt into ``folds`` groups (seeded); each fold trains on the other graphs' rows and
+predicts its own, so every prediction is for a graph the model never saw. For every case (graph,
+operator, ``F``, dtype, GPU) with measured schedules :math:`S`:
+
+.. math::
+    \text{ratio}(c) = t_c / \min_{s \in S} t_s
+
+is reported for three choices :math:`c`, restricted to the measured schedules:
+
+* ``model``: the schedule with the lowest predicted time;
+* ``static``: the one schedule that is best for the training graphs, per (message creation or
+  gather, ``F``): the lowest geometric mean of the ratio over the training cases, among
+  schedules measured in at least 90% of them;
+* ``heuristic``: :func:`autotune.heuristic.heuristic`'s choice (always measured by ``collect``).
+
+Summaries (``summary.csv``): the geometric mean of the ratio and the fraction of cases within
+10% of the best, over all cases and over the power-law and uniform halves of the corpus
+(``family``). ``cases.csv`` holds every case; two plots show predicted against measured times
+and chosen against best times.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .collect import read_table
+from .features import frame_features
+from .train import CASE, fit, target, usable
+
+log = logging.getLogger(__name__)
+
+METHODS = ("model", "static", "heuristic")
+#: A static schedule must have been measured in this fraction of its training cases.
+_COVERAGE = 0.9
+
+
+def assign_folds(graphs: Sequence[str], folds: int, seed: int = 0) -> Dict[str, int]:
+    """Deal the graphs into ``folds`` groups at random (seeded); every fold gets one at least."""
+    if folds < 2:
+        raise ValueError(f"folds: needs at least 2, got {folds}")
+    names = sorted(set(graphs))
+    if len(names) < folds:
+        raise ValueError(f"folds: {folds} folds need as many graphs, the data has {len(names)}")
+    random.Random(seed).shuffle(names)
+    return {name: i % folds for i, name in enumerate(names)}
+
+
+def _ratios(rows: pd.DataFrame) -> pd.Series:
+    """Each row's time over the best time of its case."""
+    return rows["time_ms"] / rows.groupby("case")["time_ms"].transform("min")
+
+
+def static_choices(train: pd.DataFrame) -> Dict[tuple, str]:
+    """Per (message creation, F): the schedule with the best geometric-mean ratio over ``train``."""
+    train = train.assign(ratio=_ratios(train), message=train["gather"] == "none")
+    choices = {}
+    for key, group in train.groupby(["message", "F"]):
+        cases = group["case"].nunique()
+        stats = group.groupby("config")["ratio"].agg(logmean=lambda r: np.log(r).mean(), count="count")
+        stats = stats[stats["count"] >= _COVERAGE * cases]
+        if not stats.empty:
+            choices[key] = stats["logmean"].idxmin()
+    return choices
+
+
+def cross_validate(table: pd.DataFrame, folds: int = 5, n_estimators: Optional[int] = None,
+                   seed: int = 0, kind: str = "relative") -> pd.DataFrame:
+    """Held-out predictions: the rows of ``table`` that were timed, with ``target`` and ``pred``
+    (the model's target ``kind`` and its held-out prediction) and ``static`` (this row is its
+    fold's static choice) columns."""
+    rows = usable(table)
+    rows["case"] = rows.groupby(CASE, sort=False).ngroup()
+    rows["target"] = target(rows, kind)
+    fold_of = assign_folds(rows["graph"], folds, seed)
+    rows["fold"] = rows["graph"].map(fold_of)
+    rows["pred"] = np.nan
+    rows["static"] = False
+    for fold in range(folds):
+        test = rows["fold"] == fold
+        train = rows[~test]
+        model = fit(train, n_estimators, seed, kind)
+        rows.loc[test, "pred"] = model.predict(frame_features(rows[test]))
+        choices = static_choices(train)
+        keys = list(zip(rows.loc[test, "gather"] == "none", rows.loc[test, "F"]))
+        chosen = [choices.get(key) for key in keys]
+        rows.loc[test, "static"] = rows.loc[test, "config"].to_numpy() == np.array(chosen, dtype=object)
+        log.info("fold %d: %d test rows, %d train rows", fold, int(test.sum()), len(train))
+    return rows
+
+
+def case_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per case: best time and each method's ratio to it (NaN where a method's schedule
+    was not measured)."""
+    rows = rows.assign(ratio=_ratios(rows))
+    best = rows.groupby("case")["time_ms"].min().rename("best_ms")
+    picked = rows.loc[rows.groupby("case")["pred"].idxmin()].set_index("case")
+    out = rows.groupby("case")[CASE + ["family"]].first().join(best)
+    out["model"] = picked["ratio"]
+    out["model_ms"] = picked["time_ms"]
+    out["model_config"] = picked["config"]
+    for method, mask in (("static", rows["static"]), ("heuristic", rows["heuristic"] == 1)):
+        out[method] = rows[mask].groupby("case")["ratio"].min()
+    out["candidates"] = rows.groupby("case").size()
+    return out.reset_index()
+
+
+def summarize(cases: pd.DataFrame) -> pd.DataFrame:
+    """Geometric-mean ratio, fraction within 10% and case count per method and corpus half."""
+    records = []
+    for half in ("all", "power_law", "uniform"):
+        part = cases if half == "all" else cases[cases["family"] == half]
+        for method in METHODS:
+            ratio = part[method].dropna()
+            records.append({"half": half, "method": method, "cases": len(ratio),
+                            "geomean": float(np.exp(np.log(ratio).mean())) if len(ratio) else np.nan,
+                            "within_10pct": float((ratio <= 1.1).mean()) if len(ratio) else np.nan})
+    return pd.DataFrame(records)
+
+
+def plot(rows: pd.DataFrame, cases: pd.DataFrame, out: Path, kind: str = "relative") -> List[Path]:
+    """Predicted against measured time (every held-out row; relative to the case mean for the
+    ``relative`` target) and chosen against best time (every case); log-log scatter plots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    measured, predicted = np.exp(rows["target"]), np.exp(rows["pred"])
+    ax.scatter(measured, predicted, s=3, alpha=0.3)
+    _diagonal(ax, measured, predicted)
+    unit = "time (ms)" if kind == "log_time" else "time / geometric mean of its case"
+    ax.set(xscale="log", yscale="log", xlabel=f"measured {unit}", ylabel=f"predicted {unit}",
+           title="Held-out graphs: predicted vs measured")
+    paths.append(_save(fig, out / "predicted_vs_measured.png"))
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for half, marker in (("power_law", "o"), ("uniform", "s")):
+        part = cases[cases["family"] == half]
+        ax.scatter(part["best_ms"], part["model_ms"], s=8, alpha=0.5, marker=marker, label=half)
+    _diagonal(ax, cases["best_ms"], cases["model_ms"])
+    ax.set(xscale="log", yscale="log", xlabel="best measured time (ms)", ylabel="time of the model's choice (ms)",
+           title="Held-out graphs: chosen vs oracle")
+    ax.legend()
+    paths.append(_save(fig, out / "chosen_vs_oracle.png"))
+    return paths
+
+
+def _diagonal(ax, x: pd.Series, y: pd.Series) -> None:
+    low, high = min(x.min(), y.min()), max(x.max(), y.max())
+    ax.plot([low, high], [low, high], color="black", linewidth=0.8)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def evaluate(data: Sequence[os.PathLike], out: os.PathLike, folds: int = 5, n_estimators: Optional[int] = None,
+             seed: int = 0, kind: str = "relative") -> pd.DataFrame:
+    """Cross-validate a model of target ``kind`` on the tables under ``data``; write
+    ``cases.csv``, ``summary.csv`` and the plots to ``out``; return the summary."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = cross_validate(read_table(data), folds, n_estimators, seed, kind)
+    cases = case_table(rows)
+    summary = summarize(cases)
+    cases.to_csv(out / "cases.csv", index=False)
+    summary.to_csv(out / "summary.csv", index=False)
+    plot(rows, cases, out, kind)
+    print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return summary

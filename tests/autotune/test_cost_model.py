@@ -1,0 +1,115 @@
+import json
+
+import numpy as np
+import pytest
+
+from autotune.cost_model import CostModel
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2, 2, size=(3000, 6)).astype(np.float32)
+    y = 2 * X[:, 0] + X[:, 1] ** 2 + 0.05 * rng.normal(size=3000)
+    return X[:2500], y[:2500], X[2500:], y[2500:]
+
+
+def _leaves(tree: dict) -> int:
+    return 1 if "leaf" in tree else sum(_leaves(child) for child in tree["children"])
+
+
+def _depth(tree: dict) -> int:
+    return 0 if "leaf" in tree else 1 + max(_depth(child) for child in tree["children"])
+
+
+def test_fit_predict_generalises(data):
+    X, y, X_test, y_test = data
+    model = CostModel(n_estimators=150, learning_rate=0.1, random_state=0).fit(X, y)
+    pred = model.predict(X_test)
+    r2 = 1 - ((pred - y_test) ** 2).sum() / ((y_test - y_test.mean()) ** 2).sum()
+    assert r2 > 0.95
+    importance = model.feature_importances_
+    assert importance.shape == (6,)
+    # The two informative features carry the splits.
+    assert importance[:2].sum() > importance[2:].sum()
+
+
+@pytest.mark.parametrize("suffix", [".json", ".ubj"])
+def test_save_load_round_trip(data, tmp_path, suffix):
+    X, y, X_test, _ = data
+    model = CostModel(n_estimators=20, num_leaves=15, min_child_samples=7, reg_lambda=0.5,
+                      random_state=3).fit(X, y, feature_name=[f"x{i}" for i in range(6)])
+    path = model.save_model(tmp_path / f"model{suffix}")
+    loaded = CostModel.load(path)
+    np.testing.assert_array_equal(loaded.predict(X_test), model.predict(X_test))
+    assert loaded.get_params() == model.get_params()
+    assert loaded.feature_names_ == [f"x{i}" for i in range(6)]
+
+
+def test_lightgbm_names_are_honoured(data):
+    X, y, _, _ = data
+    model = CostModel(n_estimators=17, num_leaves=5, max_depth=3, min_child_samples=40).fit(X, y)
+    booster = model.booster_
+    assert booster.num_boosted_rounds() == 17
+    trees = [json.loads(t) for t in booster.get_dump(dump_format="json", with_stats=True)]
+    assert len(trees) == 17
+    assert max(_leaves(t) for t in trees) <= 5
+    assert max(_depth(t) for t in trees) <= 3
+    # min_child_samples: with the squared error, a leaf's cover is its number of rows.
+    frame = booster.trees_to_dataframe()
+    assert frame.loc[frame["Feature"] == "Leaf", "Cover"].min() >= 40
+    params = model.xgboost_params()
+    assert params["grow_policy"] == "lossguide" and params["max_leaves"] == 5
+
+
+def test_eval_set_is_recorded(data):
+    X, y, X_test, y_test = data
+    model = CostModel(n_estimators=12).fit(X, y, eval_set=[(X_test, y_test)])
+    assert len(model.evals_result_["valid_0"]["rmse"]) == 12
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"n_estimators": 0}, ValueError, "n_estimators"),
+    ({"n_estimators": 2.5}, TypeError, "n_estimators"),
+    ({"learning_rate": 0.0}, ValueError, "learning_rate"),
+    ({"num_leaves": 1}, ValueError, "num_leaves"),
+    ({"max_depth": 0}, ValueError, "max_depth"),
+    ({"subsample": 1.5}, ValueError, "subsample"),
+    ({"colsample_bytree": 0}, ValueError, "colsample_bytree"),
+    ({"reg_lambda": -1.0}, ValueError, "reg_lambda"),
+    ({"objective": "poisson"}, ValueError, "objective"),
+    ({"random_state": "x"}, TypeError, "random_state"),
+    ({"backend": "catboost"}, ValueError, "backend"),
+])
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        CostModel(**kwargs)
+
+
+def test_lightgbm_backend_needs_lightgbm():
+    try:
+        import lightgbm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="lightgbm"):
+            CostModel(backend="lightgbm")
+    else:
+        assert CostModel(backend="lightgbm").backend == "lightgbm"
+
+
+def test_misuse_is_reported(data, tmp_path):
+    X, y, _, _ = data
+    with pytest.raises(ValueError, match="booster_"):
+        CostModel().predict(X)
+    with pytest.raises(ValueError, match="y:"):
+        CostModel().fit(X, y[:-1])
+    with pytest.raises(ValueError, match="X:"):
+        CostModel().fit(X[0], y[:1])
+    with pytest.raises(ValueError, match="y:"):
+        CostModel().fit(X, np.full_like(y, np.nan))
+    model = CostModel(n_estimators=2).fit(X, y)
+    with pytest.raises(ValueError, match="X: 5 columns"):
+        model.predict(X[:, :5])
+    with pytest.raises(ValueError, match="path"):
+        model.save_model(tmp_path / "model.txt")
+    with pytest.raises(FileNotFoundError, match="path"):
+        CostModel.load(tmp_path / "missing.json")

@@ -1,0 +1,111 @@
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from autotune import features as ft
+from autotune import selection
+from autotune.cost_model import CostModel
+from autotune.heuristic import heuristic
+from pyg_ugrapher.datasets import power_law_graph, uniform_graph
+from pyg_ugrapher.graph import GraphTensor
+from pyg_ugrapher.ir import OpInfo
+from pyg_ugrapher.parallel import ParallelInfo
+from triton_kernels.space import space
+
+GPU = ft.GpuInfo("test-gpu", 132, 90)
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    selection.clear_cache()
+    yield
+    selection.clear_cache()
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return [GraphTensor.from_edge_index(uniform_graph(200, 2000, seed=1), 200),
+            GraphTensor.from_edge_index(power_law_graph(200, 2000, seed=2), 200)]
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory, graphs):
+    """A model trained on a known cost: the best schedule has block_e = 16 and the fewest warps."""
+    frames = []
+    for graph in graphs:
+        for name, F in (("copy_u_sum", 64), ("u_add_v", 64), ("copy_u_max", 128)):
+            op = OpInfo.from_name(name)
+            infos, _ = ft.case_features(graph.stats(), op, F, 1, torch.float32, GPU)
+            columns = ft.case_columns(graph.stats(), op, F, 1, torch.float32, GPU)
+            frame = pd.DataFrame(ft.knob_columns(list(infos))).assign(**columns)
+            frames.append(frame)
+    table = pd.concat(frames, ignore_index=True)
+    cost = (np.log2(table["block_e"]) - 4) ** 2 + 0.1 * np.log2(table["num_warps"])
+    model = CostModel(n_estimators=60, num_leaves=31, min_child_samples=2).fit(
+        ft.frame_features(table), cost, feature_name=list(ft.FEATURES))
+    return model.save_model(tmp_path_factory.mktemp("model") / "model.json")
+
+
+def test_cpu_uses_the_heuristic_and_caches(graphs):
+    op = OpInfo.from_name("copy_u_sum")
+    graph = graphs[1]
+    choice = selection.select(graph, op, 64)
+    assert isinstance(choice, ParallelInfo)
+    assert choice == heuristic(graph.stats(), op, 64, on_gpu=False)
+    assert selection.select(graph, op, 64) is choice
+    assert selection.select(graph.csr(), op, 64, device="cpu") is choice  # same statistics, same key
+    assert len(selection._CACHE) == 1
+
+
+def test_no_model_falls_back_to_gpu_heuristic(graphs, monkeypatch, tmp_path):
+    monkeypatch.setenv(selection.MODEL_ENV, str(tmp_path / "absent.json"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    op = OpInfo.from_name("copy_u_sum")
+    stats = graphs[1].stats()
+    assert selection.select(stats, op, 64) == heuristic(stats, op, 64, on_gpu=True)
+
+
+def test_model_picks_the_predicted_best(graphs, model_file, monkeypatch):
+    monkeypatch.setenv(selection.MODEL_ENV, str(model_file))
+    monkeypatch.setattr(selection, "gpu_info", lambda device: GPU)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name, F in (("copy_u_sum", 64), ("u_add_v", 32), ("copy_u_mean", 256)):
+        op = OpInfo.from_name(name)
+        choice = selection.select(graphs[0].stats(), op, F, device="cuda")
+        assert choice in space(op, F)
+        assert choice.block_e == 16 and choice.num_warps == min(i.num_warps for i in space(op, F)
+                                                                 if i.block_e == 16)
+        assert selection.select(graphs[0].stats(), op, F, device="cuda") is choice
+
+
+def test_predict_best_matches_the_model(graphs, model_file):
+    booster = selection.load_booster(model_file)
+    assert selection.load_booster(model_file) is booster
+    op = OpInfo.from_name("copy_u_max")
+    stats = graphs[1].stats()
+    infos, matrix = ft.case_features(stats, op, 128, 1, torch.float32, GPU)
+    predicted = CostModel.load(model_file).predict(matrix)
+    assert selection.predict_best(booster, stats, op, 128, 1, torch.float32, GPU) == infos[int(np.argmin(predicted))]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback of a machine without CUDA")
+def test_cuda_statistics_without_cuda_use_the_gpu_heuristic(graphs):
+    """The shipped model is there, but no GPU to describe: the GPU rules decide."""
+    op = OpInfo.from_name("copy_u_max")
+    stats = graphs[0].stats()
+    assert selection.select(stats, op, 128) == heuristic(stats, op, 128, on_gpu=True)
+
+
+@pytest.mark.cuda
+def test_shipped_model_on_the_gpu(graphs):
+    assert selection.model_path().exists()
+    op = OpInfo.from_name("copy_u_sum")
+    choice = selection.select(graphs[1].stats(), op, 128, device="cuda")
+    assert choice in space(op, 128)
+
+
+def test_bad_width():
+    stats = GraphTensor.from_edge_index(uniform_graph(10, 20), 10).stats()
+    with pytest.raises(ValueError, match="F:"):
+        selection.select(stats, OpInfo.from_name("copy_u_sum"), 0)
