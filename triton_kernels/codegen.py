@@ -162,7 +162,9 @@ class Snippets:
         pointer = f"in{k}_ptr + {row} * in{k}_stride"
         if pattern != "scalar":
             pointer += f" + {self.feature_axes(_offset(pattern, f), feature_dims)}"
-            valid += f" & {self.feature_axes(fmask, feature_dims)}"
+            # ``where`` rather than ``&``: a row's ``live`` may be a scalar, and Triton 3.9's
+            # interpreter rejects the mask a scalar ``&`` a tensor gives.
+            valid = f"tl.where({valid}, {self.feature_axes(fmask, feature_dims)}, False)"
         return f"tl.load({pointer}, mask={valid}, other=0.0).to({self.acc})"
 
     def hoisted(self, indent: int) -> str:
