@@ -86,9 +86,8 @@ def schedule_for(op: OpInfo, layout: Layout, csr: CSR, dtype: torch.dtype, devic
     return select(csr, op, layout.message_width, dtype, reduce_size=layout.reduce_size, device=device)
 
 
-@torch.library.custom_op("pyg_ugrapher::graph_op", mutates_args=())
-def graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
-    """Run the serialised IR op ``op`` on a graph given by its structure list."""
+def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
+    """Run the serialised IR op ``op`` on a graph given by its structure list (no autograd)."""
     info = _op(op)
     layout = _layout_of(op, operands)
     device = operands[0].device
@@ -100,6 +99,12 @@ def graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule:
     dtype = reference.result_dtype(operands)
     chosen = schedule_for(info, layout, arrays.csr, dtype, device, schedule)
     return triton_kernels.run(info, layout, arrays, operands, chosen, dtype)
+
+
+@torch.library.custom_op("pyg_ugrapher::graph_op", mutates_args=())
+def graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
+    """:func:`run_graph_op` as a custom op: opaque to ``torch.compile``, differentiable."""
+    return run_graph_op(structure, operands, op, schedule)
 
 
 @graph_op.register_fake
@@ -128,6 +133,41 @@ def _backward(ctx, grad: Tensor):
 
 
 torch.library.register_autograd("pyg_ugrapher::graph_op", _backward, setup_context=_setup_context)
+
+
+class _EagerGraphOp(torch.autograd.Function):
+    """The same forward and backward as the custom op, for eager calls that need gradients.
+
+    Dispatching a custom op with registered autograd costs ~0.5 ms of Python per call (argument
+    flattening, dispatcher round trips), as much as the kernel on a graph of 1e5 edges. Outside
+    ``torch.compile`` this Function skips it; the backward's IR ops still go through
+    :func:`graph_op` (without autograd they are cheap).
+    """
+
+    @staticmethod
+    def forward(ctx, op: str, schedule: str, num_structure: int, *tensors: Tensor) -> Tensor:
+        structure, operands = list(tensors[:num_structure]), list(tensors[num_structure:])
+        out = run_graph_op(structure, operands, op, schedule)
+        ctx.op, ctx.schedule, ctx.num_structure = op, schedule, num_structure
+        ctx.save_for_backward(*structure, *operands, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        saved = ctx.saved_tensors
+        structure = list(saved[:ctx.num_structure])
+        operands = list(saved[ctx.num_structure:-1])
+        needed = ctx.needs_input_grad[3 + ctx.num_structure:]
+        grads = operand_grads(structure, operands, saved[-1], grad, ctx.op, ctx.schedule, needed)
+        return (None, None, None) + (None,) * ctx.num_structure + tuple(grads)
+
+
+def differentiable_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
+    """:func:`graph_op` with autograd, through :class:`_EagerGraphOp` where that is cheaper."""
+    if (torch.compiler.is_compiling() or not torch.is_grad_enabled()
+            or not any(t.requires_grad for t in operands)):
+        return graph_op(structure, operands, op, schedule)
+    return _EagerGraphOp.apply(op, schedule, len(structure), *structure, *operands)
 
 
 def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, grad: Tensor, op_text: str,
@@ -296,4 +336,4 @@ def compute(graph: Union[GraphTensor, Tensor], op: Union[OpInfo, str], lhs: Opti
         schedule = parallel_info.serialize()
     for callback in _OBSERVERS:
         callback(Call(graph, op, tuple(tensors), layout, parallel_info))
-    return graph_op(graph.structure(tensors[0].device), tensors, op.serialize(), schedule)
+    return differentiable_graph_op(graph.structure(tensors[0].device), tensors, op.serialize(), schedule)
