@@ -1,42 +1,19 @@
 """``ug.MessagePassing`` against PyG's own ``MessagePassing``: the same user class, run through both,
 must give the same outputs and gradients, captured (fused op) or not (PyG's path)."""
-import os
-import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch_geometric import EdgeIndex
+from torch_geometric.nn import MessagePassing as PyGMessagePassing
+from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation
+from torch_geometric.typing import SparseTensor
+from torch_geometric.utils import scatter
 
-
-def _import_triton_interpretable() -> None:
-    """Import Triton in interpreter mode without making the interpreter the default (Triton decides
-    at import; ``triton_kernels`` reads ``TRITON_INTERPRET`` at every call), unless something
-    imported Triton already or there is a GPU."""
-    if "triton" in sys.modules or torch.cuda.is_available():
-        return
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        import triton.language  # noqa: F401
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
-
-
-_import_triton_interpretable()
-
-from torch_geometric import EdgeIndex  # noqa: E402
-from torch_geometric.nn import MessagePassing as PyGMessagePassing  # noqa: E402
-from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation  # noqa: E402
-from torch_geometric.typing import SparseTensor  # noqa: E402
-from torch_geometric.utils import scatter  # noqa: E402
-
-import pyg_ugrapher as ug  # noqa: E402
-import triton_kernels  # noqa: E402
+import pyg_ugrapher as ug
+import triton_kernels
 
 RTOL = 1e-5
 
