@@ -25,7 +25,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import triton
 from torch import Tensor
@@ -286,9 +286,6 @@ def _indent(lines: List[str], width: int) -> str:
 
 
 # -- compiling generated modules --------------------------------------------------------------
-_MODULES: Dict[Tuple[str, bool], object] = {}
-
-
 def cache_dir() -> Path:
     """Where generated kernels are written: ``$PYG_UGRAPHER_CACHE/kernels`` or
     ``~/.cache/pyg_ugrapher/kernels``."""
@@ -315,24 +312,18 @@ def interpreting() -> bool:
 
 
 def load_kernel(source: str):
-    """Write ``source`` to the cache folder (named by its hash) and return its ``kernel``.
-
-    Modules are cached per source and per interpreter mode: Triton decides at decoration time
-    whether a function is compiled or interpreted.
-    """
-    key = (source, interpreting())
-    module = _MODULES.get(key)
-    if module is None:
-        digest = hashlib.sha256(source.encode()).hexdigest()[:24]
-        path = cache_dir() / f"ug_{digest}.py"
-        if not path.exists() or path.read_text() != source:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(source)
-            os.replace(tmp, path)
-        name = f"pyg_ugrapher_generated.ug_{digest}_{int(key[1])}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        _MODULES[key] = module
+    """Write ``source`` to the cache folder (named by its hash), import it and return its
+    ``kernel``. Uncached: the dispatcher keeps one kernel per spec and interpreter mode (Triton
+    decides at decoration time whether a function is compiled or interpreted)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    path = cache_dir() / f"ug_{digest}.py"
+    if not path.exists() or path.read_text() != source:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    name = f"pyg_ugrapher_generated.ug_{digest}_{int(interpreting())}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
     return module.kernel

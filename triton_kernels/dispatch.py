@@ -103,8 +103,8 @@ def kernel_source(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(template, spec: KernelSpec, interpreted: bool):
-    """The kernel of ``spec``, compiled or ``interpreted`` (generating its source costs ~60 us, as
-    much as a launch)."""
+    """The kernel of ``spec``, compiled or ``interpreted``: the one cache of generated kernels,
+    keyed by spec (generating the source again would cost ~60 us per call, as much as a launch)."""
     return load_kernel(template.source(spec))
 
 

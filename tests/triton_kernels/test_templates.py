@@ -152,6 +152,7 @@ def test_int64_offsets(strategy, name, monkeypatch, device, graph_factory, opera
     """The int64 offset path (row x stride past 2^31), forced by lowering the limit."""
     sources = []
     load = dispatch.load_kernel
+    dispatch._kernel.cache_clear()  # every kernel of this test is generated (and seen) afresh
     monkeypatch.setattr(dispatch, "_INT32_LIMIT", 0)
     monkeypatch.setattr(dispatch, "load_kernel", lambda source: sources.append(source) or load(source))
     graph = graph_factory("mixed")
