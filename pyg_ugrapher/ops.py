@@ -115,21 +115,28 @@ def _(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -
     return operands[0].new_empty((rows,) + layout.out_shape, dtype=reference.result_dtype(operands))
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    structure, operands, op, schedule = inputs
-    ctx.op, ctx.schedule = op, schedule
-    ctx.num_structure = len(structure)
-    ctx.save_for_backward(*structure, *operands, output)
+def _save(ctx, structure: Sequence[Tensor], operands: Sequence[Tensor], out: Tensor, op: str,
+          schedule: str) -> None:
+    """What both autograd paths keep for the backward pass."""
+    ctx.op, ctx.schedule, ctx.num_structure = op, schedule, len(structure)
+    ctx.save_for_backward(*structure, *operands, out)
 
 
-def _backward(ctx, grad: Tensor):
+def _saved_grads(ctx, grad: Tensor, needed: Sequence[bool]) -> List[Optional[Tensor]]:
+    """The operand gradients from what :func:`_save` kept."""
     saved = ctx.saved_tensors
     structure = list(saved[:ctx.num_structure])
     operands = list(saved[ctx.num_structure:-1])
-    out = saved[-1]
-    needed = ctx.needs_input_grad[1]
-    grads = operand_grads(structure, operands, out, grad, ctx.op, ctx.schedule, needed)
-    return [None] * len(structure), grads, None, None
+    return operand_grads(structure, operands, saved[-1], grad, ctx.op, ctx.schedule, needed)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    structure, operands, op, schedule = inputs
+    _save(ctx, structure, operands, output, op, schedule)
+
+
+def _backward(ctx, grad: Tensor):
+    return [None] * ctx.num_structure, _saved_grads(ctx, grad, ctx.needs_input_grad[1]), None, None
 
 
 torch.library.register_autograd("pyg_ugrapher::graph_op", _backward, setup_context=_setup_context)
@@ -146,19 +153,14 @@ class _EagerGraphOp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op: str, schedule: str, num_structure: int, *tensors: Tensor) -> Tensor:
-        structure, operands = list(tensors[:num_structure]), list(tensors[num_structure:])
-        out = run_graph_op(structure, operands, op, schedule)
-        ctx.op, ctx.schedule, ctx.num_structure = op, schedule, num_structure
-        ctx.save_for_backward(*structure, *operands, out)
+        structure, operands = tensors[:num_structure], tensors[num_structure:]
+        out = run_graph_op(list(structure), list(operands), op, schedule)
+        _save(ctx, structure, operands, out, op, schedule)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        saved = ctx.saved_tensors
-        structure = list(saved[:ctx.num_structure])
-        operands = list(saved[ctx.num_structure:-1])
-        needed = ctx.needs_input_grad[3 + ctx.num_structure:]
-        grads = operand_grads(structure, operands, saved[-1], grad, ctx.op, ctx.schedule, needed)
+        grads = _saved_grads(ctx, grad, ctx.needs_input_grad[3 + ctx.num_structure:])
         return (None, None, None) + (None,) * ctx.num_structure + tuple(grads)
 
 
