@@ -165,8 +165,9 @@ def test_int64_offsets(strategy, name, monkeypatch, device, graph_factory, opera
 
 @pytest.mark.parametrize("strategy", ["vertex", "edge", "group"])
 def test_narrow_and_strided_edge_operands(strategy, device, graph_factory, check_close, isolated):
-    """Edge operands of at most four features are read in CSR order (permuted, cached); wider ones
-    through the edge id. Operands may be non-contiguous views."""
+    """Edge operands are read through the edge id on first use (narrow ones in CSR order once
+    reused: see test_reused_narrow_edge_operand); operands may be non-contiguous views, and an
+    in-place write is seen."""
     graph = graph_factory("hub")
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(graph.num_src, 8, generator=gen).to(device)
@@ -180,6 +181,28 @@ def test_narrow_and_strided_edge_operands(strategy, device, graph_factory, check
     narrow.mul_(2)  # in place: the cached CSR-ordered copy must not be reused
     second = ug.compute(graph, op, x, narrow, parallel_info=ug.ParallelInfo(strategy, block_f=8))
     check_close(second, 2 * first)
+
+
+@pytest.mark.parametrize("strategy,name", [("vertex", "u_mul_e_sum"), ("edge", "u_mul_e_max"),
+                                           ("group", "e_sub_v_mean"), ("vertex", "e_add_v")])
+def test_reused_narrow_edge_operand(strategy, name, graph_case, device, graph_factory, check_close, isolated,
+                                    monkeypatch):
+    """A narrow edge operand seen a second time is read in CSR order (permuted once): both reads
+    equal the reference, on every graph case."""
+    graph = graph_factory(graph_case)
+    gen = torch.Generator().manual_seed(3)
+    op = OpInfo.from_name(name)
+    rows = {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}
+    operands = [torch.randn(rows[kind], 4, generator=gen).to(device) for kind in op.inputs]
+    permuted = []
+    permute = dispatch.in_csr_order
+    monkeypatch.setattr(dispatch, "in_csr_order", lambda t, eid: permuted.append(t) or permute(t, eid))
+    knobs = {"group_size": 4, "block_e": 2} if strategy == "group" else {}
+    info = ug.ParallelInfo(strategy, block_f=4, **knobs)
+    check(graph, op, operands, info, check_close, isolated, context="first read (through the edge id)")
+    assert not permuted
+    check(graph, op, operands, info, check_close, isolated, context="second read (CSR order)")
+    assert permuted
 
 
 def test_poison_catches_unwritten_outputs(monkeypatch, device, graph_factory, operand_factory):
