@@ -15,6 +15,7 @@ are cached on the graph's structure, so a repeated call costs one dictionary loo
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
 
@@ -51,15 +52,22 @@ def model_path() -> Path:
 def load_booster(path: Optional[Path] = None):
     """The XGBoost booster of ``path`` (default :func:`model_path`), loaded once and set to one
     thread (scoring a few hundred rows is faster than waking a thread pool); ``None`` if there
-    is no such file."""
+    is no such file or xgboost is not installed (with a warning)."""
     path = model_path() if path is None else Path(path)
     if path not in _BOOSTERS:
         if not path.exists():
             return None
         from .cost_model import CostModel
 
-        booster = CostModel.load(path).booster_
-        booster.set_param({"nthread": 1})
+        try:
+            booster = CostModel.load(path).booster_
+        except ImportError as error:
+            # A GPU machine without xgboost still runs, on the heuristic's schedules.
+            warnings.warn(f"cannot load the cost model {path} ({error}); schedules come from the "
+                          f"heuristic", RuntimeWarning, stacklevel=2)
+            booster = None
+        else:
+            booster.set_param({"nthread": 1})
         _BOOSTERS[path] = booster
     return _BOOSTERS[path]
 

@@ -33,6 +33,9 @@ from .parallel import ParallelInfo
 
 AUTO = "auto"
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: How a backward step runs an IR op: :func:`graph_op` (traceable, differentiable) or
+#: :func:`run_graph_op` (eager, cheapest).
+Runner = Callable[[List[Tensor], List[Tensor], str, str], Tensor]
 
 
 @lru_cache(maxsize=4096)
@@ -77,13 +80,20 @@ def uses_triton(device: torch.device) -> bool:
     return device.type == "cuda" or triton_kernels.interpreting()
 
 
+@lru_cache(maxsize=None)
+def _selector() -> Callable[..., ParallelInfo]:
+    # autotune imports this package: import it on first use, once (an import statement per call
+    # costs microseconds that every operator call would pay).
+    from autotune.selection import select
+    return select
+
+
 def schedule_for(op: OpInfo, layout: Layout, csr: CSR, dtype: torch.dtype, device: torch.device,
                  text: str = AUTO) -> ParallelInfo:
     """The schedule named by ``text``, or the one the cost model picks for this call."""
     if text != AUTO:
         return ParallelInfo.deserialize(text)
-    from autotune import select
-    return select(csr, op, layout.message_width, dtype, reduce_size=layout.reduce_size, device=device)
+    return _selector()(csr, op, layout.message_width, dtype, reduce_size=layout.reduce_size, device=device)
 
 
 def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
@@ -122,12 +132,12 @@ def _save(ctx, structure: Sequence[Tensor], operands: Sequence[Tensor], out: Ten
     ctx.save_for_backward(*structure, *operands, out)
 
 
-def _saved_grads(ctx, grad: Tensor, needed: Sequence[bool]) -> List[Optional[Tensor]]:
+def _saved_grads(ctx, grad: Tensor, needed: Sequence[bool], run: Runner) -> List[Optional[Tensor]]:
     """The operand gradients from what :func:`_save` kept."""
     saved = ctx.saved_tensors
     structure = list(saved[:ctx.num_structure])
     operands = list(saved[ctx.num_structure:-1])
-    return operand_grads(structure, operands, saved[-1], grad, ctx.op, ctx.schedule, needed)
+    return operand_grads(structure, operands, saved[-1], grad, ctx.op, ctx.schedule, needed, run)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -136,7 +146,8 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grad: Tensor):
-    return [None] * ctx.num_structure, _saved_grads(ctx, grad, ctx.needs_input_grad[1]), None, None
+    # Traced by torch.compile: the backward's IR ops must be custom ops too.
+    return [None] * ctx.num_structure, _saved_grads(ctx, grad, ctx.needs_input_grad[1], graph_op), None, None
 
 
 torch.library.register_autograd("pyg_ugrapher::graph_op", _backward, setup_context=_setup_context)
@@ -145,10 +156,10 @@ torch.library.register_autograd("pyg_ugrapher::graph_op", _backward, setup_conte
 class _EagerGraphOp(torch.autograd.Function):
     """The same forward and backward as the custom op, for eager calls that need gradients.
 
-    Dispatching a custom op with registered autograd costs ~0.5 ms of Python per call (argument
-    flattening, dispatcher round trips), as much as the kernel on a graph of 1e5 edges. Outside
-    ``torch.compile`` this Function skips it; the backward's IR ops still go through
-    :func:`graph_op` (without autograd they are cheap).
+    Dispatching a custom op costs ~0.5 ms of host time per call on the H100 machine (argument
+    flattening, dispatcher round trips, the aliasing check of its outputs), as much as the kernel
+    on a graph of 1e6 edges. Outside ``torch.compile`` this Function skips it, and so do the
+    backward's IR ops unless a double backward needs them differentiable (``create_graph=True``).
     """
 
     @staticmethod
@@ -160,21 +171,26 @@ class _EagerGraphOp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        grads = _saved_grads(ctx, grad, ctx.needs_input_grad[3 + ctx.num_structure:])
+        run = graph_op if torch.is_grad_enabled() else run_graph_op
+        grads = _saved_grads(ctx, grad, ctx.needs_input_grad[3 + ctx.num_structure:], run)
         return (None, None, None) + (None,) * ctx.num_structure + tuple(grads)
 
 
 def differentiable_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
-    """:func:`graph_op` with autograd, through :class:`_EagerGraphOp` where that is cheaper."""
-    if (torch.compiler.is_compiling() or not torch.is_grad_enabled()
-            or not any(t.requires_grad for t in operands)):
+    """:func:`graph_op` with autograd; outside ``torch.compile`` without the custom op's dispatch
+    cost (see :class:`_EagerGraphOp`)."""
+    if torch.compiler.is_compiling():
         return graph_op(structure, operands, op, schedule)
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in operands):
+        return run_graph_op(structure, operands, op, schedule)
     return _EagerGraphOp.apply(op, schedule, len(structure), *structure, *operands)
 
 
+
 def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, grad: Tensor, op_text: str,
-                  schedule: str, needed: Sequence[bool]) -> List[Optional[Tensor]]:
-    """Gradients of every operand slot, each computed by IR ops (see :mod:`pyg_ugrapher.backward`)."""
+                  schedule: str, needed: Sequence[bool], run: Runner = graph_op) -> List[Optional[Tensor]]:
+    """Gradients of every operand slot, each computed by IR ops (see :mod:`pyg_ugrapher.backward`)
+    run through ``run``."""
     op = _op(op_text)
     layout = _layout_of(op_text, operands)
     reducible = tuple(kind == "edge" and pattern in ("head", "scalar")
@@ -189,8 +205,8 @@ def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, 
         if out.dtype in (torch.float16, torch.bfloat16):
             # Messages are compared in float32, so compare them with the float32 result (the
             # kernels upcast every operand on load, so this recomputes exactly that result).
-            values["out"] = graph_op(structure, [t.float() for t in operands], op_text, schedule)
-        count = _run_step(plan.count, structure, reversed_, operands, values, schedule)
+            values["out"] = run(structure, [t.float() for t in operands], op_text, schedule)
+        count = _run_step(plan.count, structure, reversed_, operands, values, schedule, run)
         values["grad"] = grad / count.clamp_min(1).to(grad.dtype)
     else:
         values["grad"] = grad
@@ -199,17 +215,17 @@ def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, 
         if not needed[slot]:
             grads.append(None)
             continue
-        result = _run_step(step, structure, reversed_, operands, values, schedule)
+        result = _run_step(step, structure, reversed_, operands, values, schedule, run)
         grads.append(_sum_to(result, tensor, layout))
     return grads
 
 
 def _run_step(step: GradStep, structure: List[Tensor], reversed_: List[Tensor], operands: List[Tensor],
-              values: dict, schedule: str) -> Tensor:
+              values: dict, schedule: str, run: Runner) -> Tensor:
     inputs = [operands[s] if isinstance(s, int) else values[s] for s in step.sources]
     graph = reversed_ if step.reverse else structure
     step_schedule = _inherit(schedule, step.op, inputs)
-    return graph_op(graph, inputs, step.op.serialize(), step_schedule)
+    return run(graph, inputs, step.op.serialize(), step_schedule)
 
 
 def _inherit(schedule: str, op: OpInfo, inputs: Sequence[Tensor]) -> str:
@@ -257,6 +273,18 @@ def observe(callback: Callable[[Call], None]) -> Iterator[None]:
     finally:
         _OBSERVERS.remove(callback)
 
+
+
+def notify(graph: GraphTensor, op: OpInfo, tensors: Sequence[Tensor], layout: Optional[Layout] = None,
+           parallel_info: Optional[ParallelInfo] = None) -> None:
+    """Tell the observers of :func:`observe` about one operator call (``compute`` does; so do the
+    fused functions that run IR ops themselves)."""
+    if not _OBSERVERS:
+        return
+    if layout is None:
+        layout = infer_layout(op, [t.shape for t in tensors])
+    for callback in _OBSERVERS:
+        callback(Call(graph, op, tuple(tensors), layout, parallel_info))
 
 
 def _slot_tensors(op: OpInfo, lhs: Optional[Tensor], rhs: Optional[Tensor],
@@ -336,6 +364,5 @@ def compute(graph: Union[GraphTensor, Tensor], op: Union[OpInfo, str], lhs: Opti
     if parallel_info is not None:
         parallel_info.validate_for(op.gather_op, layout.message_width)
         schedule = parallel_info.serialize()
-    for callback in _OBSERVERS:
-        callback(Call(graph, op, tuple(tensors), layout, parallel_info))
+    notify(graph, op, tensors, layout, parallel_info)
     return differentiable_graph_op(graph.structure(tensors[0].device), tensors, op.serialize(), schedule)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
 import pytest
 import torch
 
@@ -48,17 +49,26 @@ import triton_kernels  # noqa: E402
 from triton_kernels import dispatch  # noqa: E402
 
 CUDA = torch.cuda.is_available()
+#: Triton's interpreter turns 1-element arrays into Python ints, which NumPy 2.4 refuses (the
+#: project pins ``numpy<2.4``; a GPU machine may bring a newer one).
+INTERPRETER_NUMPY_OK = tuple(int(p) for p in np.__version__.split(".")[:2]) < (2, 4)
 
 
 # -- markers -------------------------------------------------------------------------------------
 def pytest_collection_modifyitems(config, items):
-    """Skip ``cuda`` tests on a machine without a GPU."""
-    if CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+    """Skip ``cuda`` tests on a machine without a GPU, and tests that need Triton's interpreter
+    where NumPy is too new for it."""
+    skips = []
+    if not CUDA:
+        skips.append((lambda item: "cuda" in item.keywords,
+                      pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")))
+    if not INTERPRETER_NUMPY_OK:
+        skips.append((_needs_interpreter, pytest.mark.skip(
+            reason=f"Triton's interpreter needs numpy<2.4, found {np.__version__}")))
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        for applies, skip in skips:
+            if applies(item):
+                item.add_marker(skip)
 
 
 # -- where compute runs --------------------------------------------------------------------------

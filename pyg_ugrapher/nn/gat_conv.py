@@ -10,6 +10,7 @@ from torch_geometric.utils import add_self_loops, remove_self_loops, to_edge_ind
 from torch_geometric.utils.loop import compute_loop_attr
 from torch_geometric.utils.sparse import set_sparse_value
 
+from ..attention import EPSILON, softmax_aggregate
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._graph import (Graph, adjacency, check_eager, check_features, derived, edge_tensor, gather_op, graph_of,
@@ -263,17 +264,13 @@ class GATConv(MessagePassing):
             kinds += ("edge",)
 
         logits = run(graph, score_op, (kinds, self._negative_slope), operands)
-        shift = run(graph, named, ("copy_e_max",), [logits.detach()])
-        numer = run(graph, exp_shifted, (), [logits, shift])
-        # PyG's 1e-16 keeps destinations without edges finite (and their gradients 0).
-        denom = run(graph, named, ("copy_e_sum",), [numer]) + 1e-16
-        if return_attention_weights or (self.training and self.dropout > 0):
-            alpha = run(graph, named, ("e_div_v",), [numer, denom])
-            alpha = F.dropout(alpha, p=self.dropout, training=self.training)
-            out = run(graph, named, (f"u_mul_e_{self._gather}",), [x_src, alpha.unsqueeze(-1)])
+        if graph.structure is None and self._gather == "sum" and not return_attention_weights:
+            keep = None
+            if self.training and self.dropout > 0:
+                keep = F.dropout(torch.ones_like(logits), p=self.dropout, training=True)
+            out = softmax_aggregate(graph.tensor, logits, x_src, keep)
         else:
-            out = run(graph, weighted_source, (self._gather,),
-                      [x_src, numer.unsqueeze(-1), denom.reciprocal().unsqueeze(-1)])
+            out, alpha = self._attend(graph, logits, x_src, return_attention_weights)
 
         if self.concat:
             out = out.view(-1, H * C)
@@ -289,6 +286,23 @@ class GATConv(MessagePassing):
                 return out, (set_sparse_value(returned_index, alpha), alpha)
             return out, (returned_index, alpha)
         return out
+
+    def _attend(self, graph: Graph, logits: Tensor, x_src: Tensor, return_attention_weights: Optional[bool]
+                ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Softmax and aggregation as separate ops: where the attention coefficients are returned,
+        the aggregation is not a sum, or under ``torch.compile`` (the fused
+        :func:`~pyg_ugrapher.attention.softmax_aggregate` is an eager autograd function)."""
+        shift = run(graph, named, ("copy_e_max",), [logits.detach()])
+        numer = run(graph, exp_shifted, (), [logits, shift])
+        # PyG's 1e-16 keeps destinations without edges finite (and their gradients 0).
+        denom = run(graph, named, ("copy_e_sum",), [numer]) + EPSILON
+        if return_attention_weights or (self.training and self.dropout > 0):
+            alpha = run(graph, named, ("e_div_v",), [numer, denom])
+            alpha = F.dropout(alpha, p=self.dropout, training=self.training)
+            return run(graph, named, (f"u_mul_e_{self._gather}",), [x_src, alpha.unsqueeze(-1)]), alpha
+        out = run(graph, weighted_source, (self._gather,),
+                  [x_src, numer.unsqueeze(-1), denom.reciprocal().unsqueeze(-1)])
+        return out, None
 
     def _graph(self, edge_index: Tensor, edge_attr: Optional[Tensor], size: Optional[Tuple[int, int]],
                num_src: int, num_dst: int, num_loops: int) -> Tuple[Graph, Tensor, Optional[Tensor]]:

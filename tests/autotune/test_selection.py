@@ -66,6 +66,24 @@ def test_no_model_falls_back_to_gpu_heuristic(graphs, monkeypatch, tmp_path):
     assert selection.select(stats, op, 64) == heuristic(stats, op, 64, on_gpu=True)
 
 
+def test_missing_xgboost_falls_back_to_gpu_heuristic(graphs, model_file, monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def without_xgboost(name, *args, **kwargs):
+        if name.split(".")[0] == "xgboost":
+            raise ImportError("No module named 'xgboost'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setenv(selection.MODEL_ENV, str(model_file))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(builtins, "__import__", without_xgboost)
+    op = OpInfo.from_name("copy_u_sum")
+    stats = graphs[1].stats()
+    with pytest.warns(RuntimeWarning, match="heuristic"):
+        assert selection.select(stats, op, 64) == heuristic(stats, op, 64, on_gpu=True)
+
+
 def test_model_picks_the_predicted_best(graphs, model_file, monkeypatch):
     monkeypatch.setenv(selection.MODEL_ENV, str(model_file))
     monkeypatch.setattr(selection, "gpu_info", lambda device: GPU)

@@ -6,8 +6,9 @@ Cora, relabelled. On each, a two-layer model of our layers must give PyG's outpu
 batch, and the schedule of every operator must come from the selection cache once a batch graph
 was seen (never from timing).
 """
+import copy
 import importlib.util
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -85,21 +86,47 @@ def outputs_and_grads(model: torch.nn.Module, forward: Callable, x: torch.Tensor
     return [out.detach()] + [g.detach() for g in grads]
 
 
-def assert_close(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
+def _error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    """Largest absolute difference relative to the largest magnitude of ``theirs``."""
+    if not theirs.numel():
+        return 0.0
+    scale = max(theirs.abs().max().item(), 1e-6)
+    return (ours.double() - theirs.double()).abs().max().item() / scale
+
+
+def assert_close(ours: torch.Tensor, theirs: torch.Tensor, what: str,
+                 exact: Optional[Callable[[], torch.Tensor]] = None) -> None:
+    """Within :data:`RTOL` of PyG's float32 result, or, where float32 rounding alone differs by more
+    (gradients of GAT's attention vectors sum terms that cancel), no further from PyG's float64
+    result (``exact()``) than 4x PyG's own float32 error."""
     assert ours.shape == theirs.shape, what
-    scale = theirs.abs().max().item() if theirs.numel() else 0.0
-    error = (ours.double() - theirs.double()).abs().max().item() if ours.numel() else 0.0
-    assert error <= RTOL * max(scale, 1e-6), f"{what}: max error {error:.3e} (scale {scale:.3e})"
+    error = _error(ours, theirs)
+    if error <= RTOL:
+        return
+    assert exact is not None, f"{what}: relative error {error:.3e}"
+    reference = exact()
+    ours_error, their_error = _error(ours, reference), _error(theirs, reference)
+    assert ours_error <= max(4 * their_error, RTOL), (
+        f"{what}: relative error {error:.2e} vs PyG; {ours_error:.2e} vs float64 where PyG's float32 "
+        f"is {their_error:.2e}")
 
 
 @pytest.mark.parametrize("kind", list(LAYERS))
 def test_each_batch_matches_pyg(kind, cora, batches):
     ours, theirs = twins(kind, cora)
+    exact_model = copy.deepcopy(theirs).double()
     for step, (x, edge_index) in enumerate(batches):
         mine = outputs_and_grads(ours, ours, x, edge_index)
         ref = outputs_and_grads(theirs, theirs, x, edge_index)
+        exact: List[torch.Tensor] = []
+
+        def exact_result(index: int) -> torch.Tensor:
+            if not exact:
+                exact.extend(outputs_and_grads(exact_model, exact_model, x.double(), edge_index))
+            return exact[index]
+
         for index, (a, b) in enumerate(zip(mine, ref)):
-            assert_close(a, b, f"batch {step}, tensor {index}")
+            assert_close(a, b, f"batch {step}, tensor {index}", lambda: exact_result(index))
 
 
 @pytest.mark.parametrize("kind", ["sage", "gcn"])
@@ -130,7 +157,8 @@ def test_schedules_come_from_the_selection_cache(cora, batches, monkeypatch):
     ours, _ = twins("gat", cora)
     epochs = [[entry.parallel_info for x, edge_index in batches for entry in ug.plan(ours, x, edge_index)]
               for _ in range(2)]
-    assert len(epochs[0]) == len(batches) * 10 and all(info is not None for info in epochs[0])
+    # Two GAT layers of four operators each (logits, then softmax_aggregate's three).
+    assert len(epochs[0]) == len(batches) * 8 and all(info is not None for info in epochs[0])
     assert all(first is again for first, again in zip(*epochs))
 
 

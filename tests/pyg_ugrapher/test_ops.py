@@ -85,6 +85,37 @@ def test_explicit_schedule_runs_the_backward_too(monkeypatch, graph):
     assert seen == [info, info]
 
 
+def test_eager_calls_skip_the_custom_op(monkeypatch, interpret, graph, check_close):
+    """Eager forward and backward run the kernels without dispatching the custom op (its host
+    cost is as large as a kernel's on a 1e6-edge graph); the gradients stay the reference's."""
+    from pyg_ugrapher import ops
+    monkeypatch.setattr(ops, "graph_op", lambda *args: pytest.fail("the custom op was dispatched"))
+    x, w = _inputs(graph)
+    x.requires_grad_()
+    w.requires_grad_()
+    out = ug.compute(graph, "u_mul_e_max", x, w)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    reference.execute(graph, ug.OpInfo.from_name("u_mul_e_max"), [xr, wr]).backward(grad)
+    check_close(x.grad, xr.grad)
+    check_close(w.grad, wr.grad)
+    with torch.no_grad():
+        check_close(ug.compute(graph, "copy_u_sum", x), reference.execute(graph, ug.OpInfo.from_name("copy_u_sum"), [x]))
+
+
+def test_double_backward_stays_differentiable(interpret, graph, check_close):
+    """With ``create_graph=True`` the backward's IR ops record their own backward."""
+    x, w = _inputs(graph)
+    op = ug.OpInfo.from_name("u_mul_e_sum")
+    grads = []
+    for run in (lambda a, b: ug.compute(graph, op, a, b), lambda a, b: reference.execute(graph, op, [a, b])):
+        a, b = x.clone().requires_grad_(), w.clone().requires_grad_()
+        (ga,) = torch.autograd.grad(run(a, b).square().sum(), a, create_graph=True)
+        grads.append(torch.autograd.grad(ga.sum(), b))
+    check_close(grads[0][0], grads[1][0])
+
+
 def test_cpu_default_is_the_reference(monkeypatch, graph):
     import triton_kernels
     monkeypatch.setattr(triton_kernels, "run", lambda *args: pytest.fail("a kernel ran without the interpreter"))

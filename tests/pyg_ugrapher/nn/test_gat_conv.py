@@ -115,14 +115,16 @@ def test_attention_dropout(small_graph):
     pyg_out, (_, pyg_alpha) = run(theirs, 1)
     torch.testing.assert_close(first, pyg_out, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(alpha, pyg_alpha, rtol=1e-5, atol=1e-6)
-    # Without return_attention_weights the training path is the same.
+    # Without return_attention_weights the fused path (softmax_aggregate) drops the same
+    # coefficients: the same seed gives the same output, up to rounding.
     ours.train()
     torch.manual_seed(1)
-    torch.testing.assert_close(ours(x, edge_index), first, rtol=0, atol=0)
+    torch.testing.assert_close(ours(x, edge_index), first, rtol=1e-5, atol=1e-6)
 
 
 def test_ops_per_forward(small_graph):
-    """Five IR ops, and no [E, H, C] tensor goes into or comes out of any of them."""
+    """Four IR ops (the logits, then :func:`~pyg_ugrapher.attention.softmax_aggregate`'s three),
+    and no [E, H, C] tensor goes into or comes out of any of them."""
     x, edge_index = small_graph
     heads, channels = 2, 4
     conv = GATConv(6, channels, heads=heads)
@@ -130,8 +132,8 @@ def test_ops_per_forward(small_graph):
     with ops.observe(calls.append):
         conv(x, edge_index)
     names = [call.op.name for call in calls]
-    assert names == ["leaky_relu((u0 + v1), 0.2)", "copy_e_max", "exp((e0 - v1))", "copy_e_sum",
-                     "(u0 * (e1 * v2))_sum"]
+    assert names == ["leaky_relu((u0 + v1), 0.2)", "copy_e_max", "exp((e0 - v1))_sum",
+                     "(u0 * exp((e1 - v2)))_sum"]
     num_edges = calls[0].graph.num_edges
     for call in calls:
         for operand in call.operands:
