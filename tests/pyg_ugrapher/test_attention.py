@@ -34,7 +34,7 @@ def _pyg(graph, logits, x, keep):
 def _forward_backward(fn, graph, logits, x, keep, seed=1):
     logits, x = logits.clone().requires_grad_(), x.clone().requires_grad_()
     out = fn(graph, logits, x, keep)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype).to(out.device)
     return [out] + list(torch.autograd.grad(out, (logits, x), grad))
 
 
