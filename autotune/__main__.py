@@ -54,8 +54,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--out", type=Path, default=Path("autotune/models/h100.json"))
     t.add_argument("--n-estimators", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--target", choices=("log_time", "relative"), default="relative",
-                   help="log time relative to its case's mean (default, selects better), or log time")
+    t.add_argument("--target", choices=("log_time", "relative", "rank"), default="rank",
+                   help="rank the candidates of each case (default, selects best), or regress log time "
+                        "relative to its case's mean, or log time")
 
     e = sub.add_parser("evaluate", help="leave-graphs-out cross-validation")
     e.add_argument("--data", type=Path, nargs="+", required=True, help="collected files or folders")
@@ -63,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--folds", type=int, default=5)
     e.add_argument("--n-estimators", type=int, default=None)
     e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--target", choices=("log_time", "relative"), default="relative")
+    e.add_argument("--target", choices=("log_time", "relative", "rank"), default="rank")
     return main
 
 

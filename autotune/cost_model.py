@@ -14,20 +14,30 @@ LightGBM               XGBoost
 ``num_leaves``         ``max_leaves`` with ``grow_policy="lossguide"`` (leaf-wise growth, as LightGBM)
 ``max_depth``          ``max_depth``; LightGBM's ``-1`` (no limit) is XGBoost's ``0``
 ``min_child_samples``  ``min_child_weight``: the hessian sum in a leaf, which is the sample count for the
-                       squared error (exact there, approximate for ``huber`` and ``regression_l1``)
+                       squared error (exact there, approximate for the other objectives)
 ``subsample``          ``subsample`` (LightGBM only bags with ``subsample_freq > 0``; XGBoost bags
                        every round)
 ``colsample_bytree``   ``colsample_bytree``
 ``reg_lambda``         ``lambda`` (L2 on leaf values); ``reg_alpha`` is ``alpha``
 ``objective``          ``regression`` (``l2``): ``reg:squarederror``; ``regression_l1`` (``l1``):
-                       ``reg:absoluteerror``; ``huber``: ``reg:pseudohubererror``
+                       ``reg:absoluteerror``; ``huber``: ``reg:pseudohubererror``; ``lambdarank``:
+                       ``rank:ndcg`` (integer relevance labels, higher is better); ``rank_pairwise``
+                       (XGBoost only, LightGBM has no such objective): ``rank:pairwise``, which only
+                       compares labels within a group, so any real label works and a higher label
+                       gets a higher score (``eval_set`` scores: the ranking ``auc``, the fraction of
+                       pairs in the right order)
 ``random_state``       ``seed`` (``None``: 0)
 ``n_jobs``             ``nthread`` (``None`` or ``-1``: all cores)
 =====================  ===============================================================================
 
+The ranking objectives learn an order within *query groups* (LightGBM's ``group``: the sizes of
+runs of consecutive rows, here the candidates of one selection) and predict scores that only
+compare within a group.
+
 Example::
 
     >>> model = CostModel(n_estimators=200, num_leaves=31).fit(X, np.log(time_ms))
+    >>> ranker = CostModel(objective="rank_pairwise").fit(X, np.log(time_ms), group=[24, 20, 31])
     >>> model.save_model("autotune/models/h100.json")
     >>> CostModel.load("autotune/models/h100.json").predict(X)
 """
@@ -42,7 +52,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 OBJECTIVES = {"regression": "reg:squarederror", "l2": "reg:squarederror",
-              "regression_l1": "reg:absoluteerror", "l1": "reg:absoluteerror", "huber": "reg:pseudohubererror"}
+              "regression_l1": "reg:absoluteerror", "l1": "reg:absoluteerror", "huber": "reg:pseudohubererror",
+              "lambdarank": "rank:ndcg", "rank_pairwise": "rank:pairwise"}
+#: Objectives that rank rows within query groups (``fit(..., group=...)``).
+RANKING = ("lambdarank", "rank_pairwise")
 BACKENDS = ("xgboost", "lightgbm")
 #: Booster attribute holding the constructor arguments (so that a loaded model reports them).
 _PARAMS_ATTR = "cost_model_params"
@@ -78,7 +91,7 @@ def _matrix(X: ArrayLike) -> Tuple[np.ndarray, Optional[List[str]]]:
 
 
 class CostModel:
-    """Gradient-boosted regression trees with LightGBM's constructor arguments (see the module
+    """Gradient-boosted trees (regression or ranking) with LightGBM's constructor arguments (see the module
     docstring for their XGBoost meaning).
 
     Args:
@@ -91,7 +104,8 @@ class CostModel:
         colsample_bytree: fraction of features drawn for each tree.
         reg_lambda: L2 regularisation of leaf values.
         reg_alpha: L1 regularisation of leaf values.
-        objective: ``"regression"``, ``"regression_l1"`` or ``"huber"``.
+        objective: ``"regression"``, ``"regression_l1"``, ``"huber"``, or a ranking objective:
+            ``"lambdarank"`` or ``"rank_pairwise"`` (XGBoost only).
         random_state: seed.
         n_jobs: threads (``None`` or ``-1``: all cores).
         backend: ``"xgboost"`` or ``"lightgbm"``.
@@ -124,6 +138,9 @@ class CostModel:
         self.n_jobs = n_jobs
         if backend not in BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {BACKENDS}")
+        if backend == "lightgbm" and objective == "rank_pairwise":
+            raise ValueError("objective: 'rank_pairwise' needs the xgboost backend (LightGBM has no pairwise "
+                             "objective; 'lambdarank' runs on both)")
         if backend == "lightgbm":
             try:
                 import lightgbm  # noqa: F401
@@ -144,17 +161,28 @@ class CostModel:
 
     def xgboost_params(self) -> Dict[str, Any]:
         """The XGBoost training parameters these arguments stand for."""
-        return {"objective": OBJECTIVES[self.objective], "eta": self.learning_rate, "max_leaves": self.num_leaves,
-                "grow_policy": "lossguide", "max_depth": 0 if self.max_depth == -1 else self.max_depth,
-                "min_child_weight": float(self.min_child_samples), "subsample": self.subsample,
-                "colsample_bytree": self.colsample_bytree, "lambda": self.reg_lambda, "alpha": self.reg_alpha,
-                "seed": self.random_state or 0, "tree_method": "hist",
-                "nthread": 0 if self.n_jobs in (None, -1) else self.n_jobs}
+        params = {"objective": OBJECTIVES[self.objective], "eta": self.learning_rate, "max_leaves": self.num_leaves,
+                  "grow_policy": "lossguide", "max_depth": 0 if self.max_depth == -1 else self.max_depth,
+                  "min_child_weight": float(self.min_child_samples), "subsample": self.subsample,
+                  "colsample_bytree": self.colsample_bytree, "lambda": self.reg_lambda, "alpha": self.reg_alpha,
+                  "seed": self.random_state or 0, "tree_method": "hist",
+                  "nthread": 0 if self.n_jobs in (None, -1) else self.n_jobs}
+        if self.objective == "rank_pairwise":
+            # The default metric (NDCG) needs integer relevance; the ranking AUC, the fraction of
+            # pairs of a group in the right order, takes any label.
+            params["eval_metric"] = "auc"
+        return params
+
+    @property
+    def ranking(self) -> bool:
+        """Whether the objective ranks within query groups (``fit`` then needs ``group``)."""
+        return self.objective in RANKING
 
     def _lightgbm(self):
         import lightgbm
 
-        return lightgbm.LGBMRegressor(
+        estimator = lightgbm.LGBMRanker if self.ranking else lightgbm.LGBMRegressor
+        return estimator(
             n_estimators=self.n_estimators, learning_rate=self.learning_rate, num_leaves=self.num_leaves,
             max_depth=self.max_depth, min_child_samples=self.min_child_samples, subsample=self.subsample,
             subsample_freq=1 if self.subsample < 1 else 0, colsample_bytree=self.colsample_bytree,
@@ -163,9 +191,13 @@ class CostModel:
 
     # -- training and prediction -----------------------------------------------------------------
     def fit(self, X: ArrayLike, y: ArrayLike, eval_set: Optional[Sequence[Tuple[ArrayLike, ArrayLike]]] = None,
-            feature_name: Optional[Sequence[str]] = None) -> "CostModel":
+            feature_name: Optional[Sequence[str]] = None, group: Optional[ArrayLike] = None,
+            eval_group: Optional[Sequence[ArrayLike]] = None) -> "CostModel":
         """Fit on ``X`` (``[n, d]``) and targets ``y`` (``[n]``); ``eval_set`` pairs are scored each
-        round into :attr:`evals_result_` (``valid_0``, ``valid_1``, ... as LightGBM names them)."""
+        round into :attr:`evals_result_` (``valid_0``, ``valid_1``, ... as LightGBM names them).
+
+        A ranking objective needs ``group``: the sizes of the query groups, runs of consecutive
+        rows that sum to ``n`` (and ``eval_group``, one such array per ``eval_set`` pair)."""
         X, names = _matrix(X)
         y = np.asarray(y, dtype=np.float32).reshape(-1)
         if y.shape[0] != X.shape[0]:
@@ -177,24 +209,53 @@ class CostModel:
         names = list(feature_name) if feature_name is not None else names
         if names is not None and len(names) != X.shape[1]:
             raise ValueError(f"feature_name: {len(names)} names for {X.shape[1]} columns")
-        self.feature_names_ = names
         evals = [(np.asarray(_matrix(a)[0]), np.asarray(b, dtype=np.float32).reshape(-1))
                  for a, b in (eval_set or [])]
+        group = self._groups("group", group, X.shape[0])
+        if eval_group is not None and len(eval_group) != len(evals):
+            raise ValueError(f"eval_group: {len(eval_group)} groupings for {len(evals)} eval_set pairs")
+        eval_groups = [self._groups(f"eval_group[{i}]", None if eval_group is None else eval_group[i], len(b))
+                       for i, (_, b) in enumerate(evals)]
+        self.feature_names_ = names
         if self.backend == "lightgbm":
             model = self._lightgbm()
-            model.fit(X, y, eval_set=evals or None)
+            extra = {"group": group, "eval_group": eval_groups or None} if self.ranking else {}
+            model.fit(X, y, eval_set=evals or None, **extra)
             self.evals_result_ = {k: dict(v) for k, v in getattr(model, "evals_result_", {}).items()}
             self._booster = model.booster_
             return self
         import xgboost
 
-        train = xgboost.DMatrix(X, label=y, feature_names=names)
-        watch = [(xgboost.DMatrix(a, label=b, feature_names=names), f"valid_{i}") for i, (a, b) in enumerate(evals)]
+        def matrix(features: np.ndarray, labels: np.ndarray, sizes: Optional[np.ndarray]) -> "xgboost.DMatrix":
+            data = xgboost.DMatrix(features, label=labels, feature_names=names)
+            if sizes is not None:
+                data.set_group(sizes)
+            return data
+
+        train = matrix(X, y, group)
+        watch = [(matrix(a, b, g), f"valid_{i}") for i, ((a, b), g) in enumerate(zip(evals, eval_groups))]
         result: Dict[str, Dict[str, List[float]]] = {}
         self._booster = xgboost.train(self.xgboost_params(), train, num_boost_round=self.n_estimators,
                                       evals=watch, evals_result=result, verbose_eval=False)
         self.evals_result_ = result
         return self
+
+    def _groups(self, name: str, sizes: Optional[ArrayLike], rows: int) -> Optional[np.ndarray]:
+        """Checked query-group sizes: required exactly for a ranking objective."""
+        if not self.ranking:
+            if sizes is not None:
+                raise ValueError(f"{name}: query groups need a ranking objective {RANKING}, "
+                                 f"not {self.objective!r}")
+            return None
+        if sizes is None:
+            raise ValueError(f"{name}: the objective {self.objective!r} ranks within query groups; pass "
+                             f"their sizes")
+        sizes = np.asarray(sizes).reshape(-1)
+        if sizes.size and (not np.issubdtype(sizes.dtype, np.integer) or sizes.min() < 1):
+            raise ValueError(f"{name}: group sizes must be positive ints")
+        if int(sizes.sum()) != rows:
+            raise ValueError(f"{name}: group sizes sum to {int(sizes.sum())}, the data has {rows} rows")
+        return sizes.astype(np.int64)
 
     @property
     def booster_(self):
@@ -204,7 +265,8 @@ class CostModel:
         return self._booster
 
     def predict(self, X: ArrayLike) -> np.ndarray:
-        """Predicted targets of the rows of ``X``."""
+        """Predicted targets of the rows of ``X`` (for a ranking objective: scores, comparable
+        between rows of one group only)."""
         booster = self.booster_
         X, _ = _matrix(X)
         expected = booster.num_features() if self.backend == "xgboost" else booster.num_feature()

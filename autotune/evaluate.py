@@ -9,7 +9,7 @@ operator, ``F``, dtype, GPU) with measured schedules :math:`S`:
 
 is reported for three choices :math:`c`, restricted to the measured schedules:
 
-* ``model``: the schedule with the lowest predicted time;
+* ``model``: the schedule with the lowest predicted time (or ranking score);
 * ``static``: the one schedule that is best for the training graphs, per (message creation or
   gather, ``F``): the lowest geometric mean of the ratio over the training cases, among
   schedules measured in at least 90% of them;
@@ -17,8 +17,9 @@ is reported for three choices :math:`c`, restricted to the measured schedules:
 
 Summaries (``summary.csv``): the geometric mean of the ratio and the fraction of cases within
 10% of the best, over all cases and over the power-law and uniform halves of the corpus
-(``family``). ``cases.csv`` holds every case; two plots show predicted against measured times
-and chosen against best times.
+(``family``); ``sizes.csv``: the same per bin of the best time (small cases are the noisiest).
+``cases.csv`` holds every case; two plots show predictions against measurements and chosen
+against best times.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ from .train import CASE, fit, target, usable
 log = logging.getLogger(__name__)
 
 METHODS = ("model", "static", "heuristic")
+#: Bin edges of the best time of a case (ms) for :func:`by_size`.
+SIZE_BINS = (0.0, 0.02, 0.1, 0.5, 2.0, float("inf"))
 #: A static schedule must have been measured in this fraction of its training cases.
 _COVERAGE = 0.9
 
@@ -72,7 +75,7 @@ def static_choices(train: pd.DataFrame) -> Dict[tuple, str]:
 
 
 def cross_validate(table: pd.DataFrame, folds: int = 5, n_estimators: Optional[int] = None,
-                   seed: int = 0, kind: str = "relative") -> pd.DataFrame:
+                   seed: int = 0, kind: str = "rank") -> pd.DataFrame:
     """Held-out predictions: the rows of ``table`` that were timed, with ``target`` and ``pred``
     (the model's target ``kind`` and its held-out prediction) and ``static`` (this row is its
     fold's static choice) columns."""
@@ -125,9 +128,25 @@ def summarize(cases: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
-def plot(rows: pd.DataFrame, cases: pd.DataFrame, out: Path, kind: str = "relative") -> List[Path]:
-    """Predicted against measured time (every held-out row; relative to the case mean for the
-    ``relative`` target) and chosen against best time (every case); log-log scatter plots."""
+def by_size(cases: pd.DataFrame) -> pd.DataFrame:
+    """Geometric-mean ratio and fraction within 10% per method and bin of the best time
+    (:data:`SIZE_BINS`), over all cases."""
+    bins = pd.cut(cases["best_ms"], SIZE_BINS, right=False)
+    records = []
+    for interval, part in cases.groupby(bins, observed=True):
+        record = {"best_ms_from": interval.left, "best_ms_to": interval.right, "cases": len(part)}
+        for method in METHODS:
+            ratio = part[method].dropna()
+            record[f"{method}_geomean"] = float(np.exp(np.log(ratio).mean())) if len(ratio) else np.nan
+            record[f"{method}_within_10pct"] = float((ratio <= 1.1).mean()) if len(ratio) else np.nan
+        records.append(record)
+    return pd.DataFrame(records)
+
+
+def plot(rows: pd.DataFrame, cases: pd.DataFrame, out: Path, kind: str = "rank") -> List[Path]:
+    """Prediction against measurement (every held-out row: the time, relative to the case mean
+    for the ``relative`` target; for ``rank``, the score against the time over the case's best)
+    and chosen against best time (every case); scatter plots."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,12 +154,18 @@ def plot(rows: pd.DataFrame, cases: pd.DataFrame, out: Path, kind: str = "relati
 
     paths = []
     fig, ax = plt.subplots(figsize=(5.5, 5))
-    measured, predicted = np.exp(rows["target"]), np.exp(rows["pred"])
-    ax.scatter(measured, predicted, s=3, alpha=0.3)
-    _diagonal(ax, measured, predicted)
-    unit = "time (ms)" if kind == "log_time" else "time / geometric mean of its case"
-    ax.set(xscale="log", yscale="log", xlabel=f"measured {unit}", ylabel=f"predicted {unit}",
-           title="Held-out graphs: predicted vs measured")
+    if kind == "rank":
+        # Scores are no times: they only order the candidates of a case.
+        ax.scatter(rows["time_ms"] / rows.groupby("case")["time_ms"].transform("min"), rows["pred"], s=3, alpha=0.3)
+        ax.set(xscale="log", xlabel="measured time / best of its case", ylabel="predicted score (lower: faster)",
+               title="Held-out graphs: score vs measured")
+    else:
+        measured, predicted = np.exp(rows["target"]), np.exp(rows["pred"])
+        ax.scatter(measured, predicted, s=3, alpha=0.3)
+        _diagonal(ax, measured, predicted)
+        unit = "time (ms)" if kind == "log_time" else "time / geometric mean of its case"
+        ax.set(xscale="log", yscale="log", xlabel=f"measured {unit}", ylabel=f"predicted {unit}",
+               title="Held-out graphs: predicted vs measured")
     paths.append(_save(fig, out / "predicted_vs_measured.png"))
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for half, marker in (("power_law", "o"), ("uniform", "s")):
@@ -169,9 +194,9 @@ def _save(fig, path: Path) -> Path:
 
 
 def evaluate(data: Sequence[os.PathLike], out: os.PathLike, folds: int = 5, n_estimators: Optional[int] = None,
-             seed: int = 0, kind: str = "relative") -> pd.DataFrame:
+             seed: int = 0, kind: str = "rank") -> pd.DataFrame:
     """Cross-validate a model of target ``kind`` on the tables under ``data``; write
-    ``cases.csv``, ``summary.csv`` and the plots to ``out``; return the summary."""
+    ``cases.csv``, ``summary.csv``, ``sizes.csv`` and the plots to ``out``; return the summary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = cross_validate(read_table(data), folds, n_estimators, seed, kind)
@@ -179,6 +204,9 @@ def evaluate(data: Sequence[os.PathLike], out: os.PathLike, folds: int = 5, n_es
     summary = summarize(cases)
     cases.to_csv(out / "cases.csv", index=False)
     summary.to_csv(out / "summary.csv", index=False)
+    sizes = by_size(cases)
+    sizes.to_csv(out / "sizes.csv", index=False)
     plot(rows, cases, out, kind)
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(sizes.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return summary

@@ -2,7 +2,8 @@
 
 On a CUDA device with a trained model (``autotune/models/h100.json``, or the file named by the
 environment variable ``PYG_UGRAPHER_MODEL``), every schedule of the design space is scored by the
-cost model and the lowest predicted time wins: one feature matrix
+cost model and the lowest score wins (a predicted time, or the shipped ranking model's score,
+which grows with time): one feature matrix
 (:func:`autotune.features.case_features`, ~0.2 ms) and one ``inplace_predict`` of the preloaded
 booster. A GPU the model was not trained on uses it as it is (its SM count and compute capability
 are features). Elsewhere (a CPU, where kernels run through Triton's interpreter, whose costs are

@@ -18,7 +18,7 @@ from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
 
 from . import edge_message, edge_parallel, neighbor_group, vertex_message, vertex_parallel
-from .codegen import GraphArrays, KernelSpec, interpreting, load_kernel
+from .codegen import GraphArrays, KernelSpec, head_tiling, interpreting, load_kernel
 
 #: (gather or message creation, strategy) -> template module.
 TEMPLATES = {
@@ -89,10 +89,12 @@ def in_csr_order(tensor: Tensor, eid: Tensor) -> Tensor:
 
 def kernel_spec(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = False,
                 wide: bool = False, kinds: Optional[Tuple[str, ...]] = None) -> KernelSpec:
+    head_size, head_split = (0, False) if op.reduces or "head" not in layout.patterns else \
+        head_tiling(layout.message_width, layout.inner, info.block_f)
     return KernelSpec(template=template_for(op, info).__name__.rsplit(".", 1)[-1],
                       expr=op.expr.serialize(), kinds=kinds or operand_kinds(op, layout, info),
                       patterns=layout.patterns, gather_op=op.gather_op, reduce=op.reduces,
-                      acc64=acc64, wide=wide)
+                      acc64=acc64, wide=wide, head_size=head_size, head_split=head_split)
 
 
 def kernel_source(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = False,
@@ -105,7 +107,7 @@ def kernel_source(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = 
 def _kernel(template, spec: KernelSpec, interpreted: bool):
     """The kernel of ``spec``, compiled or ``interpreted``: the one cache of generated kernels,
     keyed by spec (generating the source again would cost ~60 us per call, as much as a launch)."""
-    return load_kernel(template.source(spec))
+    return load_kernel(template.source(spec), spec.name)
 
 
 def _as_rows(tensor: Tensor) -> Tensor:

@@ -13,7 +13,7 @@ from .codegen import KernelSpec, Snippets, reduce_tiles
 TEMPLATE = '''{header}
 
 @triton.jit(do_not_specialize=["num_edges"])
-def kernel(src_ptr, dst_ptr, {operand_params}out_ptr, num_edges, F, C, R,
+def {name}(src_ptr, dst_ptr, {operand_params}out_ptr, num_edges, F, C, R,
            BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_R: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < F
@@ -36,7 +36,7 @@ def source(spec: KernelSpec) -> str:
         loads.append("    u = tl.load(src_ptr + ei, mask=emask, other=0)")
     if s.needs("dst_v"):
         loads.append("    v = tl.load(dst_ptr + ei, mask=emask, other=0)")
-    return TEMPLATE.format(header=s.header(), operand_params=s.operand_params,
+    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
                            endpoint_loads="\n".join(loads) or "    pass", message=s.message(4),
                            out_row=s.row("ei"))
 

@@ -20,7 +20,7 @@ def _combine_runs(key_a, val_a, key_b, val_b):
 
 
 @triton.jit(do_not_specialize=["num_edges"])
-def kernel(rows_ptr, col_ptr, eid_ptr, rowptr_ptr, {operand_params}out_ptr, num_edges, F, C,
+def {name}(rows_ptr, col_ptr, eid_ptr, rowptr_ptr, {operand_params}out_ptr, num_edges, F, C,
            BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < F
@@ -52,7 +52,7 @@ ATOMIC = True
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec)
-    return TEMPLATE.format(header=s.header(), operand_params=s.operand_params,
+    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
                            combine=s.combine("val_a", "val_b"), edge_loads=s.csr_edge_loads(4),
                            message=s.message(4), identity=s.identity,
                            finalize=s.finalize("degree[:, None]", 4), out_row=s.row("v"),

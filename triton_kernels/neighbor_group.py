@@ -18,7 +18,7 @@ from .codegen import KernelSpec, Snippets
 TEMPLATE = '''{header}
 
 @triton.jit(do_not_specialize=["num_chunks", "group_size"])
-def kernel(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr,
+def {name}(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr,
            num_chunks, group_size, F, C, BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr,
            BLOCK_F: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -45,7 +45,7 @@ ATOMIC = True
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
-    return TEMPLATE.format(header=s.header(), operand_params=s.operand_params,
+    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
                            row_reduction=s.row_reduction(4), finalize=s.finalize("degree[:, None]", 4),
                            out_row=s.row("v"), atomic_fn=s.atomic_fn)
 

@@ -13,7 +13,7 @@ from .codegen import KernelSpec, Snippets, reduce_tiles
 TEMPLATE = '''{header}
 
 @triton.jit(do_not_specialize=["num_rows"])
-def kernel(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C, R,
+def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C, R,
            BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_R: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < F
@@ -38,7 +38,7 @@ ATOMIC = False
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",))
-    return TEMPLATE.format(header=s.header(), operand_params=s.operand_params, hoisted=s.hoisted(8),
+    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params, hoisted=s.hoisted(8),
                            edge_loads=s.csr_edge_loads(12, need_eid=True), message=s.message(12),
                            out_row=s.row("ei"))
 

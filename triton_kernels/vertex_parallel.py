@@ -16,7 +16,7 @@ from .codegen import KernelSpec, Snippets
 TEMPLATE = '''{header}
 
 @triton.jit(do_not_specialize=["num_rows"])
-def kernel(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C,
+def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C,
            BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < F
@@ -36,7 +36,7 @@ ATOMIC = False
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
-    return TEMPLATE.format(header=s.header(), operand_params=s.operand_params,
+    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
                            row_reduction=s.row_reduction(4), finalize=s.finalize("(end - start)[:, None]", 4),
                            out_row=s.row("v"))
 

@@ -70,16 +70,16 @@ class GATConv(MessagePassing):
     parameters, so ``load_state_dict`` works both ways. The edge softmax runs as IR operators and
     never builds an ``[E, H, C]`` tensor:
 
-    1. the logits, ``leaky_relu(a_src[u] + a_dst[v] (+ a_edge[e]))``, one message op ``[E, H]``;
-    2. their maximum per destination, ``copy_e_max`` (the softmax is shift-invariant, so it is
-       taken of detached logits, as PyG does);
-    3. ``p = exp(logit[e] - max[v])``, one message op (max-stabilised, unlike uGrapher's code);
-    4. the sum per destination, ``copy_e_sum``;
-    5. ``out[v] = sum x[u] * p[e] / s[v]``, **one** fused gather op (``1 / s`` is ``[N, H]``).
-
-    When the coefficients themselves are needed (attention dropout in training, or
-    ``return_attention_weights``), step 5 becomes ``alpha = p / s[v]`` (``e_div_v``), dropout,
-    and ``u_mul_e_sum``. Gradients flow through every step (each op is differentiable).
+    1. the node halves ``a_src . x[u]`` and ``a_dst . x[v]``, one batched product over the heads;
+    2. the logits, ``leaky_relu(a_src[u] + a_dst[v] (+ a_edge[e]))``, one message op ``[E, H]``;
+    3. in eager mode with sum aggregation, :func:`~pyg_ugrapher.attention.softmax_aggregate`:
+       softmax over each destination's edges times the source features in three operators and a
+       closed-form backward in three more (attention dropout is a per-edge scale there);
+    4. otherwise (``torch.compile``, ``return_attention_weights``) separate differentiable
+       operators: ``copy_e_max`` of the detached logits (the softmax is shift-invariant, as in
+       PyG), ``p = exp(logit[e] - max[v])``, ``copy_e_sum``, then ``out[v] = sum x[u] * p[e] /
+       s[v]`` as one fused gather op, or ``alpha = p / s[v]`` (``e_div_v``), dropout and
+       ``u_mul_e_sum`` where the coefficients are needed.
 
     Args:
         in_channels (int or tuple): Size of each input sample, or :obj:`-1` to derive it from the
@@ -221,30 +221,28 @@ class GATConv(MessagePassing):
         res: Optional[Tensor] = None
 
         if isinstance(x, Tensor):
-            x = check_features("x", x)
-            if self.res is not None:
-                res = self.res(x)
-            if self.lin is not None:
-                x_src = x_dst = self.lin(x).view(-1, H, C)
-            else:
-                x_src = self.lin_src(x).view(-1, H, C)
-                x_dst = self.lin_dst(x).view(-1, H, C)
+            raw_src = raw_dst = check_features("x", x)
         else:
             if not isinstance(x, (tuple, list)) or len(x) != 2:
                 raise TypeError(f"x: expected a tensor or a pair (x_src, x_dst), got {type(x).__name__}")
-            x_src = check_features("x[0]", x[0])
-            x_dst = None if x[1] is None else check_features("x[1]", x[1])
-            if x_dst is not None and self.res is not None:
-                res = self.res(x_dst)
-            lin_src = self.lin if self.lin is not None else self.lin_src
-            lin_dst = self.lin if self.lin is not None else self.lin_dst
-            x_src = lin_src(x_src).view(-1, H, C)
-            if x_dst is not None:
-                x_dst = lin_dst(x_dst).view(-1, H, C)
+            raw_src = check_features("x[0]", x[0])
+            raw_dst = None if x[1] is None else check_features("x[1]", x[1])
+        if raw_dst is not None and self.res is not None:
+            res = self.res(raw_dst)
+        lin_src = self.lin if self.lin is not None else self.lin_src
+        lin_dst = self.lin if self.lin is not None else self.lin_dst
+        shared = lin_dst is lin_src and raw_dst is raw_src
+        x_src = lin_src(raw_src).view(-1, H, C)
+        x_dst = x_src if shared else None if raw_dst is None else lin_dst(raw_dst).view(-1, H, C)
 
         # Node-level halves of the attention logits.
-        alpha_src = (x_src * self.att_src).sum(dim=-1)
-        alpha_dst = None if x_dst is None else (x_dst * self.att_dst).sum(dim=-1)
+        alpha_dst: Optional[Tensor] = None
+        if shared:
+            alpha_src, alpha_dst = self._attention_halves(x_src, (self.att_src, self.att_dst))
+        else:
+            alpha_src, = self._attention_halves(x_src, (self.att_src,))
+            if raw_dst is not None:
+                alpha_dst, = self._attention_halves(x_dst, (self.att_dst,))
 
         num_src, num_dst = node_sizes(self, edge_index, size, x_src, x_dst)
         graph, returned_index, edge_attr = self._graph(edge_index, edge_attr, size, num_src, num_dst,
@@ -259,7 +257,7 @@ class GATConv(MessagePassing):
         if edge_attr is not None and self.lin_edge is not None:
             if edge_attr.dim() == 1:
                 edge_attr = edge_attr.view(-1, 1)
-            alpha_edge = (self.lin_edge(edge_attr).view(-1, H, C) * self.att_edge).sum(dim=-1)
+            alpha_edge, = self._attention_halves(self.lin_edge(edge_attr).view(-1, H, C), (self.att_edge,))
             operands.append(alpha_edge)
             kinds += ("edge",)
 
@@ -286,6 +284,17 @@ class GATConv(MessagePassing):
                 return out, (set_sparse_value(returned_index, alpha), alpha)
             return out, (returned_index, alpha)
         return out
+
+    def _attention_halves(self, x: Tensor, vectors: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
+        """``(x * a).sum(-1)`` of ``x = [N, H, C]`` for each attention vector ``a = [1, H, C]``, as
+        one matrix product of ``x`` viewed ``[N, H * C]`` with the vectors laid out block-diagonally
+        (``[H * C, len(vectors) * H]``, zero across heads). Its backward is two matrix products;
+        eager PyTorch would sum ``x * g`` over the nodes with strided reductions several times
+        slower, and cuBLAS runs a per-head batched contraction as slow matrix-vector products."""
+        H, C = self.heads, self.out_channels
+        att = torch.cat(vectors).view(len(vectors), H, C)
+        blocks = torch.einsum("ahc,hk->hcak", att, torch.eye(H, dtype=att.dtype, device=att.device))
+        return (x.reshape(-1, H * C) @ blocks.reshape(H * C, -1)).view(-1, len(vectors), H).unbind(1)
 
     def _attend(self, graph: Graph, logits: Tensor, x_src: Tensor, return_attention_weights: Optional[bool]
                 ) -> Tuple[Tensor, Optional[Tensor]]:

@@ -68,6 +68,74 @@ def test_eval_set_is_recorded(data):
     assert len(model.evals_result_["valid_0"]["rmse"]) == 12
 
 
+@pytest.fixture(scope="module")
+def groups():
+    """Query groups of 20 candidates whose cost is ``x0 + x1**2`` plus a per-group offset that
+    no feature explains (as a case's size is irrelevant to ranking its candidates)."""
+    rng = np.random.default_rng(1)
+    sizes = np.full(60, 20)
+    X = rng.uniform(-2, 2, size=(sizes.sum(), 4)).astype(np.float32)
+    offset = np.repeat(rng.normal(scale=5.0, size=sizes.size), sizes)
+    cost = X[:, 0] + X[:, 1] ** 2 + offset
+    return X, cost, sizes
+
+
+def _rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(np.argsort(np.argsort(a)), np.argsort(np.argsort(b)))[0, 1])
+
+
+@pytest.mark.parametrize("objective,xgboost_objective", [("rank_pairwise", "rank:pairwise"),
+                                                          ("lambdarank", "rank:ndcg")])
+def test_ranking_orders_within_groups(groups, objective, xgboost_objective):
+    X, cost, sizes = groups
+    train, test = slice(0, 1000), slice(1000, None)
+    # rank:pairwise takes the cost as it is; NDCG needs integer relevance, higher is better.
+    label = cost if objective == "rank_pairwise" else np.clip(np.round(8 - 2 * (cost - np.repeat(
+        [cost[i:i + 20].min() for i in range(0, cost.size, 20)], 20))), 0, 8)
+    model = CostModel(objective=objective, n_estimators=40, num_leaves=15, random_state=0)
+    model.fit(X[train], label[train], group=sizes[:50], eval_set=[(X[test], label[test])], eval_group=[sizes[50:]])
+    assert model.ranking and model.xgboost_params()["objective"] == xgboost_objective
+    metric = "auc" if objective == "rank_pairwise" else "ndcg@32"  # XGBoost's default cut-off
+    scores = model.evals_result_["valid_0"]
+    assert list(scores) == [metric] and len(scores[metric]) == 40
+    pred = model.predict(X[test])
+    sign = 1 if objective == "rank_pairwise" else -1
+    # Held-out groups: scores follow the cost within each group (up to direction), and the best
+    # score is one of the three cheapest candidates.
+    correlations, picked = [], []
+    for i in range(0, 200, 20):
+        score, truth = sign * pred[i:i + 20], cost[test][i:i + 20]
+        correlations.append(_rank_correlation(score, truth))
+        picked.append(int((truth < truth[np.argmin(score)]).sum()))
+    assert np.mean(correlations) > 0.8 and max(picked) < 3
+    # The scores ignore what ranking cannot see: the offsets between groups.
+    assert abs(_rank_correlation(pred, cost[test])) < 0.5
+
+
+def test_ranking_needs_groups(groups):
+    X, cost, sizes = groups
+    with pytest.raises(ValueError, match="group: the objective"):
+        CostModel(objective="rank_pairwise").fit(X, cost)
+    with pytest.raises(ValueError, match="group: group sizes sum to 1180"):
+        CostModel(objective="rank_pairwise").fit(X, cost, group=sizes[:-1])
+    with pytest.raises(ValueError, match="group: group sizes must be positive ints"):
+        CostModel(objective="rank_pairwise").fit(X, cost, group=np.r_[sizes[:-1], 0, 20])
+    with pytest.raises(ValueError, match="group: query groups need a ranking objective"):
+        CostModel().fit(X, cost, group=sizes)
+    with pytest.raises(ValueError, match="eval_group: 0 groupings for 1"):
+        CostModel(objective="rank_pairwise").fit(X, cost, group=sizes, eval_set=[(X, cost)], eval_group=[])
+    with pytest.raises(ValueError, match="eval_group\\[0\\]: the objective"):
+        CostModel(objective="rank_pairwise").fit(X, cost, group=sizes, eval_set=[(X, cost)])
+
+
+def test_ranking_round_trip(groups, tmp_path):
+    X, cost, sizes = groups
+    model = CostModel(objective="rank_pairwise", n_estimators=5, random_state=2).fit(X, cost, group=sizes)
+    loaded = CostModel.load(model.save_model(tmp_path / "ranker.json"))
+    assert loaded.objective == "rank_pairwise" and loaded.ranking
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+
+
 @pytest.mark.parametrize("kwargs,error,match", [
     ({"n_estimators": 0}, ValueError, "n_estimators"),
     ({"n_estimators": 2.5}, TypeError, "n_estimators"),
@@ -80,6 +148,7 @@ def test_eval_set_is_recorded(data):
     ({"objective": "poisson"}, ValueError, "objective"),
     ({"random_state": "x"}, TypeError, "random_state"),
     ({"backend": "catboost"}, ValueError, "backend"),
+    ({"objective": "rank_pairwise", "backend": "lightgbm"}, ValueError, "objective: 'rank_pairwise'"),
 ])
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):

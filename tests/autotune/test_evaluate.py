@@ -5,14 +5,14 @@ import pytest
 from autotune import evaluate as ev
 from autotune.collect import read_table
 from autotune.cost_model import CostModel
-from autotune.features import FEATURES
-from autotune.train import target, train, usable
+from autotune.features import CASE_COLUMNS, FEATURES, KNOB_COLUMNS, frame_features
+from autotune.train import RANK_CLIP, fit, target, train, usable
 
 
-@pytest.mark.parametrize("kind", ["log_time", "relative"])
+@pytest.mark.parametrize("kind", ["log_time", "relative", "rank"])
 def test_evaluate_writes_tables_and_plots(collected, tmp_path, kind):
     summary = ev.evaluate([collected], tmp_path, folds=2, n_estimators=5, kind=kind)
-    for name in ("cases.csv", "summary.csv", "predicted_vs_measured.png", "chosen_vs_oracle.png"):
+    for name in ("cases.csv", "summary.csv", "sizes.csv", "predicted_vs_measured.png", "chosen_vs_oracle.png"):
         assert (tmp_path / name).stat().st_size > 0
     cases = pd.read_csv(tmp_path / "cases.csv")
     table = read_table([collected])
@@ -30,45 +30,44 @@ def test_evaluate_writes_tables_and_plots(collected, tmp_path, kind):
     assert len(summary) == 9
     everything = summary[(summary["half"] == "all") & (summary["method"] == "model")].iloc[0]
     assert everything["geomean"] == pytest.approx(np.exp(np.log(cases["model"]).mean()))
+    sizes = pd.read_csv(tmp_path / "sizes.csv")
+    assert sizes["cases"].sum() == len(cases)
 
 
-def test_train_writes_a_loadable_model(collected, tmp_path):
-    path = train([collected], tmp_path / "model.json", n_estimators=3)
+def test_by_size_bins_the_best_time():
+    cases = pd.DataFrame({"best_ms": [0.01, 0.015, 0.3, 5.0], "model": [1.0, 1.44, 1.2, 1.05],
+                          "static": [2.0, 2.0, 1.0, np.nan], "heuristic": [1.0, 1.0, 1.0, 1.0]})
+    sizes = ev.by_size(cases).set_index("best_ms_from")
+    assert list(sizes.index) == [0.0, 0.1, 2.0] and list(sizes["cases"]) == [2, 1, 1]
+    assert sizes.loc[0.0, "model_geomean"] == pytest.approx(1.2)
+    assert sizes.loc[0.0, "model_within_10pct"] == 0.5
+    assert np.isnan(sizes.loc[2.0, "static_geomean"])
+
+
+@pytest.mark.parametrize("kind,objective", [("rank", "rank_pairwise"), ("relative", "regression")])
+def test_train_writes_a_loadable_model(collected, tmp_path, kind, objective):
+    path = train([collected], tmp_path / "model.json", n_estimators=3, kind=kind)
     model = CostModel.load(path)
     assert model.booster_.num_boosted_rounds() == 3
     assert model.feature_names_ == list(FEATURES)
+    assert model.objective == objective and model.booster_.attr("target") == kind
     assert model.booster_.attr("data_rows") == str(len(read_table([collected])))
 
 
-def test_static_choice_is_best_geomean_over_training_cases():
+def test_rank_fit_groups_rows_by_case():
+    # Eight cases whose rows interleave (fit sorts them into one query group per case), each
+    # graph 10x slower than the last; within a case the time grows with the block size, below
+    # the clip, and the scores must follow it.
     rows = []
-    # Config "a" is 1.0/1.3 of the best in two cases, "b" 1.2/1.0: a's geomean 1.14, b's 1.095.
-    for case, times in enumerate(({"a": 1.0, "b": 1.2}, {"a": 1.3, "b": 1.0})):
-        for config, time in times.items():
-            rows.append({"case": case, "gather": "sum", "F": 64, "config": config, "time_ms": time})
-    rows.append({"case": 0, "gather": "sum", "F": 64, "config": "c", "time_ms": 0.5})  # only in one case
-    rows.append({"case": 2, "gather": "none", "F": 64, "config": "m", "time_ms": 2.0})
-    choices = ev.static_choices(pd.DataFrame(rows))
-    assert choices == {(False, 64): "b", (True, 64): "m"}
-
-
-def test_assign_folds():
-    folds = ev.assign_folds(["g1", "g2", "g3", "g1"], 2, seed=0)
-    assert set(folds) == {"g1", "g2", "g3"} and set(folds.values()) == {0, 1}
-    with pytest.raises(ValueError, match="folds"):
-        ev.assign_folds(["g1"], 2)
-    with pytest.raises(ValueError, match="folds"):
-        ev.assign_folds(["g1", "g2"], 1)
-
-
-def test_targets(collected):
-    rows = usable(read_table([collected]))
-    log_time = target(rows, "log_time")
-    np.testing.assert_allclose(log_time, np.log(rows["time_ms"]))
-    relative = pd.Series(target(rows, "relative"))
-    # Relative to the case mean: zero mean per case, same order within a case.
-    for _, index in rows.groupby(ev.CASE).groups.items():
-        assert relative[index].mean() == pytest.approx(0, abs=1e-9)
-        assert (np.argsort(relative[index].to_numpy()) == np.argsort(log_time[index])).all()
-    with pytest.raises(ValueError, match="target"):
-        target(rows, "rank")
+    for repeat in range(4):
+        for scale, graph in enumerate(("g1", "g2", "g3", "g4", "g5", "g6", "g7", "g8")):
+            for step, block_e in enumerate((1, 2, 4, 8, 16, 32)):
+                time_ms = 10.0 ** scale * (1 + 0.3 * step) * (1 + 0.01 * repeat)
+                rows.append({"graph": graph, "block_e": block_e, "time_ms": time_ms})
+    base = {name: 1.0 for name in CASE_COLUMNS + KNOB_COLUMNS}
+    base.update(op="copy_u_sum", dtype="float32", gpu="g", gather="sum", strategy="vertex", F=16.0,
+                status="ok", block_v=4.0, block_f=16.0, num_warps=1.0)
+    table = pd.DataFrame([{**base, **row} for row in rows])
+    model = fit(table, n_estimators=10, kind="rank")
+    score = model.predict(frame_features(table))
+    assert (np.diff(score[:6]) > 0).all()

@@ -70,12 +70,11 @@ def test_argument_errors(graph, call, error, field):
         call(graph, x, w)
 
 
-def test_explicit_schedule_runs_the_backward_too(monkeypatch, graph):
+def test_explicit_schedule_runs_the_backward_too(monkeypatch, interpret, graph):
     """An explicit schedule runs the backward ops where it is valid for them."""
     from pyg_ugrapher import ops
     seen = []
     run = ops.triton_kernels.run
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(ops.triton_kernels, "run", lambda op, layout, g, xs, info, dtype: seen.append(info)
                         or run(op, layout, g, xs, info, dtype))
     x, w = _inputs(graph)

@@ -154,7 +154,7 @@ def test_int64_offsets(strategy, name, monkeypatch, device, graph_factory, opera
     load = dispatch.load_kernel
     dispatch._kernel.cache_clear()  # every kernel of this test is generated (and seen) afresh
     monkeypatch.setattr(dispatch, "_INT32_LIMIT", 0)
-    monkeypatch.setattr(dispatch, "load_kernel", lambda source: sources.append(source) or load(source))
+    monkeypatch.setattr(dispatch, "load_kernel", lambda source, name: sources.append(source) or load(source, name))
     graph = graph_factory("mixed")
     op = OpInfo.from_name(name)
     operands = operand_factory(graph, op, "vector", device=device)
@@ -243,3 +243,50 @@ def test_large_graphs(strategy, name, device, operand_factory, check_close, isol
             knobs = {"group_size": 128, "block_e": 16} if strategy == "group" else {}
             check(graph, op, operands, ug.ParallelInfo(strategy, block_f=block_f, **knobs), check_close,
                   isolated, dtype, f"on the large {case} graph")
+
+
+@pytest.mark.parametrize("strategy,name,expected", [
+    ("vertex", "u_mul_e_sum", "vertex_parallel_sum_mul_u_e"),
+    ("group", "copy_u_max", "neighbor_group_max_u"),
+    ("edge", "u_dot_v", "edge_message_message_mul_u_v"),
+])
+def test_kernels_are_named_after_what_they_compute(strategy, name, expected, device, graph_factory,
+                                                   operand_factory, monkeypatch):
+    """Profilers list kernels by function name: template, gather and edge function, not ``kernel``."""
+    names = []
+    load = dispatch.load_kernel
+    dispatch._kernel.cache_clear()
+    monkeypatch.setattr(dispatch, "load_kernel", lambda source, kernel: names.append(kernel) or load(source, kernel))
+    graph = graph_factory("mixed")
+    op = OpInfo.from_name(name)
+    operands = operand_factory(graph, op, "vector", device=device)
+    ug.compute(graph, op, *operands, parallel_info=ug.ParallelInfo(strategy, block_f=4))
+    assert names == [expected]
+
+
+HEAD_LAYOUTS = [(3, 4), (2, 8), (4, 3)]  # (H, C): tiles inside a head, of whole heads, or neither
+HEAD_OPS = [("vertex", "u_mul_e_sum"), ("edge", "u_mul_e_sum"), ("group", "e_sub_u_max"), ("vertex", "e_add_u"),
+            ("edge", "u_mul_e")]
+
+
+@pytest.mark.parametrize("strategy,name", HEAD_OPS)
+@pytest.mark.parametrize("heads,inner", HEAD_LAYOUTS)
+def test_per_head_edge_operands_under_every_head_tiling(strategy, name, heads, inner, device, graph_factory,
+                                                        check_close, isolated):
+    """GAT's layout, ``[E, H, 1]`` edge weights with ``[N, H, C]`` features, under feature tiles
+    inside one head, spanning whole heads (the last one partly past ``H``) and cutting heads."""
+    op = OpInfo.from_name(name)
+    graph = graph_factory("hub", seed=5)
+    generator = torch.Generator().manual_seed(heads * inner)
+    rows = {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}
+    operands = [torch.rand((rows[kind], heads, 1 if kind == "edge" else inner), generator=generator).to(device)
+                for kind in op.inputs]
+    layout = infer_layout(op, [t.shape for t in operands])
+    seen = set()
+    for block_f in (1, 4, 8, 16):
+        seen.add(dispatch.head_tiling(layout.message_width, inner, block_f))
+        knobs = dict(block_f=block_f, **({"group_size": 4, "block_e": 2} if strategy == "group" else {}))
+        check(graph, op, operands, ug.ParallelInfo(strategy, **knobs), check_close, isolated,
+              context=f"H={heads} C={inner} block_f={block_f}")
+    expected = {(3, 4): {(4, False), (4, True)}, (2, 8): {(8, False), (8, True)}, (4, 3): {(3, False), (0, False)}}
+    assert seen == expected[(heads, inner)]
