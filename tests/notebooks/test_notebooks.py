@@ -71,7 +71,7 @@ def check_quickstart(nb: nbformat.NotebookNode) -> None:
     assert "Plan: 1 operator(s), 0 PyG fallback(s)" in text  # the custom layer, captured
     assert "fallback reason: None" in text
     assert "Plan: 0 operator(s), 1 PyG fallback(s)" in text and "torch.cat" in text
-    assert "kernel(" in text and "tl.program_id" in text  # the generated Triton source is shown
+    assert "@triton.jit" in text and "tl.program_id" in text  # the generated Triton source is shown
     # Tables: accuracy, GAT's plan, speed (data frames render as HTML).
     assert _count(nb, "text/html") >= 3
     accuracy = next(o["data"]["text/plain"] for o in _outputs(nb)
