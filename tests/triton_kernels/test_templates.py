@@ -274,19 +274,21 @@ HEAD_OPS = [("vertex", "u_mul_e_sum"), ("edge", "u_mul_e_sum"), ("group", "e_sub
 def test_per_head_edge_operands_under_every_head_tiling(strategy, name, heads, inner, device, graph_factory,
                                                         check_close, isolated):
     """GAT's layout, ``[E, H, 1]`` edge weights with ``[N, H, C]`` features, under feature tiles
-    inside one head, spanning whole heads (the last one partly past ``H``) and cutting heads."""
+    inside one head, spanning whole heads (the last one partly past ``H``) and cutting heads, on
+    a graph without edges, one with isolated vertices and one with a hub."""
     op = OpInfo.from_name(name)
-    graph = graph_factory("hub", seed=5)
-    generator = torch.Generator().manual_seed(heads * inner)
-    rows = {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}
-    operands = [torch.rand((rows[kind], heads, 1 if kind == "edge" else inner), generator=generator).to(device)
-                for kind in op.inputs]
-    layout = infer_layout(op, [t.shape for t in operands])
     seen = set()
-    for block_f in (1, 4, 8, 16):
-        seen.add(dispatch.head_tiling(layout.message_width, inner, block_f))
-        knobs = dict(block_f=block_f, **({"group_size": 4, "block_e": 2} if strategy == "group" else {}))
-        check(graph, op, operands, ug.ParallelInfo(strategy, **knobs), check_close, isolated,
-              context=f"H={heads} C={inner} block_f={block_f}")
+    for case in ("empty", "isolated", "hub"):
+        graph = graph_factory(case, seed=5)
+        generator = torch.Generator().manual_seed(heads * inner)
+        rows = {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}
+        operands = [torch.rand((rows[kind], heads, 1 if kind == "edge" else inner), generator=generator).to(device)
+                    for kind in op.inputs]
+        layout = infer_layout(op, [t.shape for t in operands])
+        for block_f in (1, 4, 8, 16):
+            seen.add(dispatch.head_tiling(layout.message_width, inner, block_f))
+            knobs = dict(block_f=block_f, **({"group_size": 4, "block_e": 2} if strategy == "group" else {}))
+            check(graph, op, operands, ug.ParallelInfo(strategy, **knobs), check_close, isolated,
+                  context=f"on {case}, H={heads} C={inner} block_f={block_f}")
     expected = {(3, 4): {(4, False), (4, True)}, (2, 8): {(8, False), (8, True)}, (4, 3): {(3, False), (0, False)}}
     assert seen == expected[(heads, inner)]
