@@ -23,9 +23,10 @@ one by one. Softmax has a shorter closed form: with upstream gradient :math:`G_v
     \qquad t_v = \sum_{e \to v} \alpha_e k_e \langle x_u, G_v \rangle = \langle \mathrm{out}_v, G_v \rangle,
 
 so :math:`t` is a dense per-node product and the backward is three IR operators: a gather-sum on
-the reversed graph, ``u_dot_v`` and one message op. The shift :math:`m` has no gradient (softmax is
-shift-invariant). This is what DGL's ``edge_softmax`` followed by ``u_mul_e_sum`` computes, in
-fewer passes over the edges.
+the reversed graph, ``u_dot_v`` and one message op. The first two both read :math:`G_v` for every
+edge and run as one kernel on the reversed graph (``u_dot_v`` as the kernel's edge output). The
+shift :math:`m` has no gradient (softmax is shift-invariant). This is what DGL's ``edge_softmax``
+followed by ``u_mul_e_sum`` computes, in fewer passes over the edges.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ from torch.autograd.function import once_differentiable
 
 from .graph import GraphTensor
 from .ir import Expr, OpInfo
-from .ops import AUTO, notify, reversed_structure, run_graph_op
+from .backward import on_reversed
+from .ops import AUTO, notify, reversed_structure, run_gather_with_edge_output, run_graph_op
 
 #: PyG's softmax adds this to the denominator: destinations without edges stay finite.
 EPSILON = 1e-16
@@ -72,6 +74,7 @@ def attention_ops(dropout: bool) -> Tuple[OpInfo, ...]:
 
 
 _DOT = OpInfo.from_name("u_dot_v")
+_DOT_REVERSED = on_reversed(_DOT).serialize()
 
 
 def _run(structure: List[Tensor], op: OpInfo, operands: List[Tensor]) -> Tensor:
@@ -115,10 +118,17 @@ class _SoftmaxAggregate(torch.autograd.Function):
         grad = grad.contiguous()
         extra = [] if keep is None else [_column(keep)]
         grad_x = grad_logits = None
-        if ctx.needs_input_grad[ctx.num_structure + 3]:
-            grad_x = _run(reversed_structure(structure), grad_x_op, [grad, _column(logits), normaliser] + extra)
-        if ctx.needs_input_grad[ctx.num_structure + 2]:
+        needs_logits, needs_x = ctx.needs_input_grad[ctx.num_structure + 2:ctx.num_structure + 4]
+        grad_x_operands = [grad, _column(logits), normaliser] + extra
+        if needs_x and needs_logits:
+            grad_x, products = run_gather_with_edge_output(
+                reversed_structure(structure), grad_x_operands, grad_x_op.serialize(), [x, grad], _DOT_REVERSED,
+                AUTO, AUTO)
+        elif needs_x:
+            grad_x = _run(reversed_structure(structure), grad_x_op, grad_x_operands)
+        elif needs_logits:
             products = _run(structure, _DOT, [x, grad])
+        if needs_logits:
             if keep is not None:
                 products = products * _column(keep)
             total = (out * grad).sum(dim=-1, keepdim=True)

@@ -11,6 +11,11 @@ over the same operands plus :math:`G`. It is routed with one IR operator, chosen
   over the last feature dimension).
 
 ``mean`` scales :math:`G` by the inverse in-degree first (isolated vertices get no gradient).
+When one slot's gradient is a gather on the reversed graph and another's a message op (GAT's
+``dx`` and ``d alpha``, ``u_mul_e_sum``'s ``dlhs`` and ``drhs``), both read the upstream gradient
+of every edge's destination; :attr:`Backward.shared_pass` names them, and the frontend runs the
+message op on the reversed graph (:func:`on_reversed`) inside the gather's kernel.
+
 ``max``/``min`` route :math:`G` to the edges whose message equals the result, split evenly among
 ties as ``torch.scatter_reduce(include_self=False)`` does: one extra gather-sum counts the ties
 (``eq(phi, out)``), and the routed message is ``eq(phi, out) * (G / count) * dphi/dx_i``. This
@@ -54,6 +59,17 @@ class Backward:
 
     count: Optional[GradStep]  #: max/min only: per destination, how many messages equal the result
     slots: Tuple[GradStep, ...]  #: the gradient of each forward operand slot
+    #: ``(i, j)``: slot ``i``'s step gathers on the reversed graph and slot ``j``'s creates
+    #: messages; one pass over the reversed graph can compute both.
+    shared_pass: Optional[Tuple[int, int]] = None
+
+
+def on_reversed(op: OpInfo) -> OpInfo:
+    """``op`` with source and destination operands swapped: the same per-edge values, computed
+    on the reversed graph."""
+    if op.is_builtin:
+        return OpInfo(op.edge_op, op.gather_op, lhs=op.lhs and _SWAP[op.lhs], rhs=op.rhs and _SWAP[op.rhs])
+    return OpInfo(op.expr, op.gather_op, operands=tuple(_SWAP[k] for k in op.inputs), reduce=op.reduces)
 
 
 def canonical(expr: Expr, kinds: Tuple[str, ...], gather_op: Optional[str], reduce: bool) -> OpInfo:
@@ -109,7 +125,10 @@ def derive(op: OpInfo, reduce_edge_slots: Tuple[bool, ...]) -> Backward:
             steps.append(_step(message, kinds, sources, "sum", False, False))
         else:
             steps.append(_step(message, kinds, sources, None, reduce_edge_slots[i], False))
-    return Backward(count, tuple(steps))
+    gathers = [i for i, step in enumerate(steps) if step.reverse]
+    messages = [i for i, step in enumerate(steps) if step.op.gather_op is None]
+    shared = (gathers[0], messages[0]) if gathers and messages else None
+    return Backward(count, tuple(steps), shared)
 
 
 def describe(op: OpInfo) -> str:

@@ -25,7 +25,7 @@ import triton_kernels
 from triton_kernels import GraphArrays
 
 from . import reference
-from .backward import Backward, GradStep, derive
+from .backward import Backward, GradStep, derive, on_reversed
 from .graph import CSR, GraphTensor, NumNodes, as_graph
 from .ir import OpInfo
 from .layout import Layout, infer_layout, slot_names
@@ -36,6 +36,9 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: How a backward step runs an IR op: :func:`graph_op` (traceable, differentiable) or
 #: :func:`run_graph_op` (eager, cheapest).
 Runner = Callable[[List[Tensor], List[Tensor], str, str], Tensor]
+#: How a backward runs a gather and a message op in one pass: :func:`gather_with_edge_output`
+#: (traceable, not differentiable) or :func:`run_gather_with_edge_output` (eager).
+PairRunner = Callable[[List[Tensor], List[Tensor], str, List[Tensor], str, str, str], List[Tensor]]
 
 
 @lru_cache(maxsize=4096)
@@ -119,10 +122,54 @@ def graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule:
 
 @graph_op.register_fake
 def _(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
+    return _empty_result(structure, operands, op)
+
+
+def _empty_result(structure: List[Tensor], operands: List[Tensor], op: str) -> Tensor:
     info = _op(op)
     layout = _layout_of(op, operands)
     rows = structure[0].shape[0] - 1 if info.gather_op else structure[1].shape[0]
     return operands[0].new_empty((rows,) + layout.out_shape, dtype=reference.result_dtype(operands))
+
+
+def run_gather_with_edge_output(structure: List[Tensor], gather_operands: List[Tensor], gather: str,
+                                message_operands: List[Tensor], message: str, gather_schedule: str,
+                                message_schedule: str) -> List[Tensor]:
+    """``[run_graph_op(gather), run_graph_op(message)]`` on one graph, in one kernel when the
+    gather's schedule allows it (see :func:`triton_kernels.run_with_edge_output`). A schedule the
+    cost model picks for the gather is adapted to the pair (:func:`triton_kernels.pair_schedule`)."""
+    device = gather_operands[0].device
+    if uses_triton(device):
+        gather_info, message_info = _op(gather), _op(message)
+        arrays = _arrays(structure)
+        dtypes = (reference.result_dtype(gather_operands), reference.result_dtype(message_operands))
+        gather_layout = _layout_of(gather, gather_operands)
+        message_layout = _layout_of(message, message_operands)
+        chosen = schedule_for(gather_info, gather_layout, arrays.csr, dtypes[0], device, gather_schedule)
+        if gather_schedule == AUTO:
+            chosen = triton_kernels.pair_schedule(chosen, gather_layout.message_width, message_layout.reduce_size)
+        both = triton_kernels.run_with_edge_output(gather_info, gather_layout, message_info, message_layout, arrays,
+                                                   gather_operands, message_operands, chosen, dtypes)
+        if both is not None:
+            return list(both)
+    return [run_graph_op(structure, gather_operands, gather, gather_schedule),
+            run_graph_op(structure, message_operands, message, message_schedule)]
+
+
+@torch.library.custom_op("pyg_ugrapher::gather_with_edge_output", mutates_args=())
+def gather_with_edge_output(structure: List[Tensor], gather_operands: List[Tensor], gather: str,
+                            message_operands: List[Tensor], message: str, gather_schedule: str,
+                            message_schedule: str) -> List[Tensor]:
+    """:func:`run_gather_with_edge_output` as a custom op (for compiled backward passes; it has no
+    gradient of its own, so a double backward runs the two ops separately)."""
+    return run_gather_with_edge_output(structure, gather_operands, gather, message_operands, message,
+                                       gather_schedule, message_schedule)
+
+
+@gather_with_edge_output.register_fake
+def _(structure: List[Tensor], gather_operands: List[Tensor], gather: str, message_operands: List[Tensor],
+      message: str, gather_schedule: str, message_schedule: str) -> List[Tensor]:
+    return [_empty_result(structure, gather_operands, gather), _empty_result(structure, message_operands, message)]
 
 
 def _save(ctx, structure: Sequence[Tensor], operands: Sequence[Tensor], out: Tensor, op: str,
@@ -132,12 +179,13 @@ def _save(ctx, structure: Sequence[Tensor], operands: Sequence[Tensor], out: Ten
     ctx.save_for_backward(*structure, *operands, out)
 
 
-def _saved_grads(ctx, grad: Tensor, needed: Sequence[bool], run: Runner) -> List[Optional[Tensor]]:
+def _saved_grads(ctx, grad: Tensor, needed: Sequence[bool], run: Runner,
+                 run_pair: Optional[PairRunner]) -> List[Optional[Tensor]]:
     """The operand gradients from what :func:`_save` kept."""
     saved = ctx.saved_tensors
     structure = list(saved[:ctx.num_structure])
     operands = list(saved[ctx.num_structure:-1])
-    return operand_grads(structure, operands, saved[-1], grad, ctx.op, ctx.schedule, needed, run)
+    return operand_grads(structure, operands, saved[-1], grad, ctx.op, ctx.schedule, needed, run, run_pair)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -146,8 +194,11 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grad: Tensor):
-    # Traced by torch.compile: the backward's IR ops must be custom ops too.
-    return [None] * ctx.num_structure, _saved_grads(ctx, grad, ctx.needs_input_grad[1], graph_op), None, None
+    # Traced by torch.compile: the backward's IR ops must be custom ops too; a double backward
+    # (grad mode on) needs them differentiable, which the fused pair is not.
+    run_pair = None if torch.is_grad_enabled() else gather_with_edge_output
+    return [None] * ctx.num_structure, _saved_grads(ctx, grad, ctx.needs_input_grad[1], graph_op, run_pair), \
+        None, None
 
 
 torch.library.register_autograd("pyg_ugrapher::graph_op", _backward, setup_context=_setup_context)
@@ -171,8 +222,9 @@ class _EagerGraphOp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        run = graph_op if torch.is_grad_enabled() else run_graph_op
-        grads = _saved_grads(ctx, grad, ctx.needs_input_grad[3 + ctx.num_structure:], run)
+        double = torch.is_grad_enabled()
+        grads = _saved_grads(ctx, grad, ctx.needs_input_grad[3 + ctx.num_structure:],
+                             graph_op if double else run_graph_op, None if double else run_gather_with_edge_output)
         return (None, None, None) + (None,) * ctx.num_structure + tuple(grads)
 
 
@@ -188,9 +240,10 @@ def differentiable_graph_op(structure: List[Tensor], operands: List[Tensor], op:
 
 
 def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, grad: Tensor, op_text: str,
-                  schedule: str, needed: Sequence[bool], run: Runner = graph_op) -> List[Optional[Tensor]]:
+                  schedule: str, needed: Sequence[bool], run: Runner = graph_op,
+                  run_pair: Optional[PairRunner] = None) -> List[Optional[Tensor]]:
     """Gradients of every operand slot, each computed by IR ops (see :mod:`pyg_ugrapher.backward`)
-    run through ``run``."""
+    run through ``run``; the :attr:`~Backward.shared_pass` pair through ``run_pair`` if given."""
     op = _op(op_text)
     layout = _layout_of(op_text, operands)
     reducible = tuple(kind == "edge" and pattern in ("head", "scalar")
@@ -210,19 +263,34 @@ def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, 
         values["grad"] = grad / count.clamp_min(1).to(grad.dtype)
     else:
         values["grad"] = grad
+    results: Dict[int, Tensor] = {}
+    if run_pair is not None and plan.shared_pass is not None and all(needed[i] for i in plan.shared_pass):
+        i, j = plan.shared_pass
+        gather, message = plan.slots[i], plan.slots[j]
+        gather_inputs, message_inputs = (_inputs(step, operands, values) for step in (gather, message))
+        message_op = on_reversed(message.op)
+        results[i], results[j] = run_pair(
+            reversed_, gather_inputs, gather.op.serialize(), message_inputs, message_op.serialize(),
+            _inherit(schedule, gather.op, gather_inputs), _inherit(schedule, message_op, message_inputs))
     grads: List[Optional[Tensor]] = []
     for slot, (step, tensor) in enumerate(zip(plan.slots, operands)):
         if not needed[slot]:
             grads.append(None)
             continue
-        result = _run_step(step, structure, reversed_, operands, values, schedule, run)
+        result = results.get(slot)
+        if result is None:
+            result = _run_step(step, structure, reversed_, operands, values, schedule, run)
         grads.append(_sum_to(result, tensor, layout))
     return grads
 
 
+def _inputs(step: GradStep, operands: List[Tensor], values: dict) -> List[Tensor]:
+    return [operands[s] if isinstance(s, int) else values[s] for s in step.sources]
+
+
 def _run_step(step: GradStep, structure: List[Tensor], reversed_: List[Tensor], operands: List[Tensor],
               values: dict, schedule: str, run: Runner) -> Tensor:
-    inputs = [operands[s] if isinstance(s, int) else values[s] for s in step.sources]
+    inputs = _inputs(step, operands, values)
     graph = reversed_ if step.reverse else structure
     step_schedule = _inherit(schedule, step.op, inputs)
     return run(graph, inputs, step.op.serialize(), step_schedule)

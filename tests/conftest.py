@@ -347,7 +347,8 @@ def check_refereed() -> Callable[..., None]:
 def poison(monkeypatch) -> None:
     """Fill every kernel output that the kernel must write in full with NaN before the launch.
 
-    :func:`triton_kernels.dispatch.run` allocates outputs itself: uninitialised (``torch.empty``)
+    :func:`triton_kernels.dispatch.run` (and ``run_with_edge_output``, for its edge output too)
+    allocates outputs itself: uninitialised (``torch.empty``)
     for templates that write each element once, initialised for the atomic ones (their partial
     results accumulate into it). Poisoning the former turns any element a kernel forgets into a
     NaN the comparison catches.
@@ -360,7 +361,16 @@ def poison(monkeypatch) -> None:
             out.fill_(math.nan)
         return out
 
+    allocate_edge_output = dispatch._allocate_edge_output
+
+    def poisoned_edge_output(num_edges, width, dtype, atomic, device):
+        out = allocate_edge_output(num_edges, width, dtype, atomic, device)
+        if not atomic:
+            out.fill_(math.nan)
+        return out
+
     monkeypatch.setattr(dispatch, "_allocate", poisoned)
+    monkeypatch.setattr(dispatch, "_allocate_edge_output", poisoned_edge_output)
 
 
 def isolated_rows(graph: ug.GraphTensor) -> torch.Tensor:

@@ -9,7 +9,10 @@ the reduction. It leaves holes that this module fills from the :class:`~pyg_ugra
 * ``{message}``: loads of per-edge operands and the edge function, leaving ``msg``, a
   ``[BLOCK_E, BLOCK_F]`` tile in the accumulation dtype (for a reducing op, the sum over the
   last dimension, accumulated in a loop over ``R`` in chunks of ``BLOCK_R``);
-* the gather op's identity, combine and reduce functions.
+* the gather op's identity, combine and reduce functions;
+* ``{edge_params}`` and the edge output of a gather that also writes one value per edge (see
+  :class:`EdgeOutput`): backward passes read the same upstream gradient for a vertex gradient
+  and an edge gradient, and one pass over the edges serves both.
 
 Templates name the row index of each operand kind (``u`` source, ``v`` destination, ``ei`` user
 edge id) and say which of them are scalars. Graph sizes (rows, edges, group size) are marked
@@ -76,6 +79,11 @@ class KernelSpec:
     #: heads (see :func:`head_tiling`): they are then loaded once per head, not once per feature.
     head_size: int = 0
     head_split: bool = False  #: the tile spans ``BLOCK_F // C`` whole heads
+    #: :meth:`Expr.serialize` of a second edge function whose values the gather kernel also
+    #: writes per edge (over the same operand slots), or ``""``.
+    edge_expr: str = ""
+    edge_group: int = 1  #: features of ``edge_expr`` summed into one edge output (1: none)
+    edge_mode: str = ""  #: how a feature tile maps onto edge outputs (see :func:`edge_mode`)
 
     @property
     def name(self) -> str:
@@ -83,8 +91,11 @@ class KernelSpec:
         function over ``u`` (source), ``v`` (destination) and ``e`` (edge) operands, e.g.
         ``vertex_parallel_sum_mul_u_e``."""
         letters = {"src_v": "u", "dst_v": "v"}
-        expr = re.sub(r"\$(\d+)", lambda m: letters.get(self.kinds[int(m.group(1))], "e"), self.expr)
-        return re.sub(r"\W+", "_", f"{self.template} {self.gather_op or 'message'} {expr}").strip("_")[:96]
+        def letter(text: str) -> str:
+            return re.sub(r"\$(\d+)", lambda m: letters.get(self.kinds[int(m.group(1))], "e"), text)
+        edge = f" edge {letter(self.edge_expr)}" if self.edge_expr else ""
+        name = f"{self.template} {self.gather_op or 'message'} {letter(self.expr)}{edge}"
+        return re.sub(r"\W+", "_", name).strip("_")[:96]
 
 
 def render_expr(expr: Expr, names: Sequence[str], acc: str) -> str:
@@ -113,6 +124,28 @@ def head_tiling(width: int, inner: int, block_f: int) -> Tuple[int, bool]:
     return 0, False
 
 
+def edge_mode(width: int, group: int, block_f: int) -> Optional[str]:
+    """How a gather kernel with feature tiles of ``block_f`` writes an edge output that sums
+    ``group`` of its ``width`` message features per value, or ``None`` when it cannot:
+
+    * ``"elementwise"``: no sum, one output per message feature;
+    * ``"whole"``: one sum over the whole message, which one tile holds;
+    * ``"groups"``: the tile holds whole groups (a power of two), summed after a reshape;
+    * ``"partial"``: the tile lies inside one group; its partial sum is added atomically.
+    """
+    if group == 1:
+        return "elementwise"
+    if width % group:
+        return None
+    if group == width and block_f >= width:
+        return "whole"
+    if group & (group - 1) == 0 and block_f % group == 0:
+        return "groups"
+    if group == width or group % block_f == 0:
+        return "partial"
+    return None
+
+
 def _offset(pattern: str, f: str) -> str:
     return {"full": f, "head": f"({f} // C)", "inner": f"({f} % C)"}[pattern]
 
@@ -138,7 +171,8 @@ class Snippets:
     # -- signature -----------------------------------------------------------------------
     @property
     def operand_params(self) -> str:
-        return "".join(f"in{k}_ptr, in{k}_stride, " for k in range(len(self.spec.kinds)))
+        params = "".join(f"in{k}_ptr, in{k}_stride, " for k in range(len(self.spec.kinds)))
+        return params + ("edge_out_ptr, " if self.spec.edge_expr else "")
 
     def needs(self, kind: str) -> bool:
         """Whether some operand reads rows of this kind."""
@@ -248,7 +282,7 @@ class Snippets:
         lines = []
         if self.needs("src_v"):
             lines.append("u = tl.load(col_ptr + e, mask=emask, other=0)")
-        if need_eid or self.needs("edge"):
+        if need_eid or self.needs("edge") or self.spec.edge_expr:
             lines.append("ei = tl.load(eid_ptr + e, mask=emask, other=0)")
         return _indent(lines, indent)
 
@@ -275,9 +309,43 @@ class Snippets:
             *loop,
             self.csr_edge_loads(indent + 4),
             self.message(indent + 4),
+            self.edge_output(indent + 4),
             f"{pad}    acc = {self.combine('acc', masked)}",
             f"{pad}res = {self.reduce_fn}(acc, axis={self.edge_rank - 1})",
         ])
+
+    def edge_output(self, indent: int) -> str:
+        """Write ``edge_expr`` of the loaded tiles to ``edge_out_ptr`` at the user edge ids
+        (nothing without an edge expression); see :func:`edge_mode`."""
+        spec = self.spec
+        if not spec.edge_expr:
+            return ""
+        names = [f"x{k}" for k in range(len(spec.kinds))]
+        tile = f"[{self.edge_tile}, BLOCK_F]"
+        rank = self.edge_rank + 1
+        ei = self.row("ei")
+        emask = self.edge_axes("emask", 1)
+        fmask = self.feature_axes("fmask", 1)
+        value = render_expr(parse_expr(spec.edge_expr), names, self.acc)
+        lines = [f"emsg = tl.where({fmask}, tl.broadcast_to({value}, {tile}), 0.0)"]
+        r = spec.edge_group
+        if spec.edge_mode == "elementwise":
+            lines.append(f"tl.store(edge_out_ptr + {self.edge_axes(ei, 1)} * F + {self.feature_axes('f', 1)}, "
+                         f"emsg.to(edge_out_ptr.dtype.element_ty), mask=tl.where({emask}, {fmask}, False))")
+        elif spec.edge_mode == "groups":
+            g = f"(tl.program_id(1) * (BLOCK_F // {r}) + tl.arange(0, BLOCK_F // {r}))"
+            lines += [f"part = tl.sum(tl.reshape(emsg, [{self.edge_tile}, BLOCK_F // {r}, {r}]), axis={rank})",
+                      f"tl.store(edge_out_ptr + {self.edge_axes(ei, 1)} * (F // {r}) + {self.feature_axes(g, 1)}, "
+                      f"part.to(edge_out_ptr.dtype.element_ty), "
+                      f"mask=tl.where({emask}, {self.feature_axes(f'({g} * {r} < F)', 1)}, False))"]
+        else:
+            lines.append(f"part = tl.sum(emsg, axis={rank - 1})")
+            if spec.edge_mode == "whole":
+                lines.append(f"tl.store(edge_out_ptr + {ei}, part.to(edge_out_ptr.dtype.element_ty), mask=emask)")
+            else:
+                lines.append(f"tl.atomic_add(edge_out_ptr + {ei} * (F // {r}) + (tl.program_id(1) * BLOCK_F) // {r}, "
+                             f"part, mask=emask)")
+        return _indent(lines, indent)
 
     def finalize(self, degree: str, indent: int) -> str:
         """Turn a row's reduction into its output: mean divides by the degree, max/min of an
@@ -294,7 +362,9 @@ class Snippets:
         return (f"# Generated by pyg_ugrapher for template {spec.template!r}: edge function "
                 f"{spec.expr} over {', '.join(spec.kinds)} ({', '.join(spec.patterns)}), "
                 f"gather {spec.gather_op}, reduce={spec.reduce}, acc={self.acc}, wide={spec.wide}, "
-                f"head_size={spec.head_size}, head_split={spec.head_split}.\n"
+                f"head_size={spec.head_size}, head_split={spec.head_split}"
+                + (f"; also writes {spec.edge_expr} per edge ({spec.edge_mode}, groups of {spec.edge_group})"
+                   if spec.edge_expr else "") + ".\n"
                 "import triton\nimport triton.language as tl\n")
 
 

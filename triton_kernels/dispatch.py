@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+import triton
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
-from pyg_ugrapher.ir import OpInfo
+from pyg_ugrapher.ir import Expr, OpInfo
 from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
 
 from . import edge_message, edge_parallel, neighbor_group, vertex_message, vertex_parallel
-from .codegen import GraphArrays, KernelSpec, head_tiling, interpreting, load_kernel
+from .codegen import GraphArrays, KernelSpec, edge_mode, head_tiling, interpreting, load_kernel
 
 #: (gather or message creation, strategy) -> template module.
 TEMPLATES = {
@@ -97,6 +99,92 @@ def kernel_spec(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = Fa
                       acc64=acc64, wide=wide, head_size=head_size, head_split=head_split)
 
 
+@dataclass(frozen=True)
+class Fused:
+    """A gather op and a message op over the same graph and message shape, as one kernel: the
+    operands of both (shared tensors once) as the slots of a combined op whose edge function is
+    the gather's, plus the message op's edge function as the kernel's edge output."""
+
+    op: OpInfo  #: the gather's expression over the combined slots (unread slots allowed)
+    layout: Layout  #: the gather's layout over the combined slots
+    edge_expr: str
+    edge_group: int
+    gather_slots: Tuple[int, ...]  #: combined slot of each gather operand
+    message_slots: Tuple[int, ...]  #: combined slot of each message operand
+
+
+def fuse(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
+         gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor]) -> Optional[Fused]:
+    """The combined op of :func:`run_with_edge_output`, or ``None`` when the two ops do not share
+    a message shape (or one is not of its kind)."""
+    if gather.gather_op is None or gather.reduces or message.gather_op is not None or \
+            gather_layout.message_shape != message_layout.message_shape:
+        return None
+    tensors: List[Tensor] = []
+    kinds: List[str] = []
+    patterns: List[str] = []
+
+    def slot(tensor: Tensor, kind: str, pattern: str) -> int:
+        for k, seen in enumerate(tensors):
+            if seen is tensor and kinds[k] == kind and patterns[k] == pattern:
+                return k
+        tensors.append(tensor)
+        kinds.append(kind)
+        patterns.append(pattern)
+        return len(tensors) - 1
+
+    gather_slots = tuple(slot(t, kind, pattern) for t, kind, pattern
+                         in zip(gather_operands, gather.inputs, gather_layout.patterns))
+    message_slots = tuple(slot(t, kind, pattern) for t, kind, pattern
+                          in zip(message_operands, message.inputs, message_layout.patterns))
+    expr = gather.expr.remap(dict(enumerate(gather_slots)))
+    op = _Combined(expr, gather.gather_op, tuple(kinds))
+    layout = Layout(gather_layout.message_shape, gather_layout.out_shape, tuple(patterns),
+                    gather_layout.inner, 1)
+    edge_expr = message.expr.remap(dict(enumerate(message_slots))).serialize()
+    return Fused(op, layout, edge_expr, message_layout.reduce_size, gather_slots, message_slots)
+
+
+@dataclass(frozen=True)
+class _Combined:
+    """The fields of :class:`OpInfo` the kernels read, for an expression that need not read every
+    slot (an OpInfo requires it)."""
+
+    expr: Expr
+    gather_op: Optional[str]
+    inputs: Tuple[str, ...]
+    reduces: bool = False
+
+
+def run_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
+                         graph: GraphArrays, gather_operands: Sequence[Tensor],
+                         message_operands: Sequence[Tensor], info: ParallelInfo,
+                         out_dtypes: Tuple[torch.dtype, torch.dtype]) -> Optional[Tuple[Tensor, Tensor]]:
+    """``(run(gather, ...), run(message, ...))`` in one pass over the edges, or ``None`` when
+    ``info`` cannot run them together (an edge-parallel schedule, or feature tiles that straddle
+    the message op's sums); the caller then runs them one by one."""
+    fused = fuse(gather, gather_layout, message, message_layout, gather_operands, message_operands)
+    if fused is None or info.strategy not in ("vertex", "group"):
+        return None
+    info.validate_for(gather.gather_op, gather_layout.message_width)
+    width = gather_layout.width
+    mode = edge_mode(width, fused.edge_group, min(info.block_f, triton.next_power_of_2(width)))
+    if mode is None:
+        return None
+    operands: List[Optional[Tensor]] = [None] * len(fused.op.inputs)
+    for k, t in zip(fused.gather_slots + fused.message_slots, list(gather_operands) + list(message_operands)):
+        operands[k] = t
+    edge_shape = (graph.csr.num_edges,) + message_layout.out_shape
+    if graph.csr.num_edges == 0 or width == 0:
+        out = run(gather, gather_layout, graph, gather_operands, info, out_dtypes[0])
+        return out, torch.zeros(edge_shape, dtype=out_dtypes[1], device=graph.csr.device)
+    edge_out = _allocate_edge_output(graph.csr.num_edges, message_layout.width, out_dtypes[1],
+                                     mode == "partial", graph.csr.device)
+    out = _launch(fused.op, fused.layout, graph, operands, info, out_dtypes[0],
+                  dict(edge_expr=fused.edge_expr, edge_group=fused.edge_group, edge_mode=mode), edge_out)
+    return out, edge_out.to(out_dtypes[1]).view(edge_shape)
+
+
 def kernel_source(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = False,
                   wide: bool = False) -> str:
     """The generated Triton source that runs ``op`` under ``info``."""
@@ -132,6 +220,12 @@ def run(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tenso
     creation) and dtype ``out_dtype`` (default: the operands' promoted dtype).
     """
     info.validate_for(op.gather_op, layout.message_width)
+    return _launch(op, layout, graph, operands, info, out_dtype)
+
+
+def _launch(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tensor], info: ParallelInfo,
+            out_dtype: Optional[torch.dtype], edge_fields: Optional[dict] = None,
+            edge_out: Optional[Tensor] = None) -> Tensor:
     template = template_for(op, info)
     eid = graph.csr.eid
     kinds = operand_kinds(op, layout, info, [kind == "edge" and is_reused(t, eid)
@@ -151,13 +245,26 @@ def run(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tenso
     out = _allocate(op, graph, template, rows, width, out_dtype)
     if graph.csr.num_edges or (op.gather_op and not template.ATOMIC):
         acc64 = any(t.dtype == torch.float64 for t in flat)
-        spec = kernel_spec(op, layout, info, acc64=acc64, wide=_needs_wide(flat + [out]), kinds=kinds)
+        extra = [] if edge_out is None else [edge_out]
+        spec = kernel_spec(op, layout, info, acc64=acc64, wide=_needs_wide(flat + [out] + extra), kinds=kinds)
+        if edge_fields:
+            spec = replace(spec, **edge_fields)
         kernel = _kernel(template, spec, interpreting())
         args: List = []
         for t in flat:
             args += [t, t.stride(0)]
+        args += extra
         template.launch(kernel, graph, args, out, width, layout, info)
     return out.to(out_dtype).view(shape)
+
+
+def _allocate_edge_output(num_edges: int, width: int, dtype: torch.dtype, atomic: bool,
+                          device: torch.device) -> Tensor:
+    if not atomic:
+        return torch.empty((num_edges, width), dtype=dtype, device=device)
+    # Partial sums accumulate: in float32 for half types, as in :func:`_allocate`.
+    dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    return torch.zeros((num_edges, width), dtype=dtype, device=device)
 
 
 def _allocate(op: OpInfo, graph: GraphArrays, template, rows: int, width: int,
@@ -175,4 +282,5 @@ def _allocate(op: OpInfo, graph: GraphArrays, template, rows: int, width: int,
     return init[:, None].expand(rows, width).contiguous()
 
 
-__all__: Tuple[str, ...] = ("run", "kernel_source", "kernel_spec", "TEMPLATES", "GraphArrays")
+__all__: Tuple[str, ...] = ("run", "run_with_edge_output", "kernel_source", "kernel_spec", "TEMPLATES",
+                            "GraphArrays")

@@ -11,7 +11,8 @@ import torch
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import reference
-from pyg_ugrapher.backward import backward_table, derive, describe
+import triton_kernels
+from pyg_ugrapher.backward import backward_table, derive, describe, on_reversed
 from pyg_ugrapher.ir import GATHER_OPS, OpInfo
 
 TARGETS = ("u", "v", "e")
@@ -166,6 +167,40 @@ def test_backward_ops_follow_the_ir():
     assert (copy.op.name, copy.reverse) == ("copy_u_sum", True)
     assert derive(OpInfo.from_name("copy_u_max"), (False,)).count.op.gather_op == "sum"
     assert describe(OpInfo.from_name("u_dot_v")) == "dlhs: e_mul_u_sum on the reversed graph; drhs: e_mul_u_sum"
+    assert backward.shared_pass == (0, 1)
+    assert derive(OpInfo.from_name("e_div_u_mean"), (False, False)).shared_pass == (1, 0)
+    assert derive(OpInfo.from_name("copy_u_sum"), (False,)).shared_pass is None
+    assert derive(OpInfo.from_name("u_mul_v_sum"), (False, False)).shared_pass is None
+    assert on_reversed(reduced.op).name == "u_dot_v"
+
+
+#: (op, operand layout, feature tile, whether that tile can fuse): GAT's per-head weights with a
+#: tile inside a head (partial sums) or straddling heads of 3 (run one by one), full edge operands
+#: (an elementwise edge output), a mean, and a max (whose backward counts ties first).
+SHARED = [("u_mul_e_sum", "head_bcast", 1, True), ("u_mul_e_sum", "head_bcast", 4, False),
+          ("u_mul_e_sum", "vector", 8, True), ("e_div_u_mean", "heads", 2, True), ("u_add_e_max", "vector", 4, True)]
+
+
+@pytest.mark.parametrize("strategy", ["vertex", "group"])
+@pytest.mark.parametrize("name,shape,block_f,fuses", SHARED)
+def test_vertex_and_edge_gradients_share_one_pass(name, shape, block_f, fuses, strategy, device, graph_factory,
+                                                  operand_factory, check_close, monkeypatch):
+    """The source gradient (a gather on the reversed graph) and the edge gradient (message
+    creation) run as one kernel where the feature tile allows, and equal the reference's autograd
+    either way."""
+    fused = []
+    run_pair = triton_kernels.run_with_edge_output
+    monkeypatch.setattr(triton_kernels, "run_with_edge_output",
+                        lambda *args: fused.append(run_pair(*args)) or fused[-1])
+    op = OpInfo.from_name(name)
+    graph = graph_factory("mixed")
+    operands = operand_factory(graph, op, shape, seed=4, device=device)
+    info = small_schedule(strategy, operands).with_knobs(block_f=block_f)
+    ours = grads(lambda *xs: ug.compute(graph, op, *xs, parallel_info=info), operands)
+    theirs = grads(lambda *xs: reference.execute(graph, op, xs), operands)
+    assert len(fused) == 1 and (fused[0] is not None) == fuses
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        check_close(a, b, context=f"{name} under {strategy}, {shape} operands, tensor {k}")
 
 
 def test_readme_backward_table_is_generated():

@@ -1,0 +1,169 @@
+"""A gather kernel that also writes one value per edge (``run_with_edge_output``): what a backward
+pass uses to compute a vertex gradient and an edge gradient in one walk over the edges.
+
+Both outputs are compared with the reference executor (float64 oracle) on every test graph, under
+the vertex and group strategies, in each way a feature tile can map onto the edge output's sums
+(:func:`triton_kernels.codegen.edge_mode`); outputs are poisoned first.
+"""
+import pytest
+import torch
+
+import pyg_ugrapher as ug
+from pyg_ugrapher import reference
+from pyg_ugrapher.ir import OpInfo
+from pyg_ugrapher.layout import infer_layout
+from pyg_ugrapher.ops import _arrays
+from triton_kernels import dispatch, run_with_edge_output
+from triton_kernels.codegen import edge_mode
+
+pytestmark = pytest.mark.usefixtures("poison")
+
+GRAPHS = ("empty", "isolated", "self_loops", "duplicates", "hub", "bipartite", "mixed")
+#: (gather, message, (H, C), edge weight per head): GAT's and u_mul_e_sum's backward (a dot per
+#: head), a full edge operand, and an elementwise edge output.
+PAIRS = [
+    ("u_mul_e_sum", "v_dot_u", (2, 4), True),
+    ("u_mul_e_sum", "v_dot_u", (1, 8), True),
+    ("u_mul_e_sum", "v_dot_u", (1, 5), False),
+    ("u_mul_e_sum", "v_dot_u", (2, 3), True),
+    ("copy_u_sum", "v_mul_u", (2, 3), False),
+    ("u_mul_e_mean", "u_sub_v", (1, 6), False),
+]
+BLOCK_F = (1, 2, 4, 8)
+SCHEDULES = {"vertex": dict(block_v=2, block_e=4), "group": dict(group_size=4, block_v=2, block_e=2)}
+
+
+def operands_for(graph, op: OpInfo, heads: int, inner: int, per_head: bool, tensors: dict, seed: int, device):
+    """Operands of ``op`` by kind; tensors of a kind are shared between the two ops, as in a backward."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}
+    out = []
+    for kind in op.inputs:
+        if kind not in tensors:
+            shape = (rows[kind], heads, 1 if kind == "edge" and per_head else inner)
+            tensors[kind] = (torch.rand(shape, generator=generator) + 0.5).to(device)
+        out.append(tensors[kind])
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["vertex", "group"])
+@pytest.mark.parametrize("gather,message,shape,per_head", PAIRS, ids=[f"{g}+{m}-{s[0]}x{s[1]}" for g, m, s, _ in PAIRS])
+def test_both_outputs_match_the_reference(gather, message, shape, per_head, strategy, device, graph_factory,
+                                          check_close, isolated):
+    gather_op, message_op = OpInfo.from_name(gather), OpInfo.from_name(message)
+    heads, inner = shape
+    modes = set()
+    for index, case in enumerate(GRAPHS):
+        graph = graph_factory(case, seed=index)
+        tensors: dict = {}
+        gather_operands = operands_for(graph, gather_op, heads, inner, per_head, tensors, index, device)
+        message_operands = operands_for(graph, message_op, heads, inner, per_head, tensors, index, device)
+        gather_layout = infer_layout(gather_op, [t.shape for t in gather_operands])
+        message_layout = infer_layout(message_op, [t.shape for t in message_operands])
+        expected = [reference.execute(graph, op, [t.double() for t in operands]).float()
+                    for op, operands in ((gather_op, gather_operands), (message_op, message_operands))]
+        arrays = _arrays(graph.structure(device))
+        for block_f in BLOCK_F:
+            mode = edge_mode(heads * inner, message_layout.reduce_size, block_f)
+            info = ug.ParallelInfo(strategy, block_f=block_f, **SCHEDULES[strategy])
+            both = run_with_edge_output(gather_op, gather_layout, message_op, message_layout, arrays,
+                                        gather_operands, message_operands, info, (torch.float32, torch.float32))
+            if mode is None:
+                assert both is None, f"block_f={block_f} straddles the sums of {message}: must not fuse"
+                continue
+            modes.add(mode)
+            context = f"{gather}+{message} on {case}, block_f={block_f} ({mode})"
+            check_close(both[0], expected[0], context=context + ", gather output")
+            check_close(both[1], expected[1], context=context + ", edge output")
+            rows = both[0][isolated(graph)]
+            assert torch.equal(rows, torch.zeros_like(rows)), f"{context}: rows without edges not 0"
+    reduce_size = infer_layout(message_op, [(1, heads, inner)] * 2).reduce_size
+    assert modes == {mode for mode in (edge_mode(heads * inner, reduce_size, b) for b in BLOCK_F) if mode}
+
+
+def test_every_mode_is_covered():
+    """The pairs above reach each way of writing the edge output, and one tiling that cannot fuse."""
+    modes = set()
+    for _, message, (heads, inner), _ in PAIRS:
+        reduce_size = inner if OpInfo.from_name(message).reduces else 1
+        modes |= {edge_mode(heads * inner, reduce_size, b) for b in BLOCK_F}
+    assert modes == {"elementwise", "whole", "groups", "partial", None}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("block_f", [2, 8])
+def test_half_types(dtype, block_f, device, graph_factory, check_close):
+    """Half operands accumulate in float32; partial edge sums (block_f=2) add up in float32 too."""
+    graph = graph_factory("hub", seed=3)
+    gather_op, message_op = OpInfo.from_name("u_mul_e_sum"), OpInfo.from_name("v_dot_u")
+    tensors: dict = {}
+    gather_operands = [t.to(dtype) for t in operands_for(graph, gather_op, 2, 4, True, tensors, 1, device)]
+    x = operands_for(graph, message_op, 2, 4, True, tensors, 1, device)[0].to(dtype)
+    message_operands = [x, gather_operands[0]]
+    layouts = [infer_layout(op, [t.shape for t in operands])
+               for op, operands in ((gather_op, gather_operands), (message_op, message_operands))]
+    info = ug.ParallelInfo("vertex", block_f=block_f, block_v=2, block_e=4)
+    out, edge_out = run_with_edge_output(gather_op, layouts[0], message_op, layouts[1],
+                                         _arrays(graph.structure(device)), gather_operands, message_operands, info,
+                                         (dtype, dtype))
+    assert out.dtype == dtype and edge_out.dtype == dtype
+    for ours, op, operands in ((out, gather_op, gather_operands), (edge_out, message_op, message_operands)):
+        expected = reference.execute(graph, op, [t.double() for t in operands]).to(dtype)
+        check_close(ours, expected, dtype, f"{op.name} in {dtype}")
+
+
+def test_edge_parallel_schedules_do_not_fuse(device, graph_factory):
+    graph = graph_factory("mixed")
+    gather_op, message_op = OpInfo.from_name("u_mul_e_sum"), OpInfo.from_name("v_dot_u")
+    tensors: dict = {}
+    gather_operands = operands_for(graph, gather_op, 1, 4, True, tensors, 0, device)
+    message_operands = operands_for(graph, message_op, 1, 4, True, tensors, 0, device)
+    layouts = [infer_layout(op, [t.shape for t in operands])
+               for op, operands in ((gather_op, gather_operands), (message_op, message_operands))]
+    assert run_with_edge_output(gather_op, layouts[0], message_op, layouts[1], _arrays(graph.structure(device)),
+                                gather_operands, message_operands, ug.ParallelInfo("edge", block_f=4),
+                                (torch.float32, torch.float32)) is None
+
+
+def test_kernel_is_named_after_both_functions(device, graph_factory, monkeypatch):
+    names = []
+    load = dispatch.load_kernel
+    dispatch._kernel.cache_clear()
+    monkeypatch.setattr(dispatch, "load_kernel", lambda source, kernel: names.append(kernel) or load(source, kernel))
+    graph = graph_factory("mixed")
+    gather_op, message_op = OpInfo.from_name("u_mul_e_sum"), OpInfo.from_name("v_dot_u")
+    tensors: dict = {}
+    gather_operands = operands_for(graph, gather_op, 1, 4, True, tensors, 0, device)
+    message_operands = operands_for(graph, message_op, 1, 4, True, tensors, 0, device)
+    layouts = [infer_layout(op, [t.shape for t in operands])
+               for op, operands in ((gather_op, gather_operands), (message_op, message_operands))]
+    run_with_edge_output(gather_op, layouts[0], message_op, layouts[1], _arrays(graph.structure(device)),
+                         gather_operands, message_operands, ug.ParallelInfo("vertex", block_f=4),
+                         (torch.float32, torch.float32))
+    assert names == ["vertex_parallel_sum_mul_u_e_edge_mul_v_u"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("strategy", ["vertex", "group"])
+def test_hub_of_100k_edges(strategy, device, check_close):
+    """A source with 100k out-edges: on the reversed graph, one row of 100k edges."""
+    gen = torch.Generator().manual_seed(0)
+    n = 20_000
+    edges = torch.randint(0, n, (2, 150_000), generator=gen)
+    edges[1, :100_000] = 0
+    graph = ug.GraphTensor.from_edge_index(edges.to(device), n)
+    gather_op, message_op = OpInfo.from_name("u_mul_e_sum"), OpInfo.from_name("v_dot_u")
+    for heads, inner, block_f in ((4, 32, 128), (4, 32, 16), (1, 128, 64)):
+        tensors: dict = {}
+        gather_operands = operands_for(graph, gather_op, heads, inner, True, tensors, 1, device)
+        message_operands = operands_for(graph, message_op, heads, inner, True, tensors, 1, device)
+        layouts = [infer_layout(op, [t.shape for t in operands])
+                   for op, operands in ((gather_op, gather_operands), (message_op, message_operands))]
+        knobs = dict(group_size=128, block_v=4, block_e=4) if strategy == "group" else dict(block_v=1, block_e=16)
+        out, edge_out = run_with_edge_output(gather_op, layouts[0], message_op, layouts[1],
+                                             _arrays(graph.structure(device)), gather_operands, message_operands,
+                                             ug.ParallelInfo(strategy, block_f=block_f, **knobs),
+                                             (torch.float32, torch.float32))
+        for ours, op, operands in ((out, gather_op, gather_operands), (edge_out, message_op, message_operands)):
+            expected = reference.execute(graph, op, [t.double() for t in operands]).float()
+            check_close(ours, expected, context=f"{op.name} H={heads} C={inner} block_f={block_f}")
