@@ -10,9 +10,10 @@ the reduction. It leaves holes that this module fills from the :class:`~pyg_ugra
   ``[BLOCK_E, BLOCK_F]`` tile in the accumulation dtype (for a reducing op, the sum over the
   last dimension, accumulated in a loop over ``R`` in chunks of ``BLOCK_R``);
 * the gather op's identity, combine and reduce functions;
-* ``{edge_params}`` and the edge output of a gather that also writes one value per edge (see
-  :class:`EdgeOutput`): backward passes read the same upstream gradient for a vertex gradient
-  and an edge gradient, and one pass over the edges serves both.
+* for a gather that also writes values per edge (``KernelSpec.edge_expr``), an ``edge_out_ptr``
+  parameter after the operands and the store of the second expression inside the edge loop
+  (:meth:`Snippets.edge_output`, :func:`edge_mode`): backward passes read the same upstream
+  gradient for a vertex gradient and an edge gradient, and one pass over the edges serves both.
 
 Templates name the row index of each operand kind (``u`` source, ``v`` destination, ``ei`` user
 edge id) and say which of them are scalars. Graph sizes (rows, edges, group size) are marked

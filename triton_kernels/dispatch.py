@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence, Tuple
 
 import torch
-import triton
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -100,12 +99,23 @@ def kernel_spec(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = Fa
 
 
 @dataclass(frozen=True)
+class _Combined:
+    """The fields of :class:`OpInfo` the kernels read, for an expression that need not read every
+    slot (an OpInfo requires it)."""
+
+    expr: Expr
+    gather_op: Optional[str]
+    inputs: Tuple[str, ...]
+    reduces: bool = False
+
+
+@dataclass(frozen=True)
 class Fused:
     """A gather op and a message op over the same graph and message shape, as one kernel: the
     operands of both (shared tensors once) as the slots of a combined op whose edge function is
     the gather's, plus the message op's edge function as the kernel's edge output."""
 
-    op: OpInfo  #: the gather's expression over the combined slots (unread slots allowed)
+    op: _Combined  #: the gather's expression over the combined slots (unread slots allowed)
     layout: Layout  #: the gather's layout over the combined slots
     edge_expr: str
     edge_group: int
@@ -145,17 +155,6 @@ def fuse(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout:
     return Fused(op, layout, edge_expr, message_layout.reduce_size, gather_slots, message_slots)
 
 
-@dataclass(frozen=True)
-class _Combined:
-    """The fields of :class:`OpInfo` the kernels read, for an expression that need not read every
-    slot (an OpInfo requires it)."""
-
-    expr: Expr
-    gather_op: Optional[str]
-    inputs: Tuple[str, ...]
-    reduces: bool = False
-
-
 def run_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
                          graph: GraphArrays, gather_operands: Sequence[Tensor],
                          message_operands: Sequence[Tensor], info: ParallelInfo,
@@ -163,12 +162,14 @@ def run_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo,
     """``(run(gather, ...), run(message, ...))`` in one pass over the edges, or ``None`` when
     ``info`` cannot run them together (an edge-parallel schedule, or feature tiles that straddle
     the message op's sums); the caller then runs them one by one."""
+    if info.strategy not in ("vertex", "group"):
+        return None
     fused = fuse(gather, gather_layout, message, message_layout, gather_operands, message_operands)
-    if fused is None or info.strategy not in ("vertex", "group"):
+    if fused is None:
         return None
     info.validate_for(gather.gather_op, gather_layout.message_width)
     width = gather_layout.width
-    mode = edge_mode(width, fused.edge_group, min(info.block_f, triton.next_power_of_2(width)))
+    mode = edge_mode(width, fused.edge_group, info.block_f)
     if mode is None:
         return None
     operands: List[Optional[Tensor]] = [None] * len(fused.op.inputs)
@@ -258,13 +259,17 @@ def _launch(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[T
     return out.to(out_dtype).view(shape)
 
 
+def _atomic_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Where atomics accumulate partial results: half types would lose precision across many
+    partials, so they accumulate in float32."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _allocate_edge_output(num_edges: int, width: int, dtype: torch.dtype, atomic: bool,
                           device: torch.device) -> Tensor:
     if not atomic:
         return torch.empty((num_edges, width), dtype=dtype, device=device)
-    # Partial sums accumulate: in float32 for half types, as in :func:`_allocate`.
-    dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    return torch.zeros((num_edges, width), dtype=dtype, device=device)
+    return torch.zeros((num_edges, width), dtype=_atomic_dtype(dtype), device=device)
 
 
 def _allocate(op: OpInfo, graph: GraphArrays, template, rows: int, width: int,
@@ -272,8 +277,7 @@ def _allocate(op: OpInfo, graph: GraphArrays, template, rows: int, width: int,
     device = graph.csr.device
     if not template.ATOMIC:
         return torch.empty((rows, width), dtype=out_dtype, device=device)
-    # Atomics accumulate partial results: half types would lose precision across many partials.
-    dtype = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    dtype = _atomic_dtype(out_dtype)
     if op.gather_op not in _IDENTITY:
         return torch.zeros((rows, width), dtype=dtype, device=device)
     rowptr = graph.csr.rowptr

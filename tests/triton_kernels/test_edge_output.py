@@ -33,41 +33,51 @@ BLOCK_F = (1, 2, 4, 8)
 SCHEDULES = {"vertex": dict(block_v=2, block_e=4), "group": dict(group_size=4, block_v=2, block_e=2)}
 
 
-def operands_for(graph, op: OpInfo, heads: int, inner: int, per_head: bool, tensors: dict, seed: int, device):
-    """Operands of ``op`` by kind; tensors of a kind are shared between the two ops, as in a backward."""
-    generator = torch.Generator().manual_seed(seed)
-    rows = {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}
-    out = []
-    for kind in op.inputs:
-        if kind not in tensors:
-            shape = (rows[kind], heads, 1 if kind == "edge" and per_head else inner)
-            tensors[kind] = (torch.rand(shape, generator=generator) + 0.5).to(device)
-        out.append(tensors[kind])
-    return out
+class Pair:
+    """A gather op and a message op on one graph with random operands, as a backward pass has
+    them: tensors of a kind are shared between the two ops."""
+
+    def __init__(self, graph, gather: str, message: str, heads: int, inner: int, per_head: bool, seed: int,
+                 device, dtype: torch.dtype = torch.float32) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        rows = {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}
+        tensors: dict = {}
+        self.graph = graph
+        self.ops = (OpInfo.from_name(gather), OpInfo.from_name(message))
+        self.operands = []
+        for op in self.ops:
+            for kind in op.inputs:
+                if kind not in tensors:
+                    shape = (rows[kind], heads, 1 if kind == "edge" and per_head else inner)
+                    tensors[kind] = (torch.rand(shape, generator=generator) + 0.5).to(device, dtype)
+            self.operands.append([tensors[kind] for kind in op.inputs])
+        self.layouts = [infer_layout(op, [t.shape for t in operands]) for op, operands in zip(self.ops, self.operands)]
+        self.arrays = _arrays(graph.structure(device))
+
+    def run(self, info: ug.ParallelInfo, dtype: torch.dtype = torch.float32):
+        """``run_with_edge_output`` on the pair: (gather output, edge output), or None."""
+        return run_with_edge_output(self.ops[0], self.layouts[0], self.ops[1], self.layouts[1], self.arrays,
+                                    self.operands[0], self.operands[1], info, (dtype, dtype))
+
+    def expected(self, dtype: torch.dtype = torch.float32):
+        """Both outputs from the reference executor in float64, as ``dtype``."""
+        return [reference.execute(self.graph, op, [t.double() for t in operands]).to(dtype)
+                for op, operands in zip(self.ops, self.operands)]
 
 
 @pytest.mark.parametrize("strategy", ["vertex", "group"])
 @pytest.mark.parametrize("gather,message,shape,per_head", PAIRS, ids=[f"{g}+{m}-{s[0]}x{s[1]}" for g, m, s, _ in PAIRS])
 def test_both_outputs_match_the_reference(gather, message, shape, per_head, strategy, device, graph_factory,
                                           check_close, isolated):
-    gather_op, message_op = OpInfo.from_name(gather), OpInfo.from_name(message)
     heads, inner = shape
     modes = set()
     for index, case in enumerate(GRAPHS):
         graph = graph_factory(case, seed=index)
-        tensors: dict = {}
-        gather_operands = operands_for(graph, gather_op, heads, inner, per_head, tensors, index, device)
-        message_operands = operands_for(graph, message_op, heads, inner, per_head, tensors, index, device)
-        gather_layout = infer_layout(gather_op, [t.shape for t in gather_operands])
-        message_layout = infer_layout(message_op, [t.shape for t in message_operands])
-        expected = [reference.execute(graph, op, [t.double() for t in operands]).float()
-                    for op, operands in ((gather_op, gather_operands), (message_op, message_operands))]
-        arrays = _arrays(graph.structure(device))
+        pair = Pair(graph, gather, message, heads, inner, per_head, index, device)
+        expected = pair.expected()
         for block_f in BLOCK_F:
-            mode = edge_mode(heads * inner, message_layout.reduce_size, block_f)
-            info = ug.ParallelInfo(strategy, block_f=block_f, **SCHEDULES[strategy])
-            both = run_with_edge_output(gather_op, gather_layout, message_op, message_layout, arrays,
-                                        gather_operands, message_operands, info, (torch.float32, torch.float32))
+            mode = edge_mode(heads * inner, pair.layouts[1].reduce_size, block_f)
+            both = pair.run(ug.ParallelInfo(strategy, block_f=block_f, **SCHEDULES[strategy]))
             if mode is None:
                 assert both is None, f"block_f={block_f} straddles the sums of {message}: must not fuse"
                 continue
@@ -77,7 +87,7 @@ def test_both_outputs_match_the_reference(gather, message, shape, per_head, stra
             check_close(both[1], expected[1], context=context + ", edge output")
             rows = both[0][isolated(graph)]
             assert torch.equal(rows, torch.zeros_like(rows)), f"{context}: rows without edges not 0"
-    reduce_size = infer_layout(message_op, [(1, heads, inner)] * 2).reduce_size
+    reduce_size = infer_layout(OpInfo.from_name(message), [(1, heads, inner)] * 2).reduce_size
     assert modes == {mode for mode in (edge_mode(heads * inner, reduce_size, b) for b in BLOCK_F) if mode}
 
 
@@ -94,35 +104,16 @@ def test_every_mode_is_covered():
 @pytest.mark.parametrize("block_f", [2, 8])
 def test_half_types(dtype, block_f, device, graph_factory, check_close):
     """Half operands accumulate in float32; partial edge sums (block_f=2) add up in float32 too."""
-    graph = graph_factory("hub", seed=3)
-    gather_op, message_op = OpInfo.from_name("u_mul_e_sum"), OpInfo.from_name("v_dot_u")
-    tensors: dict = {}
-    gather_operands = [t.to(dtype) for t in operands_for(graph, gather_op, 2, 4, True, tensors, 1, device)]
-    x = operands_for(graph, message_op, 2, 4, True, tensors, 1, device)[0].to(dtype)
-    message_operands = [x, gather_operands[0]]
-    layouts = [infer_layout(op, [t.shape for t in operands])
-               for op, operands in ((gather_op, gather_operands), (message_op, message_operands))]
-    info = ug.ParallelInfo("vertex", block_f=block_f, block_v=2, block_e=4)
-    out, edge_out = run_with_edge_output(gather_op, layouts[0], message_op, layouts[1],
-                                         _arrays(graph.structure(device)), gather_operands, message_operands, info,
-                                         (dtype, dtype))
+    pair = Pair(graph_factory("hub", seed=3), "u_mul_e_sum", "v_dot_u", 2, 4, True, 1, device, dtype)
+    out, edge_out = pair.run(ug.ParallelInfo("vertex", block_f=block_f, block_v=2, block_e=4), dtype)
     assert out.dtype == dtype and edge_out.dtype == dtype
-    for ours, op, operands in ((out, gather_op, gather_operands), (edge_out, message_op, message_operands)):
-        expected = reference.execute(graph, op, [t.double() for t in operands]).to(dtype)
+    for ours, expected, op in zip((out, edge_out), pair.expected(dtype), pair.ops):
         check_close(ours, expected, dtype, f"{op.name} in {dtype}")
 
 
 def test_edge_parallel_schedules_do_not_fuse(device, graph_factory):
-    graph = graph_factory("mixed")
-    gather_op, message_op = OpInfo.from_name("u_mul_e_sum"), OpInfo.from_name("v_dot_u")
-    tensors: dict = {}
-    gather_operands = operands_for(graph, gather_op, 1, 4, True, tensors, 0, device)
-    message_operands = operands_for(graph, message_op, 1, 4, True, tensors, 0, device)
-    layouts = [infer_layout(op, [t.shape for t in operands])
-               for op, operands in ((gather_op, gather_operands), (message_op, message_operands))]
-    assert run_with_edge_output(gather_op, layouts[0], message_op, layouts[1], _arrays(graph.structure(device)),
-                                gather_operands, message_operands, ug.ParallelInfo("edge", block_f=4),
-                                (torch.float32, torch.float32)) is None
+    pair = Pair(graph_factory("mixed"), "u_mul_e_sum", "v_dot_u", 1, 4, True, 0, device)
+    assert pair.run(ug.ParallelInfo("edge", block_f=4)) is None
 
 
 def test_kernel_is_named_after_both_functions(device, graph_factory, monkeypatch):
@@ -130,16 +121,8 @@ def test_kernel_is_named_after_both_functions(device, graph_factory, monkeypatch
     load = dispatch.load_kernel
     dispatch._kernel.cache_clear()
     monkeypatch.setattr(dispatch, "load_kernel", lambda source, kernel: names.append(kernel) or load(source, kernel))
-    graph = graph_factory("mixed")
-    gather_op, message_op = OpInfo.from_name("u_mul_e_sum"), OpInfo.from_name("v_dot_u")
-    tensors: dict = {}
-    gather_operands = operands_for(graph, gather_op, 1, 4, True, tensors, 0, device)
-    message_operands = operands_for(graph, message_op, 1, 4, True, tensors, 0, device)
-    layouts = [infer_layout(op, [t.shape for t in operands])
-               for op, operands in ((gather_op, gather_operands), (message_op, message_operands))]
-    run_with_edge_output(gather_op, layouts[0], message_op, layouts[1], _arrays(graph.structure(device)),
-                         gather_operands, message_operands, ug.ParallelInfo("vertex", block_f=4),
-                         (torch.float32, torch.float32))
+    Pair(graph_factory("mixed"), "u_mul_e_sum", "v_dot_u", 1, 4, True, 0, device).run(
+        ug.ParallelInfo("vertex", block_f=4))
     assert names == ["vertex_parallel_sum_mul_u_e_edge_mul_v_u"]
 
 
@@ -152,18 +135,9 @@ def test_hub_of_100k_edges(strategy, device, check_close):
     edges = torch.randint(0, n, (2, 150_000), generator=gen)
     edges[1, :100_000] = 0
     graph = ug.GraphTensor.from_edge_index(edges.to(device), n)
-    gather_op, message_op = OpInfo.from_name("u_mul_e_sum"), OpInfo.from_name("v_dot_u")
     for heads, inner, block_f in ((4, 32, 128), (4, 32, 16), (1, 128, 64)):
-        tensors: dict = {}
-        gather_operands = operands_for(graph, gather_op, heads, inner, True, tensors, 1, device)
-        message_operands = operands_for(graph, message_op, heads, inner, True, tensors, 1, device)
-        layouts = [infer_layout(op, [t.shape for t in operands])
-                   for op, operands in ((gather_op, gather_operands), (message_op, message_operands))]
+        pair = Pair(graph, "u_mul_e_sum", "v_dot_u", heads, inner, True, 1, device)
         knobs = dict(group_size=128, block_v=4, block_e=4) if strategy == "group" else dict(block_v=1, block_e=16)
-        out, edge_out = run_with_edge_output(gather_op, layouts[0], message_op, layouts[1],
-                                             _arrays(graph.structure(device)), gather_operands, message_operands,
-                                             ug.ParallelInfo(strategy, block_f=block_f, **knobs),
-                                             (torch.float32, torch.float32))
-        for ours, op, operands in ((out, gather_op, gather_operands), (edge_out, message_op, message_operands)):
-            expected = reference.execute(graph, op, [t.double() for t in operands]).float()
+        both = pair.run(ug.ParallelInfo(strategy, block_f=block_f, **knobs))
+        for ours, expected, op in zip(both, pair.expected(), pair.ops):
             check_close(ours, expected, context=f"{op.name} H={heads} C={inner} block_f={block_f}")
