@@ -43,6 +43,8 @@ HEURISTIC_MAX_MODEL_EDGES = 2_000_000
 
 _CACHE: Dict[Tuple, ParallelInfo] = {}
 _BOOSTERS: Dict[Path, object] = {}
+#: Bumped by :func:`clear_cache`: callers that keep decisions of their own compare it.
+generation = 0
 
 
 def model_path() -> Path:
@@ -123,5 +125,7 @@ def select(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
 
 def clear_cache() -> None:
     """Forget cached decisions and loaded models (after retraining, or changing the model file)."""
+    global generation
     _CACHE.clear()
     _BOOSTERS.clear()
+    generation += 1

@@ -25,7 +25,10 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
-    if name in _SUBMODULES:
-        return import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # resolved once: ``ug.compute`` is looked up on every operator call
+    return value

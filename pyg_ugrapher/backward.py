@@ -64,6 +64,7 @@ class Backward:
     shared_pass: Optional[Tuple[int, int]] = None
 
 
+@lru_cache(maxsize=None)
 def on_reversed(op: OpInfo) -> OpInfo:
     """``op`` with source and destination operands swapped: the same per-edge values, computed
     on the reversed graph."""

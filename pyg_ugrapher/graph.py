@@ -86,6 +86,13 @@ class GraphStats:
 _DERIVED: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
 
 
+def capturing(tensor: Tensor) -> bool:
+    """Whether work on ``tensor``'s device is being captured into a CUDA graph (``torch.compile``'s
+    ``mode="reduce-overhead"``, ``torch.cuda.graph``): tensors made then live in the graph's
+    memory pool, which later replays overwrite, so no cache may keep them."""
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def derived_cache(rowptr: Tensor) -> Dict:
     """The per-structure cache of a CSR, keyed by its ``rowptr`` tensor object."""
     cache = _DERIVED.get(rowptr)
@@ -227,6 +234,7 @@ class GraphTensor:
         self._csr_cache: Dict[torch.device, CSR] = {}
         self._csc_cache: Dict[torch.device, CSR] = {}
         self._coo_cache: Dict[torch.device, Tuple[Tensor, Tensor]] = {}
+        self._structure_cache: Dict[Optional[torch.device], List[Tensor]] = {}
         self._reverse: Optional[GraphTensor] = None
 
     # -- construction ------------------------------------------------------------------------
@@ -328,13 +336,21 @@ class GraphTensor:
         Under ``torch.compile`` a structure not built yet is built by one opaque op inside the
         compiled graph (no graph break, but no caching either: build it once outside to reuse it).
         """
+        # Looked up per operator call: by the device as given first (no resolving), then built.
+        built = self._structure_cache.get(device)
+        if built is not None:
+            return built
+        given = device
         device = self._resolve(device)
         if torch.compiler.is_compiling() and device not in self._csr_cache:
             return graph_structure(self.src.to(device, self.index_dtype), self.dst.to(device, self.index_dtype),
                                    self.num_src, self.num_dst)
         csr, csc = self.csr(device), self.csc(device)
         src, dst = self.coo(device)
-        return [csr.rowptr, csr.col, csr.eid, csr.rows, csc.rowptr, csc.col, csc.eid, csc.rows, src, dst]
+        built = [csr.rowptr, csr.col, csr.eid, csr.rows, csc.rowptr, csc.col, csc.eid, csc.rows, src, dst]
+        if given is None or isinstance(given, torch.device) and (given.type != "cuda" or given.index is not None):
+            self._structure_cache[given] = built
+        return built
 
     def reverse(self) -> "GraphTensor":
         """The graph with every edge turned around; shares this graph's caches."""
@@ -345,6 +361,7 @@ class GraphTensor:
             rev.index_dtype = self.index_dtype
             rev._csr_cache, rev._csc_cache = self._csc_cache, self._csr_cache
             rev._coo_cache = {}
+            rev._structure_cache = {}
             rev._reverse = self
             self._reverse = rev
         return self._reverse

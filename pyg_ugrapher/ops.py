@@ -26,7 +26,7 @@ from triton_kernels import GraphArrays
 
 from . import reference
 from .backward import Backward, GradStep, derive, on_reversed
-from .graph import CSR, GraphTensor, NumNodes, as_graph
+from .graph import CSR, GraphTensor, NumNodes, as_graph, capturing, derived_cache
 from .ir import OpInfo
 from .layout import Layout, infer_layout, slot_names
 from .parallel import ParallelInfo
@@ -84,11 +84,11 @@ def uses_triton(device: torch.device) -> bool:
 
 
 @lru_cache(maxsize=None)
-def _selector() -> Callable[..., ParallelInfo]:
+def _selection():
     # autotune imports this package: import it on first use, once (an import statement per call
     # costs microseconds that every operator call would pay).
-    from autotune.selection import select
-    return select
+    from autotune import selection
+    return selection
 
 
 def schedule_for(op: OpInfo, layout: Layout, csr: CSR, dtype: torch.dtype, device: torch.device,
@@ -96,22 +96,37 @@ def schedule_for(op: OpInfo, layout: Layout, csr: CSR, dtype: torch.dtype, devic
     """The schedule named by ``text``, or the one the cost model picks for this call."""
     if text != AUTO:
         return ParallelInfo.deserialize(text)
-    return _selector()(csr, op, layout.message_width, dtype, reduce_size=layout.reduce_size, device=device)
+    return _selection().select(csr, op, layout.message_width, dtype, reduce_size=layout.reduce_size, device=device)
 
 
 def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
     """Run the serialised IR op ``op`` on a graph given by its structure list (no autograd)."""
-    info = _op(op)
-    layout = _layout_of(op, operands)
     device = operands[0].device
     if not uses_triton(device):
         graph = GraphTensor(structure[8], structure[9], structure[4].numel() - 1,
                             structure[0].numel() - 1, validate=False)
-        return reference.execute(graph, info, operands)
+        return reference.execute(graph, _op(op), operands)
     arrays = _arrays(structure)
-    dtype = reference.result_dtype(operands)
-    chosen = schedule_for(info, layout, arrays.csr, dtype, device, schedule)
+    info, layout, chosen, dtype = _decision(arrays.csr, operands, op, schedule)
     return triton_kernels.run(info, layout, arrays, operands, chosen, dtype)
+
+
+def _decision(csr: CSR, operands: Sequence[Tensor], op: str,
+              schedule: str) -> Tuple[OpInfo, Layout, ParallelInfo, torch.dtype]:
+    """What runs ``op`` on ``operands``: the op, its layout, the schedule and the result dtype;
+    decided once per graph structure (cached with its statistics), operand signature and
+    :data:`autotune.selection.generation` (a retrained model decides afresh)."""
+    key = (op, schedule, operands[0].device) + tuple((t.dtype, t.shape[1:]) for t in operands)
+    decisions = derived_cache(csr.rowptr).setdefault("decisions", {})
+    decision = decisions.get(key)
+    generation = _selection().generation
+    if decision is None or decision[-1] != generation:
+        info = _op(op)
+        layout = _layout_of(op, operands)
+        dtype = reference.result_dtype(operands)
+        chosen = schedule_for(info, layout, csr, dtype, operands[0].device, schedule)
+        decision = decisions[key] = (info, layout, chosen, dtype, generation)
+    return decision[:4]
 
 
 @torch.library.custom_op("pyg_ugrapher::graph_op", mutates_args=())
@@ -138,18 +153,16 @@ def run_gather_with_edge_output(structure: List[Tensor], gather_operands: List[T
     """``[run_graph_op(gather), run_graph_op(message)]`` on one graph, in one kernel when the
     gather's schedule allows it (see :func:`triton_kernels.run_with_edge_output`). A schedule the
     cost model picks for the gather is adapted to the pair (:func:`triton_kernels.pair_schedule`)."""
-    device = gather_operands[0].device
-    if uses_triton(device):
-        gather_info, message_info = _op(gather), _op(message)
+    if uses_triton(gather_operands[0].device):
         arrays = _arrays(structure)
-        dtypes = (reference.result_dtype(gather_operands), reference.result_dtype(message_operands))
-        gather_layout = _layout_of(gather, gather_operands)
+        gather_info, gather_layout, chosen, gather_dtype = _decision(arrays.csr, gather_operands, gather,
+                                                                     gather_schedule)
         message_layout = _layout_of(message, message_operands)
-        chosen = schedule_for(gather_info, gather_layout, arrays.csr, dtypes[0], device, gather_schedule)
         if gather_schedule == AUTO:
             chosen = triton_kernels.pair_schedule(chosen, gather_layout.message_width, message_layout.reduce_size)
-        both = triton_kernels.run_with_edge_output(gather_info, gather_layout, message_info, message_layout, arrays,
-                                                   gather_operands, message_operands, chosen, dtypes)
+        both = triton_kernels.run_with_edge_output(gather_info, gather_layout, _op(message), message_layout, arrays,
+                                                   gather_operands, message_operands, chosen,
+                                                   (gather_dtype, reference.result_dtype(message_operands)))
         if both is not None:
             return list(both)
     return [run_graph_op(structure, gather_operands, gather, gather_schedule),
@@ -246,14 +259,11 @@ def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, 
     run through ``run``; the :attr:`~Backward.shared_pass` pair through ``run_pair`` if given."""
     op = _op(op_text)
     layout = _layout_of(op_text, operands)
-    reducible = tuple(kind == "edge" and pattern in ("head", "scalar")
-                      for kind, pattern in zip(op.inputs, layout.patterns))
-    plan: Backward = derive(op, reducible)
+    plan = _backward_of(op, layout)
     reversed_ = reversed_structure(structure)
     values = {"out": out}
     if op.gather_op == "mean":
-        degree = (structure[0][1:] - structure[0][:-1]).clamp_min(1).to(grad.dtype)
-        values["grad"] = grad / degree.view((-1,) + (1,) * (grad.dim() - 1))
+        values["grad"] = grad / _degree(structure[0], grad.dtype).view((-1,) + (1,) * (grad.dim() - 1))
     elif op.gather_op in ("max", "min"):
         if out.dtype in (torch.float16, torch.bfloat16):
             # Messages are compared in float32, so compare them with the float32 result (the
@@ -270,7 +280,7 @@ def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, 
         gather_inputs, message_inputs = (_inputs(step, operands, values) for step in (gather, message))
         message_op = on_reversed(message.op)
         results[i], results[j] = run_pair(
-            reversed_, gather_inputs, gather.op.serialize(), message_inputs, message_op.serialize(),
+            reversed_, gather_inputs, _text(gather.op), message_inputs, _text(message_op),
             _inherit(schedule, gather.op, gather_inputs), _inherit(schedule, message_op, message_inputs))
     grads: List[Optional[Tensor]] = []
     for slot, (step, tensor) in enumerate(zip(plan.slots, operands)):
@@ -284,6 +294,31 @@ def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, 
     return grads
 
 
+@lru_cache(maxsize=4096)
+def _backward_of(op: OpInfo, layout: Layout) -> Backward:
+    """The backward of ``op`` with operands of ``layout``: edge operands with one value per head
+    or per edge get their gradients from reducing message ops."""
+    return derive(op, tuple(kind == "edge" and pattern in ("head", "scalar")
+                            for kind, pattern in zip(op.inputs, layout.patterns)))
+
+
+@lru_cache(maxsize=4096)
+def _text(op: OpInfo) -> str:
+    return op.serialize()
+
+
+def _degree(rowptr: Tensor, dtype: torch.dtype) -> Tensor:
+    """Row degrees at least 1, in ``dtype``: cached per structure (three kernels fewer per mean
+    backward), except for the stand-ins of a traced backward pass, which are never the same."""
+    if type(rowptr) is not Tensor or capturing(rowptr):
+        return (rowptr[1:] - rowptr[:-1]).clamp_min(1).to(dtype)
+    cache = derived_cache(rowptr)
+    key = ("degree", dtype)
+    if key not in cache:
+        cache[key] = (rowptr[1:] - rowptr[:-1]).clamp_min(1).to(dtype)
+    return cache[key]
+
+
 def _inputs(step: GradStep, operands: List[Tensor], values: dict) -> List[Tensor]:
     return [operands[s] if isinstance(s, int) else values[s] for s in step.sources]
 
@@ -293,7 +328,7 @@ def _run_step(step: GradStep, structure: List[Tensor], reversed_: List[Tensor], 
     inputs = _inputs(step, operands, values)
     graph = reversed_ if step.reverse else structure
     step_schedule = _inherit(schedule, step.op, inputs)
-    return run(graph, inputs, step.op.serialize(), step_schedule)
+    return run(graph, inputs, _text(step.op), step_schedule)
 
 
 def _inherit(schedule: str, op: OpInfo, inputs: Sequence[Tensor]) -> str:
@@ -377,7 +412,7 @@ def _slot_tensors(op: OpInfo, lhs: Optional[Tensor], rhs: Optional[Tensor],
     return list(operands)
 
 
-def _validate(graph: GraphTensor, op: OpInfo, tensors: Sequence[Tensor]) -> Layout:
+def _validate(graph: GraphTensor, op: OpInfo, text: str, tensors: Sequence[Tensor]) -> Layout:
     names = slot_names(op)
     rows_of = {"src_v": ("num_src", graph.num_src), "dst_v": ("num_dst", graph.num_dst),
                "edge": ("num_edges", graph.num_edges)}
@@ -398,7 +433,9 @@ def _validate(graph: GraphTensor, op: OpInfo, tensors: Sequence[Tensor]) -> Layo
             device = tensor.device
         elif tensor.device != device:
             raise ValueError(f"{name}: on {tensor.device}, but {names[0]} is on {device}")
-    return infer_layout(op, [t.shape for t in tensors])
+    if torch.compiler.is_compiling():
+        return infer_layout(op, [t.shape for t in tensors])  # traced once; the parse cache is not traceable
+    return _layout_of(text, tensors)
 
 
 def compute(graph: Union[GraphTensor, Tensor], op: Union[OpInfo, str], lhs: Optional[Tensor] = None,
@@ -427,10 +464,11 @@ def compute(graph: Union[GraphTensor, Tensor], op: Union[OpInfo, str], lhs: Opti
         raise TypeError(f"parallel_info: expected a ParallelInfo or None, got {type(parallel_info).__name__}")
     graph = as_graph(graph, num_nodes)
     tensors = _slot_tensors(op, lhs, rhs, operands)
-    layout = _validate(graph, op, tensors)
+    text = op.serialize()
+    layout = _validate(graph, op, text, tensors)
     schedule = AUTO
     if parallel_info is not None:
         parallel_info.validate_for(op.gather_op, layout.message_width)
         schedule = parallel_info.serialize()
     notify(graph, op, tensors, layout, parallel_info)
-    return differentiable_graph_op(graph.structure(tensors[0].device), tensors, op.serialize(), schedule)
+    return differentiable_graph_op(graph.structure(tensors[0].device), tensors, text, schedule)

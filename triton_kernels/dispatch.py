@@ -8,18 +8,20 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
+from pyg_ugrapher.graph import capturing
 from pyg_ugrapher.ir import Expr, OpInfo
 from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
 
 from . import edge_message, edge_parallel, neighbor_group, vertex_message, vertex_parallel
 from .codegen import GraphArrays, KernelSpec, edge_mode, head_tiling, interpreting, load_kernel
+from .launch import DirectKernel
 
 #: (gather or message creation, strategy) -> template module.
 TEMPLATES = {
@@ -44,8 +46,9 @@ def template_for(op: OpInfo, info: ParallelInfo):
     return TEMPLATES[("gather" if op.gather_op else "message", info.strategy)]
 
 
+@functools.lru_cache(maxsize=None)
 def operand_kinds(op: OpInfo, layout: Layout, info: ParallelInfo,
-                  reused: Optional[Sequence[bool]] = None) -> Tuple[str, ...]:
+                  reused: Optional[Tuple[bool, ...]] = None) -> Tuple[str, ...]:
     """The kind each slot is read as: narrow edge operands of CSR-ordered kernels that are
     ``reused`` (default: none) become ``edge_csr`` (the dispatcher permutes them, once)."""
     if template_for(op, info) is edge_message:
@@ -55,6 +58,14 @@ def operand_kinds(op: OpInfo, layout: Layout, info: ParallelInfo,
     reused = reused or (False,) * len(op.inputs)
     return tuple("edge_csr" if kind == "edge" and widths[pattern] <= NARROW_EDGE and again else kind
                  for kind, pattern, again in zip(op.inputs, layout.patterns, reused))
+
+
+@functools.lru_cache(maxsize=None)
+def _permutable(op: OpInfo, layout: Layout, info: ParallelInfo) -> Optional[Tuple[bool, ...]]:
+    """Which slots :func:`operand_kinds` reads in CSR order once reused; ``None`` if none."""
+    kinds = operand_kinds(op, layout, info, (True,) * len(op.inputs))
+    slots = tuple(kind == "edge_csr" for kind in kinds)
+    return slots if any(slots) else None
 
 
 #: tensor -> (version, eid, its rows in CSR order, or None while it was seen only once).
@@ -67,8 +78,9 @@ def is_reused(tensor: Tensor, eid: Tensor) -> bool:
     reused; attention coefficients and gradients are new tensors every step. Tensors that require
     grad never count: trainable edge operands change every step anyway, and writes through
     ``.data`` (``gradcheck``'s perturbations, hand-written updates) leave ``_version`` unchanged,
-    so a cached copy would go stale silently."""
-    if tensor.requires_grad:
+    so a cached copy would go stale silently. Nor does anything during a CUDA graph capture
+    (see :func:`~pyg_ugrapher.graph.capturing`)."""
+    if tensor.requires_grad or capturing(tensor):
         return False
     hit = _PERMUTED.get(tensor)
     if hit is not None and hit[0] == tensor._version and hit[1] is eid:
@@ -127,30 +139,38 @@ def fuse(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout:
          gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor]) -> Optional[Fused]:
     """The combined op of :func:`run_with_edge_output`, or ``None`` when the two ops do not share
     a message shape (or one is not of its kind)."""
+    operands = list(gather_operands) + list(message_operands)
+    # Which earlier operand each one is (the same tensor read the same way), or -1: all that the
+    # combined op depends on besides the two ops, so it is built once per pattern.
+    keys = list(zip(gather.inputs + message.inputs, gather_layout.patterns + message_layout.patterns))
+    sharing = tuple(next((k for k in range(i) if operands[k] is t and keys[k] == keys[i]), -1)
+                    for i, t in enumerate(operands))
+    return _fused(gather, gather_layout, message, message_layout, sharing)
+
+
+@functools.lru_cache(maxsize=None)
+def _fused(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
+           sharing: Tuple[int, ...]) -> Optional[Fused]:
     if gather.gather_op is None or gather.reduces or message.gather_op is not None or \
             gather_layout.message_shape != message_layout.message_shape:
         return None
-    tensors: List[Tensor] = []
-    kinds: List[str] = []
-    patterns: List[str] = []
-
-    def slot(tensor: Tensor, kind: str, pattern: str) -> int:
-        for k, seen in enumerate(tensors):
-            if seen is tensor and kinds[k] == kind and patterns[k] == pattern:
-                return k
-        tensors.append(tensor)
-        kinds.append(kind)
-        patterns.append(pattern)
-        return len(tensors) - 1
-
-    gather_slots = tuple(slot(t, kind, pattern) for t, kind, pattern
-                         in zip(gather_operands, gather.inputs, gather_layout.patterns))
-    message_slots = tuple(slot(t, kind, pattern) for t, kind, pattern
-                          in zip(message_operands, message.inputs, message_layout.patterns))
+    kinds = gather.inputs + message.inputs
+    patterns = gather_layout.patterns + message_layout.patterns
+    slots: List[int] = []
+    firsts: List[int] = []  #: operand position of each combined slot
+    for i, earlier in enumerate(sharing):
+        if earlier < 0:
+            firsts.append(i)
+            slots.append(len(firsts) - 1)
+        else:
+            slots.append(slots[earlier])
+    n = len(gather.inputs)
+    gather_slots, message_slots = tuple(slots[:n]), tuple(slots[n:])
+    kinds = tuple(kinds[i] for i in firsts)
+    patterns = tuple(patterns[i] for i in firsts)
     expr = gather.expr.remap(dict(enumerate(gather_slots)))
-    op = _Combined(expr, gather.gather_op, tuple(kinds))
-    layout = Layout(gather_layout.message_shape, gather_layout.out_shape, tuple(patterns),
-                    gather_layout.inner, 1)
+    op = _Combined(expr, gather.gather_op, kinds)
+    layout = Layout(gather_layout.message_shape, gather_layout.out_shape, patterns, gather_layout.inner, 1)
     edge_expr = message.expr.remap(dict(enumerate(message_slots))).serialize()
     return Fused(op, layout, edge_expr, message_layout.reduce_size, gather_slots, message_slots)
 
@@ -182,7 +202,7 @@ def run_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo,
     edge_out = _allocate_edge_output(graph.csr.num_edges, message_layout.width, out_dtypes[1],
                                      mode == "partial", graph.csr.device)
     out = _launch(fused.op, fused.layout, graph, operands, info, out_dtypes[0],
-                  dict(edge_expr=fused.edge_expr, edge_group=fused.edge_group, edge_mode=mode), edge_out)
+                  (("edge_expr", fused.edge_expr), ("edge_group", fused.edge_group), ("edge_mode", mode)), edge_out)
     return out, edge_out.to(out_dtypes[1]).view(edge_shape)
 
 
@@ -195,12 +215,24 @@ def kernel_source(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = 
 @functools.lru_cache(maxsize=None)
 def _kernel(template, spec: KernelSpec, interpreted: bool):
     """The kernel of ``spec``, compiled or ``interpreted``: the one cache of generated kernels,
-    keyed by spec (generating the source again would cost ~60 us per call, as much as a launch)."""
-    return load_kernel(template.source(spec), spec.name)
+    keyed by spec (generating the source again would cost ~60 us per call, as much as a launch).
+    Compiled kernels launch through :class:`DirectKernel`."""
+    kernel = load_kernel(template.source(spec), spec.name)
+    return kernel if interpreted else DirectKernel(kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _spec(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool, wide: bool, kinds: Tuple[str, ...],
+          edge_fields: Tuple[Tuple[str, Any], ...]) -> KernelSpec:
+    """:func:`kernel_spec` with the fields of an edge output, once per combination."""
+    return replace(kernel_spec(op, layout, info, acc64, wide, kinds), **dict(edge_fields))
 
 
 def _as_rows(tensor: Tensor) -> Tensor:
-    """``[rows, *features]`` as ``[rows, width]`` with unit feature stride (rows may be strided)."""
+    """``tensor`` where its features are packed (unit stride, row-major: the kernels read
+    ``row * stride(0) + feature``), else ``[rows, width]`` with unit feature stride."""
+    if tensor.is_contiguous():
+        return tensor
     # An explicit width: ``-1`` is ambiguous for a tensor without rows (a graph without edges).
     flat = tensor.reshape(tensor.shape[0], math.prod(tensor.shape[1:]))
     if flat.shape[1] > 1 and flat.stride(1) != 1:
@@ -209,7 +241,9 @@ def _as_rows(tensor: Tensor) -> Tensor:
 
 
 def _needs_wide(tensors: Sequence[Tensor]) -> bool:
-    return any(t.shape[0] * max(t.stride(0), 1) + t.shape[1] > _INT32_LIMIT for t in tensors)
+    """Whether an element offset (``row * stride(0) + feature``) may exceed int32."""
+    return any(t.numel() and t.shape[0] * max(t.stride(0), 1) + t.numel() // t.shape[0] > _INT32_LIMIT
+               for t in tensors)
 
 
 def run(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tensor],
@@ -225,14 +259,19 @@ def run(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tenso
 
 
 def _launch(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tensor], info: ParallelInfo,
-            out_dtype: Optional[torch.dtype], edge_fields: Optional[dict] = None,
+            out_dtype: Optional[torch.dtype], edge_fields: Tuple[Tuple[str, Any], ...] = (),
             edge_out: Optional[Tensor] = None) -> Tensor:
     template = template_for(op, info)
     eid = graph.csr.eid
-    kinds = operand_kinds(op, layout, info, [kind == "edge" and is_reused(t, eid)
-                                             for t, kind in zip(operands, op.inputs)])
-    flat = [in_csr_order(t, eid) if kind == "edge_csr" else _as_rows(t)
-            for t, kind in zip(operands, kinds)]
+    permutable = _permutable(op, layout, info)
+    if permutable is None:
+        kinds = operand_kinds(op, layout, info)
+        flat = [_as_rows(t) for t in operands]
+    else:
+        kinds = operand_kinds(op, layout, info, tuple(again and is_reused(t, eid)
+                                                      for t, again in zip(operands, permutable)))
+        flat = [in_csr_order(t, eid) if kind == "edge_csr" else _as_rows(t)
+                for t, kind in zip(operands, kinds)]
     if out_dtype is None:
         out_dtype = flat[0].dtype
         for t in flat[1:]:
@@ -247,9 +286,7 @@ def _launch(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[T
     if graph.csr.num_edges or (op.gather_op and not template.ATOMIC):
         acc64 = any(t.dtype == torch.float64 for t in flat)
         extra = [] if edge_out is None else [edge_out]
-        spec = kernel_spec(op, layout, info, acc64=acc64, wide=_needs_wide(flat + [out] + extra), kinds=kinds)
-        if edge_fields:
-            spec = replace(spec, **edge_fields)
+        spec = _spec(op, layout, info, acc64, _needs_wide(flat + [out] + extra), kinds, edge_fields)
         kernel = _kernel(template, spec, interpreting())
         args: List = []
         for t in flat:

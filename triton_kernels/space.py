@@ -9,6 +9,8 @@ and the probe measured no difference for 2.
 """
 from __future__ import annotations
 
+import functools
+
 import itertools
 from typing import List
 
@@ -50,6 +52,7 @@ def warps_for(tile: int) -> List[int]:
     return fitting or [NUM_WARPS[0] if tile < 256 else NUM_WARPS[-1]]
 
 
+@functools.lru_cache(maxsize=None)
 def pair_schedule(info: ParallelInfo, message_width: int, edge_group: int) -> ParallelInfo:
     """The schedule of a gather that also writes an edge output summing ``edge_group`` message
     features per value (``triton_kernels.run_with_edge_output``), derived from the gather's own.

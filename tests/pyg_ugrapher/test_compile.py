@@ -237,3 +237,39 @@ def test_message_passing_traced_first_under_compile():
     x, edge_index, weight, _ = layer_inputs()
     check_compiled(model, lambda m, x, ei, w: m(x, ei, w), [x, edge_index, weight])
     assert model.trace_count == 1 and model.fallback_reason is None
+
+
+# -- CUDA graphs: where a step is host-bound (graphs of up to ~1e6 edges) -------------------------
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["copy_u_sum", "u_mul_e_sum", "copy_u_max"])
+def test_operators_replay_in_a_cuda_graph(name):
+    """Forward and backward captured once (after a warm-up call, which builds the graph's
+    caches) and replayed on new inputs written into the captured tensors."""
+    device = torch.device("cuda")
+    edge_index = make_graph(300, 3000, seed=1).to(device)
+    graph = ug.GraphTensor.from_edge_index(edge_index, 300)
+    x = torch.randn(300, 32, device=device, requires_grad=True)
+    weight = torch.rand(edge_index.size(1), 1, device=device, requires_grad=True)
+    grad = torch.randn(300, 32, device=device)
+    operands = [x, weight] if name.startswith("u_mul_e") else [x]
+
+    def step():
+        out = ug.compute(graph, name, *operands)
+        return [out] + list(torch.autograd.grad(out, operands, grad))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    cuda_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cuda_graph):
+        captured = step()
+    for seed in range(3):
+        generator = torch.Generator(device=device).manual_seed(seed)
+        with torch.no_grad():
+            for t in operands + [grad]:
+                t.copy_(torch.randn(t.shape, generator=generator, device=device))
+        cuda_graph.replay()
+        for index, (a, b) in enumerate(zip(captured, step())):
+            assert_close(a, b, f"replay {seed}: {'output' if index == 0 else f'gradient {index - 1}'}")

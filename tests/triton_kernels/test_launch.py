@@ -1,0 +1,148 @@
+"""``DirectKernel``: compiled binaries are reused only for the specialisation they were built for.
+
+The CPU tests drive it with a stand-in JIT function and driver (the logic is pure Python); the
+``cuda`` test launches real kernels with operands whose alignment changes between calls.
+"""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import pyg_ugrapher as ug
+from pyg_ugrapher.ir import OpInfo
+from triton_kernels import launch
+from triton_kernels.launch import DirectKernel
+
+
+class Binary:
+    """A compiled kernel as Triton 3.6 returns it: ``run`` is its launcher."""
+
+    def __init__(self, log):
+        self.function, self.packed_metadata, self.log = object(), object(), log
+
+    def run(self, *args):
+        self.log.append(("binary", self, args))
+
+
+class JitFunction:
+    """``kernel(a_ptr, n, m, BLOCK: constexpr)`` with ``m`` not specialised on its value."""
+
+    arg_names = ["a_ptr", "n", "m", "BLOCK"]
+    params = [SimpleNamespace(do_not_specialize=name == "m") for name in arg_names]
+
+    def __init__(self):
+        self.log = []
+
+    def __getitem__(self, grid):
+        def launch_and_compile(*args, **kwargs):
+            binary = Binary(self.log)
+            self.log.append(("jit", grid, args, kwargs))
+            return binary
+        return launch_and_compile
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 1234)
+    monkeypatch.setattr(launch, "driver", SimpleNamespace(active=active))
+
+
+def launches(fn, calls):
+    """Run ``(args, kwargs)`` calls through one DirectKernel; the kinds of launch, in order."""
+    kernel = DirectKernel(fn)
+    for args, kwargs in calls:
+        kernel[(3, 2)](*args, **kwargs)
+    return [entry[0] for entry in fn.log], kernel
+
+
+def test_a_binary_is_reused_for_the_same_specialisation(driver):
+    fn = JitFunction()
+    a, b = torch.zeros(64), torch.ones(64)
+    kinds, kernel = launches(fn, [((a, 32, 7), dict(BLOCK=16, num_warps=4)),
+                                  ((b, 48, 9), dict(BLOCK=16, num_warps=4))])
+    assert kinds == ["jit", "binary"]
+    _, binary, args = fn.log[1]
+    # grid padded to three axes, the driver's stream, no launch metadata or hooks, then every
+    # parameter in signature order, the constexpr included
+    assert args == (3, 2, 1, 1234, binary.function, binary.packed_metadata, None, None, None, b, 48, 9, 16)
+    assert len(kernel.binaries) == 1
+
+
+@pytest.mark.parametrize("first,second", [
+    ((0, 7), (1, 7)),  # divisible by 16 -> not
+    ((2, 7), (1, 7)),  # an integer equal to 1 is a constant of its binary
+    ((3, 7), (2**31, 7)),  # i32 -> i64
+    ((3, 7), (3, 2**31)),  # even an unspecialised integer changes type
+], ids=["divisibility", "equal-to-one", "int64", "unspecialised-int64"])
+def test_a_new_specialisation_compiles_again(driver, first, second):
+    fn = JitFunction()
+    a = torch.zeros(64)
+    kinds, kernel = launches(fn, [((a, *first), dict(BLOCK=16)), ((a, *second), dict(BLOCK=16)),
+                                  ((a, *second), dict(BLOCK=16))])
+    assert kinds == ["jit", "jit", "binary"]
+    assert len(kernel.binaries) == 2
+
+
+def test_unspecialised_integers_share_a_binary(driver):
+    fn = JitFunction()
+    a = torch.zeros(64)
+    kinds, _ = launches(fn, [((a, 5, 16), dict(BLOCK=16)), ((a, 5, 1), dict(BLOCK=16)), ((a, 5, 3), dict(BLOCK=16))])
+    assert kinds == ["jit", "binary", "binary"]
+
+
+def test_pointer_alignment_dtype_and_keywords_are_part_of_the_key(driver):
+    fn = JitFunction()
+    base = torch.zeros(64)
+    misaligned = base[1:]  # 4 bytes past a 16-byte boundary
+    assert base.data_ptr() % 16 == 0 and misaligned.data_ptr() % 16 != 0
+    kinds, kernel = launches(fn, [((base, 3, 3), dict(BLOCK=16)), ((misaligned, 3, 3), dict(BLOCK=16)),
+                                  ((base.half(), 3, 3), dict(BLOCK=16)), ((base, 3, 3), dict(BLOCK=32)),
+                                  ((base, 3, 3), dict(BLOCK=16, num_warps=8)), ((misaligned, 3, 3), dict(BLOCK=16))])
+    assert kinds == ["jit"] * 5 + ["binary"]
+    assert len(kernel.binaries) == 5
+
+
+def test_other_argument_types_always_go_through_triton(driver):
+    fn = JitFunction()
+    kinds, kernel = launches(fn, [((torch.zeros(4), 2.5, 3), dict(BLOCK=16))] * 2)
+    assert kinds == ["jit", "jit"] and not kernel.binaries
+
+
+def test_a_parameter_left_to_its_default_is_never_launched_directly(driver):
+    fn = JitFunction()
+    kinds, kernel = launches(fn, [((torch.zeros(4), 2, 3), {})] * 2)
+    assert kinds == ["jit", "jit"] and not kernel.binaries
+
+
+@pytest.mark.parametrize("hook", ["launch_enter_hook", "launch_exit_hook"])
+def test_launch_hooks_see_every_launch(driver, monkeypatch, hook):
+    """Profilers (proton) register launch hooks: with one set, every launch goes through Triton."""
+    chain = SimpleNamespace(calls=[lambda metadata: None])
+    monkeypatch.setattr(launch.knobs.runtime, hook, chain)
+    fn = JitFunction()
+    kinds, _ = launches(fn, [((torch.zeros(4), 2, 3), dict(BLOCK=16))] * 3)
+    assert kinds == ["jit"] * 3
+
+
+def test_an_unexpected_compiled_kernel_turns_direct_launches_off(driver):
+    class OldJit(JitFunction):
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: self.log.append(("jit",)) or SimpleNamespace()
+    fn = OldJit()
+    kinds, kernel = launches(fn, [((torch.zeros(4), 2, 3), dict(BLOCK=16))] * 3)
+    assert kinds == ["jit"] * 3 and not kernel.direct
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("strategy", ["vertex", "edge", "group"])
+def test_misaligned_operands_after_aligned_ones(strategy, device, graph_factory, check_close):
+    """The same kernel on an aligned operand, then a view 4 bytes off (a binary built for 16-byte
+    alignment would read it wrongly or fault), then the aligned one again."""
+    graph = graph_factory("mixed")
+    op = OpInfo.from_name("u_mul_e_sum")
+    wide = torch.randn(graph.num_src, 65, device=device)
+    weight = torch.randn(graph.num_edges, device=device)
+    info = ug.ParallelInfo(strategy, block_f=64)
+    for x in (wide[:, :64], wide[:, 1:], wide[:, :64].contiguous()):
+        expected = ug.reference.execute(graph, op, [x.double(), weight.double()]).float()
+        check_close(ug.compute(graph, op, x, weight, parallel_info=info), expected)
