@@ -40,7 +40,7 @@ from torch.autograd.function import once_differentiable
 from .graph import GraphTensor
 from .ir import Expr, OpInfo
 from .backward import on_reversed
-from .ops import AUTO, notify, reversed_structure, run_gather_with_edge_output, run_graph_op
+from .ops import AUTO, notify, reversed_structure, run_gather_with_edge_output, run_graph_op, serialized
 
 #: PyG's softmax adds this to the denominator: destinations without edges stay finite.
 EPSILON = 1e-16
@@ -78,7 +78,7 @@ _DOT_REVERSED = on_reversed(_DOT).serialize()
 
 
 def _run(structure: List[Tensor], op: OpInfo, operands: List[Tensor]) -> Tensor:
-    return run_graph_op(structure, operands, op.serialize(), AUTO)
+    return run_graph_op(structure, operands, serialized(op), AUTO)
 
 
 def _column(tensor: Tensor) -> Tensor:
@@ -89,21 +89,55 @@ def _column(tensor: Tensor) -> Tensor:
     return tensor.unsqueeze(-1)
 
 
+def _forward(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor],
+             graph: Optional[GraphTensor] = None) -> Tuple[Tensor, Tensor]:
+    """``(out, log-normaliser)``: the three forward operators (observers of ``ug.plan`` are told
+    about each one when the ``graph`` is given)."""
+    shift_op, denominator_op, output_op, _, _ = attention_ops(keep is not None)
+
+    def run(op: OpInfo, operands: List[Tensor]) -> Tensor:
+        if graph is not None:
+            notify(graph, op, operands)
+        return _run(structure, op, operands)
+
+    shift = run(shift_op, [_column(logits)])
+    normaliser = shift + (run(denominator_op, [_column(logits), shift]) + EPSILON).log()
+    extra = [] if keep is None else [_column(keep)]
+    return run(output_op, [x, _column(logits), normaliser] + extra), normaliser
+
+
+def _backward(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor], normaliser: Tensor,
+              out: Tensor, grad: Tensor, needs_logits: bool, needs_x: bool
+              ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """``(grad_logits, grad_x)`` of the closed form (``None`` where not needed)."""
+    _, _, _, grad_x_op, grad_logits_op = attention_ops(keep is not None)
+    grad = grad.contiguous()
+    extra = [] if keep is None else [_column(keep)]
+    grad_x = grad_logits = None
+    grad_x_operands = [grad, _column(logits), normaliser] + extra
+    if needs_x and needs_logits:
+        grad_x, products = run_gather_with_edge_output(
+            reversed_structure(structure), grad_x_operands, serialized(grad_x_op), [x, grad], _DOT_REVERSED, AUTO, AUTO)
+    elif needs_x:
+        grad_x = _run(reversed_structure(structure), grad_x_op, grad_x_operands)
+    elif needs_logits:
+        products = _run(structure, _DOT, [x, grad])
+    if needs_logits:
+        if keep is not None:
+            products = products * _column(keep)
+        total = (out * grad).sum(dim=-1, keepdim=True)
+        grad_logits = _run(structure, grad_logits_op, [_column(logits), normaliser, products, total]).squeeze(-1)
+    return grad_logits, grad_x
+
+
 class _SoftmaxAggregate(torch.autograd.Function):
+    """The eager path: an autograd Function costs less host time per call than a custom op."""
+
     @staticmethod
     def forward(ctx, graph: GraphTensor, num_structure: int, *tensors: Tensor) -> Tensor:
         structure = list(tensors[:num_structure])
         logits, x, keep = tensors[num_structure:]
-        shift_op, denominator_op, output_op, _, _ = attention_ops(keep is not None)
-
-        def run(op: OpInfo, operands: List[Tensor]) -> Tensor:
-            notify(graph, op, operands)
-            return _run(structure, op, operands)
-
-        shift = run(shift_op, [_column(logits)])
-        normaliser = shift + (run(denominator_op, [_column(logits), shift]) + EPSILON).log()
-        extra = [] if keep is None else [_column(keep)]
-        out = run(output_op, [x, _column(logits), normaliser] + extra)
+        out, normaliser = _forward(structure, logits, x, keep, graph)
         ctx.num_structure = num_structure
         ctx.save_for_backward(*structure, logits, x, keep, normaliser, out)
         return out
@@ -113,27 +147,57 @@ class _SoftmaxAggregate(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         saved = ctx.saved_tensors
         structure = list(saved[:ctx.num_structure])
-        logits, x, keep, normaliser, out = saved[ctx.num_structure:]
-        _, _, _, grad_x_op, grad_logits_op = attention_ops(keep is not None)
-        grad = grad.contiguous()
-        extra = [] if keep is None else [_column(keep)]
-        grad_x = grad_logits = None
         needs_logits, needs_x = ctx.needs_input_grad[ctx.num_structure + 2:ctx.num_structure + 4]
-        grad_x_operands = [grad, _column(logits), normaliser] + extra
-        if needs_x and needs_logits:
-            grad_x, products = run_gather_with_edge_output(
-                reversed_structure(structure), grad_x_operands, grad_x_op.serialize(), [x, grad], _DOT_REVERSED,
-                AUTO, AUTO)
-        elif needs_x:
-            grad_x = _run(reversed_structure(structure), grad_x_op, grad_x_operands)
-        elif needs_logits:
-            products = _run(structure, _DOT, [x, grad])
-        if needs_logits:
-            if keep is not None:
-                products = products * _column(keep)
-            total = (out * grad).sum(dim=-1, keepdim=True)
-            grad_logits = _run(structure, grad_logits_op, [_column(logits), normaliser, products, total]).squeeze(-1)
+        grad_logits, grad_x = _backward(structure, *saved[ctx.num_structure:], grad, needs_logits, needs_x)
         return (None, None) + (None,) * ctx.num_structure + (grad_logits, grad_x, None)
+
+
+# -- the same, as custom ops: what a compiled graph calls (one opaque node each way) ---------------
+@torch.library.custom_op("pyg_ugrapher::softmax_aggregate", mutates_args=())
+def softmax_aggregate_op(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor]) -> List[Tensor]:
+    """``[out, log-normaliser]`` of :func:`softmax_aggregate` on a graph given by its structure
+    list; differentiable with respect to ``logits`` and ``x`` (once)."""
+    return list(_forward(structure, logits, x, keep))
+
+
+@softmax_aggregate_op.register_fake
+def _(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor]) -> List[Tensor]:
+    rows = structure[0].shape[0] - 1
+    return [x.new_empty((rows,) + tuple(x.shape[1:])), logits.new_empty((rows, logits.shape[1], 1))]
+
+
+@torch.library.custom_op("pyg_ugrapher::softmax_aggregate_backward", mutates_args=())
+def _backward_op(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor], normaliser: Tensor,
+                 out: Tensor, grad: Tensor, needs_logits: bool, needs_x: bool) -> List[Tensor]:
+    grads = _backward(structure, logits, x, keep, normaliser, out, grad, needs_logits, needs_x)
+    # A custom op returns tensors: an empty one stands for a gradient not asked for.
+    return [g if g is not None else t.new_empty(0) for g, t in zip(grads, (logits, x))]
+
+
+@_backward_op.register_fake
+def _(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor], normaliser: Tensor,
+      out: Tensor, grad: Tensor, needs_logits: bool, needs_x: bool) -> List[Tensor]:
+    return [torch.empty_like(logits) if needs_logits else logits.new_empty(0),
+            torch.empty_like(x) if needs_x else x.new_empty(0)]
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    structure, logits, x, keep = inputs
+    ctx.num_structure = len(structure)
+    out, normaliser = output
+    ctx.save_for_backward(*structure, logits, x, keep, normaliser, out)
+
+
+def _op_backward(ctx, grads: List[Optional[Tensor]]):
+    grad = grads[0]  # the log-normaliser is an output only to be saved: its gradient is unused
+    saved = ctx.saved_tensors
+    structure = list(saved[:ctx.num_structure])
+    needs_logits, needs_x = ctx.needs_input_grad[1:3]
+    grad_logits, grad_x = _backward_op(structure, *saved[ctx.num_structure:], grad, needs_logits, needs_x)
+    return [None] * ctx.num_structure, grad_logits if needs_logits else None, grad_x if needs_x else None, None
+
+
+torch.library.register_autograd("pyg_ugrapher::softmax_aggregate", _op_backward, setup_context=_setup_context)
 
 
 def softmax_aggregate(graph: GraphTensor, logits: Tensor, x: Tensor, keep: Optional[Tensor] = None) -> Tensor:
@@ -162,4 +226,6 @@ def softmax_aggregate(graph: GraphTensor, logits: Tensor, x: Tensor, keep: Optio
     if keep is not None and keep.shape != logits.shape:
         raise ValueError(f"keep: expected the shape of logits {list(logits.shape)}, got {list(keep.shape)}")
     structure = graph.structure(x.device)
+    if torch.compiler.is_compiling():
+        return softmax_aggregate_op(structure, logits, x, keep)[0]
     return _SoftmaxAggregate.apply(graph, len(structure), *structure, logits, x, keep)

@@ -73,6 +73,23 @@ class Expr:
         if self.fn == "leaky_relu" and self.args[1].fn != "const":
             raise ValueError("Expr.args: the slope of leaky_relu must be a constant")
 
+    def __hash__(self) -> int:
+        # Expressions key the kernel and schedule caches that every operator call looks up: a
+        # tree's structural hash is computed once, not once per node per lookup.
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.fn, self.args, self.value))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        # String hashes differ between processes: a pickled tree computes its hash again.
+        return {key: value for key, value in self.__dict__.items() if key != "_hash"}
+
+    def __setstate__(self, state: dict) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
+
     # -- construction ------------------------------------------------------------------------
     @staticmethod
     def input(index: int) -> "Expr":

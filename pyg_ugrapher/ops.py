@@ -280,7 +280,7 @@ def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, 
         gather_inputs, message_inputs = (_inputs(step, operands, values) for step in (gather, message))
         message_op = on_reversed(message.op)
         results[i], results[j] = run_pair(
-            reversed_, gather_inputs, _text(gather.op), message_inputs, _text(message_op),
+            reversed_, gather_inputs, serialized(gather.op), message_inputs, serialized(message_op),
             _inherit(schedule, gather.op, gather_inputs), _inherit(schedule, message_op, message_inputs))
     grads: List[Optional[Tensor]] = []
     for slot, (step, tensor) in enumerate(zip(plan.slots, operands)):
@@ -303,7 +303,8 @@ def _backward_of(op: OpInfo, layout: Layout) -> Backward:
 
 
 @lru_cache(maxsize=4096)
-def _text(op: OpInfo) -> str:
+def serialized(op: OpInfo) -> str:
+    """``op.serialize()``, once per op: the backward passes name the same few ops every step."""
     return op.serialize()
 
 
@@ -328,7 +329,7 @@ def _run_step(step: GradStep, structure: List[Tensor], reversed_: List[Tensor], 
     inputs = _inputs(step, operands, values)
     graph = reversed_ if step.reverse else structure
     step_schedule = _inherit(schedule, step.op, inputs)
-    return run(graph, inputs, _text(step.op), step_schedule)
+    return run(graph, inputs, serialized(step.op), step_schedule)
 
 
 def _inherit(schedule: str, op: OpInfo, inputs: Sequence[Tensor]) -> str:

@@ -10,7 +10,7 @@ from torch_geometric.utils import add_self_loops, remove_self_loops, to_edge_ind
 from torch_geometric.utils.loop import compute_loop_attr
 from torch_geometric.utils.sparse import set_sparse_value
 
-from ..attention import EPSILON, softmax_aggregate
+from ..attention import EPSILON, softmax_aggregate, softmax_aggregate_op
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._graph import (Graph, adjacency, check_eager, check_features, derived, edge_tensor, gather_op, graph_of,
@@ -72,10 +72,11 @@ class GATConv(MessagePassing):
 
     1. the node halves ``a_src . x[u]`` and ``a_dst . x[v]``, one batched product over the heads;
     2. the logits, ``leaky_relu(a_src[u] + a_dst[v] (+ a_edge[e]))``, one message op ``[E, H]``;
-    3. in eager mode with sum aggregation, :func:`~pyg_ugrapher.attention.softmax_aggregate`:
-       softmax over each destination's edges times the source features in three operators and a
-       closed-form backward in three more (attention dropout is a per-edge scale there);
-    4. otherwise (``torch.compile``, ``return_attention_weights``) separate differentiable
+    3. with sum aggregation, :func:`~pyg_ugrapher.attention.softmax_aggregate` (under
+       ``torch.compile`` its custom op): softmax over each destination's edges times the source
+       features in three operators and a closed-form backward in three more (attention dropout is
+       a per-edge scale there);
+    4. otherwise (other aggregations, ``return_attention_weights``) separate differentiable
        operators: ``copy_e_max`` of the detached logits (the softmax is shift-invariant, as in
        PyG), ``p = exp(logit[e] - max[v])``, ``copy_e_sum``, then ``out[v] = sum x[u] * p[e] /
        s[v]`` as one fused gather op, or ``alpha = p / s[v]`` (``e_div_v``), dropout and
@@ -262,11 +263,14 @@ class GATConv(MessagePassing):
             kinds += ("edge",)
 
         logits = run(graph, score_op, (kinds, self._negative_slope), operands)
-        if graph.structure is None and self._gather == "sum" and not return_attention_weights:
+        if self._gather == "sum" and not return_attention_weights:
             keep = None
             if self.training and self.dropout > 0:
                 keep = F.dropout(torch.ones_like(logits), p=self.dropout, training=True)
-            out = softmax_aggregate(graph.tensor, logits, x_src, keep)
+            if graph.structure is None:
+                out = softmax_aggregate(graph.tensor, logits, x_src, keep)
+            else:
+                out = softmax_aggregate_op(graph.structure, logits, x_src, keep)[0]
         else:
             out, alpha = self._attend(graph, logits, x_src, return_attention_weights)
 
@@ -298,9 +302,8 @@ class GATConv(MessagePassing):
 
     def _attend(self, graph: Graph, logits: Tensor, x_src: Tensor, return_attention_weights: Optional[bool]
                 ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Softmax and aggregation as separate ops: where the attention coefficients are returned,
-        the aggregation is not a sum, or under ``torch.compile`` (the fused
-        :func:`~pyg_ugrapher.attention.softmax_aggregate` is an eager autograd function)."""
+        """Softmax and aggregation as separate ops: where the attention coefficients are returned
+        or the aggregation is not a sum."""
         shift = run(graph, named, ("copy_e_max",), [logits.detach()])
         numer = run(graph, exp_shifted, (), [logits, shift])
         # PyG's 1e-16 keeps destinations without edges finite (and their gradients 0).

@@ -6,7 +6,7 @@ import torch
 from torch_geometric.utils import softmax
 
 import pyg_ugrapher as ug
-from pyg_ugrapher.attention import softmax_aggregate
+from pyg_ugrapher.attention import softmax_aggregate, softmax_aggregate_op
 
 HEADS, CHANNELS = 3, 5
 
@@ -56,6 +56,42 @@ def test_kernels_match_pyg(device, graph_factory, graph_case, check_close, dropo
     for ours, theirs in zip(_forward_backward(softmax_aggregate, graph, *moved),
                             _forward_backward(_pyg, graph, *inputs)):
         check_close(ours.cpu(), theirs)
+
+
+def _custom_op(graph, logits, x, keep):
+    """The custom op a compiled graph calls, called directly (its autograd formula included)."""
+    return softmax_aggregate_op(graph.structure(x.device), logits, x, keep)[0]
+
+
+def _compiled(graph, logits, x, keep):
+    """``softmax_aggregate`` under ``torch.compile`` (no graph break: it calls the custom op)."""
+    torch._dynamo.reset()
+    return torch.compile(softmax_aggregate, fullgraph=True, backend="aot_eager")(graph, logits, x, keep)
+
+
+@pytest.mark.parametrize("path", [_custom_op, _compiled], ids=["custom_op", "compiled"])
+@pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
+def test_custom_op_matches_pyg(graph_factory, graph_case, check_close, dropout, path):
+    graph = graph_factory(graph_case)
+    inputs = _inputs(graph, seed=3, dropout=dropout)
+    for ours, theirs in zip(_forward_backward(path, graph, *inputs), _forward_backward(_pyg, graph, *inputs)):
+        check_close(ours, theirs)
+
+
+@pytest.mark.parametrize("fn", [softmax_aggregate, _custom_op], ids=["function", "custom_op"])
+@pytest.mark.parametrize("wrt", ["logits", "x"])
+def test_one_sided_gradients(graph_factory, check_close, fn, wrt):
+    """Only the gradient asked for is computed (the backward's one-sided branches)."""
+    graph = graph_factory("mixed")
+    logits, x, keep = _inputs(graph, seed=4, dropout=True)
+    leaf = (logits if wrt == "logits" else x).clone().requires_grad_()
+    args = (leaf, x, keep) if wrt == "logits" else (logits, leaf, keep)
+    grad = torch.randn(graph.num_dst, HEADS, CHANNELS, generator=torch.Generator().manual_seed(5))
+    (ours,) = torch.autograd.grad(fn(graph, *args), leaf, grad)
+    theirs_leaf = leaf.detach().clone().requires_grad_()
+    theirs_args = (theirs_leaf, x, keep) if wrt == "logits" else (logits, theirs_leaf, keep)
+    (theirs,) = torch.autograd.grad(_pyg(graph, *theirs_args), theirs_leaf, grad)
+    check_close(ours, theirs)
 
 
 def test_isolated_destinations_get_zero(graph_factory, isolated):

@@ -230,6 +230,21 @@ def test_captured_message_passing_compiles_to_the_fused_op(cls, aggr):
     assert model.trace_count == traces  # the eager call's capture served the compiled trace
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_compiled_gat_runs_the_fused_softmax(dropout):
+    """Under ``torch.compile`` GATConv's softmax and aggregation are the one fused custom op (as
+    in eager mode), not the separate operators of ``return_attention_weights``; the dropout
+    scale is drawn in the graph and fed to it."""
+    torch.manual_seed(0)
+    model = ug_nn.GATConv(6, 4, heads=2, dropout=dropout).train()
+    x, edge_index, _, _ = layer_inputs()
+    calls: List[set] = []
+    compiled = torch.compile(lambda m, x, ei: m(x, ei), fullgraph=True, backend=graph_targets(calls))
+    outputs_and_grads(model, compiled, [x, edge_index])
+    targets = set().union(*calls)
+    assert torch.ops.pyg_ugrapher.softmax_aggregate.default in targets, targets
+
+
 def test_message_passing_traced_first_under_compile():
     """The first call ever is compiled: message() is traced while Dynamo traces propagate()."""
     torch.manual_seed(0)
