@@ -24,16 +24,16 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 OPS_COLUMNS = ("suite", "graph", "graph_kind", "num_nodes", "num_edges", "op", "F", "dtype", "pass",
-               "method", "config", "strategy", "schedule", "time_ms", "peak_mib", "first_call_s",
+               "method", "config", "strategy", "schedule", "time_ms", "host_ms", "peak_mib", "first_call_s",
                "max_rel_err", "graphs", "graph_breaks", "status", "note", "device", "timer", "torch",
                "triton", "pyg", "date")
 #: What identifies an operator measurement (``config``: the schedule a sweep row asked for).
 OPS_KEY = ("graph", "op", "F", "pass", "method", "config")
 LAYER_COLUMNS = ("suite", "layer", "graph", "graph_kind", "num_nodes", "num_edges", "F", "method",
-                 "time_ms", "peak_mib", "first_call_s", "max_rel_err", "graphs", "graph_breaks",
+                 "time_ms", "host_ms", "peak_mib", "first_call_s", "max_rel_err", "graphs", "graph_breaks",
                  "status", "note", "device", "timer", "torch", "triton", "pyg", "date")
 LAYER_KEY = ("layer", "graph", "method")
-NUMERIC = ("num_nodes", "num_edges", "time_ms", "peak_mib", "first_call_s", "max_rel_err", "graphs",
+NUMERIC = ("num_nodes", "num_edges", "time_ms", "host_ms", "peak_mib", "first_call_s", "max_rel_err", "graphs",
            "graph_breaks")
 #: Suite -> (file, columns, key).
 FILES = {"headline": ("headline.csv", OPS_COLUMNS, OPS_KEY), "ops": ("ops.csv", OPS_COLUMNS, OPS_KEY),

@@ -109,6 +109,24 @@ def bench(fn: Callable[[], Any], device: torch.device, settings: Settings) -> fl
     return statistics.median(_wall_ms(fn, device) for _ in range(calls))
 
 
+def host_ms(fn: Callable[[], Any], device: torch.device, settings: Settings) -> float:
+    """Host milliseconds to issue one call of an already warmed-up ``fn`` when calls run back to
+    back, as in a training loop (NaN on a CPU, where all time is host time). The GPU hides this
+    time only while it is shorter than the call's GPU work: a ``time_ms`` close to it means the
+    call is bound by the host (Python, launches), whatever its kernels cost. The machines of one
+    GPU service can differ by 2x in host speed, which this column makes visible."""
+    if not is_cuda(device):
+        return NAN
+    calls = max(settings.min_reps, 10)
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    issued = time.perf_counter() - start
+    torch.cuda.synchronize(device)
+    return issued / calls * 1e3
+
+
 def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
     """Peak memory of one call above what was allocated before it, in MiB (NaN on a CPU)."""
     if not is_cuda(device):
@@ -197,12 +215,13 @@ def measure(step: Callable[[], Any], device: torch.device, settings: Settings, *
        meets during that call are counted.
        ``compare`` maps that call's result to its error against the reference (the first call,
        because a training step changes the weights it is compared on).
-    2. Peak memory of one call, then the median time.
+    2. Peak memory of one call, then the median time, then the host time per call
+       (:func:`host_ms`).
 
     Returns the measurement columns of a row; an exception (out of memory, compile error) gives
     ``status`` ``oom`` / ``error`` and NaN for what was not measured.
     """
-    row: Dict[str, Any] = {"time_ms": NAN, "peak_mib": NAN, "first_call_s": NAN, "max_rel_err": NAN,
+    row: Dict[str, Any] = {"time_ms": NAN, "host_ms": NAN, "peak_mib": NAN, "first_call_s": NAN, "max_rel_err": NAN,
                            "graphs": NAN, "graph_breaks": NAN, "status": "ok", "note": ""}
     try:
         if compiled:
@@ -226,6 +245,7 @@ def measure(step: Callable[[], Any], device: torch.device, settings: Settings, *
         del result
         row["peak_mib"] = peak_mib(step, device)
         row["time_ms"] = bench(step, device, settings)
+        row["host_ms"] = host_ms(step, device, settings)
     except Exception as error:  # noqa: BLE001 - every failure becomes a row, the run goes on
         row.update(failure(error))
     if row["status"] in ("oom", "error"):
