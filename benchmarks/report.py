@@ -64,6 +64,10 @@ class ResultsFile:
         if self.path.exists():
             if resume:
                 frame = read(self.path, self.columns)
+                if list(frame.columns) != list(self.columns):
+                    # Written by a version with other columns: rewrite it in these before appending.
+                    frame = frame.reindex(columns=list(self.columns))
+                    frame.to_csv(self.path, index=False)
                 self._done = {tuple(r) for r in frame[list(self.key)].itertuples(index=False)}
             else:
                 self.path.unlink()

@@ -117,7 +117,7 @@ def host_ms(fn: Callable[[], Any], device: torch.device, settings: Settings) -> 
     GPU service can differ by 2x in host speed, which this column makes visible."""
     if not is_cuda(device):
         return NAN
-    calls = max(settings.min_reps, 10)
+    calls = settings.min_reps  # few: the suites time thousands of rows within a device budget
     torch.cuda.synchronize(device)
     start = time.perf_counter()
     for _ in range(calls):

@@ -1,11 +1,13 @@
-"""``benchmarks.timing``: what a measurement row holds on each kind of device."""
+"""``benchmarks.timing`` and the results files: what a measurement row holds on each kind of
+device, and rows of an older version's file when a run is resumed."""
 import math
 import time
 
+import pandas as pd
 import pytest
 import torch
 
-from benchmarks import timing
+from benchmarks import report, timing
 
 SETTINGS = timing.Settings(warmup_ms=1.0, rep_ms=2.0, min_reps=3, max_cpu_reps=5)
 
@@ -39,3 +41,21 @@ def test_host_time_of_a_device_bound_call():
     a = torch.randn(4096, 4096, device=device)
     row = timing.measure(lambda: a @ a @ a, device, SETTINGS)
     assert row["status"] == "ok" and row["host_ms"] < row["time_ms"], row
+
+
+def test_resuming_a_file_of_an_older_version_keeps_columns_aligned(tmp_path):
+    """``--resume`` over a CSV written before a column existed rewrites it in the current columns
+    before appending, so old and new rows line up."""
+    path = tmp_path / "layers.csv"
+    old_columns = [c for c in report.LAYER_COLUMNS if c != "host_ms"]
+    old_row = {c: "" for c in old_columns}
+    old_row.update(layer="GCNConv", graph="g", method="pyg", time_ms="1.5", status="ok")
+    pd.DataFrame([old_row], columns=old_columns).to_csv(path, index=False)
+    results = report.ResultsFile(path, report.LAYER_COLUMNS, report.LAYER_KEY, resume=True)
+    assert results.done(("GCNConv", "g", "pyg"))
+    results.write({"layer": "GCNConv", "graph": "g", "method": "ours", "time_ms": 0.5, "host_ms": 0.25,
+                   "status": "ok"})
+    frame = report.read(path, report.LAYER_COLUMNS)
+    assert list(frame.columns) == list(report.LAYER_COLUMNS)
+    assert frame.time_ms.tolist() == [1.5, 0.5]
+    assert math.isnan(frame.host_ms[0]) and frame.host_ms[1] == 0.25
