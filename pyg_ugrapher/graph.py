@@ -234,7 +234,7 @@ class GraphTensor:
         self._csr_cache: Dict[torch.device, CSR] = {}
         self._csc_cache: Dict[torch.device, CSR] = {}
         self._coo_cache: Dict[torch.device, Tuple[Tensor, Tensor]] = {}
-        self._structure_cache: Dict[Optional[torch.device], List[Tensor]] = {}
+        self._structure_cache: Dict[torch.device, List[Tensor]] = {}
         self._reverse: Optional[GraphTensor] = None
 
     # -- construction ------------------------------------------------------------------------
@@ -336,20 +336,20 @@ class GraphTensor:
         Under ``torch.compile`` a structure not built yet is built by one opaque op inside the
         compiled graph (no graph break, but no caching either: build it once outside to reuse it).
         """
-        # Looked up per operator call: by the device as given first (no resolving), then built.
+        # Looked up per operator call, which passes a tensor's (resolved) device: no resolving then.
         built = self._structure_cache.get(device)
+        if built is None:
+            device = self._resolve(device)
+            built = self._structure_cache.get(device)
         if built is not None:
             return built
-        given = device
-        device = self._resolve(device)
         if torch.compiler.is_compiling() and device not in self._csr_cache:
             return graph_structure(self.src.to(device, self.index_dtype), self.dst.to(device, self.index_dtype),
                                    self.num_src, self.num_dst)
         csr, csc = self.csr(device), self.csc(device)
         src, dst = self.coo(device)
         built = [csr.rowptr, csr.col, csr.eid, csr.rows, csc.rowptr, csc.col, csc.eid, csc.rows, src, dst]
-        if given is None or isinstance(given, torch.device) and (given.type != "cuda" or given.index is not None):
-            self._structure_cache[given] = built
+        self._structure_cache[device] = built
         return built
 
     def reverse(self) -> "GraphTensor":

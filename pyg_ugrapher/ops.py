@@ -311,9 +311,8 @@ def serialized(op: OpInfo) -> str:
 def _degree(rowptr: Tensor, dtype: torch.dtype) -> Tensor:
     """Row degrees at least 1, in ``dtype``: cached per structure (three kernels fewer per mean
     backward), except for the stand-ins of a traced backward pass, which are never the same."""
-    if type(rowptr) is not Tensor or capturing(rowptr):
-        return (rowptr[1:] - rowptr[:-1]).clamp_min(1).to(dtype)
-    cache = derived_cache(rowptr)
+    cacheable = type(rowptr) is Tensor and not capturing(rowptr)
+    cache = derived_cache(rowptr) if cacheable else {}
     key = ("degree", dtype)
     if key not in cache:
         cache[key] = (rowptr[1:] - rowptr[:-1]).clamp_min(1).to(dtype)

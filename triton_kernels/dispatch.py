@@ -264,14 +264,11 @@ def _launch(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[T
     template = template_for(op, info)
     eid = graph.csr.eid
     permutable = _permutable(op, layout, info)
-    if permutable is None:
-        kinds = operand_kinds(op, layout, info)
-        flat = [_as_rows(t) for t in operands]
-    else:
-        kinds = operand_kinds(op, layout, info, tuple(again and is_reused(t, eid)
-                                                      for t, again in zip(operands, permutable)))
-        flat = [in_csr_order(t, eid) if kind == "edge_csr" else _as_rows(t)
-                for t, kind in zip(operands, kinds)]
+    # Only slots that could be read in CSR order ask whether their tensor came back.
+    reused = None if permutable is None else \
+        tuple(again and is_reused(t, eid) for t, again in zip(operands, permutable))
+    kinds = operand_kinds(op, layout, info, reused)
+    flat = [in_csr_order(t, eid) if kind == "edge_csr" else _as_rows(t) for t, kind in zip(operands, kinds)]
     if out_dtype is None:
         out_dtype = flat[0].dtype
         for t in flat[1:]:

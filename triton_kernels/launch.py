@@ -4,9 +4,10 @@
 alignment of pointers, divisibility by 16 of integers, integers equal to 1), builds a cache key
 from it and the options, finds the binary and launches it: 19.2 us of host time per call on one
 H100 machine, against 6.7 us for the bare launch and 15.0 us through this class (3.4 us of it the
-key). On graphs up to ~1e6 edges that host time is the operator's time. The generated kernels take only tensors and integers (everything else is a
-``constexpr`` keyword), so the same specialisation is a short tuple computed here; the first call
-of each one goes through Triton (which compiles), later calls launch its ``CompiledKernel``.
+key). On graphs up to ~1e6 edges that host time is the operator's time. The generated kernels
+take only tensors and integers (everything else is a ``constexpr`` keyword), so the same
+specialisation is a short tuple computed here; the first call of each one goes through Triton
+(which compiles), later calls launch its ``CompiledKernel``.
 
 Anything this does not recognise (other argument types, launch hooks set by a profiler, a Triton
 whose compiled kernels lack the attributes used here) goes through Triton's own path.

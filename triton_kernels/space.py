@@ -10,7 +10,6 @@ and the probe measured no difference for 2.
 from __future__ import annotations
 
 import functools
-
 import itertools
 from typing import List
 
