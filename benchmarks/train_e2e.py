@@ -9,6 +9,13 @@ kernels). Results are printed side by side and written to ``<out>/train_e2e.csv`
 
     python -m benchmarks.train_e2e --datasets cora --epochs 200 --device cpu
 
+``--batch-size B --num-neighbors 10 10`` trains on mini-batches instead, as with PyG's
+``NeighborLoader``: every step samples a new graph around ``B`` training seeds
+(:func:`pyg_ugrapher.datasets.neighbor_sample`, the same batches for both implementations, sampled
+before timing, a fresh set every epoch) and the loss is taken on the seeds. This is where a new
+graph every step must cost little: the first epoch is not counted, later epochs meet new graphs
+of the same sampler.
+
 ``--compile-mode default`` wraps both models in ``torch.compile(model)``: compiled PyG is the
 baseline a user who wants speed would pick (Inductor fuses its gather and scatter). The first
 :data:`COMPILED_WARMUP` epochs (tracing, compiling) are not counted.
@@ -37,7 +44,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 import pyg_ugrapher.nn
-from pyg_ugrapher.datasets import available_datasets, load_dataset, power_law_graph
+from pyg_ugrapher.datasets import available_datasets, load_dataset, neighbor_sample, power_law_graph
 
 MODELS = ("gcn", "gat", "sage", "gin")
 IMPLEMENTATIONS = {"ours": pyg_ugrapher.nn, "pyg": torch_geometric.nn}
@@ -45,8 +52,8 @@ POWER_LAW = "power_law"
 #: The synthetic graph of a GPU run: 1.6e7 edges on 1e6 nodes (mean degree 16).
 POWER_LAW_NODES, POWER_LAW_EDGES = 1_000_000, 16_000_000
 RANDOM_FEATURES, RANDOM_CLASSES = 128, 10
-COLUMNS = ["dataset", "model", "impl", "compile_mode", "device", "num_nodes", "num_edges", "epochs", "test_acc",
-           "val_acc", "final_loss", "epoch_ms", "status"]
+COLUMNS = ["dataset", "model", "impl", "compile_mode", "device", "num_nodes", "num_edges", "batch_size",
+           "epochs", "steps", "test_acc", "val_acc", "final_loss", "epoch_ms", "step_ms", "status"]
 #: Epochs not timed under ``--compile-mode``: tracing, compiling and Inductor's first runs.
 COMPILED_WARMUP = 3
 
@@ -128,11 +135,13 @@ def _mlp(in_channels: int, out_channels: int, hidden: int) -> nn.Module:
     return nn.Sequential(nn.Linear(in_channels, hidden), nn.ReLU(), nn.Linear(hidden, out_channels))
 
 
-def build_model(model: str, layers: ModuleType, in_channels: int, hidden: int, num_classes: int) -> Net:
-    """The usual two-layer model of each paper, from ``layers`` (our or PyG's namespace)."""
+def build_model(model: str, layers: ModuleType, in_channels: int, hidden: int, num_classes: int,
+                full_batch: bool = True) -> Net:
+    """The usual two-layer model of each paper, from ``layers`` (our or PyG's namespace); GCN
+    caches its normalisation only when every step sees the same graph (``full_batch``)."""
     if model == "gcn":
-        return Net(layers.GCNConv(in_channels, hidden, cached=True),
-                   layers.GCNConv(hidden, num_classes, cached=True), F.relu, 0.5)
+        return Net(layers.GCNConv(in_channels, hidden, cached=full_batch),
+                   layers.GCNConv(hidden, num_classes, cached=full_batch), F.relu, 0.5)
     if model == "gat":
         heads = 8
         return Net(layers.GATConv(in_channels, hidden // heads, heads=heads, dropout=0.6),
@@ -175,23 +184,65 @@ def accuracy(logits: Tensor, y: Tensor, mask: Tensor) -> float:
     return float((logits[mask].argmax(dim=-1) == y[mask]).float().mean())
 
 
+@dataclass
+class Batch:
+    """One mini-batch: the whole graph's id of each of its nodes (seeds first) and its edges."""
+
+    node_ids: Tensor
+    edge_index: Tensor
+    num_seeds: int
+
+
+def sample_epochs(task: Task, epochs: int, batch_size: int, num_neighbors: Sequence[int], seed: int
+                  ) -> List[List[Batch]]:
+    """The mini-batches of every epoch: the training nodes shuffled, cut into seed sets of
+    ``batch_size``, and each sampled (``num_neighbors`` edges per node and hop)."""
+    train_nodes = task.train_mask.nonzero().flatten()
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for epoch in range(epochs):
+        order = train_nodes[torch.randperm(train_nodes.numel(), generator=generator).to(train_nodes.device)]
+        batches = []
+        for step, start in enumerate(range(0, order.numel(), batch_size)):
+            seeds = order[start:start + batch_size]
+            edge_index, node_ids = neighbor_sample(task.edge_index, task.x.size(0), seeds, num_neighbors,
+                                                   seed=seed + epoch * 100_003 + step)
+            batches.append(Batch(node_ids, edge_index, seeds.numel()))
+        out.append(batches)
+    return out
+
+
+def _fresh(epochs: List[List[Batch]]) -> List[List[Batch]]:
+    """The same batches as new tensors: a loader hands out new ones every step, and caches kept
+    per ``edge_index`` tensor by an earlier run must not serve this one."""
+    return [[Batch(b.node_ids, b.edge_index.clone(), b.num_seeds) for b in batches] for batches in epochs]
+
+
 def train(model: Net, task: Task, epochs: int, lr: float, weight_decay: float,
-          progress: Callable[[], None], compile_mode: Optional[str] = None) -> Dict[str, float]:
-    """Train ``model`` (under ``torch.compile(mode=compile_mode)`` if given) and return its
-    accuracies, final loss and mean epoch time."""
+          progress: Callable[[], None], compile_mode: Optional[str] = None,
+          batches: Optional[List[List[Batch]]] = None) -> Dict[str, float]:
+    """Train ``model`` (under ``torch.compile(mode=compile_mode)`` if given), full-batch or on
+    ``batches`` (one list per epoch), and return its accuracies, final loss and mean epoch and
+    step times."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     forward = torch.compile(model, mode=compile_mode) if compile_mode else model
     device = task.x.device
     times: List[float] = []
     loss = torch.tensor(math.nan)
-    for _ in range(epochs):
+    for epoch in range(epochs):
         model.train()
+        steps = batches[epoch] if batches is not None else [None]
         with Timer(device) as timer:
-            optimizer.zero_grad()
-            out = forward(task.x, task.edge_index)
-            loss = F.cross_entropy(out[task.train_mask], task.y[task.train_mask])
-            loss.backward()
-            optimizer.step()
+            for batch in steps:
+                optimizer.zero_grad()
+                if batch is None:
+                    out = forward(task.x, task.edge_index)
+                    loss = F.cross_entropy(out[task.train_mask], task.y[task.train_mask])
+                else:
+                    out = forward(task.x[batch.node_ids], batch.edge_index)[:batch.num_seeds]
+                    loss = F.cross_entropy(out, task.y[batch.node_ids[:batch.num_seeds]])
+                loss.backward()
+                optimizer.step()
         times.append(timer.ms)
         progress()
     model.eval()
@@ -200,38 +251,47 @@ def train(model: Net, task: Task, epochs: int, lr: float, weight_decay: float,
     # The first epoch builds the graph caches (and compiles kernels on a GPU): not counted.
     warmup = COMPILED_WARMUP if compile_mode else 1
     measured = times[warmup:] if len(times) > warmup else times[-1:]
+    epoch_ms = sum(measured) / len(measured)
+    steps = len(batches[-1]) if batches is not None else 1
     return {"test_acc": accuracy(logits, task.y, task.test_mask),
             "val_acc": accuracy(logits, task.y, task.val_mask),
-            "final_loss": loss.item(), "epoch_ms": sum(measured) / len(measured)}
+            "final_loss": loss.item(), "epoch_ms": epoch_ms, "steps": steps, "step_ms": epoch_ms / steps}
 
 
 def run(datasets: Sequence[str], models: Sequence[str], epochs: int, device: torch.device, hidden: int,
-        lr: float, weight_decay: float, seed: int, compile_mode: Optional[str] = None) -> pd.DataFrame:
-    """Every (dataset, model) with both implementations; failures (e.g. out of memory) become rows
-    whose ``status`` holds the error."""
+        lr: float, weight_decay: float, seed: int, compile_mode: Optional[str] = None,
+        batch_size: int = 0, num_neighbors: Sequence[int] = (10, 10)) -> pd.DataFrame:
+    """Every (dataset, model) with both implementations, full-batch or (``batch_size`` > 0) on
+    sampled mini-batches; failures (e.g. out of memory) become rows whose ``status`` holds the
+    error."""
     rows = []
     bar = tqdm(total=len(datasets) * len(models) * len(IMPLEMENTATIONS) * epochs, unit="epoch")
     for name in datasets:
         bar.set_description(f"loading {name}")
         task = make_task(name, device, seed)
+        sampled = sample_epochs(task, epochs, batch_size, num_neighbors, seed) if batch_size else None
         for model_name in models:
             torch.manual_seed(seed)
-            reference = build_model(model_name, torch_geometric.nn, task.x.size(1), hidden, task.num_classes)
+            reference = build_model(model_name, torch_geometric.nn, task.x.size(1), hidden, task.num_classes,
+                                    full_batch=not batch_size)
             for impl, layers in IMPLEMENTATIONS.items():
                 bar.set_description(f"{name} {model_name} {impl}")
                 row = {"dataset": name, "model": model_name, "impl": impl, "compile_mode": compile_mode or "eager",
-                       "device": str(device),
-                       "num_nodes": task.x.size(0), "num_edges": task.edge_index.size(1), "epochs": epochs}
+                       "device": str(device), "num_nodes": task.x.size(0), "num_edges": task.edge_index.size(1),
+                       "batch_size": batch_size, "epochs": epochs}
                 done = bar.n
                 try:
-                    net = build_model(model_name, layers, task.x.size(1), hidden, task.num_classes)
+                    net = build_model(model_name, layers, task.x.size(1), hidden, task.num_classes,
+                                      full_batch=not batch_size)
                     net.load_state_dict(reference.state_dict())
                     torch.manual_seed(seed)  # the same dropout masks where both draw alike
-                    row.update(train(net.to(device), task, epochs, lr, weight_decay, bar.update, compile_mode))
+                    row.update(train(net.to(device), task, epochs, lr, weight_decay, bar.update, compile_mode,
+                                     _fresh(sampled) if sampled else None))
                     row["status"] = "ok"
                 except (RuntimeError, ValueError) as error:  # out of memory, unsupported input
                     row.update({"test_acc": math.nan, "val_acc": math.nan, "final_loss": math.nan,
-                                "epoch_ms": math.nan, "status": f"{type(error).__name__}: {error}"[:200]})
+                                "epoch_ms": math.nan, "step_ms": math.nan,
+                                "status": f"{type(error).__name__}: {error}"[:200]})
                     bar.update(done + epochs - bar.n)
                 rows.append(row)
                 if device.type == "cuda":
@@ -246,7 +306,7 @@ def run(datasets: Sequence[str], models: Sequence[str], epochs: int, device: tor
 def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
     """One row per (dataset, model): accuracy and epoch time of both, and our speed-up."""
     table = results.pivot_table(index=["dataset", "model"], columns="impl",
-                                values=["test_acc", "epoch_ms"], aggfunc="first")
+                                values=["test_acc", "epoch_ms", "step_ms"], aggfunc="first")
     table.columns = [f"{value}_{impl}" for value, impl in table.columns]
     table["speedup"] = table["epoch_ms_pyg"] / table["epoch_ms_ours"]
     return table.reset_index()
@@ -271,8 +331,10 @@ def plot(results: pd.DataFrame, path: Path) -> None:
     axes[0].legend()
     axes[1].set_xticks(list(positions))
     axes[1].set_xticklabels(labels, fontsize=8)
+    batch_size = int(results["batch_size"].iloc[0])
+    batching = f"mini-batches of {batch_size} seeds" if batch_size else "full batch"
     fig.suptitle(f"training, {results['device'].iloc[0]}, {results['epochs'].iloc[0]} epochs, "
-                 f"{results['compile_mode'].iloc[0]}")
+                 f"{batching}, {results['compile_mode'].iloc[0]}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -302,6 +364,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile-mode", default=None, choices=["default", "max-autotune-no-cudagraphs"],
                         help="torch.compile both models with this mode (default: eager)")
+    parser.add_argument("--batch-size", type=int, default=0,
+                        help="train on sampled mini-batches of this many seed nodes (0: full batch)")
+    parser.add_argument("--num-neighbors", type=int, nargs="+", default=[10, 10],
+                        help="with --batch-size: edges sampled per node and hop")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
                         help="output folder for the CSV and the plot")
     args = parser.parse_args(argv)
@@ -320,6 +386,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.models = models
     if args.epochs < 1:
         parser.error("--epochs: must be at least 1")
+    if args.batch_size < 0:
+        parser.error("--batch-size: must be 0 (full batch) or positive")
+    if any(k < 1 for k in args.num_neighbors):
+        parser.error("--num-neighbors: every hop needs at least 1")
     if args.hidden < 8 or args.hidden % 8:
         parser.error("--hidden: must be a positive multiple of 8 (GAT splits it over 8 heads)")
     return args
@@ -328,7 +398,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
     args = parse_args(argv)
     results = run(args.datasets, args.models, args.epochs, args.device, args.hidden, args.lr,
-                  args.weight_decay, args.seed, args.compile_mode)
+                  args.weight_decay, args.seed, args.compile_mode, args.batch_size, args.num_neighbors)
     args.out.mkdir(parents=True, exist_ok=True)
     results.to_csv(args.out / "train_e2e.csv", index=False)
     plot(results, args.out / "train_e2e.png")

@@ -35,7 +35,7 @@ import shutil
 import zipfile
 from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -62,6 +62,7 @@ __all__ = [
     "power_law_graph",
     "rmat_graph",
     "synthetic_graph",
+    "neighbor_sample",
 ]
 
 #: Environment variable naming the shared datasets folder.
@@ -684,3 +685,75 @@ def synthetic_graph(kind: str, num_nodes: int, num_edges: int, **kwargs) -> Tens
         return rmat_graph(num_nodes.bit_length() - 1, num_edges, **kwargs)
     raise ValueError(
         f"Argument 'kind' must be one of 'uniform', 'power_law', 'rmat' (got {kind!r})")
+
+
+# Mini-batches ################################################################################
+
+
+def neighbor_sample(
+    edge_index: Tensor,
+    num_nodes: int,
+    seeds: Tensor,
+    num_neighbors: Sequence[int],
+    *,
+    seed: int = 0,
+) -> Tuple[Tensor, Tensor]:
+    r"""The graph of one mini-batch as PyG's ``NeighborLoader`` samples it, without pyg-lib.
+
+    From the :obj:`seeds`, hop :math:`k` keeps up to ``num_neighbors[k]`` incoming edges of every
+    node reached so far for the first time (all of them when it has fewer), drawn uniformly without
+    replacement; the sources of the kept edges are the next hop's nodes. Like ``NeighborLoader``'s
+    batches, nodes are numbered seeds first, then in the order hops reached them.
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` edges of the whole graph (row 0 = source).
+        num_nodes (int): Number of nodes of the whole graph.
+        seeds (Tensor): Distinct ids of the batch's seed nodes.
+        num_neighbors (Sequence[int]): Edges kept per node and hop.
+        seed (int, optional): Seed of the generator. (default: :obj:`0`)
+
+    Returns:
+        ``(edge_index, node_ids)``: the batch's edges over its own numbering and the whole graph's
+        id of each batch node (the first ``len(seeds)`` are the seeds).
+    """
+    num_nodes = _check_size("num_nodes", num_nodes)
+    if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError("Argument 'edge_index' must be a tensor of shape [2, E]")
+    if not isinstance(seeds, Tensor) or seeds.dim() != 1 or seeds.numel() == 0:
+        raise ValueError("Argument 'seeds' must be a non-empty 1-D tensor of node ids")
+    if int(seeds.min()) < 0 or int(seeds.max()) >= num_nodes or seeds.unique().numel() != seeds.numel():
+        raise ValueError(f"Argument 'seeds' must hold distinct ids in [0, {num_nodes})")
+    fanouts = [_check_size("num_neighbors", k) for k in num_neighbors]
+    device = edge_index.device
+    generator = _generator(seed, device)
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    by_dst = torch.argsort(dst, stable=True)
+    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=device)
+    rowptr[1:] = torch.bincount(dst, minlength=num_nodes).cumsum(0)
+    reached = torch.zeros(num_nodes, dtype=torch.bool, device=device)
+    seeds = seeds.to(device=device, dtype=torch.long)
+    reached[seeds] = True
+    nodes, frontier, kept = [seeds], seeds.sort().values, []
+    for fanout in fanouts:
+        degree = rowptr[frontier + 1] - rowptr[frontier]
+        first = torch.cumsum(degree, 0) - degree
+        total = int(degree.sum())
+        owner = torch.repeat_interleave(torch.arange(frontier.numel(), device=device), degree, output_size=total)
+        rank_in_row = torch.arange(total, device=device) - first[owner]
+        candidates = by_dst[rowptr[frontier][owner] + rank_in_row]
+        # A random order inside each row (sort by random keys, then stably by row): the first
+        # `fanout` of a row are a uniform sample without replacement.
+        shuffled = torch.argsort(torch.rand(total, generator=generator, device=device))
+        shuffled = shuffled[torch.argsort(owner[shuffled], stable=True)]
+        chosen = candidates[shuffled][rank_in_row < fanout]
+        kept.append(chosen)
+        sources = src[chosen]
+        fresh = sources[~reached[sources]].unique()
+        reached[fresh] = True
+        nodes.append(fresh)
+        frontier = fresh
+    node_ids = torch.cat(nodes)
+    local = torch.full((num_nodes,), -1, dtype=torch.long, device=device)
+    local[node_ids] = torch.arange(node_ids.numel(), device=device)
+    edges = torch.cat(kept)
+    return torch.stack([local[src[edges]], local[dst[edges]]]), node_ids

@@ -1,3 +1,6 @@
+import dataclasses
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -7,8 +10,8 @@ from autotune import features as ft
 from autotune import selection
 from autotune.cost_model import CostModel
 from autotune.heuristic import heuristic
-from pyg_ugrapher.datasets import power_law_graph, uniform_graph
-from pyg_ugrapher.graph import GraphTensor
+from pyg_ugrapher.datasets import neighbor_sample, power_law_graph, uniform_graph
+from pyg_ugrapher.graph import GraphTensor, derived_cache
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.parallel import ParallelInfo
 from triton_kernels.space import space
@@ -16,8 +19,14 @@ from triton_kernels.space import space
 GPU = ft.GpuInfo("test-gpu", 132, 90)
 
 
+SMALL_GRAPH_EDGES = selection.SMALL_GRAPH_EDGES
+
+
 @pytest.fixture(autouse=True)
-def fresh_cache():
+def fresh_cache(monkeypatch):
+    """An empty decision cache; the test graphs are small, so the small-graph rule is off unless a
+    test turns it back on."""
+    monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", 0)
     selection.clear_cache()
     yield
     selection.clear_cache()
@@ -52,7 +61,7 @@ def test_cpu_uses_the_heuristic_and_caches(graphs):
     graph = graphs[1]
     choice = selection.select(graph, op, 64)
     assert isinstance(choice, ParallelInfo)
-    assert choice == heuristic(graph.stats(), op, 64, on_gpu=False)
+    assert choice == heuristic(selection.bucket(graph.stats()), op, 64, on_gpu=False)
     assert selection.select(graph, op, 64) is choice
     assert selection.select(graph.csr(), op, 64, device="cpu") is choice  # same statistics, same key
     assert len(selection._CACHE) == 1
@@ -123,7 +132,78 @@ def test_shipped_model_on_the_gpu(graphs):
     assert choice in space(op, 128)
 
 
+@pytest.mark.parametrize("name", ["copy_u_sum", "u_mul_e_max", "u_dot_v", "u_add_v", "copy_e_mean"])
+@pytest.mark.parametrize("F", [1, 16, 100, 512])
+def test_small_gpu_graphs_need_no_statistics(name, F, monkeypatch):
+    """A sampler's mini-batch on a GPU: one schedule per (op, width), decided without the graph's
+    statistics (no device sync) and without the model; edge-parallel, so no chunk table either."""
+    monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", SMALL_GRAPH_EDGES)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(selection, "predict_best", lambda *args: pytest.fail("the model scored a small graph"))
+    graph = GraphTensor.from_edge_index(power_law_graph(300, 4000, seed=F), 300)
+    op = OpInfo.from_name(name)
+    choice = selection.select(graph.csr(), op, F, device="cuda")
+    assert choice in space(op, F) and choice.strategy == "edge"
+    assert "stats" not in derived_cache(graph.csr().rowptr)
+    # The CPU keeps its interpreter rules, and a graph over the limit is decided by its statistics.
+    assert selection.select(graph.csr(), op, F, device="cpu") == heuristic(selection.bucket(graph.stats()), op, F, False)
+    monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", graph.num_edges - 1)
+    monkeypatch.setattr(selection, "load_booster", lambda: None)
+    assert selection.select(graph.csr(), op, F, device="cuda") == heuristic(selection.bucket(graph.stats()), op, F, True)
+
+
 def test_bad_width():
     stats = GraphTensor.from_edge_index(uniform_graph(10, 20), 10).stats()
     with pytest.raises(ValueError, match="F:"):
         selection.select(stats, OpInfo.from_name("copy_u_sum"), 0)
+
+
+def _fields(stats):
+    return {"num_rows": stats.num_rows, "num_cols": stats.num_cols, "num_edges": stats.num_edges,
+            **{f"rows.{k}": v for k, v in dataclasses.asdict(stats.rows).items()},
+            **{f"cols.{k}": v for k, v in dataclasses.asdict(stats.cols).items()}}
+
+
+def test_bucket_rounds_every_statistic_to_its_grid(graphs):
+    for graph in graphs:
+        exact = _fields(graph.stats())
+        rounded = selection.bucket(graph.stats())
+        assert selection.bucket(rounded) == rounded  # a bucket is its own representative
+        for name, value in _fields(rounded).items():
+            if name.endswith("fraction"):
+                assert abs(value - exact[name]) <= 0.05 + 1e-12 and round(value * 10) == value * 10
+            elif name.endswith("skew"):
+                ratio = (1 + abs(value)) / (1 + abs(exact[name]))
+                assert 2 ** -0.5 <= ratio <= 2 ** 0.5 and math.copysign(1, value) == math.copysign(1, exact[name])
+            elif exact[name] == 0:
+                assert value == 0
+            else:
+                assert 2 ** -0.5 - 1e-4 <= value / exact[name] <= 2 ** 0.5 + 1e-4, name
+                assert abs(math.log2(value) - round(math.log2(value))) < 1e-4, name
+
+
+def test_sampler_batches_are_scored_once_per_bucket(model_file, monkeypatch):
+    """A new mini-batch graph every step (two hops of a neighbour sampler over a power-law graph):
+    the model scores the design space once per bucket of statistics, not once per batch."""
+    monkeypatch.setenv(selection.MODEL_ENV, str(model_file))
+    monkeypatch.setattr(selection, "gpu_info", lambda device: GPU)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    scored = []
+    predict_best = selection.predict_best
+
+    def counting(booster, stats, *args):
+        scored.append(stats)
+        return predict_best(booster, stats, *args)
+
+    monkeypatch.setattr(selection, "predict_best", counting)
+    full = power_law_graph(20_000, 400_000, seed=3)
+    op = OpInfo.from_name("copy_u_sum")
+    graphs = set()
+    for seed in range(20):
+        seeds = torch.randperm(20_000, generator=torch.Generator().manual_seed(seed))[:512]
+        batch, node_ids = neighbor_sample(full, 20_000, seeds, [10, 10], seed=seed)
+        graphs.add((node_ids.numel(), batch.shape[1]))
+        stats = GraphTensor.from_edge_index(batch, node_ids.numel()).stats()
+        assert selection.select(stats, op, 64, device="cuda") in space(op, 64)
+    assert len(graphs) == 20
+    assert len(scored) == len(set(scored)) <= 4

@@ -2,6 +2,7 @@ import math
 
 import pandas as pd
 import pytest
+import torch
 
 from benchmarks import train_e2e
 
@@ -22,9 +23,41 @@ def test_cora_two_epochs(tmp_path, monkeypatch):
     assert (tmp_path / "train_e2e.png").stat().st_size > 0
 
 
+def test_cora_mini_batches(tmp_path, monkeypatch):
+    """Sampled mini-batches: a new graph every step, the same batches for both implementations."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    train_e2e.main(["--datasets", "cora", "--epochs", "2", "--device", "cpu", "--hidden", "16", "--models", "gcn",
+                    "sage", "--batch-size", "64", "--num-neighbors", "5", "3", "--out", str(tmp_path)])
+    results = pd.read_csv(tmp_path / "train_e2e.csv")
+    assert (results["status"] == "ok").all(), results["status"].tolist()
+    assert len(results) == 4 and (results["batch_size"] == 64).all()
+    assert (results["steps"] == math.ceil(140 / 64)).all()  # Cora's 140 training nodes
+    assert all(math.isfinite(v) and v > 0 for v in results["step_ms"])
+    assert (results["epoch_ms"] - results["step_ms"] * results["steps"]).abs().max() < 1e-6
+    assert results["test_acc"].between(0.0, 1.0).all()
+
+
+def test_mini_batches_are_sampled_around_the_training_seeds():
+    task = train_e2e.make_task("cora", torch.device("cpu"), seed=0)
+    epochs = train_e2e.sample_epochs(task, 2, 50, [4, 2], seed=0)
+    train_nodes = set(task.train_mask.nonzero().flatten().tolist())
+    for batches in epochs:
+        assert [b.num_seeds for b in batches] == [50, 50, 40]
+        seeds = [n for b in batches for n in b.node_ids[:b.num_seeds].tolist()]
+        assert sorted(seeds) == sorted(train_nodes)
+        for b in batches:
+            assert b.edge_index.max() < b.node_ids.numel()
+            assert torch.bincount(b.edge_index[1], minlength=b.node_ids.numel())[:b.num_seeds].max() <= 4
+    assert not torch.equal(epochs[0][0].node_ids, epochs[1][0].node_ids)
+
+
 def test_bad_arguments():
     with pytest.raises(SystemExit):
         train_e2e.parse_args(["--datasets", "nope"])
     with pytest.raises(SystemExit):
         train_e2e.parse_args(["--models", "gcn,mlp"])
+    with pytest.raises(SystemExit):
+        train_e2e.parse_args(["--batch-size", "-1"])
+    with pytest.raises(SystemExit):
+        train_e2e.parse_args(["--batch-size", "8", "--num-neighbors", "5", "0"])
     assert train_e2e.parse_args(["--datasets", "cora,citeseer", "--device", "cpu"]).datasets == ["cora", "citeseer"]

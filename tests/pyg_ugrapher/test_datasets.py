@@ -465,3 +465,62 @@ def test_synthetic_cuda_1e8(kind):
     assert torch.equal(GENERATORS[kind](num_nodes, num_edges, seed=5, device="cuda"), edge_index)
     skew = max_over_mean_degree(edge_index, num_nodes)
     assert skew < 2 if kind == "uniform" else skew > 20
+
+
+# neighbor_sample #################################################################################
+
+
+def _global_edges(batch: torch.Tensor, node_ids: torch.Tensor) -> torch.Tensor:
+    return node_ids[batch]
+
+
+def test_neighbor_sample_keeps_at_most_fanout_real_in_edges():
+    full = D.power_law_graph(500, 6000, seed=4)
+    seeds = torch.tensor([3, 17, 250, 499])
+    batch, node_ids = D.neighbor_sample(full, 500, seeds, [4, 2], seed=1)
+    assert torch.equal(node_ids[:4], seeds) and node_ids.unique().numel() == node_ids.numel()
+    assert batch.min() >= 0 and batch.max() < node_ids.numel()
+    edges = _global_edges(batch, node_ids)
+    # Every kept edge is an edge of the graph, taken as often as it occurs there at most.
+    pairs = {}
+    for u, v in full.t().tolist():
+        pairs[(u, v)] = pairs.get((u, v), 0) + 1
+    for pair, count in zip(*torch.unique(edges.t(), dim=0, return_counts=True)):
+        assert count <= pairs.get(tuple(pair.tolist()), 0)
+    in_degree = torch.bincount(full[1], minlength=500)
+    kept = torch.bincount(edges[1], minlength=500)
+    # Seeds keep min(degree, 4) edges; second-hop nodes at most 2; nothing else is a destination.
+    assert torch.equal(kept[seeds], torch.clamp(in_degree[seeds], max=4))
+    others = torch.ones(500, dtype=torch.bool)
+    others[seeds] = False
+    assert kept[others].max() <= 2
+    assert set(edges[1].tolist()) <= set(node_ids.tolist())
+
+
+def test_neighbor_sample_takes_whole_small_neighbourhoods_and_is_seeded():
+    full = D.uniform_graph(300, 1200, seed=2)
+    seeds = torch.arange(0, 300, 7)
+    batch, node_ids = D.neighbor_sample(full, 300, seeds, [1000])
+    edges = _global_edges(batch, node_ids)
+    assert edges.shape[1] == int(torch.isin(full[1], seeds).sum())
+    first = D.neighbor_sample(full, 300, seeds, [2, 2], seed=5)
+    again = D.neighbor_sample(full, 300, seeds, [2, 2], seed=5)
+    other = D.neighbor_sample(full, 300, seeds, [2, 2], seed=6)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(_global_edges(*first), _global_edges(*other))
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(seeds=torch.tensor([1, 1])), ValueError, "seeds"),
+    (dict(seeds=torch.tensor([300])), ValueError, "seeds"),
+    (dict(seeds=torch.tensor([], dtype=torch.long)), ValueError, "seeds"),
+    (dict(num_neighbors=[0]), ValueError, "num_neighbors"),
+    (dict(num_neighbors=[1.5]), TypeError, "num_neighbors"),
+    (dict(edge_index=torch.zeros(3, 4, dtype=torch.long)), ValueError, "edge_index"),
+])
+def test_neighbor_sample_rejects_bad_input(kwargs, error, match):
+    args = dict(edge_index=D.uniform_graph(300, 1200, seed=2), num_nodes=300, seeds=torch.tensor([1, 2]),
+                num_neighbors=[2])
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        D.neighbor_sample(**args)
