@@ -116,13 +116,22 @@ def _degree_stats(degree: Tensor, num_edges: int) -> Tensor:
     return torch.stack([mean, std, d.max(), skew, top, isolated])
 
 
+#: Degree arrays of up to this many entries are summarised on the host after one copy: on a GPU
+#: the summary is ~25 tiny kernels, which cost more host time than the copy (a sampler's new
+#: mini-batch graph pays it every step).
+HOST_STATS_MAX_DEGREES = 1 << 20
+
+
 def csr_stats(csr: CSR) -> GraphStats:
     """Degree statistics of a CSR, computed once per structure (one device sync)."""
     cache = derived_cache(csr.rowptr)
     if "stats" not in cache:
-        row_degree = csr.rowptr[1:] - csr.rowptr[:-1]
+        row_degree = (csr.rowptr[1:] - csr.rowptr[:-1]).to(torch.int64)
         col_degree = torch.bincount(csr.col, minlength=csr.num_cols) if csr.num_edges else \
             torch.zeros(csr.num_cols, dtype=torch.int64, device=csr.device)
+        if csr.num_rows + csr.num_cols <= HOST_STATS_MAX_DEGREES:
+            row_degree, col_degree = torch.cat([row_degree, col_degree]).cpu().split(
+                [csr.num_rows, csr.num_cols])
         values = torch.cat([_degree_stats(row_degree, csr.num_edges),
                             _degree_stats(col_degree, csr.num_edges)]).tolist()
         cache["stats"] = GraphStats(csr.num_rows, csr.num_cols, csr.num_edges,
@@ -163,8 +172,7 @@ def chunk_table(csr: CSR, group_size: int) -> Tuple[Tensor, Tensor]:
 def build_csr(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, dtype: torch.dtype) -> CSR:
     """Sort edges by ``rows`` (stable, so equal rows keep the user's edge order)."""
     num_edges = rows.numel()
-    perm = torch.argsort(rows, stable=True)
-    sorted_rows = rows[perm]
+    sorted_rows, perm = torch.sort(rows, stable=True)
     counts = torch.bincount(sorted_rows, minlength=num_rows) if num_edges else \
         torch.zeros(num_rows, dtype=torch.int64, device=rows.device)
     rowptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=rows.device)
@@ -172,11 +180,35 @@ def build_csr(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, dtype: t
     return CSR(rowptr.to(dtype), cols[perm].to(dtype), perm.to(dtype), sorted_rows.to(dtype), num_cols)
 
 
+def build_csr_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int, dtype: torch.dtype
+                   ) -> Tuple[CSR, CSR]:
+    """The destination-sorted CSR and the source-sorted CSC of the edges ``(src, dst)``, by one
+    stable sort of both directions' row keys at once (``dst``, then ``src + num_dst``).
+
+    A sampler's mini-batch is a new graph every step and needs both directions (the backward walks
+    the CSC), so their build is host time every step: one sort and a ``searchsorted`` for the row
+    offsets instead of two of :func:`build_csr`'s sort, ``bincount`` (a device sync) and
+    ``cumsum`` halves the operations and leaves no sync. ``src`` and ``dst`` are in ``dtype``.
+    """
+    num_edges = src.numel()
+    key_dtype = dtype if num_src + num_dst <= _INT32_MAX else torch.int64
+    keys = torch.cat([dst.to(key_dtype), src.to(key_dtype) + num_dst])
+    sorted_keys, perm = torch.sort(keys, stable=True)
+    bounds = torch.arange(num_dst + num_src + 1, dtype=key_dtype, device=src.device)
+    rowptr = torch.searchsorted(sorted_keys, bounds, out_int32=dtype == torch.int32)
+    col = torch.cat([src, dst])[perm]
+    eid = perm.to(dtype)
+    rows = sorted_keys.to(dtype)
+    csr = CSR(rowptr[:num_dst + 1], col[:num_edges], eid[:num_edges], rows[:num_edges], num_src)
+    csc = CSR(rowptr[num_dst:] - num_edges, col[num_edges:], eid[num_edges:] - num_edges,
+              rows[num_edges:] - num_dst, num_dst)
+    return csr, csc
+
+
 @torch.library.custom_op("pyg_ugrapher::graph_structure", mutates_args=())
 def graph_structure(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> List[Tensor]:
     """:meth:`GraphTensor.structure` of the graph ``(src, dst)`` (same index dtype), uncached."""
-    csr = build_csr(dst, src, num_dst, num_src, src.dtype)
-    csc = build_csr(src, dst, num_src, num_dst, src.dtype)
+    csr, csc = build_csr_pair(src, dst, num_src, num_dst, src.dtype)
     return [csr.rowptr, csr.col, csr.eid, csr.rows, csc.rowptr, csc.col, csc.eid, csc.rows,
             src.clone(), dst.clone()]
 
@@ -313,8 +345,11 @@ class GraphTensor:
         """Destination-sorted CSR: row ``v`` lists the edges into ``v``."""
         device = self._resolve(device)
         if device not in self._csr_cache:
-            self._csr_cache[device] = build_csr(self.dst.to(device), self.src.to(device),
-                                                self.num_dst, self.num_src, self.index_dtype)
+            src, dst = self.coo(device)
+            csr, csc = build_csr_pair(src, dst, self.num_src, self.num_dst, self.index_dtype)
+            self._csr_cache[device] = csr
+            # The backward pass walks the CSC: built with the CSR, it costs no second sort.
+            self._csc_cache.setdefault(device, csc)
         return self._csr_cache[device]
 
     def csc(self, device: Union[None, str, torch.device] = None) -> CSR:
@@ -466,8 +501,11 @@ def _validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int) ->
         raise ValueError(f"edge_index: src and dst are on different devices ({src.device}, {dst.device})")
     if src.numel() == 0:
         return
-    low = torch.stack([src.min(), dst.min()]).tolist()
-    high = torch.stack([src.max(), dst.max()]).tolist()
+    # One device sync for all four bounds (a new mini-batch graph pays this every step).
+    src_low, src_high = torch.aminmax(src)
+    dst_low, dst_high = torch.aminmax(dst)
+    src_low, dst_low, *high = torch.stack([src_low, dst_low, src_high, dst_high]).tolist()
+    low = [src_low, dst_low]
     if min(low) < 0:
         raise ValueError(f"edge_index: negative vertex index {min(low)}")
     if high[0] >= num_src:
@@ -484,4 +522,5 @@ def as_graph(graph: Union["GraphTensor", Tensor], num_nodes: NumNodes = None) ->
 
 
 __all__: Sequence[str] = ["GraphTensor", "CSR", "GraphStats", "DegreeStats", "chunk_table",
-                          "csr_stats", "derived_cache", "build_csr", "index_dtype_for", "as_graph"]
+                          "csr_stats", "derived_cache", "build_csr", "build_csr_pair", "index_dtype_for",
+                          "as_graph"]

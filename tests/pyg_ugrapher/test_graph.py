@@ -1,5 +1,7 @@
 """GraphTensor: construction, cached structures, CSR <-> user edge order, statistics, reordering and
 every validation error."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +10,7 @@ from torch_geometric.data import Data
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import reference
+from pyg_ugrapher import graph as graph_module
 from pyg_ugrapher.graph import GraphTensor, index_dtype_for
 
 
@@ -78,6 +81,23 @@ def test_csr_round_trip(graph_case, graph_factory):
     assert _edge_set(g.csc().col.long(), g.csc().rows.long()) == _edge_set(g.dst, g.src)
 
 
+@pytest.mark.parametrize("wide_keys", [False, True], ids=["int32-keys", "int64-keys"])
+def test_csr_pair_matches_one_direction_builds(graph_case, graph_factory, wide_keys, monkeypatch):
+    g = graph_factory(graph_case)
+    src, dst = g.coo()
+    if wide_keys:
+        # Row keys past int32 (num_src + num_dst over 2^31 - 1) are sorted as int64.
+        monkeypatch.setattr(graph_module, "_INT32_MAX", 0)
+    pair = graph_module.build_csr_pair(src, dst, g.num_src, g.num_dst, g.index_dtype)
+    single = (graph_module.build_csr(dst, src, g.num_dst, g.num_src, g.index_dtype),
+              graph_module.build_csr(src, dst, g.num_src, g.num_dst, g.index_dtype))
+    for built, expected in zip(pair, single):
+        assert built.num_cols == expected.num_cols
+        for field in ("rowptr", "col", "eid", "rows"):
+            got, want = getattr(built, field), getattr(expected, field)
+            assert got.dtype == want.dtype == g.index_dtype and torch.equal(got, want), field
+
+
 def test_index_dtype():
     assert index_dtype_for(2**31 - 1, 2**31 - 1) == torch.int32
     assert index_dtype_for(2**31, 5) == torch.int64
@@ -105,7 +125,10 @@ def _numpy_stats(degree: np.ndarray, num_edges: int):
     return [d.mean(), std, d.max(), skew, top, (degree == 0).mean()]
 
 
-def test_stats_match_numpy(graph_case, graph_factory):
+@pytest.mark.parametrize("host_max_degrees", [0, graph_module.HOST_STATS_MAX_DEGREES], ids=["device", "host"])
+def test_stats_match_numpy(graph_case, graph_factory, host_max_degrees, monkeypatch):
+    """Both ways of summarising the degrees: on their device, or copied to the host first."""
+    monkeypatch.setattr(graph_module, "HOST_STATS_MAX_DEGREES", host_max_degrees)
     g = graph_factory(graph_case)
     stats = g.stats()
     assert (stats.num_rows, stats.num_cols, stats.num_edges) == (g.num_dst, g.num_src, g.num_edges)
@@ -116,6 +139,20 @@ def test_stats_match_numpy(graph_case, graph_factory):
         np.testing.assert_allclose(got, _numpy_stats(degree, g.num_edges), rtol=1e-12, atol=1e-12)
     assert torch.equal(g.in_degree(), torch.from_numpy(in_degree))
     assert torch.equal(g.out_degree(), torch.from_numpy(out_degree))
+
+
+def _flat(stats) -> list:
+    return [stats.num_rows, stats.num_cols, stats.num_edges, *dataclasses.astuple(stats.rows),
+            *dataclasses.astuple(stats.cols)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("host_max_degrees", [0, graph_module.HOST_STATS_MAX_DEGREES], ids=["device", "host"])
+def test_stats_on_the_gpu_match_the_cpu(graph_factory, host_max_degrees, monkeypatch):
+    monkeypatch.setattr(graph_module, "HOST_STATS_MAX_DEGREES", host_max_degrees)
+    g = graph_factory("hub")
+    on_gpu = GraphTensor.from_edge_index(torch.stack([g.src, g.dst]).cuda(), (g.num_src, g.num_dst)).stats()
+    np.testing.assert_allclose(_flat(on_gpu), _flat(g.stats()), rtol=1e-12, atol=1e-12)
 
 
 def test_stats_of_empty_vertex_set():
