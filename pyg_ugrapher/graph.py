@@ -196,12 +196,13 @@ def build_csr_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int, dtype: 
     sorted_keys, perm = torch.sort(keys, stable=True)
     bounds = torch.arange(num_dst + num_src + 1, dtype=key_dtype, device=src.device)
     rowptr = torch.searchsorted(sorted_keys, bounds, out_int32=dtype == torch.int32)
-    col = torch.cat([src, dst])[perm]
-    eid = perm.to(dtype)
+    csr_perm, csc_perm = perm[:num_edges], perm[num_edges:] - num_edges
     rows = sorted_keys.to(dtype)
-    csr = CSR(rowptr[:num_dst + 1], col[:num_edges], eid[:num_edges], rows[:num_edges], num_src)
-    csc = CSR(rowptr[num_dst:] - num_edges, col[num_edges:], eid[num_edges:] - num_edges,
-              rows[num_edges:] - num_dst, num_dst)
+    # The directions share no array (each col its own gather): the graph_structure op and the
+    # layers' graph ops return both, and a custom op's outputs may not alias one another.
+    csr = CSR(rowptr[:num_dst + 1], src[csr_perm], csr_perm.to(dtype), rows[:num_edges], num_src)
+    csc = CSR(rowptr[num_dst:] - num_edges, dst[csc_perm], csc_perm.to(dtype), rows[num_edges:] - num_dst,
+              num_dst)
     return csr, csc
 
 

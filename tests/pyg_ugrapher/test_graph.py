@@ -98,6 +98,18 @@ def test_csr_pair_matches_one_direction_builds(graph_case, graph_factory, wide_k
             assert got.dtype == want.dtype == g.index_dtype and torch.equal(got, want), field
 
 
+def test_structure_op_outputs_share_no_memory(graph_case, graph_factory):
+    """The ``graph_structure`` custom op returns both directions' arrays; torch refuses a custom op
+    whose outputs alias one another (checked at every call), so each array has its own storage."""
+    g = graph_factory(graph_case)
+    src, dst = g.coo()
+    structure = graph_module.graph_structure(src, dst, g.num_src, g.num_dst)
+    expected = g.structure()
+    assert all(torch.equal(got, want) for got, want in zip(structure, expected))
+    filled = [t for t in structure if t.numel()]
+    assert len({t.untyped_storage().data_ptr() for t in filled}) == len(filled)
+
+
 def test_index_dtype():
     assert index_dtype_for(2**31 - 1, 2**31 - 1) == torch.int32
     assert index_dtype_for(2**31, 5) == torch.int64
