@@ -197,12 +197,15 @@ def build_csr_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int, dtype: 
     bounds = torch.arange(num_dst + num_src + 1, dtype=key_dtype, device=src.device)
     rowptr = torch.searchsorted(sorted_keys, bounds, out_int32=dtype == torch.int32)
     csr_perm, csc_perm = perm[:num_edges], perm[num_edges:] - num_edges
-    rows = sorted_keys.to(dtype)
-    # The directions share no array (each col its own gather): the graph_structure op and the
-    # layers' graph ops return both, and a custom op's outputs may not alias one another.
-    csr = CSR(rowptr[:num_dst + 1], src[csr_perm], csr_perm.to(dtype), rows[:num_edges], num_src)
-    csc = CSR(rowptr[num_dst:] - num_edges, dst[csc_perm], csc_perm.to(dtype), rows[num_edges:] - num_dst,
-              num_dst)
+    # Every array has a storage of its own, never a view of a buffer of both directions: the
+    # graph_structure op and the layers' graph ops return both directions, and a custom op's outputs
+    # may not alias one another; and caches keyed by an array's identity (statistics and decisions
+    # by ``rowptr``, permuted edge operands by ``eid``) miss when a compiled graph's backward gets a
+    # saved view back as a new tensor object (a compiled GAT step then recomputed its statistics).
+    csr = CSR(rowptr[:num_dst + 1].clone(), src[csr_perm], csr_perm.to(dtype, copy=True),
+              sorted_keys[:num_edges].to(dtype, copy=True), num_src)
+    csc = CSR(rowptr[num_dst:] - num_edges, dst[csc_perm], csc_perm.to(dtype),
+              (sorted_keys[num_edges:] - num_dst).to(dtype), num_dst)
     return csr, csc
 
 

@@ -142,6 +142,39 @@ def test_the_graph_is_prepared_once_per_graph(monkeypatch):
     assert built == [edge_index.size(1), other.size(1)]
 
 
+@pytest.mark.parametrize("name", ["gcn", "gat", "sage", "graph_conv_max"])
+def test_compiled_training_steps_reuse_the_graphs_decisions(name, interpret, monkeypatch):
+    """After the first compiled training step, the next ones find every operator's graph (forward
+    and reversed, in the backward pass too) in the caches: no degree statistics, no new
+    decisions. Caches are keyed by the structure arrays' identity, which a view saved for the
+    backward pass would not keep (it comes back as a new tensor object every step)."""
+    from pyg_ugrapher import graph as graph_module, ops
+
+    stats, decided = [], []
+    degree_stats, schedule_for = graph_module._degree_stats, ops.schedule_for
+    monkeypatch.setattr(graph_module, "_degree_stats", lambda *args: stats.append(1) or degree_stats(*args))
+    monkeypatch.setattr(ops, "schedule_for", lambda *args: decided.append(args[0]) or schedule_for(*args))
+    factory, forward = LAYERS[name]
+    torch.manual_seed(0)
+    model = factory()
+    # The module compiled as users do it, without fullgraph (GAT's step then runs as two graphs:
+    # with fullgraph=True the saved structure kept its identity even before the fix).
+    compiled = torch.compile(model, backend="aot_eager")
+    inputs = layer_inputs()
+
+    def training_step() -> None:
+        # Features as a data loader gives them (no gradient): only the parameters are trained.
+        torch.autograd.grad(forward(compiled, *inputs).square().sum(), list(model.parameters()))
+
+    training_step()
+    assert stats and decided
+    stats.clear()
+    decided.clear()
+    for _ in range(2):
+        training_step()
+    assert stats == [] and decided == []
+
+
 @pytest.mark.parametrize("name", ["gcn", "gat_edge_dim", "sage", "gine"])
 def test_dynamic_shapes_do_not_recompile_per_graph(name):
     """dynamic=True: one graph for every graph size (self loops removed by GCN/GAT give a
