@@ -106,6 +106,20 @@ def test_model_picks_the_predicted_best(graphs, model_file, monkeypatch):
         assert selection.select(graphs[0].stats(), op, F, device="cuda") is choice
 
 
+def test_the_model_decides_on_large_graphs(graphs, model_file, monkeypatch):
+    """No size limit on the model: statistics of a graph of 1.6e7 edges are scored like any other."""
+    monkeypatch.setenv(selection.MODEL_ENV, str(model_file))
+    monkeypatch.setattr(selection, "gpu_info", lambda device: GPU)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(selection, "heuristic", lambda *args: pytest.fail("the heuristic decided with a model"))
+    stats = dataclasses.replace(graphs[1].stats(), num_rows=10**6, num_cols=10**6, num_edges=16 * 10**6)
+    op = OpInfo.from_name("copy_u_sum")
+    booster = selection.load_booster()
+    expected = selection.predict_best(booster, selection.bucket(stats), op, 128, 1, torch.float32, GPU)
+    assert selection.select(stats, op, 128, device="cuda") == expected
+    assert expected.block_e == 16
+
+
 def test_predict_best_matches_the_model(graphs, model_file):
     booster = selection.load_booster(model_file)
     assert selection.load_booster(model_file) is booster
