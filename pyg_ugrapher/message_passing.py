@@ -17,6 +17,8 @@ runs PyG's own ``propagate()`` instead, with the reason kept in :attr:`MessagePa
 from __future__ import annotations
 
 import inspect
+import itertools
+import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -76,11 +78,21 @@ class _Failure(NamedTuple):
     num_edges: Optional[int]  #: the verdict holds for this edge count only (the trace read it)
 
 
+#: Modules by their :attr:`_State.token`: what :func:`_compiled_capture` is given instead of the
+#: module, since a compiled graph's constant function takes constants only (torch 2.11's Dynamo
+#: refuses a module argument there).
+_MODULES: "weakref.WeakValueDictionary[int, PyGMessagePassing]" = weakref.WeakValueDictionary()
+_TOKENS = itertools.count()
+
+
 class _State:
     """Everything this class adds to a module, in one attribute: the module's plain-valued attributes
     key the captures (``message()`` may read them), and this object is not one of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: Optional[PyGMessagePassing] = None) -> None:
+        self.token = next(_TOKENS)  #: the module's key in :data:`_MODULES`
+        if module is not None:
+            _MODULES[self.token] = module
         self.captures: "OrderedDict[Hashable, Union[Capture, _Failure]]" = OrderedDict()
         self.last: Optional[Capture] = None
         self.fallback_reason: Optional[str] = None
@@ -136,14 +148,25 @@ class MessagePassing(PyGMessagePassing):
         True
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "MessagePassing":
+        # The state is made with the object, not in __init__: the class also works as a mixin before
+        # a PyG layer (``class FastGIN(ug.MessagePassing, GINConv)``), whose __init__ skips ours, and
+        # a module first called under torch.compile finds it registered (Dynamo cannot trace that).
+        module = super().__new__(cls)
+        module.__dict__["_ug_state"] = _State(module)
+        return module
+
+    def __setstate__(self, data: Dict[str, Any]) -> None:
+        # A deep copy or an unpickled module has a state of its own (see _State.__reduce__), a
+        # shallow copy its original's: give it one. Either way, register it.
+        super().__setstate__(data)
+        if _MODULES.get(self._ug.token) is not None:
+            self.__dict__["_ug_state"] = _State()
+        _MODULES[self._ug.token] = self
+
     @property
     def _ug(self) -> _State:
-        # Created on first use rather than in __init__, so that the class also works as a mixin
-        # before a PyG layer (``class FastGIN(ug.MessagePassing, GINConv)``), whose __init__ skips ours.
-        state = self.__dict__.get("_ug_state")
-        if state is None:
-            state = self.__dict__["_ug_state"] = _State()
-        return state
+        return self.__dict__["_ug_state"]
 
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
         # PyG installs a generated copy of its own propagate() on every subclass, which would bypass
@@ -325,7 +348,7 @@ class MessagePassing(PyGMessagePassing):
                             "size=, not from the largest index")
         # The signature without its first entry, message() itself, which the constant function
         # reads from the module (a function is not a constant of the trace).
-        captured = _compiled_capture(self, signature[1:], int(num_edges), gather)
+        captured = _compiled_capture(self._ug.token, signature[1:], int(num_edges), gather)
         if isinstance(captured, str):
             raise _Fallback(captured)
         self._check_node_dim(captured.message_shape)
@@ -440,12 +463,14 @@ class _Compiled(NamedTuple):
 
 
 @torch.compiler.assume_constant_result
-def _compiled_capture(module: "MessagePassing", signature: Tuple[Hashable, ...], num_edges: int,
+def _compiled_capture(token: int, signature: Tuple[Hashable, ...], num_edges: int,
                       gather: str) -> Union[_Compiled, str]:
-    """The capture of ``module.message()`` for an argument signature, as constants (or the reason
-    it cannot be captured). Runs in Python while ``torch.compile`` traces: the tracing of
-    ``message()`` is not itself traceable. The module's plain attributes are read here, once; a
-    compiled model that changes one that ``message()`` reads needs ``torch._dynamo.reset()``."""
+    """The capture of ``message()`` of the module of ``token`` (see :data:`_MODULES`) for an
+    argument signature, as constants (or the reason it cannot be captured). Runs in Python while
+    ``torch.compile`` traces: the tracing of ``message()`` is not itself traceable. The module's
+    plain attributes are read here, once; a compiled model that changes one that ``message()``
+    reads needs ``torch._dynamo.reset()``."""
+    module = _MODULES[token]
     arguments = {}
     for entry in signature:
         if len(entry) == 2:

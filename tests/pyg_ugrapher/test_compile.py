@@ -6,6 +6,8 @@ AOTAutograd) without generating code, which keeps the tests cheap on the CPU. Co
 gradients must equal eager ones, and a new graph every call (``dynamic=True``, a mini-batch
 loader) must not recompile.
 """
+import copy
+import pickle
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import pytest
@@ -286,6 +288,26 @@ def test_message_passing_traced_first_under_compile():
     check_compiled(model, lambda m, x, ei, w: m(x, ei, w), [x, edge_index, weight])
     assert model.trace_count == 1 and model.fallback_reason is None
 
+
+
+@pytest.mark.parametrize("make_copy", [copy.copy, copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))],
+                         ids=["copy", "deepcopy", "pickle"])
+def test_copied_message_passing_compiles_its_own_capture(make_copy):
+    """A copy (or an unpickled module) captures through its own registration: the compiled trace
+    reaches the module by a constant token, never the module it was copied from."""
+    torch.manual_seed(0)
+    original = WeightedSum(aggr="sum")
+    x, edge_index, weight, _ = layer_inputs()
+    forward = lambda m, x, ei, w: m(x, ei, w)  # noqa: E731
+    outputs_and_grads(original, forward, [x, edge_index, weight])
+    model = make_copy(original)
+    assert model._ug is not original._ug and model._ug.token != original._ug.token
+    check_compiled(model, forward, [x, edge_index, weight])
+    assert model.trace_count == 1 and model.fallback_reason is None
+    assert original.trace_count == 1
+    torch._dynamo.reset()
+    check_compiled(original, forward, [x, edge_index, weight])
+    assert original.trace_count == 1  # its own capture, from its eager call
 
 # -- CUDA graphs: where a step is host-bound (graphs of up to ~1e6 edges) -------------------------
 @pytest.mark.cuda
