@@ -63,7 +63,7 @@ def pytest_collection_modifyitems(config, items):
         skips.append((lambda item: "cuda" in item.keywords,
                       pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")))
     if not INTERPRETER_NUMPY_OK:
-        skips.append((_needs_interpreter, pytest.mark.skip(
+        skips.append((_runs_the_interpreter, pytest.mark.skip(
             reason=f"Triton's interpreter needs numpy<2.4, found {np.__version__}")))
     for item in items:
         for applies, skip in skips:
@@ -119,6 +119,17 @@ def device(monkeypatch) -> torch.device:
 def _needs_interpreter(item) -> bool:
     names = getattr(item, "fixturenames", ())
     return "interpret" in names or ("device" in names and not CUDA)
+
+
+#: Fixtures that run Triton's interpreter in a child process of their own (the autotune smoke
+#: collection, ``python -m autotune collect --device cpu``).
+CHILD_INTERPRETER_FIXTURES = ("collected", "collect_cli")
+
+
+def _runs_the_interpreter(item) -> bool:
+    """Whether a test runs kernels through Triton's interpreter, in this process or a child."""
+    names = getattr(item, "fixturenames", ())
+    return _needs_interpreter(item) or any(name in names for name in CHILD_INTERPRETER_FIXTURES)
 
 
 #: nodeid -> outcome of the interpreter tests run in a child pytest.
