@@ -106,7 +106,7 @@ def bucket(stats: GraphStats) -> GraphStats:
     a two-hop sampler (512 seeds, fan-out 10) over a power-law graph fell into 2 buckets (into 7
     with half-octave steps), so they share one decision and one compiled kernel per bucket instead
     of one per batch. The price, measured with the shipped model on its own H100 data (graphs of up
-    to 2e6 edges, where the model decides): chosen / best 1.206 instead of 1.192 with exact
+    to 2e6 edges, where the model decided then): chosen / best 1.206 instead of 1.192 with exact
     statistics (1.198 with half octaves)."""
     return GraphStats(round(_octaves(stats.num_rows)), round(_octaves(stats.num_cols)),
                       round(_octaves(stats.num_edges)), _bucket_degrees(stats.rows),
