@@ -8,9 +8,9 @@ which grows with time): one feature matrix
 booster. A GPU the model was not trained on uses it as it is (its SM count and compute capability
 are features). Graphs of up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per
 operator and width (:func:`autotune.heuristic.small_graph_schedule`); larger ones are scored by
-the model whatever their size. Elsewhere (a CPU, where kernels run through Triton's interpreter, whose costs are
-nothing like a GPU's; no model file; CUDA statistics asked for on a machine without CUDA) the
-documented rules of :func:`autotune.heuristic.heuristic` decide.
+the model whatever their size. Elsewhere (a CPU, where kernels run through Triton's interpreter,
+whose costs are nothing like a GPU's; no model file; CUDA statistics asked for on a machine
+without CUDA) the documented rules of :func:`autotune.heuristic.heuristic` decide.
 
 Decisions are made for, and cached by, the graph's statistics rounded to a grid
 (:func:`bucket`), the op, width, reduce size, dtype and device. The statistics are cached on the
@@ -153,8 +153,8 @@ def select(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
     if choice is None:
         booster = load_booster() if on_gpu and torch.cuda.is_available() else None
         # The model decides at every size: on the H100, over the graphs of 4e6 to 2.5e7 edges of
-        # ``benchmarks/results/h100-locality`` (probe 28: 6 ops, both graph directions), its
-        # choices took 0.949x the time of the heuristic's (geometric mean; 0.885x on COLLAB).
+        # ``benchmarks/results/h100-model-everywhere`` (probe 28: 6 ops, both graph directions),
+        # its choices took 0.949x the time of the heuristic's (geometric mean; 0.885x on COLLAB).
         if booster is None:
             choice = heuristic(stats, op, F, on_gpu)
         else:
