@@ -8,8 +8,13 @@ scale :math:`k_e`:
     \alpha_e = \frac{\exp(s_e - m_v)}{\sum_{e' \to v} \exp(s_{e'} - m_v) + 10^{-16}}, \qquad
     \mathrm{out}_v = \sum_{e = (u, v)} \alpha_e \, k_e \, x_u .
 
-The forward pass is three IR operators, none of which writes an ``[E, ...]`` tensor:
-``copy_e_max`` for :math:`m`, a gather-sum of :math:`\exp(s_e - m_v)` for the denominator
+The logits are given as an ``[E, H]`` tensor, or computed per edge by a message op, the *score*,
+from its own operands (GAT's :math:`\mathrm{LeakyReLU}(a^s_u + a^t_v)`). A score is recomputed
+inside every pass that needs it, so no ``[E, H]`` logit tensor is ever written or read, and its
+gradient goes straight to its operands.
+
+The forward pass is three IR operators, none of which writes an ``[E, ...]`` tensor: a gather-max
+of the score for :math:`m`, a gather-sum of :math:`\exp(s_e - m_v)` for the denominator
 :math:`z`, and a gather-sum of :math:`x_u k_e \exp(s_e - \ell_v)` for the output, with the
 log-normaliser :math:`\ell_v = m_v + \log(z_v + 10^{-16})` (one destination operand instead of
 :math:`m` and :math:`z`: one gather fewer per edge in the output and in the backward).
@@ -22,55 +27,80 @@ one by one. Softmax has a shorter closed form: with upstream gradient :math:`G_v
     \frac{\partial L}{\partial s_e} = \alpha_e \left(k_e \langle x_u, G_v \rangle - t_v\right),
     \qquad t_v = \sum_{e \to v} \alpha_e k_e \langle x_u, G_v \rangle = \langle \mathrm{out}_v, G_v \rangle,
 
-so :math:`t` is a dense per-node product and the backward is three IR operators: a gather-sum on
-the reversed graph, ``u_dot_v`` and one message op. The first two both read :math:`G_v` for every
-edge and run as one kernel on the reversed graph (``u_dot_v`` as the kernel's edge output). The
-shift :math:`m` has no gradient (softmax is shift-invariant). This is what DGL's ``edge_softmax``
-followed by ``u_mul_e_sum`` computes, in fewer passes over the edges.
+so :math:`t` is a dense per-node product. The first gradient is a gather-sum on the reversed graph
+and shares its kernel with the per-edge products :math:`\langle x_u, G_v \rangle` (``u_dot_v``
+as the kernel's edge output: both read :math:`G_v` for every edge). Each operand of the score then
+gets :math:`\sum_e \partial L / \partial s_e \cdot \partial s_e / \partial \theta` from one
+more IR operator, routed as every IR gradient is (:func:`pyg_ugrapher.backward.grad_step`): a
+gather-sum on the reversed graph for a source operand, on the graph for a destination operand, a
+message op for an edge operand (the given logits are one). The shift :math:`m` has no gradient
+(softmax is shift-invariant). This is what DGL's ``edge_softmax`` followed by ``u_mul_e_sum``
+computes, in fewer passes over the edges.
 """
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .backward import GradStep, Source, canonical, grad_step, on_reversed
 from .graph import GraphTensor
 from .ir import Expr, OpInfo
-from .backward import on_reversed
 from .ops import AUTO, notify, reversed_structure, run_gather_with_edge_output, run_graph_op, serialized
 
 #: PyG's softmax adds this to the denominator: destinations without edges stay finite.
 EPSILON = 1e-16
 
+#: The score of given logits: the edge operand itself.
+GIVEN_LOGITS = OpInfo(Expr.input(0), None, operands=("edge",))
+_GIVEN_LOGITS_TEXT = GIVEN_LOGITS.serialize()
 
-def _exp_shifted(logit: int, shift: int) -> Expr:
-    return Expr.apply("exp", Expr.input(logit) - Expr.input(shift))
+_SWAP = {"src_v": "dst_v", "dst_v": "src_v", "edge": "edge"}
+
+
+class AttentionOps(NamedTuple):
+    """The IR ops of one score's forward and backward passes."""
+
+    shift: OpInfo  #: per destination, the largest logit
+    denominator: OpInfo  #: per destination, the sum of the shifted exponentials
+    output: OpInfo  #: the weighted sum of the source features
+    grad_x: OpInfo  #: the gradient of the source features, on the reversed graph
+    grad_scores: Tuple[GradStep, ...]  #: the gradient of each operand of the score
+
+
+def _exp_shifted(logit: Expr, shift: int) -> Expr:
+    return Expr.apply("exp", logit - Expr.input(shift))
 
 
 @lru_cache(maxsize=None)
-def attention_ops(dropout: bool) -> Tuple[OpInfo, ...]:
-    """The IR ops of the forward and backward passes: ``(shift, denominator, output, grad_x,
-    grad_logits)``. With ``dropout`` the output and ``grad_x`` read the per-edge scale ``k``."""
-    shift = OpInfo.from_name("copy_e_max")
-    denominator = OpInfo(_exp_shifted(0, 1), "sum", operands=("edge", "dst_v"))
-    # slots: x (src), logits (edge), log-normaliser (dst)[, k (edge)]
-    weight = _exp_shifted(1, 2)
-    kinds: Tuple[str, ...] = ("src_v", "edge", "dst_v")
+def attention_ops(score: str, dropout: bool) -> AttentionOps:
+    """The ops for the serialised message op ``score``; with ``dropout`` the output and ``grad_x``
+    read the per-edge scale ``k``."""
+    score_op = OpInfo.deserialize(score)
+    kinds, logit = score_op.inputs, score_op.expr
+    n = len(kinds)
+    shift = canonical(logit, kinds, "max", False)
+    denominator = OpInfo(_exp_shifted(logit, n), "sum", operands=kinds + ("dst_v",))
+    # slots: x (src), the score's operands, log-normaliser (dst)[, k (edge)]
+    weight = _exp_shifted(logit.remap({i: i + 1 for i in range(n)}), n + 1)
+    output_kinds = ("src_v",) + kinds + ("dst_v",)
     if dropout:
-        weight = weight * Expr.input(3)
-        kinds += ("edge",)
-    output = OpInfo(Expr.input(0) * weight, "sum", operands=kinds)
-    # On the reversed graph the destination's tensors are read as sources.
-    # slots: G (src), logits (edge), log-normaliser (src)[, k (edge)]
-    back_kinds = tuple({"src_v": "dst_v", "dst_v": "src_v"}.get(kind, kind) for kind in kinds)
-    grad_x = OpInfo(Expr.input(0) * weight, "sum", operands=("src_v",) + back_kinds[1:])
-    # slots: logits (edge), log-normaliser (dst), k * <x_u, G_v> (edge), t (dst)
-    grad_logits = OpInfo(_exp_shifted(0, 1) * (Expr.input(2) - Expr.input(3)), None,
-                         operands=("edge", "dst_v", "edge", "dst_v"))
-    return shift, denominator, output, grad_x, grad_logits
+        weight = weight * Expr.input(n + 2)
+        output_kinds += ("edge",)
+    output = OpInfo(Expr.input(0) * weight, "sum", operands=output_kinds)
+    # On the reversed graph the destination's tensors are read as sources; G takes x's slot.
+    grad_x = OpInfo(output.expr, "sum", operands=("src_v",) + tuple(_SWAP[kind] for kind in output_kinds[1:]))
+    # slots: the score's operands, log-normaliser (dst), k * <x_u, G_v> (edge), t (dst)
+    grad_kinds = kinds + ("dst_v", "edge", "dst_v")
+    sources: Tuple[Source, ...] = tuple(range(n)) + ("normaliser", "products", "total")
+    grad_logit = _exp_shifted(logit, n) * (Expr.input(n + 1) - Expr.input(n + 2))
+    grad_scores = tuple(grad_step(grad_logit * logit.grad(i), grad_kinds, sources,
+                                  None if kind == "edge" else "sum", False, kind == "src_v")
+                        for i, kind in enumerate(kinds))
+    return AttentionOps(shift, denominator, output, grad_x, grad_scores)
 
 
 _DOT = OpInfo.from_name("u_dot_v")
@@ -89,143 +119,197 @@ def _column(tensor: Tensor) -> Tensor:
     return tensor.unsqueeze(-1)
 
 
-def _forward(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor],
+def _columns(tensors: Sequence[Tensor]) -> List[Tensor]:
+    return [_column(t) for t in tensors]
+
+
+def _forward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor, keep: Optional[Tensor],
              graph: Optional[GraphTensor] = None) -> Tuple[Tensor, Tensor]:
     """``(out, log-normaliser)``: the three forward operators (observers of ``ug.plan`` are told
     about each one when the ``graph`` is given)."""
-    shift_op, denominator_op, output_op, _, _ = attention_ops(keep is not None)
+    ops = attention_ops(score, keep is not None)
 
     def run(op: OpInfo, operands: List[Tensor]) -> Tensor:
         if graph is not None:
             notify(graph, op, operands)
         return _run(structure, op, operands)
 
-    shift = run(shift_op, [_column(logits)])
-    normaliser = shift + (run(denominator_op, [_column(logits), shift]) + EPSILON).log()
+    shift = run(ops.shift, _columns(scores))
+    normaliser = shift + (run(ops.denominator, _columns(scores) + [shift]) + EPSILON).log()
     extra = [] if keep is None else [_column(keep)]
-    return run(output_op, [x, _column(logits), normaliser] + extra), normaliser
+    return run(ops.output, [x] + _columns(scores) + [normaliser] + extra), normaliser
 
 
-def _backward(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor], normaliser: Tensor,
-              out: Tensor, grad: Tensor, needs_logits: bool, needs_x: bool
-              ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """``(grad_logits, grad_x)`` of the closed form (``None`` where not needed)."""
-    _, _, _, grad_x_op, grad_logits_op = attention_ops(keep is not None)
+def _backward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor, keep: Optional[Tensor],
+              normaliser: Tensor, out: Tensor, grad: Tensor, needs_scores: Sequence[bool], needs_x: bool
+              ) -> Tuple[List[Optional[Tensor]], Optional[Tensor]]:
+    """``(gradient of each score operand, grad_x)`` of the closed form (``None`` where not needed)."""
+    ops = attention_ops(score, keep is not None)
     grad = grad.contiguous()
     extra = [] if keep is None else [_column(keep)]
-    grad_x = grad_logits = None
-    grad_x_operands = [grad, _column(logits), normaliser] + extra
+    reversed_ = reversed_structure(structure)
+    needs_logits = any(needs_scores)
+    grad_x = None
+    grad_x_operands = [grad] + _columns(scores) + [normaliser] + extra
     if needs_x and needs_logits:
         grad_x, products = run_gather_with_edge_output(
-            reversed_structure(structure), grad_x_operands, serialized(grad_x_op), [x, grad], _DOT_REVERSED, AUTO, AUTO)
+            reversed_, grad_x_operands, serialized(ops.grad_x), [x, grad], _DOT_REVERSED, AUTO, AUTO)
     elif needs_x:
-        grad_x = _run(reversed_structure(structure), grad_x_op, grad_x_operands)
+        grad_x = _run(reversed_, ops.grad_x, grad_x_operands)
     elif needs_logits:
         products = _run(structure, _DOT, [x, grad])
+    grads: List[Optional[Tensor]] = [None] * len(scores)
     if needs_logits:
         if keep is not None:
             products = products * _column(keep)
-        total = (out * grad).sum(dim=-1, keepdim=True)
-        grad_logits = _run(structure, grad_logits_op, [_column(logits), normaliser, products, total]).squeeze(-1)
-    return grad_logits, grad_x
+        # [rows, H] each, so that every step reads them through a view of its own (see _column)
+        values = {"normaliser": normaliser.squeeze(-1), "products": products.squeeze(-1),
+                  "total": (out * grad).sum(dim=-1)}
+        for i, step in enumerate(ops.grad_scores):
+            if needs_scores[i]:
+                inputs = [_column(scores[s] if isinstance(s, int) else values[s]) for s in step.sources]
+                grads[i] = _run(reversed_ if step.reverse else structure, step.op, inputs).squeeze(-1)
+    return grads, grad_x
 
 
 class _SoftmaxAggregate(torch.autograd.Function):
     """The eager path: an autograd Function costs less host time per call than a custom op."""
 
     @staticmethod
-    def forward(ctx, graph: GraphTensor, num_structure: int, *tensors: Tensor) -> Tensor:
+    def forward(ctx, graph: GraphTensor, score: str, num_structure: int, num_scores: int, *tensors: Tensor
+                ) -> Tensor:
         structure = list(tensors[:num_structure])
-        logits, x, keep = tensors[num_structure:]
-        out, normaliser = _forward(structure, logits, x, keep, graph)
-        ctx.num_structure = num_structure
-        ctx.save_for_backward(*structure, logits, x, keep, normaliser, out)
+        scores = list(tensors[num_structure:num_structure + num_scores])
+        x, keep = tensors[num_structure + num_scores:]
+        out, normaliser = _forward(structure, score, scores, x, keep, graph)
+        ctx.score, ctx.num_structure, ctx.num_scores = score, num_structure, num_scores
+        ctx.save_for_backward(*structure, *scores, x, keep, normaliser, out)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):
         saved = ctx.saved_tensors
-        structure = list(saved[:ctx.num_structure])
-        needs_logits, needs_x = ctx.needs_input_grad[ctx.num_structure + 2:ctx.num_structure + 4]
-        grad_logits, grad_x = _backward(structure, *saved[ctx.num_structure:], grad, needs_logits, needs_x)
-        return (None, None) + (None,) * ctx.num_structure + (grad_logits, grad_x, None)
+        n, k = ctx.num_structure, ctx.num_scores
+        first = 4 + n  # graph, score, the two counts, the structure
+        needs = ctx.needs_input_grad[first:first + k + 1]
+        grads, grad_x = _backward(list(saved[:n]), ctx.score, saved[n:n + k], *saved[n + k:], grad, needs[:k],
+                                  needs[k])
+        return (None,) * first + tuple(grads) + (grad_x, None)
 
 
 # -- the same, as custom ops: what a compiled graph calls (one opaque node each way) ---------------
 @torch.library.custom_op("pyg_ugrapher::softmax_aggregate", mutates_args=())
-def softmax_aggregate_op(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor]) -> List[Tensor]:
+def softmax_aggregate_op(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor],
+                         score: str) -> List[Tensor]:
     """``[out, log-normaliser]`` of :func:`softmax_aggregate` on a graph given by its structure
-    list; differentiable with respect to ``logits`` and ``x`` (once)."""
-    return list(_forward(structure, logits, x, keep))
+    list, for the serialised score op ``score`` (:data:`GIVEN_LOGITS` for given logits);
+    differentiable with respect to ``scores`` and ``x`` (once)."""
+    return list(_forward(structure, score, scores, x, keep))
 
 
 @softmax_aggregate_op.register_fake
-def _(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor]) -> List[Tensor]:
+def _(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor], score: str
+      ) -> List[Tensor]:
     rows = structure[0].shape[0] - 1
-    return [x.new_empty((rows,) + tuple(x.shape[1:])), logits.new_empty((rows, logits.shape[1], 1))]
+    return [x.new_empty((rows,) + tuple(x.shape[1:])), scores[0].new_empty((rows, scores[0].shape[1], 1))]
 
 
 @torch.library.custom_op("pyg_ugrapher::softmax_aggregate_backward", mutates_args=())
-def _backward_op(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor], normaliser: Tensor,
-                 out: Tensor, grad: Tensor, needs_logits: bool, needs_x: bool) -> List[Tensor]:
-    grads = _backward(structure, logits, x, keep, normaliser, out, grad, needs_logits, needs_x)
+def _backward_op(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor],
+                 normaliser: Tensor, out: Tensor, grad: Tensor, score: str, needs_scores: List[bool],
+                 needs_x: bool) -> List[Tensor]:
+    grads, grad_x = _backward(structure, score, scores, x, keep, normaliser, out, grad, needs_scores, needs_x)
     # A custom op returns tensors: an empty one stands for a gradient not asked for.
-    return [g if g is not None else t.new_empty(0) for g, t in zip(grads, (logits, x))]
+    return [g if g is not None else t.new_empty(0) for g, t in zip(grads + [grad_x], list(scores) + [x])]
 
 
 @_backward_op.register_fake
-def _(structure: List[Tensor], logits: Tensor, x: Tensor, keep: Optional[Tensor], normaliser: Tensor,
-      out: Tensor, grad: Tensor, needs_logits: bool, needs_x: bool) -> List[Tensor]:
-    return [torch.empty_like(logits) if needs_logits else logits.new_empty(0),
-            torch.empty_like(x) if needs_x else x.new_empty(0)]
+def _(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor], normaliser: Tensor,
+      out: Tensor, grad: Tensor, score: str, needs_scores: List[bool], needs_x: bool) -> List[Tensor]:
+    return [torch.empty_like(t) if needed else t.new_empty(0)
+            for t, needed in zip(list(scores) + [x], list(needs_scores) + [needs_x])]
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    structure, logits, x, keep = inputs
-    ctx.num_structure = len(structure)
+    structure, scores, x, keep, score = inputs
+    ctx.score, ctx.num_structure, ctx.num_scores = score, len(structure), len(scores)
     out, normaliser = output
-    ctx.save_for_backward(*structure, logits, x, keep, normaliser, out)
+    ctx.save_for_backward(*structure, *scores, x, keep, normaliser, out)
 
 
 def _op_backward(ctx, grads: List[Optional[Tensor]]):
     grad = grads[0]  # the log-normaliser is an output only to be saved: its gradient is unused
     saved = ctx.saved_tensors
-    structure = list(saved[:ctx.num_structure])
-    needs_logits, needs_x = ctx.needs_input_grad[1:3]
-    grad_logits, grad_x = _backward_op(structure, *saved[ctx.num_structure:], grad, needs_logits, needs_x)
-    return [None] * ctx.num_structure, grad_logits if needs_logits else None, grad_x if needs_x else None, None
+    n, k = ctx.num_structure, ctx.num_scores
+    needs_scores, needs_x = list(ctx.needs_input_grad[1]), ctx.needs_input_grad[2]
+    results = _backward_op(list(saved[:n]), list(saved[n:n + k]), *saved[n + k:], grad, ctx.score, needs_scores,
+                           needs_x)
+    score_grads = [g if needed else None for g, needed in zip(results[:k], needs_scores)]
+    return [None] * n, score_grads, results[k] if needs_x else None, None, None
 
 
 torch.library.register_autograd("pyg_ugrapher::softmax_aggregate", _op_backward, setup_context=_setup_context)
 
 
-def softmax_aggregate(graph: GraphTensor, logits: Tensor, x: Tensor, keep: Optional[Tensor] = None) -> Tensor:
+def _check_scores(graph: GraphTensor, logits: Union[Tensor, Sequence[Tensor]], score: Optional[OpInfo]
+                  ) -> Tuple[List[Tensor], str]:
+    """The score's operands and the serialised score, checked against ``graph``."""
+    if score is None:
+        if not isinstance(logits, Tensor) or not logits.is_floating_point():
+            raise TypeError("logits: expected a floating-point tensor")
+        if logits.dim() != 2 or logits.shape[0] != graph.num_edges:
+            raise ValueError(f"logits: expected shape [num_edges={graph.num_edges}, heads], got {list(logits.shape)}")
+        return [logits], _GIVEN_LOGITS_TEXT
+    if not isinstance(score, OpInfo) or score.gather_op is not None or score.reduces:
+        raise TypeError(f"score: expected a message op (OpInfo without a gather op or reduction), got {score!r}")
+    if isinstance(logits, Tensor) or not isinstance(logits, (list, tuple)) or len(logits) != len(score.inputs):
+        raise TypeError(f"logits: expected a list of the {len(score.inputs)} operands of {score.name}")
+    rows_of = {"src_v": ("num_src", graph.num_src), "dst_v": ("num_dst", graph.num_dst),
+               "edge": ("num_edges", graph.num_edges)}
+    heads = None
+    for i, (tensor, kind) in enumerate(zip(logits, score.inputs)):
+        if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
+            raise TypeError(f"logits[{i}]: expected a floating-point tensor")
+        name, rows = rows_of[kind]
+        heads = tensor.shape[-1] if heads is None else heads
+        if tensor.dim() != 2 or tensor.shape != (rows, heads):
+            raise ValueError(f"logits[{i}]: expected shape [{name}={rows}, heads={heads}] ({kind}), "
+                             f"got {list(tensor.shape)}")
+    # Dynamo traces through an lru_cache (and warns): a compiled graph serialises once, at trace time.
+    return list(logits), score.serialize() if torch.compiler.is_compiling() else serialized(score)
+
+
+def softmax_aggregate(graph: GraphTensor, logits: Union[Tensor, Sequence[Tensor]], x: Tensor,
+                      keep: Optional[Tensor] = None, score: Optional[OpInfo] = None) -> Tensor:
     r"""``out[v] = sum over edges e = (u, v) of softmax_v(logits)[e] * keep[e] * x[u]``, per head.
 
     Args:
-        graph: the graph (rows of ``logits`` and ``keep`` in its edge order).
-        logits: ``[E, H]`` attention logits.
+        graph: the graph (rows of edge tensors in its edge order).
+        logits: ``[E, H]`` attention logits; with ``score``, the list of its operands instead, one
+            ``[rows, H]`` tensor per slot (``num_src``, ``num_dst`` or ``E`` rows by its kind).
         x: ``[num_src, H, C]`` source features.
         keep: optional ``[E, H]`` dropout scale of each coefficient (0, or ``1 / (1 - p)``).
+        score: optional message op (``gather_op=None``) computing each edge's logits from
+            ``logits``, e.g. GAT's ``leaky_relu(u0 + v1)``; it is recomputed wherever it is needed,
+            never stored.
 
     Returns:
         ``[num_dst, H, C]``; differentiable with respect to ``logits`` and ``x`` (once).
     """
     if not isinstance(graph, GraphTensor):
         raise TypeError(f"graph: expected a GraphTensor, got {type(graph).__name__}")
-    for name, tensor in (("logits", logits), ("x", x), ("keep", keep)):
+    scores, text = _check_scores(graph, logits, score)
+    heads = scores[0].shape[1]
+    for name, tensor in (("x", x), ("keep", keep)):
         if tensor is not None and (not isinstance(tensor, Tensor) or not tensor.is_floating_point()):
             raise TypeError(f"{name}: expected a floating-point tensor")
-    if logits.dim() != 2 or logits.shape[0] != graph.num_edges:
-        raise ValueError(f"logits: expected shape [num_edges={graph.num_edges}, heads], got {list(logits.shape)}")
-    heads = logits.shape[1]
     if x.dim() != 3 or x.shape[0] != graph.num_src or x.shape[1] != heads:
         raise ValueError(f"x: expected shape [num_src={graph.num_src}, heads={heads}, channels], "
                          f"got {list(x.shape)}")
-    if keep is not None and keep.shape != logits.shape:
-        raise ValueError(f"keep: expected the shape of logits {list(logits.shape)}, got {list(keep.shape)}")
+    if keep is not None and keep.shape != (graph.num_edges, heads):
+        raise ValueError(f"keep: expected shape [num_edges={graph.num_edges}, heads={heads}], got {list(keep.shape)}")
     structure = graph.structure(x.device)
     if torch.compiler.is_compiling():
-        return softmax_aggregate_op(structure, logits, x, keep)[0]
-    return _SoftmaxAggregate.apply(graph, len(structure), *structure, logits, x, keep)
+        return softmax_aggregate_op(structure, scores, x, keep, text)[0]
+    return _SoftmaxAggregate.apply(graph, text, len(structure), len(scores), *structure, *scores, x, keep)

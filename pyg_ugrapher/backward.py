@@ -86,9 +86,10 @@ def canonical(expr: Expr, kinds: Tuple[str, ...], gather_op: Optional[str], redu
     return OpInfo(expr, gather_op, operands=kinds, reduce=reduce)
 
 
-def _step(expr: Expr, kinds: Tuple[str, ...], sources: Tuple[Source, ...], gather_op: Optional[str],
-          reduce: bool, reverse: bool) -> GradStep:
-    """Keep only the slots ``expr`` reads, renumbered in the order they appear, and build the step."""
+def grad_step(expr: Expr, kinds: Tuple[str, ...], sources: Tuple[Source, ...], gather_op: Optional[str],
+              reduce: bool, reverse: bool) -> GradStep:
+    """The step routing the gradient message ``expr`` (over slots of ``kinds``, fed by ``sources``):
+    only the slots ``expr`` reads are kept, renumbered in the order they appear."""
     order = list(expr.inputs())
     if expr.fn in ("add", "sub", "mul", "div") and all(a.fn == "input" for a in expr.args):
         order = [a.index for a in expr.args] if len(order) == 2 else order
@@ -115,17 +116,17 @@ def derive(op: OpInfo, reduce_edge_slots: Tuple[bool, ...]) -> Backward:
         kinds = kinds + ("dst_v",)
         sources = sources + ("out",)
         winner = Expr.apply("eq", op.expr, out)
-        count = _step(winner, kinds, sources, "sum", False, False)
+        count = grad_step(winner, kinds, sources, "sum", False, False)
         grad = winner * grad
     steps = []
     for i, kind in enumerate(op.inputs):
         message = grad * op.expr.grad(i)
         if kind == "src_v":
-            steps.append(_step(message, kinds, sources, "sum", False, True))
+            steps.append(grad_step(message, kinds, sources, "sum", False, True))
         elif kind == "dst_v":
-            steps.append(_step(message, kinds, sources, "sum", False, False))
+            steps.append(grad_step(message, kinds, sources, "sum", False, False))
         else:
-            steps.append(_step(message, kinds, sources, None, reduce_edge_slots[i], False))
+            steps.append(grad_step(message, kinds, sources, None, reduce_edge_slots[i], False))
     gathers = [i for i, step in enumerate(steps) if step.reverse]
     messages = [i for i, step in enumerate(steps) if step.op.gather_op is None]
     shared = (gathers[0], messages[0]) if gathers and messages else None

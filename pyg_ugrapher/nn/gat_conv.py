@@ -14,7 +14,7 @@ from ..attention import EPSILON, softmax_aggregate, softmax_aggregate_op
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._graph import (Graph, adjacency, check_eager, check_features, derived, edge_tensor, gather_op, graph_of,
-                     is_sparse, looped_graph, named, node_sizes, run)
+                     is_sparse, layer_op, looped_graph, named, node_sizes, op_text, run)
 
 
 def exp_shifted() -> OpInfo:
@@ -71,16 +71,17 @@ class GATConv(MessagePassing):
     never builds an ``[E, H, C]`` tensor:
 
     1. the node halves ``a_src . x[u]`` and ``a_dst . x[v]``, one batched product over the heads;
-    2. the logits, ``leaky_relu(a_src[u] + a_dst[v] (+ a_edge[e]))``, one message op ``[E, H]``;
+    2. the logits are ``leaky_relu(a_src[u] + a_dst[v] (+ a_edge[e]))``, a message op (the score);
     3. with sum aggregation, :func:`~pyg_ugrapher.attention.softmax_aggregate` (under
-       ``torch.compile`` its custom op): softmax over each destination's edges times the source
-       features in three operators and a closed-form backward in three more (attention dropout is
-       a per-edge scale there);
-    4. otherwise (other aggregations, ``return_attention_weights``) separate differentiable
-       operators: ``copy_e_max`` of the detached logits (the softmax is shift-invariant, as in
-       PyG), ``p = exp(logit[e] - max[v])``, ``copy_e_sum``, then ``out[v] = sum x[u] * p[e] /
-       s[v]`` as one fused gather op, or ``alpha = p / s[v]`` (``e_div_v``), dropout and
-       ``u_mul_e_sum`` where the coefficients are needed.
+       ``torch.compile`` its custom op) recomputes the score inside each of its passes, so no
+       ``[E, H]`` logit tensor exists: softmax over each destination's edges times the source
+       features in three operators, and a closed-form backward whose gradients go straight to the
+       node halves (attention dropout is a per-edge scale there);
+    4. otherwise (other aggregations, ``return_attention_weights``) the logits as an ``[E, H]``
+       tensor, then separate differentiable operators: ``copy_e_max`` of the detached logits (the
+       softmax is shift-invariant, as in PyG), ``p = exp(logit[e] - max[v])``, ``copy_e_sum``,
+       then ``out[v] = sum x[u] * p[e] / s[v]`` as one fused gather op, or ``alpha = p / s[v]``
+       (``e_div_v``), dropout and ``u_mul_e_sum`` where the coefficients are needed.
 
     Args:
         in_channels (int or tuple): Size of each input sample, or :obj:`-1` to derive it from the
@@ -262,16 +263,17 @@ class GATConv(MessagePassing):
             operands.append(alpha_edge)
             kinds += ("edge",)
 
-        logits = run(graph, score_op, (kinds, self._negative_slope), operands)
+        score = (kinds, self._negative_slope)
         if self._gather == "sum" and not return_attention_weights:
             keep = None
             if self.training and self.dropout > 0:
-                keep = F.dropout(torch.ones_like(logits), p=self.dropout, training=True)
+                keep = F.dropout(alpha_src.new_ones(graph.num_edges, H), p=self.dropout, training=True)
             if graph.structure is None:
-                out = softmax_aggregate(graph.tensor, logits, x_src, keep)
+                out = softmax_aggregate(graph.tensor, operands, x_src, keep, score=layer_op(score_op, *score))
             else:
-                out = softmax_aggregate_op(graph.structure, logits, x_src, keep)[0]
+                out = softmax_aggregate_op(graph.structure, operands, x_src, keep, op_text(score_op, *score))[0]
         else:
+            logits = run(graph, score_op, score, operands)
             out, alpha = self._attend(graph, logits, x_src, return_attention_weights)
 
         if self.concat:

@@ -1,19 +1,33 @@
 """``softmax_aggregate``: GAT's softmax and aggregation with a closed-form backward, against the
 same computation written with PyG's ``softmax`` and ``index_add``, on every graph case, through
-the reference executor and through the kernels."""
+the reference executor and through the kernels. Both forms of the logits: given as an ``[E, H]``
+tensor, and computed per edge by a score op from source, destination and edge operands (GAT's
+``leaky_relu(a_src[u] + a_dst[v] + a_edge[e])``), whose gradients reach those operands."""
 import pytest
 import torch
+import torch.nn.functional as F
 from torch_geometric.utils import softmax
 
-import pyg_ugrapher as ug
-from pyg_ugrapher.attention import softmax_aggregate, softmax_aggregate_op
+from pyg_ugrapher import ops as ug_ops
+from pyg_ugrapher.attention import GIVEN_LOGITS, attention_ops, softmax_aggregate, softmax_aggregate_op
+from pyg_ugrapher.ir import Expr, OpInfo
 
 HEADS, CHANNELS = 3, 5
+SLOPE = 0.2
+#: GAT's score: a leaky ReLU of a source, a destination and an edge term.
+SCORE = OpInfo(Expr.apply("leaky_relu", Expr.input(0) + Expr.input(1) + Expr.input(2), SLOPE), None,
+               operands=("src_v", "dst_v", "edge"))
+FORMS = ["logits", "score"]
 
 
-def _inputs(graph, dtype=torch.float32, seed=0, dropout=False):
+def _inputs(graph, form="logits", dtype=torch.float32, seed=0, dropout=False):
+    """``(logits, x, keep)``: ``logits`` is a tensor, or for the score form the list of its operands."""
     gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(graph.num_edges, HEADS, generator=gen, dtype=dtype)
+    if form == "logits":
+        logits = torch.randn(graph.num_edges, HEADS, generator=gen, dtype=dtype)
+    else:
+        logits = [torch.randn(rows, HEADS, generator=gen, dtype=dtype)
+                  for rows in (graph.num_src, graph.num_dst, graph.num_edges)]
     x = torch.randn(graph.num_src, HEADS, CHANNELS, generator=gen, dtype=dtype)
     keep = None
     if dropout:
@@ -21,91 +35,160 @@ def _inputs(graph, dtype=torch.float32, seed=0, dropout=False):
     return logits, x, keep
 
 
+def _edge_logits(graph, logits):
+    if isinstance(logits, torch.Tensor):
+        return logits
+    src, dst = graph.edge_index
+    a_src, a_dst, a_edge = logits
+    return F.leaky_relu(a_src[src] + a_dst[dst] + a_edge, SLOPE)
+
+
 def _pyg(graph, logits, x, keep):
     """PyG's GATConv computation: softmax over incoming edges, dropout, weighted sum."""
     src, dst = graph.edge_index
-    alpha = softmax(logits, dst, num_nodes=graph.num_dst)
+    alpha = softmax(_edge_logits(graph, logits), dst, num_nodes=graph.num_dst)
     if keep is not None:
         alpha = alpha * keep
     out = x.new_zeros(graph.num_dst, HEADS, CHANNELS)
     return out.index_add(0, dst, alpha.unsqueeze(-1) * x[src])
 
 
+def _ours(graph, logits, x, keep):
+    if isinstance(logits, torch.Tensor):
+        return softmax_aggregate(graph, logits, x, keep)
+    return softmax_aggregate(graph, logits, x, keep, score=SCORE)
+
+
+def _leaves(logits, x):
+    logits = logits.clone().requires_grad_() if isinstance(logits, torch.Tensor) else \
+        [t.clone().requires_grad_() for t in logits]
+    return logits, x.clone().requires_grad_()
+
+
+def _flat(logits, x):
+    return ([logits] if isinstance(logits, torch.Tensor) else list(logits)) + [x]
+
+
 def _forward_backward(fn, graph, logits, x, keep, seed=1):
-    logits, x = logits.clone().requires_grad_(), x.clone().requires_grad_()
+    logits, x = _leaves(logits, x)
     out = fn(graph, logits, x, keep)
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype).to(out.device)
-    return [out] + list(torch.autograd.grad(out, (logits, x), grad))
+    return [out] + list(torch.autograd.grad(out, _flat(logits, x), grad))
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
-def test_matches_pyg(graph_factory, graph_case, check_close, dropout):
+def test_matches_pyg(graph_factory, graph_case, check_close, dropout, form):
     graph = graph_factory(graph_case)
-    inputs = _inputs(graph, dropout=dropout)
-    for ours, theirs in zip(_forward_backward(softmax_aggregate, graph, *inputs),
-                            _forward_backward(_pyg, graph, *inputs)):
+    inputs = _inputs(graph, form, dropout=dropout)
+    for ours, theirs in zip(_forward_backward(_ours, graph, *inputs), _forward_backward(_pyg, graph, *inputs)):
         check_close(ours, theirs)
 
 
+def _to(value, device):
+    if value is None or isinstance(value, torch.Tensor):
+        return None if value is None else value.to(device)
+    return [t.to(device) for t in value]
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
-def test_kernels_match_pyg(device, graph_factory, graph_case, check_close, dropout):
+def test_kernels_match_pyg(device, graph_factory, graph_case, check_close, dropout, form):
     """The same through the Triton kernels (the interpreter on a CPU), outputs poisoned first."""
     graph = graph_factory(graph_case)
-    inputs = _inputs(graph, seed=2, dropout=dropout)
-    moved = [None if t is None else t.to(device) for t in inputs]
-    for ours, theirs in zip(_forward_backward(softmax_aggregate, graph, *moved),
-                            _forward_backward(_pyg, graph, *inputs)):
+    inputs = _inputs(graph, form, seed=2, dropout=dropout)
+    moved = [_to(t, device) for t in inputs]
+    for ours, theirs in zip(_forward_backward(_ours, graph, *moved), _forward_backward(_pyg, graph, *inputs)):
         check_close(ours.cpu(), theirs)
 
 
 def _custom_op(graph, logits, x, keep):
     """The custom op a compiled graph calls, called directly (its autograd formula included)."""
-    return softmax_aggregate_op(graph.structure(x.device), logits, x, keep)[0]
+    if isinstance(logits, torch.Tensor):
+        return softmax_aggregate_op(graph.structure(x.device), [logits], x, keep, GIVEN_LOGITS.serialize())[0]
+    return softmax_aggregate_op(graph.structure(x.device), list(logits), x, keep, SCORE.serialize())[0]
 
 
 def _compiled(graph, logits, x, keep):
     """``softmax_aggregate`` under ``torch.compile`` (no graph break: it calls the custom op)."""
     torch._dynamo.reset()
-    return torch.compile(softmax_aggregate, fullgraph=True, backend="aot_eager")(graph, logits, x, keep)
+    return torch.compile(_ours, fullgraph=True, backend="aot_eager")(graph, logits, x, keep)
 
 
 @pytest.mark.parametrize("path", [_custom_op, _compiled], ids=["custom_op", "compiled"])
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
-def test_custom_op_matches_pyg(graph_factory, graph_case, check_close, dropout, path):
+def test_custom_op_matches_pyg(graph_factory, graph_case, check_close, dropout, form, path):
     graph = graph_factory(graph_case)
-    inputs = _inputs(graph, seed=3, dropout=dropout)
+    inputs = _inputs(graph, form, seed=3, dropout=dropout)
     for ours, theirs in zip(_forward_backward(path, graph, *inputs), _forward_backward(_pyg, graph, *inputs)):
         check_close(ours, theirs)
 
 
-@pytest.mark.parametrize("fn", [softmax_aggregate, _custom_op], ids=["function", "custom_op"])
-@pytest.mark.parametrize("wrt", ["logits", "x"])
+@pytest.mark.parametrize("fn", [_ours, _custom_op], ids=["function", "custom_op"])
+@pytest.mark.parametrize("wrt", [0, 1, 2, 3], ids=["a_src", "a_dst", "a_edge", "x"])
 def test_one_sided_gradients(graph_factory, check_close, fn, wrt):
-    """Only the gradient asked for is computed (the backward's one-sided branches)."""
+    """Only the gradients asked for are computed (the backward's one-sided branches): each score
+    operand alone, and the features alone."""
     graph = graph_factory("mixed")
-    logits, x, keep = _inputs(graph, seed=4, dropout=True)
-    leaf = (logits if wrt == "logits" else x).clone().requires_grad_()
-    args = (leaf, x, keep) if wrt == "logits" else (logits, leaf, keep)
+    logits, x, keep = _inputs(graph, "score", seed=4, dropout=True)
     grad = torch.randn(graph.num_dst, HEADS, CHANNELS, generator=torch.Generator().manual_seed(5))
-    (ours,) = torch.autograd.grad(fn(graph, *args), leaf, grad)
-    theirs_leaf = leaf.detach().clone().requires_grad_()
-    theirs_args = (theirs_leaf, x, keep) if wrt == "logits" else (logits, theirs_leaf, keep)
-    (theirs,) = torch.autograd.grad(_pyg(graph, *theirs_args), theirs_leaf, grad)
-    check_close(ours, theirs)
+    results = []
+    for f in (fn, _pyg):
+        tensors = [t.clone() for t in _flat(logits, x)]
+        tensors[wrt].requires_grad_()
+        out = f(graph, tensors[:3], tensors[3], keep)
+        results.append(torch.autograd.grad(out, tensors[wrt], grad)[0])
+    check_close(*results)
+
+
+def test_given_logits_one_sided(graph_factory, check_close):
+    graph = graph_factory("mixed")
+    logits, x, keep = _inputs(graph, seed=6, dropout=True)
+    grad = torch.randn(graph.num_dst, HEADS, CHANNELS, generator=torch.Generator().manual_seed(7))
+    results = []
+    for f in (_ours, _pyg):
+        leaf = logits.clone().requires_grad_()
+        results.append(torch.autograd.grad(f(graph, leaf, x, keep), leaf, grad)[0])
+    check_close(*results)
+
+
+def test_the_score_is_never_an_edge_tensor(graph_factory):
+    """With a score op, no forward or backward operator reads or writes the ``[E, H]`` logits:
+    the only edge operands are the score's own edge term, the dropout scale and the products
+    ``<x_u, G_v>``; the score operands' gradients are gathers, not message ops."""
+    ops = attention_ops(SCORE.serialize(), True)
+    for op in (ops.shift, ops.denominator, ops.output, ops.grad_x):
+        assert op.gather_op is not None
+    a_src, a_dst, a_edge = ops.grad_scores
+    assert (a_src.reverse, a_src.op.gather_op) == (True, "sum")
+    assert (a_dst.reverse, a_dst.op.gather_op) == (False, "sum")
+    assert a_edge.op.gather_op is None
+    graph = graph_factory("mixed")
+    calls = []
+    with ug_ops.observe(calls.append):
+        softmax_aggregate(graph, *_inputs(graph, "score")[:2], score=SCORE)
+    assert [call.op for call in calls] == [ops.shift, ops.denominator, attention_ops(SCORE.serialize(), False).output]
 
 
 def test_isolated_destinations_get_zero(graph_factory, isolated):
     graph = graph_factory("isolated")
-    out = softmax_aggregate(graph, *_inputs(graph))
-    assert torch.equal(out[isolated(graph)], torch.zeros_like(out[isolated(graph)]))
+    for form in FORMS:
+        logits, x, _ = _inputs(graph, form)
+        out = _ours(graph, logits, x, None)
+        assert torch.equal(out[isolated(graph)], torch.zeros_like(out[isolated(graph)]))
 
 
-@pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
-def test_gradcheck(interpret, graph_factory, dropout):
+@pytest.mark.parametrize("form, dropout", [("logits", False), ("score", True)])
+def test_gradcheck(graph_factory, form, dropout):
+    """The closed form against finite differences in float64, on the reference executor (through
+    the interpreter it took 45 s per case; the kernels' gradients are checked against PyG's
+    autograd by :func:`test_kernels_match_pyg`)."""
     graph = graph_factory("tiny")
-    logits, x, keep = _inputs(graph, dtype=torch.float64, dropout=dropout)
-    assert torch.autograd.gradcheck(lambda a, b: softmax_aggregate(graph, a, b, keep),
-                                    (logits.requires_grad_(), x.requires_grad_()))
+    logits, x, keep = _inputs(graph, form, dtype=torch.float64, dropout=dropout)
+    leaves = [t.requires_grad_() for t in _flat(logits, x)]
+    assert torch.autograd.gradcheck(lambda *t: _ours(graph, t[0] if form == "logits" else list(t[:3]), t[-1], keep),
+                                    leaves)
 
 
 def test_double_backward_is_refused(graph_factory):
@@ -129,3 +212,19 @@ def test_bad_input(graph_factory, change, error, name):
     graph = graph_factory("tiny")
     with pytest.raises(error, match=f"{name}:"):
         softmax_aggregate(*change(graph, *_inputs(graph)[:2], None))
+
+
+@pytest.mark.parametrize("change, score, error, name", [
+    (lambda t: t[:2], SCORE, TypeError, r"logits:"),
+    (lambda t: t[0], SCORE, TypeError, r"logits:"),
+    (lambda t: [t[0], t[1][1:], t[2]], SCORE, ValueError, r"logits\[1\]:"),
+    (lambda t: [t[0], t[1], t[2][:, :2]], SCORE, ValueError, r"logits\[2\]:"),
+    (lambda t: [t[0].long(), t[1], t[2]], SCORE, TypeError, r"logits\[0\]:"),
+    (lambda t: t, OpInfo.from_name("copy_e_sum"), TypeError, "score:"),
+    (lambda t: t, "leaky_relu", TypeError, "score:"),
+])
+def test_bad_score_input(graph_factory, change, score, error, name):
+    graph = graph_factory("tiny")
+    logits, x, _ = _inputs(graph, "score")
+    with pytest.raises(error, match=name):
+        softmax_aggregate(graph, change(logits), x, score=score)
