@@ -8,9 +8,12 @@ which grows with time): one feature matrix
 booster. A GPU the model was not trained on uses it as it is (its SM count and compute capability
 are features). Graphs of up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per
 operator and width (:func:`autotune.heuristic.small_graph_schedule`); larger ones are scored by
-the model whatever their size. Elsewhere (a CPU, where kernels run through Triton's interpreter,
-whose costs are nothing like a GPU's; no model file; CUDA statistics asked for on a machine
-without CUDA) the documented rules of :func:`autotune.heuristic.heuristic` decide.
+the model whatever their size. From :data:`MEASURE_EDGES` edges on, where one kernel takes about a
+millisecond, the model's shortlist is timed once on the call's own operands and the fastest wins
+(:func:`select_measured`; off with ``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a CPU, where kernels
+run through Triton's interpreter, whose costs are nothing like a GPU's; no model file; CUDA
+statistics asked for on a machine without CUDA) the documented rules of
+:func:`autotune.heuristic.heuristic` decide.
 
 Decisions are made for, and cached by, the graph's statistics rounded to a grid
 (:func:`bucket`), the op, width, reduce size, dtype and device. The statistics are cached on the
@@ -23,9 +26,10 @@ from __future__ import annotations
 import functools
 import math
 import os
+import statistics
 import warnings
 from pathlib import Path
-from typing import Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -46,7 +50,19 @@ MODEL_ENV = "PYG_UGRAPHER_MODEL"
 #: new graph (a sampler's mini-batch every step), and their steps are bound by host time anyway.
 SMALL_GRAPH_EDGES = 1 << 18
 
+#: On a GPU, graphs of at least this many edges have the model's few best schedules timed once per
+#: (statistics bucket, op, width, dtype) (:func:`select_measured`): a kernel there takes a
+#: millisecond, and the model's pick can be far off for an op unlike its training data (on the
+#: H100, GAT's fused backward pass on a 4e6-edge uniform graph: the model's pick 1.77 ms, the best
+#: of 48 sampled schedules 1.02 ms; ``benchmarks/results/h100-fused-score``, probe 31).
+MEASURE_EDGES = 1 << 21
+#: How many schedules :func:`select_measured` times (see :func:`shortlist`).
+SHORTLIST = 6
+#: Set to ``0`` to keep the model's picks unmeasured (reproducible schedules, no timing runs).
+MEASURE_ENV = "PYG_UGRAPHER_MEASURE"
+
 _CACHE: Dict[Tuple, ParallelInfo] = {}
+_MEASURED: Dict[Tuple, ParallelInfo] = {}
 _BOOSTERS: Dict[Path, object] = {}
 #: Bumped by :func:`clear_cache`: callers that keep decisions of their own compare it.
 generation = 0
@@ -85,6 +101,14 @@ def predict_best(booster, stats: GraphStats, op: OpInfo, F: int, reduce_size: in
     """The schedule of the design space with the lowest time ``booster`` predicts."""
     infos, features = case_features(stats, op, F, reduce_size, dtype, gpu)
     return infos[int(np.argmin(booster.inplace_predict(features, validate_features=False)))]
+
+
+def predict_ranked(booster, stats: GraphStats, op: OpInfo, F: int, reduce_size: int, dtype: torch.dtype,
+                   gpu: GpuInfo) -> List[ParallelInfo]:
+    """The schedules of the design space by the time ``booster`` predicts, best first."""
+    infos, features = case_features(stats, op, F, reduce_size, dtype, gpu)
+    scores = booster.inplace_predict(features, validate_features=False)
+    return [infos[int(i)] for i in np.argsort(scores, kind="stable")]
 
 
 def _octaves(value: float) -> float:
@@ -163,9 +187,97 @@ def select(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
     return choice
 
 
+def measures(graph: Union[CSR, GraphStats, GraphTensor], device: Union[str, torch.device]) -> bool:
+    """Whether a call on ``graph`` on ``device`` has its schedule picked by :func:`select_measured`:
+    a GPU graph of at least :data:`MEASURE_EDGES` edges, unless ``$PYG_UGRAPHER_MEASURE`` is ``0``
+    or a CUDA graph is being captured (nothing may be timed then)."""
+    return torch.device(device).type == "cuda" and graph.num_edges >= MEASURE_EDGES and \
+        os.environ.get(MEASURE_ENV, "1") != "0" and torch.cuda.is_available() and \
+        not torch.cuda.is_current_stream_capturing()
+
+
+def shortlist(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int, dtype: torch.dtype = torch.float32,
+              *, reduce_size: int = 1, device: Optional[Union[str, torch.device]] = None,
+              k: int = SHORTLIST) -> List[ParallelInfo]:
+    """The schedules worth timing on ``graph``, best-scored first: the cost model's best schedule of
+    each program shape (strategy and rows per program) for the ``k`` best shapes, then
+    :func:`select`'s heuristic fallback if it is not among them (without a model: that alone).
+
+    One per shape, not the model's ``k`` best: where the model is far off (probe 31: GAT's fused
+    backward on a 4e6-edge uniform graph), its best few schedules differ only in feature tiles and
+    warps and are off together, while the best sampled ones had another program shape."""
+    device = torch.device(device or getattr(graph, "device", "cuda"))
+    stats = bucket(_stats(graph))
+    on_gpu = device.type == "cuda"
+    booster = load_booster() if on_gpu and torch.cuda.is_available() else None
+    best_of_shape: Dict[Tuple[str, int], ParallelInfo] = {}
+    if booster is not None:
+        for info in predict_ranked(booster, stats, op, F, reduce_size, dtype, gpu_info(device)):
+            best_of_shape.setdefault((info.strategy, info.block_v), info)
+            if len(best_of_shape) == k:
+                break
+    return list(dict.fromkeys(list(best_of_shape.values()) + [heuristic(stats, op, F, on_gpu)]))
+
+
+def _cuda_ms(run: Callable[[], object], repeats: int) -> float:
+    """Median milliseconds of ``run`` on the current CUDA stream, after one untimed call (which
+    compiles its kernel)."""
+    run()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(repeats)]
+    for start, end in events:
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def fastest(candidates: Sequence[ParallelInfo], run: Callable[[ParallelInfo], object], repeats: int = 3,
+            timer: Optional[Callable[[Callable[[], object], int], float]] = None) -> ParallelInfo:
+    """The candidate whose ``run(candidate)`` takes least time (``timer(call, repeats)``, default:
+    CUDA events, median of ``repeats`` after a warm-up call). A candidate whose run raises (a
+    kernel over the GPU's resources) is left out; if every one does, the first is returned, and
+    running it raises where the caller can see why."""
+    if len(candidates) == 1:
+        return candidates[0]
+    timer = timer or _cuda_ms
+    times = {}
+    for candidate in candidates:
+        try:
+            times[candidate] = timer(lambda: run(candidate), repeats)
+        except Exception:  # noqa: BLE001 - a failing candidate is not a choice, not an error
+            continue
+    return min(times, key=times.get) if times else candidates[0]
+
+
+def select_measured(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
+                    run: Callable[[ParallelInfo], object], dtype: torch.dtype = torch.float32, *,
+                    reduce_size: int = 1, device: Optional[Union[str, torch.device]] = None,
+                    context: Hashable = None,
+                    timer: Optional[Callable[[Callable[[], object], int], float]] = None) -> ParallelInfo:
+    """:func:`select`, refined by measurement: the :func:`shortlist`'s schedules are run by
+    ``run(candidate)`` (which must have no side effects) and the :func:`fastest` wins, once per
+    statistics bucket, op, width, dtype, device and ``context`` (what else ``run``'s kernel does,
+    e.g. an edge output written in the same pass; ``None``: nothing, and later :func:`select`
+    calls for the same case return the measured choice too)."""
+    device = torch.device(device or getattr(graph, "device", "cuda"))
+    stats = bucket(_stats(graph))
+    key = (stats, op, F, reduce_size, dtype, device)
+    choice = _MEASURED.get(key + (context,))
+    if choice is None:
+        choice = fastest(shortlist(stats, op, F, dtype, reduce_size=reduce_size, device=device), run, timer=timer)
+        _MEASURED[key + (context,)] = choice
+        if context is None:
+            _CACHE[key] = choice
+    return choice
+
+
 def clear_cache() -> None:
-    """Forget cached decisions and loaded models (after retraining, or changing the model file)."""
+    """Forget cached decisions, measurements and loaded models (after retraining, or changing the
+    model file)."""
     global generation
     _CACHE.clear()
+    _MEASURED.clear()
     _BOOSTERS.clear()
     generation += 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Hashable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -92,11 +92,19 @@ def _selection():
 
 
 def schedule_for(op: OpInfo, layout: Layout, csr: CSR, dtype: torch.dtype, device: torch.device,
-                 text: str = AUTO) -> ParallelInfo:
-    """The schedule named by ``text``, or the one the cost model picks for this call."""
+                 text: str = AUTO, run: Optional[Callable[[ParallelInfo], object]] = None,
+                 context: Hashable = None) -> ParallelInfo:
+    """The schedule named by ``text``, or the one the cost model picks for this call; on a graph
+    large enough (:func:`autotune.selection.measures`) and given ``run`` (which runs the call
+    under a candidate schedule), the fastest of the model's shortlist, timed once per ``context``
+    (what else the timed kernel computes)."""
     if text != AUTO:
         return ParallelInfo.deserialize(text)
-    return _selection().select(csr, op, layout.message_width, dtype, reduce_size=layout.reduce_size, device=device)
+    selection = _selection()
+    if run is not None and selection.measures(csr, device):
+        return selection.select_measured(csr, op, layout.message_width, run, dtype,
+                                         reduce_size=layout.reduce_size, device=device, context=context)
+    return selection.select(csr, op, layout.message_width, dtype, reduce_size=layout.reduce_size, device=device)
 
 
 def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
@@ -107,16 +115,31 @@ def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, sched
                             structure[0].numel() - 1, validate=False)
         return reference.execute(graph, _op(op), operands)
     arrays = _arrays(structure)
-    info, layout, chosen, dtype = _decision(arrays.csr, operands, op, schedule)
+    info, layout, chosen, dtype = _decision(arrays, operands, op, schedule)
     return triton_kernels.run(info, layout, arrays, operands, chosen, dtype)
 
 
-def _decision(csr: CSR, operands: Sequence[Tensor], op: str,
-              schedule: str) -> Tuple[OpInfo, Layout, ParallelInfo, torch.dtype]:
+def _signature(operands: Sequence[Tensor]) -> Tuple:
+    return tuple((t.dtype, t.shape[1:]) for t in operands)
+
+
+def _views(operands: Sequence[Tensor]) -> List[Tensor]:
+    """New tensor objects for timing runs, which must not mark the operands as reused (see
+    :func:`triton_kernels.dispatch.is_reused`): the call itself would then read them differently."""
+    return [t.view_as(t) for t in operands]
+
+
+def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule: str,
+              pair: Optional[Tuple[str, Sequence[Tensor]]] = None
+              ) -> Tuple[OpInfo, Layout, ParallelInfo, torch.dtype]:
     """What runs ``op`` on ``operands``: the op, its layout, the schedule and the result dtype;
     decided once per graph structure (cached with its statistics), operand signature and
-    :data:`autotune.selection.generation` (a retrained model decides afresh)."""
-    key = (op, schedule, operands[0].device) + tuple((t.dtype, t.shape[1:]) for t in operands)
+    :data:`autotune.selection.generation` (a retrained model decides afresh). With ``pair``, a
+    message op and its operands, the gather runs with that op's edge output in one kernel
+    (:func:`run_gather_with_edge_output`), and that kernel is what a measured decision times."""
+    csr = arrays.csr
+    context = None if pair is None else (pair[0],) + _signature(pair[1])
+    key = (op, schedule, operands[0].device, context) + _signature(operands)
     decisions = derived_cache(csr.rowptr).setdefault("decisions", {})
     decision = decisions.get(key)
     generation = _selection().generation
@@ -124,7 +147,20 @@ def _decision(csr: CSR, operands: Sequence[Tensor], op: str,
         info = _op(op)
         layout = _layout_of(op, operands)
         dtype = reference.result_dtype(operands)
-        chosen = schedule_for(info, layout, csr, dtype, operands[0].device, schedule)
+
+        def run(candidate: ParallelInfo) -> object:
+            if pair is None:
+                return triton_kernels.run(info, layout, arrays, _views(operands), candidate, dtype)
+            message_layout = _layout_of(pair[0], pair[1])
+            paired = triton_kernels.pair_schedule(candidate, layout.message_width, message_layout.reduce_size)
+            both = triton_kernels.run_with_edge_output(info, layout, _op(pair[0]), message_layout, arrays,
+                                                       _views(operands), _views(pair[1]), paired,
+                                                       (dtype, reference.result_dtype(pair[1])))
+            if both is None:
+                raise ValueError(f"{candidate} cannot write the edge output in the gather's pass")
+            return both
+
+        chosen = schedule_for(info, layout, csr, dtype, operands[0].device, schedule, run, context)
         decision = decisions[key] = (info, layout, chosen, dtype, generation)
     return decision[:4]
 
@@ -155,8 +191,8 @@ def run_gather_with_edge_output(structure: List[Tensor], gather_operands: List[T
     cost model picks for the gather is adapted to the pair (:func:`triton_kernels.pair_schedule`)."""
     if uses_triton(gather_operands[0].device):
         arrays = _arrays(structure)
-        gather_info, gather_layout, chosen, gather_dtype = _decision(arrays.csr, gather_operands, gather,
-                                                                     gather_schedule)
+        gather_info, gather_layout, chosen, gather_dtype = _decision(arrays, gather_operands, gather,
+                                                                     gather_schedule, (message, message_operands))
         message_layout = _layout_of(message, message_operands)
         if gather_schedule == AUTO:
             chosen = triton_kernels.pair_schedule(chosen, gather_layout.message_width, message_layout.reduce_size)

@@ -221,3 +221,89 @@ def test_sampler_batches_are_scored_once_per_bucket(model_file, monkeypatch):
         assert selection.select(stats, op, 64, device="cuda") in space(op, 64)
     assert len(graphs) == 20
     assert len(scored) == len(set(scored)) <= 4
+
+
+# -- measured selection on large graphs ------------------------------------------------------------
+def _schedules(op: OpInfo, F: int, count: int):
+    return [info for info in space(op, F) if info.strategy == "vertex"][:count]
+
+
+class FakeTimer:
+    """Times a call as ``cost[schedule]`` (after calling it: the runs really happen), counting calls."""
+
+    def __init__(self, cost):
+        self.cost, self.calls = cost, []
+
+    def __call__(self, call, repeats):
+        self.calls.append(call())
+        return self.cost[self.calls[-1]]
+
+
+def test_fastest_takes_the_least_time_and_skips_failures():
+    a, b, c = _schedules(OpInfo.from_name("copy_u_sum"), 64, 3)
+
+    def run(info):
+        if info == c:
+            raise RuntimeError("out of resources")
+        return info
+
+    timer = FakeTimer({a: 2.0, b: 1.0})
+    assert selection.fastest([a, b, c], run, timer=timer) == b
+    assert timer.calls == [a, b]
+    assert selection.fastest([c, a], lambda info: run(c), timer=timer) == c  # nothing ran: the first
+    alone = FakeTimer({})
+    assert selection.fastest([a], run, timer=alone) == a and alone.calls == []  # nothing to compare
+
+
+def test_select_measured_times_the_shortlist_once_per_case(graphs, monkeypatch):
+    graph, op, F = graphs[0], OpInfo.from_name("copy_u_sum"), 64
+    candidates = _schedules(op, F, 3)
+    monkeypatch.setattr(selection, "shortlist", lambda *args, **kwargs: candidates)
+    timer = FakeTimer(dict(zip(candidates, (3.0, 1.0, 2.0))))
+    for _ in range(2):
+        assert selection.select_measured(graph, op, F, lambda info: info, device="cuda", timer=timer) == candidates[1]
+    assert timer.calls == candidates  # the second call timed nothing
+    # The plain selection now answers the measured choice; a call with a context measures afresh.
+    assert selection.select(graph, op, F, device="cuda") == candidates[1]
+    timer.cost = dict(zip(candidates, (1.0, 3.0, 2.0)))
+    assert selection.select_measured(graph, op, F, lambda info: info, device="cuda", context="pair",
+                                     timer=timer) == candidates[0]
+    assert selection.select(graph, op, F, device="cuda") == candidates[1]
+
+
+def test_shortlist_is_the_models_best_then_the_heuristic(graphs, model_file, monkeypatch):
+    monkeypatch.setenv(selection.MODEL_ENV, str(model_file))
+    monkeypatch.setattr(selection, "gpu_info", lambda device: GPU)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    op, F = OpInfo.from_name("copy_u_sum"), 64
+    for graph in graphs:
+        listed = selection.shortlist(graph, op, F, device="cuda", k=3)
+        stats = selection.bucket(graph.stats())
+        assert listed[0] == selection.predict_best(selection.load_booster(), stats, op, F, 1, torch.float32, GPU)
+        assert len(set(listed)) == len(listed) and 3 <= len(listed) <= 4
+        assert listed[-1] == heuristic(stats, op, F, True) or heuristic(stats, op, F, True) in listed[:3]
+        assert len({(info.strategy, info.block_v) for info in listed[:3]}) == 3  # one per program shape
+        assert all(info.block_e == 16 for info in listed[:3])  # the trained cost's optimum
+
+
+def test_shortlist_without_a_model_is_the_heuristic(graphs, monkeypatch, tmp_path):
+    monkeypatch.setenv(selection.MODEL_ENV, str(tmp_path / "absent.json"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    op = OpInfo.from_name("copy_u_sum")
+    assert selection.shortlist(graphs[1], op, 64, device="cuda") == \
+        [heuristic(selection.bucket(graphs[1].stats()), op, 64, True)]
+
+
+def test_measures_only_large_gpu_graphs(graphs, monkeypatch):
+    graph = graphs[0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(selection, "MEASURE_EDGES", graph.num_edges + 1)
+    assert not selection.measures(graph, "cuda")
+    monkeypatch.setattr(selection, "MEASURE_EDGES", graph.num_edges)
+    assert selection.measures(graph, "cuda") and not selection.measures(graph, "cpu")
+    monkeypatch.setenv(selection.MEASURE_ENV, "0")
+    assert not selection.measures(graph, "cuda")
+    monkeypatch.delenv(selection.MEASURE_ENV)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not selection.measures(graph, "cuda")

@@ -161,3 +161,71 @@ def test_torch_compile_builds_structures(by_name, graph_factory, check_close):
     out = torch.compile(lambda g, x, w: ug.compute(g, "u_mul_e_sum" if by_name else MUL, x, w), fullgraph=True,
                         backend="aot_eager")(graph, x, w)
     check_close(out, reference.execute(graph, MUL, [x, w]))
+
+
+def _measured_selection(monkeypatch, candidates, costs):
+    """Every graph counts as large; the shortlist is ``candidates``, timed as ``costs`` in turn
+    (each timing still runs its candidate). Returns the list of results the timed runs made."""
+    from autotune import selection
+
+    ran = []
+    costs = iter(costs)
+
+    def timer(call, repeats):
+        ran.append(call())
+        return next(costs)
+
+    # Decisions made here stay here: later tests see the selection caches as they were.
+    monkeypatch.setattr(selection, "_CACHE", {})
+    monkeypatch.setattr(selection, "_MEASURED", {})
+    monkeypatch.setattr(selection, "measures", lambda graph, device: True)
+    monkeypatch.setattr(selection, "shortlist", lambda *args, **kwargs: list(candidates))
+    monkeypatch.setattr(selection, "_cuda_ms", timer)
+    return ran
+
+
+def test_large_graphs_run_the_fastest_of_the_shortlist(monkeypatch, interpret, graph_factory, check_close):
+    """The decision is the candidate the timing favours; the timing runs left the operands unmarked
+    (a narrow edge weight is not taken for a reused one), and the call's result is right."""
+    from pyg_ugrapher.graph import derived_cache
+    from triton_kernels import dispatch
+    from triton_kernels.space import space
+
+    graph = graph_factory("mixed")
+    op = ug.OpInfo.from_name("u_mul_e_sum")
+    candidates = [next(info for info in space(op, 6) if info.strategy == strategy)
+                  for strategy in ("vertex", "group", "edge")]
+    ran = _measured_selection(monkeypatch, candidates, (3.0, 1.0, 2.0))
+    gen = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(graph.num_src, 6, generator=gen), torch.rand(graph.num_edges, 1, generator=gen)
+    out = ug.compute(graph, op, x, weight)
+    expected = reference.execute(graph, op, [x, weight])
+    assert len(ran) == 3
+    for result in ran + [out]:
+        check_close(result, expected)
+    decisions = derived_cache(graph.structure(torch.device("cpu"))[0])["decisions"]
+    assert [decision[2] for decision in decisions.values()] == [candidates[1]]
+    assert dispatch._PERMUTED[weight][2] is None
+
+
+def test_a_gather_with_an_edge_output_times_the_fused_kernel(monkeypatch, interpret, graph_factory, check_close):
+    """A backward pass's gather-with-edge-output pair is timed as the one kernel it runs; a
+    candidate that cannot write the edge output in the gather's pass (edge-parallel) is left out."""
+    from pyg_ugrapher.ops import reversed_structure, run_gather_with_edge_output, serialized
+    from triton_kernels.space import space
+
+    graph = graph_factory("mixed")
+    gather, message = ug.OpInfo.from_name("u_mul_e_sum"), ug.OpInfo.from_name("v_dot_u")
+    candidates = [next(info for info in space(gather, 8) if info.strategy == strategy)
+                  for strategy in ("edge", "vertex", "group")]
+    ran = _measured_selection(monkeypatch, candidates, (1.0, 2.0))
+    gen = torch.Generator().manual_seed(1)
+    g, weight, x = (torch.randn(graph.num_dst, 2, 4, generator=gen), torch.rand(graph.num_edges, 2, 1, generator=gen),
+                    torch.randn(graph.num_src, 2, 4, generator=gen))
+    structure = graph.structure(torch.device("cpu"))
+    grad, products = run_gather_with_edge_output(reversed_structure(structure), [g, weight], serialized(gather),
+                                                 [x, g], serialized(message), "auto", "auto")
+    assert len(ran) == 2 and all(len(result) == 2 for result in ran)  # the edge-parallel one never ran
+    reversed_graph = ug.GraphTensor(graph.dst, graph.src, graph.num_dst, graph.num_src)
+    check_close(grad, reference.execute(reversed_graph, gather, [g, weight]))
+    check_close(products, reference.execute(reversed_graph, message, [x, g]))
