@@ -73,7 +73,9 @@ def execute(path: Path, *, timeout: Optional[int] = CELL_TIMEOUT) -> nbformat.No
                                 # Per-cell timestamps would make every run a diff of the file.
                                 record_timing=False,
                                 resources={"metadata": {"path": str(path.parent)}})
-        client.execute()
+        # nbclient shuts down only kernels of a manager it made itself; without this each kernel
+        # (hundreds of MB, with torch's threads) outlived its notebook until this process ended.
+        client.execute(cleanup_kc=True)
     return nb
 
 
