@@ -9,7 +9,9 @@ import pyg_ugrapher as ug
 from pyg_ugrapher.datasets import load_cora
 
 SEED = 12345
-EPOCHS = 200
+#: Half of PyG's example's 200: from epoch 75 on, both models' Cora test accuracy stays within
+#: 0.795-0.817, and the two follow the same trajectory throughout.
+EPOCHS = 100
 U_MUL_E_SUM = ug.OpInfo.from_name("u_mul_e_sum")
 
 
@@ -60,7 +62,7 @@ class UgGCN(torch.nn.Module):
 
 
 def train(model, forward, data) -> float:
-    """PyG's GCN example schedule: Adam(lr=0.01, weight_decay=5e-4), 200 epochs; test accuracy."""
+    """PyG's GCN example optimiser, Adam(lr=0.01, weight_decay=5e-4), for ``EPOCHS``; test accuracy."""
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
     torch.manual_seed(SEED)
     for _ in range(EPOCHS):
