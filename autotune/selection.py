@@ -96,6 +96,12 @@ def load_booster(path: Optional[Path] = None):
     return _BOOSTERS[path]
 
 
+def _gpu_booster(on_gpu: bool):
+    """The model's booster for a decision on a GPU that this machine has; ``None`` otherwise (the
+    heuristic decides) or without a model."""
+    return load_booster() if on_gpu and torch.cuda.is_available() else None
+
+
 def predict_best(booster, stats: GraphStats, op: OpInfo, F: int, reduce_size: int, dtype: torch.dtype,
                  gpu: GpuInfo) -> ParallelInfo:
     """The schedule of the design space with the lowest time ``booster`` predicts."""
@@ -175,7 +181,7 @@ def select(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
     key = (stats, op, F, reduce_size, dtype, device)
     choice = _CACHE.get(key)
     if choice is None:
-        booster = load_booster() if on_gpu and torch.cuda.is_available() else None
+        booster = _gpu_booster(on_gpu)
         # The model decides at every size: on the H100, over the graphs of 4e6 to 2.5e7 edges of
         # ``benchmarks/results/h100-model-everywhere`` (probe 28: 6 ops, both graph directions),
         # its choices took 0.949x the time of the heuristic's (geometric mean; 0.885x on COLLAB).
@@ -209,7 +215,7 @@ def shortlist(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int, dt
     device = torch.device(device or getattr(graph, "device", "cuda"))
     stats = bucket(_stats(graph))
     on_gpu = device.type == "cuda"
-    booster = load_booster() if on_gpu and torch.cuda.is_available() else None
+    booster = _gpu_booster(on_gpu)
     best_of_shape: Dict[Tuple[str, int], ParallelInfo] = {}
     if booster is not None:
         for info in predict_ranked(booster, stats, op, F, reduce_size, dtype, gpu_info(device)):

@@ -49,7 +49,8 @@ from torch.autograd.function import once_differentiable
 from .backward import GradStep, Source, canonical, grad_step, on_reversed
 from .graph import GraphTensor
 from .ir import Expr, OpInfo
-from .ops import AUTO, notify, reversed_structure, run_gather_with_edge_output, run_graph_op, serialized
+from .ops import (AUTO, notify, reversed_structure, rows_by_kind, run_gather_with_edge_output, run_graph_op,
+                  serialized)
 
 #: PyG's softmax adds this to the denominator: destinations without edges stay finite.
 EPSILON = 1e-16
@@ -265,8 +266,7 @@ def _check_scores(graph: GraphTensor, logits: Union[Tensor, Sequence[Tensor]], s
         raise TypeError(f"score: expected a message op (OpInfo without a gather op or reduction), got {score!r}")
     if isinstance(logits, Tensor) or not isinstance(logits, (list, tuple)) or len(logits) != len(score.inputs):
         raise TypeError(f"logits: expected a list of the {len(score.inputs)} operands of {score.name}")
-    rows_of = {"src_v": ("num_src", graph.num_src), "dst_v": ("num_dst", graph.num_dst),
-               "edge": ("num_edges", graph.num_edges)}
+    rows_of = rows_by_kind(graph)
     heads = None
     for i, (tensor, kind) in enumerate(zip(logits, score.inputs)):
         if not isinstance(tensor, Tensor) or not tensor.is_floating_point():

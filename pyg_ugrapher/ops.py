@@ -448,10 +448,15 @@ def _slot_tensors(op: OpInfo, lhs: Optional[Tensor], rhs: Optional[Tensor],
     return list(operands)
 
 
+def rows_by_kind(graph: GraphTensor) -> Dict[str, Tuple[str, int]]:
+    """For each operand kind, the name and value of the row count an operand of it must have."""
+    return {"src_v": ("num_src", graph.num_src), "dst_v": ("num_dst", graph.num_dst),
+            "edge": ("num_edges", graph.num_edges)}
+
+
 def _validate(graph: GraphTensor, op: OpInfo, text: str, tensors: Sequence[Tensor]) -> Layout:
     names = slot_names(op)
-    rows_of = {"src_v": ("num_src", graph.num_src), "dst_v": ("num_dst", graph.num_dst),
-               "edge": ("num_edges", graph.num_edges)}
+    rows_of = rows_by_kind(graph)
     device = None
     for name, kind, tensor in zip(names, op.inputs, tensors):
         if not isinstance(tensor, Tensor):
