@@ -9,8 +9,9 @@ booster. A GPU the model was not trained on uses it as it is (its SM count and c
 are features). Graphs of up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per
 operator and width (:func:`autotune.heuristic.small_graph_schedule`); larger ones are scored by
 the model whatever their size. From :data:`MEASURE_EDGES` edges on, where one kernel takes about a
-millisecond, the model's shortlist is timed once on the call's own operands and the fastest wins
-(:func:`select_measured`; off with ``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a CPU, where kernels
+millisecond, the model's shortlist is timed once on the call's own operands, the winner refined
+through its one-knob neighbours, and the fastest wins (:func:`select_measured`; off with
+``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a CPU, where kernels
 run through Triton's interpreter, whose costs are nothing like a GPU's; no model file; CUDA
 statistics asked for on a machine without CUDA) the documented rules of
 :func:`autotune.heuristic.heuristic` decide.
@@ -37,6 +38,7 @@ import torch
 from pyg_ugrapher.graph import CSR, DegreeStats, GraphStats, GraphTensor, csr_stats
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.parallel import ParallelInfo
+from triton_kernels.space import neighbours
 
 from .features import GpuInfo, case_features, gpu_info
 from .heuristic import heuristic, small_graph_schedule
@@ -58,6 +60,15 @@ SMALL_GRAPH_EDGES = 1 << 18
 MEASURE_EDGES = 1 << 21
 #: How many schedules :func:`select_measured` times (see :func:`shortlist`).
 SHORTLIST = 6
+#: Rounds of one-knob steps from the shortlist's winner that :func:`select_measured` times (up to
+#: 10 schedules a round). The shortlist's schedule of each shape is the model's, and its tiles and
+#: warps can be far off (probe 31: GAT's fused backward on the uniform 4e6-edge graph took 1.74 ms
+#: under the best of the shortlist, 1.02 ms under the best of 48 sampled schedules).
+REFINE_ROUNDS = 2
+#: Only a shortlist winner that takes at least this many milliseconds is refined: each schedule
+#: timed costs its compilation (~0.4 s on the H100 machines), and a kernel of less has little
+#: left to win per call.
+REFINE_MS = 0.2
 #: Set to ``0`` to keep the model's picks unmeasured (reproducible schedules, no timing runs).
 MEASURE_ENV = "PYG_UGRAPHER_MEASURE"
 
@@ -240,39 +251,67 @@ def _cuda_ms(run: Callable[[], object], repeats: int) -> float:
 
 
 def fastest(candidates: Sequence[ParallelInfo], run: Callable[[ParallelInfo], object], repeats: int = 3,
-            timer: Optional[Callable[[Callable[[], object], int], float]] = None) -> ParallelInfo:
+            timer: Optional[Callable[[Callable[[], object], int], float]] = None,
+            neighbours_of: Optional[Callable[[ParallelInfo], Sequence[ParallelInfo]]] = None,
+            rounds: int = 0, refine_above: float = 0.0) -> ParallelInfo:
     """The candidate whose ``run(candidate)`` takes least time (``timer(call, repeats)``, default:
-    CUDA events, median of ``repeats`` after a warm-up call). A candidate whose run raises (a
-    kernel over the GPU's resources) is left out; if every one does, the first is returned, and
-    running it raises where the caller can see why."""
-    if len(candidates) == 1:
+    CUDA events, median of ``repeats`` after a warm-up call), then, if that time is at least
+    ``refine_above``, for up to ``rounds`` rounds the fastest of the winner's ``neighbours_of``
+    while one of them beats it (a hill climb; each schedule is timed once). A candidate whose run
+    raises (a kernel over the GPU's resources) is left out; if every one does, the first is
+    returned, and running it raises where the caller can see why."""
+    if len(candidates) == 1 and (not rounds or neighbours_of is None):
         return candidates[0]
     timer = timer or _cuda_ms
-    times = {}
-    for candidate in candidates:
-        try:
-            times[candidate] = timer(lambda: run(candidate), repeats)
-        except Exception:  # noqa: BLE001 - a failing candidate is not a choice, not an error
-            continue
-    return min(times, key=times.get) if times else candidates[0]
+    times: Dict[ParallelInfo, float] = {}
+
+    def time_each(schedules: Sequence[ParallelInfo]) -> None:
+        for schedule in schedules:
+            if schedule in times:
+                continue
+            try:
+                times[schedule] = timer(lambda: run(schedule), repeats)
+            except Exception:  # noqa: BLE001 - a failing candidate is not a choice, not an error
+                times[schedule] = math.inf
+
+    time_each(candidates)
+    best = min(times, key=times.get)
+    if times[best] == math.inf:
+        return candidates[0]
+    if neighbours_of is None or times[best] < refine_above:
+        return best
+    for _ in range(rounds):
+        time_each(neighbours_of(best))
+        stepped = min(times, key=times.get)
+        if stepped == best:
+            break
+        best = stepped
+    return best
 
 
 def select_measured(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
                     run: Callable[[ParallelInfo], object], dtype: torch.dtype = torch.float32, *,
                     reduce_size: int = 1, device: Optional[Union[str, torch.device]] = None,
-                    context: Hashable = None,
+                    context: Hashable = None, adapt: Optional[Callable[[ParallelInfo], ParallelInfo]] = None,
                     timer: Optional[Callable[[Callable[[], object], int], float]] = None) -> ParallelInfo:
-    """:func:`select`, refined by measurement: the :func:`shortlist`'s schedules are run by
-    ``run(candidate)`` (which must have no side effects) and the :func:`fastest` wins, once per
-    statistics bucket, op, width, dtype, device and ``context`` (what else ``run``'s kernel does,
-    e.g. an edge output written in the same pass; ``None``: nothing, and later :func:`select`
-    calls for the same case return the measured choice too)."""
+    """:func:`select`, refined by measurement: the :func:`shortlist`'s schedules (each passed
+    through ``adapt`` if given: the model scores ``op`` alone, ``run`` may run it with more work in
+    the same kernel) are run by ``run(candidate)`` (which must have no side effects), and the
+    :func:`fastest` of them and of up to :data:`REFINE_ROUNDS` rounds of their winner's
+    :func:`~triton_kernels.space.neighbours` (if it takes :data:`REFINE_MS` or more) wins; once
+    per statistics bucket, op, width, dtype, device and ``context`` (what else ``run``'s kernel
+    does, e.g. an edge output written in the same pass; ``None``: nothing, and later
+    :func:`select` calls for the same case return the measured choice too)."""
     device = torch.device(device or getattr(graph, "device", "cuda"))
     stats = bucket(_stats(graph))
     key = (stats, op, F, reduce_size, dtype, device)
     choice = _MEASURED.get(key + (context,))
     if choice is None:
-        choice = fastest(shortlist(stats, op, F, dtype, reduce_size=reduce_size, device=device), run, timer=timer)
+        candidates = shortlist(stats, op, F, dtype, reduce_size=reduce_size, device=device)
+        if adapt is not None:
+            candidates = list(dict.fromkeys(adapt(candidate) for candidate in candidates))
+        choice = fastest(candidates, run, timer=timer, neighbours_of=lambda info: neighbours(info, op, F),
+                         rounds=REFINE_ROUNDS, refine_above=REFINE_MS)
         _MEASURED[key + (context,)] = choice
         if context is None:
             _CACHE[key] = choice

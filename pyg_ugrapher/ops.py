@@ -93,18 +93,21 @@ def _selection():
 
 def schedule_for(op: OpInfo, layout: Layout, csr: CSR, dtype: torch.dtype, device: torch.device,
                  text: str = AUTO, run: Optional[Callable[[ParallelInfo], object]] = None,
-                 context: Hashable = None) -> ParallelInfo:
-    """The schedule named by ``text``, or the one the cost model picks for this call; on a graph
-    large enough (:func:`autotune.selection.measures`) and given ``run`` (which runs the call
-    under a candidate schedule), the fastest of the model's shortlist, timed once per ``context``
-    (what else the timed kernel computes)."""
+                 context: Hashable = None, adapt: Callable[[ParallelInfo], ParallelInfo] = lambda info: info
+                 ) -> ParallelInfo:
+    """The schedule named by ``text``, or the one the cost model picks for ``op`` passed through
+    ``adapt`` (to the kernel that runs it, when that does more than ``op``); on a graph large
+    enough (:func:`autotune.selection.measures`) and given ``run`` (which runs the call under a
+    candidate schedule), the fastest found by timing, once per ``context`` (what else the timed
+    kernel computes)."""
     if text != AUTO:
         return ParallelInfo.deserialize(text)
     selection = _selection()
     if run is not None and selection.measures(csr, device):
-        return selection.select_measured(csr, op, layout.message_width, run, dtype,
-                                         reduce_size=layout.reduce_size, device=device, context=context)
-    return selection.select(csr, op, layout.message_width, dtype, reduce_size=layout.reduce_size, device=device)
+        return selection.select_measured(csr, op, layout.message_width, run, dtype, reduce_size=layout.reduce_size,
+                                         device=device, context=context, adapt=adapt)
+    return adapt(selection.select(csr, op, layout.message_width, dtype, reduce_size=layout.reduce_size,
+                                  device=device))
 
 
 def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
@@ -115,7 +118,9 @@ def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, sched
                             structure[0].numel() - 1, validate=False)
         return reference.execute(graph, _op(op), operands)
     arrays = _arrays(structure)
-    info, layout, chosen, dtype = _decision(arrays, operands, op, schedule)
+    info, layout, chosen, dtype, plan = _decision(arrays, operands, op, schedule)
+    if plan is not None and all(t.is_contiguous() for t in operands):
+        return plan(arrays, operands)
     return triton_kernels.run(info, layout, arrays, operands, chosen, dtype)
 
 
@@ -131,12 +136,15 @@ def _views(operands: Sequence[Tensor]) -> List[Tensor]:
 
 def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule: str,
               pair: Optional[Tuple[str, Sequence[Tensor]]] = None
-              ) -> Tuple[OpInfo, Layout, ParallelInfo, torch.dtype]:
-    """What runs ``op`` on ``operands``: the op, its layout, the schedule and the result dtype;
-    decided once per graph structure (cached with its statistics), operand signature and
-    :data:`autotune.selection.generation` (a retrained model decides afresh). With ``pair``, a
+              ) -> Tuple[OpInfo, Layout, ParallelInfo, torch.dtype, Optional[triton_kernels.Plan]]:
+    """What runs ``op`` on ``operands``: the op, its layout, the schedule, the result dtype and
+    the launch plan for contiguous operands (:func:`triton_kernels.prepare`; ``None`` with
+    ``pair``, or where there is none); decided once per graph structure (cached with its
+    statistics), operand signature and :data:`autotune.selection.generation` (a retrained model
+    decides afresh). With ``pair``, a
     message op and its operands, the gather runs with that op's edge output in one kernel
-    (:func:`run_gather_with_edge_output`), and that kernel is what a measured decision times."""
+    (:func:`run_gather_with_edge_output`): that kernel is what a measured decision times, and an
+    automatic schedule is that kernel's (:func:`triton_kernels.pair_schedule` of the gather's)."""
     csr = arrays.csr
     context = None if pair is None else (pair[0],) + _signature(pair[1])
     key = (op, schedule, operands[0].device, context) + _signature(operands)
@@ -151,18 +159,22 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
         def run(candidate: ParallelInfo) -> object:
             if pair is None:
                 return triton_kernels.run(info, layout, arrays, _views(operands), candidate, dtype)
-            message_layout = _layout_of(pair[0], pair[1])
-            paired = triton_kernels.pair_schedule(candidate, layout.message_width, message_layout.reduce_size)
-            both = triton_kernels.run_with_edge_output(info, layout, _op(pair[0]), message_layout, arrays,
-                                                       _views(operands), _views(pair[1]), paired,
+            both = triton_kernels.run_with_edge_output(info, layout, _op(pair[0]), _layout_of(*pair),
+                                                       arrays, _views(operands), _views(pair[1]), candidate,
                                                        (dtype, reference.result_dtype(pair[1])))
             if both is None:
                 raise ValueError(f"{candidate} cannot write the edge output in the gather's pass")
             return both
 
-        chosen = schedule_for(info, layout, csr, dtype, operands[0].device, schedule, run, context)
-        decision = decisions[key] = (info, layout, chosen, dtype, generation)
-    return decision[:4]
+        def adapt(candidate: ParallelInfo) -> ParallelInfo:
+            if pair is None:
+                return candidate
+            return triton_kernels.pair_schedule(candidate, layout.message_width, _layout_of(*pair).reduce_size)
+
+        chosen = schedule_for(info, layout, csr, dtype, operands[0].device, schedule, run, context, adapt)
+        plan = None if pair is not None else triton_kernels.prepare(info, layout, arrays, operands, chosen, dtype)
+        decision = decisions[key] = (info, layout, chosen, dtype, plan, generation)
+    return decision[:5]
 
 
 @torch.library.custom_op("pyg_ugrapher::graph_op", mutates_args=())
@@ -187,15 +199,12 @@ def run_gather_with_edge_output(structure: List[Tensor], gather_operands: List[T
                                 message_operands: List[Tensor], message: str, gather_schedule: str,
                                 message_schedule: str) -> List[Tensor]:
     """``[run_graph_op(gather), run_graph_op(message)]`` on one graph, in one kernel when the
-    gather's schedule allows it (see :func:`triton_kernels.run_with_edge_output`). A schedule the
-    cost model picks for the gather is adapted to the pair (:func:`triton_kernels.pair_schedule`)."""
+    gather's schedule allows it (see :func:`triton_kernels.run_with_edge_output`)."""
     if uses_triton(gather_operands[0].device):
         arrays = _arrays(structure)
-        gather_info, gather_layout, chosen, gather_dtype = _decision(arrays, gather_operands, gather,
-                                                                     gather_schedule, (message, message_operands))
+        gather_info, gather_layout, chosen, gather_dtype, _ = _decision(arrays, gather_operands, gather,
+                                                                        gather_schedule, (message, message_operands))
         message_layout = _layout_of(message, message_operands)
-        if gather_schedule == AUTO:
-            chosen = triton_kernels.pair_schedule(chosen, gather_layout.message_width, message_layout.reduce_size)
         both = triton_kernels.run_with_edge_output(gather_info, gather_layout, _op(message), message_layout, arrays,
                                                    gather_operands, message_operands, chosen,
                                                    (gather_dtype, reference.result_dtype(message_operands)))

@@ -83,6 +83,29 @@ def pair_schedule(info: ParallelInfo, message_width: int, edge_group: int) -> Pa
     return info.with_knobs(**knobs)
 
 
+def neighbours(info: ParallelInfo, op: OpInfo, message_width: int) -> List[ParallelInfo]:
+    """The valid schedules one knob step away from ``info``: one of its knobs (not ``num_stages``)
+    doubled or halved, ``group_size`` four times larger or smaller. A measured search walks this
+    way from the shortlist's winner; it may leave :func:`space`'s grid (a timed schedule needs no
+    model features), but not its limits on tiles and warps, nor its single-row message programs."""
+    found: List[ParallelInfo] = []
+    for knob, value in info.knobs.items():
+        if knob == "num_stages":
+            continue
+        factor = 4 if knob == "group_size" else 2
+        for stepped in (value * factor, value // factor):
+            try:
+                candidate = info.with_knobs(**{knob: stepped}).validate_for(op.gather_op, message_width)
+            except ValueError:
+                continue
+            rows = candidate.block_v or 1
+            limit = 2 * MAX_TILE if candidate.strategy == "edge" else MAX_TILE
+            if candidate.num_warps <= NUM_WARPS[-1] and rows * candidate.block_e * candidate.block_f <= limit \
+                    and not (op.gather_op is None and rows > 1):
+                found.append(candidate)
+    return found
+
+
 def space(op: OpInfo, message_width: int) -> List[ParallelInfo]:
     """Every valid schedule of ``op`` for messages of ``message_width`` features (the flat
     broadcast feature size; for ``dot``, the features summed times the outputs)."""

@@ -14,7 +14,7 @@ from pyg_ugrapher.datasets import neighbor_sample, power_law_graph, uniform_grap
 from pyg_ugrapher.graph import GraphTensor, derived_cache
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.parallel import ParallelInfo
-from triton_kernels.space import space
+from triton_kernels.space import neighbours, space
 
 GPU = ft.GpuInfo("test-gpu", 132, 90)
 
@@ -255,10 +255,45 @@ def test_fastest_takes_the_least_time_and_skips_failures():
     assert selection.fastest([a], run, timer=alone) == a and alone.calls == []  # nothing to compare
 
 
+def test_fastest_climbs_through_neighbours_timing_each_once():
+    """From the best candidate the search steps to its fastest neighbour while one is faster, for at
+    most ``rounds`` rounds, if the best takes at least ``refine_above``; a neighbour that fails is
+    left out."""
+    op, F = OpInfo.from_name("copy_u_sum"), 128
+    start = ParallelInfo("vertex", block_v=4, block_e=4, block_f=128, num_warps=4)
+    target = ParallelInfo("vertex", block_v=1, block_e=2, block_f=64, num_warps=1)
+    broken = start.with_knobs(block_e=8)
+    other = _schedules(op, F, 1)[0]
+
+    def steps(info):  # one-knob steps from ``info`` to ``target``: the cost of a schedule
+        return sum(abs(math.log2(info.knobs[k] / target.knobs[k])) for k in ("block_v", "block_e", "block_f",
+                                                                               "num_warps"))
+
+    def run(info):
+        if info == broken:
+            raise RuntimeError("out of resources")
+        return info
+
+    class Cost(dict):
+        def __missing__(self, info):
+            return steps(info)
+
+    for rounds, above, reached in ((0, 0.0, start), (2, 0.0, None), (8, 0.0, target), (8, steps(start) + 1, start)):
+        timer = FakeTimer(Cost({other: 100.0}))
+        best = selection.fastest([other, start], run, timer=timer, rounds=rounds, refine_above=above,
+                                 neighbours_of=lambda info: neighbours(info, op, F))
+        assert len(timer.calls) == len(set(timer.calls)) and broken not in timer.calls
+        if reached is None:
+            assert steps(best) == steps(start) - 2  # two rounds, one knob step each
+        else:
+            assert best == reached
+
+
 def test_select_measured_times_the_shortlist_once_per_case(graphs, monkeypatch):
     graph, op, F = graphs[0], OpInfo.from_name("copy_u_sum"), 64
     candidates = _schedules(op, F, 3)
     monkeypatch.setattr(selection, "shortlist", lambda *args, **kwargs: candidates)
+    monkeypatch.setattr(selection, "REFINE_ROUNDS", 0)
     timer = FakeTimer(dict(zip(candidates, (3.0, 1.0, 2.0))))
     for _ in range(2):
         assert selection.select_measured(graph, op, F, lambda info: info, device="cuda", timer=timer) == candidates[1]

@@ -163,17 +163,19 @@ def test_torch_compile_builds_structures(by_name, graph_factory, check_close):
     check_close(out, reference.execute(graph, MUL, [x, w]))
 
 
-def _measured_selection(monkeypatch, candidates, costs):
-    """Every graph counts as large; the shortlist is ``candidates``, timed as ``costs`` in turn
-    (each timing still runs its candidate). Returns the list of results the timed runs made."""
+def _measured_selection(monkeypatch, candidates, costs, rounds=0):
+    """Every graph counts as large; the shortlist is ``candidates``, timed as ``costs`` in turn (a
+    sequence), or as ``costs(result)`` of each timed run's result (a function), with ``rounds``
+    rounds of refinement. Each timing still runs its candidate. Returns the list of results the
+    timed runs made."""
     from autotune import selection
 
     ran = []
-    costs = iter(costs)
+    costs = costs if callable(costs) else (lambda result, _costs=iter(costs): next(_costs))
 
     def timer(call, repeats):
         ran.append(call())
-        return next(costs)
+        return costs(ran[-1])
 
     # Decisions made here stay here: later tests see the selection caches as they were.
     monkeypatch.setattr(selection, "_CACHE", {})
@@ -181,6 +183,7 @@ def _measured_selection(monkeypatch, candidates, costs):
     monkeypatch.setattr(selection, "measures", lambda graph, device: True)
     monkeypatch.setattr(selection, "shortlist", lambda *args, **kwargs: list(candidates))
     monkeypatch.setattr(selection, "_cuda_ms", timer)
+    monkeypatch.setattr(selection, "REFINE_ROUNDS", rounds)
     return ran
 
 
@@ -226,6 +229,39 @@ def test_a_gather_with_an_edge_output_times_the_fused_kernel(monkeypatch, interp
     grad, products = run_gather_with_edge_output(reversed_structure(structure), [g, weight], serialized(gather),
                                                  [x, g], serialized(message), "auto", "auto")
     assert len(ran) == 2 and all(len(result) == 2 for result in ran)  # the edge-parallel one never ran
+    reversed_graph = ug.GraphTensor(graph.dst, graph.src, graph.num_dst, graph.num_src)
+    check_close(grad, reference.execute(reversed_graph, gather, [g, weight]))
+    check_close(products, reference.execute(reversed_graph, message, [x, g]))
+
+
+def test_a_measured_pair_refines_the_fused_kernels_own_schedule(monkeypatch, interpret, graph_factory, check_close):
+    """The shortlist's gather schedules are adapted to the fused kernel (``pair_schedule``); the
+    refinement then times that kernel's neighbours as they are, and the fastest is what runs."""
+    from pyg_ugrapher.graph import derived_cache
+    import triton_kernels
+    from pyg_ugrapher.ops import reversed_structure, run_gather_with_edge_output, serialized
+    from triton_kernels.space import neighbours, pair_schedule
+
+    graph = graph_factory("mixed")
+    gather, message = ug.OpInfo.from_name("u_mul_e_sum"), ug.OpInfo.from_name("v_dot_u")
+    start = ug.ParallelInfo("vertex", block_v=4, block_e=4, block_f=8, num_warps=4)
+    adapted = pair_schedule(start, 8, 4)
+    goal = next(info for info in neighbours(adapted, gather, 8) if info != pair_schedule(info, 8, 4))
+    seen = []
+    monkeypatch.setattr(triton_kernels, "run_with_edge_output",
+                        lambda *args, _run=triton_kernels.run_with_edge_output: seen.append(args[7]) or _run(*args))
+    ran = _measured_selection(monkeypatch, [start], lambda result: 1.0 if seen[-1] == goal else 2.0, rounds=1)
+    gen = torch.Generator().manual_seed(2)
+    g, weight, x = (torch.randn(graph.num_dst, 2, 4, generator=gen), torch.rand(graph.num_edges, 2, 1, generator=gen),
+                    torch.randn(graph.num_src, 2, 4, generator=gen))
+    structure = reversed_structure(graph.structure(torch.device("cpu")))
+    grad, products = run_gather_with_edge_output(structure, [g, weight], serialized(gather), [x, g],
+                                                 serialized(message), "auto", "auto")
+    timed = seen[:-1]
+    assert timed[0] == adapted and goal in timed and set(timed[1:]) == set(neighbours(adapted, gather, 8))
+    assert seen[-1] == goal and len(ran) == len(timed)  # the call itself ran the winner, unadapted
+    decisions = derived_cache(structure[0])["decisions"]
+    assert [decision[2] for decision in decisions.values()] == [goal]
     reversed_graph = ug.GraphTensor(graph.dst, graph.src, graph.num_dst, graph.num_src)
     check_close(grad, reference.execute(reversed_graph, gather, [g, weight]))
     check_close(products, reference.execute(reversed_graph, message, [x, g]))

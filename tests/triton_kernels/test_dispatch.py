@@ -1,0 +1,90 @@
+"""Launch plans (``dispatch.prepare``): when a call may skip ``run``'s per-call work, and that the
+plan's launch computes what ``run`` does, call after call, on fresh operands."""
+import pytest
+import torch
+
+import pyg_ugrapher as ug
+from pyg_ugrapher import reference
+from pyg_ugrapher.ir import OpInfo
+from pyg_ugrapher.layout import infer_layout
+from pyg_ugrapher.ops import _arrays
+from triton_kernels import dispatch
+
+pytestmark = pytest.mark.usefixtures("poison")
+
+CASES = [  # op, operand layout, dtype, schedule
+    ("copy_u_sum", "vector", torch.float32, ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4)),
+    ("u_mul_v_max", "head_bcast", torch.float32, ug.ParallelInfo("group", group_size=3, block_v=2, block_e=2,
+                                                                   block_f=4)),
+    ("u_dot_v", "heads", torch.float32, ug.ParallelInfo("edge", block_e=8, block_f=4)),
+    ("u_sub_v_min", "vector", torch.float16, ug.ParallelInfo("edge", block_e=8, block_f=8, num_warps=1)),
+    ("copy_u_mean", "scalar", torch.bfloat16, ug.ParallelInfo("vertex", block_v=1, block_e=4, block_f=1)),
+]
+
+
+def _arrays_of(graph, device):
+    return _arrays(graph.structure(device))
+
+
+@pytest.mark.parametrize("name,shape,dtype,info", CASES, ids=[c[0] for c in CASES])
+def test_plan_matches_run_and_the_reference(name, shape, dtype, info, device, graph_factory, operand_factory,
+                                            check_close):
+    graph = graph_factory("mixed")
+    op = OpInfo.from_name(name)
+    arrays = _arrays_of(graph, device)
+    first = operand_factory(graph, op, shape, dtype=dtype, device=device)
+    layout = infer_layout(op, [t.shape for t in first])
+    out_dtype = reference.result_dtype(first)
+    plan = dispatch.prepare(op, layout, arrays, first, info, out_dtype)
+    assert isinstance(plan, dispatch.Plan)
+    for seed in (1, 2):  # the plan serves later calls, with other values
+        operands = operand_factory(graph, op, shape, dtype=dtype, seed=seed, device=device)
+        planned = plan(arrays, operands)
+        expected = reference.execute(graph, op, [t.double() for t in operands]).to(out_dtype)
+        assert planned.dtype == out_dtype and planned.shape == expected.shape
+        check_close(planned, expected, dtype, f"{name} planned, seed {seed}")
+        check_close(planned, dispatch.run(op, layout, arrays, operands, info, out_dtype), dtype)
+
+
+def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_factory):
+    """Narrow edge operands (read in CSR order once reused: a per-tensor decision), graphs without
+    edges, non-contiguous operands and invalid schedules get no plan."""
+    graph = graph_factory("mixed")
+    arrays = _arrays_of(graph, device)
+    vertex = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4)
+
+    def plan_for(name, operands, info=vertex, on=arrays):
+        op = OpInfo.from_name(name)
+        layout = infer_layout(op, [t.shape for t in operands])
+        return dispatch.prepare(op, layout, on, operands, info, torch.float32)
+
+    x, weight = operand_factory(graph, OpInfo.from_name("u_mul_e_sum"), "row_bcast", device=device)
+    assert plan_for("u_mul_e_sum", [x, weight]) is None
+    assert plan_for("copy_u_sum", [x]) is not None
+    assert plan_for("copy_u_sum", [x.transpose(1, 2)]) is None
+    empty = graph_factory("empty")
+    x_empty, = operand_factory(empty, OpInfo.from_name("copy_u_sum"), "vector", device=device)
+    assert plan_for("copy_u_sum", [x_empty], on=_arrays_of(empty, device)) is None
+    with pytest.raises(ValueError, match="block_f"):
+        plan_for("copy_u_sum", [x[:, :1, :1].contiguous()], ug.ParallelInfo("vertex", block_f=64))
+
+
+def test_operators_take_the_plan_only_for_contiguous_operands(monkeypatch, interpret, graph_factory, check_close):
+    """``run_graph_op`` launches through the decision's plan when the operands are packed rows, and
+    through ``run`` otherwise; both give the reference's result."""
+    from pyg_ugrapher.ops import run_graph_op, serialized
+
+    graph = graph_factory("hub")
+    op = OpInfo.from_name("copy_u_max")
+    structure = graph.structure(torch.device("cpu"))
+    through = []
+    monkeypatch.setattr(dispatch.Plan, "__call__",
+                        lambda self, *args, _call=dispatch.Plan.__call__: through.append("plan") or _call(self, *args))
+    monkeypatch.setattr(dispatch, "_launch", lambda *args, _launch=dispatch._launch, **kwargs:
+                        through.append("run") or _launch(*args, **kwargs))
+    x = torch.randn(graph.num_src, 6, 4, generator=torch.Generator().manual_seed(0))
+    schedule = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=8).serialize()
+    for operand in (x, x.transpose(1, 2)):
+        check_close(run_graph_op(structure, [operand], serialized(op), schedule),
+                    reference.execute(graph, op, [operand]))
+    assert through == ["plan", "run"]
