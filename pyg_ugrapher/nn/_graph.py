@@ -15,8 +15,10 @@ the same cache up at run time and returns the structure arrays that
 serialised :class:`~pyg_ugrapher.OpInfo` a trace-time constant (:func:`op_text`). A compiled model
 thus has no graph break, one graph serves every graph of a mini-batch loader (only tensors
 change), and the structure of a graph seen before is not rebuilt. Removing stored self loops
-(``GCNConv``, ``GATConv``) keeps a data-dependent number of edges: the fake implementation gives
-it as an unbacked size.
+(``GATConv``, ``GCNConv`` with mean, max or min aggregation) keeps a data-dependent number of
+edges: the fake implementation gives it as an unbacked size, which ``torch.compile`` traces with
+``fullgraph=True`` and breaks the graph at otherwise. ``GCNConv``'s sums keep the stored loops
+at weight 0 instead (:func:`padded_looped_graph`): fixed sizes, no break.
 """
 from __future__ import annotations
 
@@ -255,6 +257,41 @@ def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int)
     ids = lambda size: edge_index.new_empty(size, dtype=torch.long)  # noqa: E731
     return structure + [ids(num_kept), ids(num_loops_stored), ids(num_loops_stored),
                         ids((2, num_kept + num_loops))]
+
+
+def _padded(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor:
+    index = plain_index(edge_index)
+    loops = torch.arange(num_nodes, device=index.device).repeat(2, 1)
+    return graph_of(torch.cat([index, loops], dim=1), flow, num_nodes, num_nodes)
+
+
+def _cached_padded(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor:
+    return derived(edge_index, ("padded", flow, num_nodes), lambda: _padded(edge_index, flow, num_nodes))
+
+
+@torch.library.custom_op("pyg_ugrapher::padded_looped_graph", mutates_args=())
+def _padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> List[Tensor]:
+    """The structure arrays of :func:`padded_looped_graph`, from (or into) its cache."""
+    return _unaliased(_cached_padded(edge_index, flow, num_nodes).structure(edge_index.device), edge_index)
+
+
+@_padded_looped_graph.register_fake
+def _(edge_index: Tensor, flow: str, num_nodes: int) -> List[Tensor]:
+    num_edges = edge_index.size(1) + num_nodes
+    return _structure_like(edge_index, num_nodes, num_nodes, num_edges, num_edges)
+
+
+def padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> Graph:
+    """The graph of a ``[2, E]`` index with a self loop added to each of its ``num_nodes`` nodes
+    after its edges, stored self loops kept (``E + num_nodes`` edges). A layer that sums weighted
+    messages gives the stored loops weight 0 and gets :func:`looped_graph`'s result; unlike that
+    graph's, this one's size depends on shapes alone, so a compiled layer keeps one graph
+    (``torch.compile`` without ``fullgraph`` breaks the graph at an op whose output size depends on
+    the data)."""
+    num_edges = edge_index.size(1) + num_nodes
+    if torch.compiler.is_compiling():
+        return Graph(None, _padded_looped_graph(edge_index, flow, num_nodes), num_edges)
+    return Graph(_cached_padded(edge_index, flow, num_nodes), None, num_edges)
 
 
 def layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> Graph:

@@ -9,7 +9,8 @@ from torch_geometric.nn.inits import zeros
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._graph import (Graph, Looped, adjacency, check_eager, check_features, derived, edge_tensor, gather_op,
-                     graph_of, is_sparse, looped_graph, named, node_sizes, run, sparse_edges)
+                     graph_of, is_sparse, looped_graph, named, node_sizes, padded_looped_graph, plain_index, run,
+                     sparse_edges)
 
 
 def normalize_op() -> OpInfo:
@@ -54,7 +55,11 @@ class GCNConv(MessagePassing):
     weights by one message-creation op); the propagation is **one** ``u_mul_e_sum`` op. Without
     ``edge_weight`` the normalised weights depend on the graph alone and are cached with it (on
     the ``edge_index`` object), so a forward then runs that single op; ``cached=True`` also keeps
-    weighted normalisations, as PyG does.
+    weighted normalisations, as PyG does. Self loops are added as PyG's ``add_remaining_self_loops``
+    does (a stored loop's weight moves to its node's loop); for sums the stored loops stay in the
+    graph at weight 0, so its size depends on shapes alone and ``torch.compile`` keeps the layer in
+    one graph (other aggregations drop them: a data-dependent size, and a graph break unless
+    ``fullgraph=True``).
 
     Args:
         in_channels (int): Size of each input sample, or :obj:`-1` to derive it from the first
@@ -175,7 +180,12 @@ class GCNConv(MessagePassing):
         if edge_weight is not None and edge_weight.dim() != 1:
             raise ValueError(f"edge_weight: expected shape [E], got {list(edge_weight.shape)}")
         looped: Optional[Looped] = None
-        if self.add_self_loops:
+        # Sums keep stored self loops at weight 0 in a graph of fixed size: no graph break when
+        # compiled. Other aggregations would read the zero-weight messages: those replace them.
+        padded = self.add_self_loops and self._gather == "sum"
+        if padded:
+            graph = padded_looped_graph(edge_index, self.flow, num_nodes)
+        elif self.add_self_loops:
             looped = looped_graph(edge_index, self.flow, num_nodes, num_nodes, num_nodes)
             graph = looped.graph
         else:
@@ -187,11 +197,17 @@ class GCNConv(MessagePassing):
             # (in eager mode; a compiled model recomputes it, two small ops, as compiled PyG does).
             # Every edge, self loops included, weighs 1: PyG 2.8's gcn_norm fills self loops
             # with 2 (improved=True) only when edge weights are given, and this matches it.
+            def normalised() -> Tensor:
+                ones = x.new_ones(edge_index.size(1))
+                return gcn_norm_weights(graph, self._loop_weights(edge_index, looped, padded, ones, num_nodes, 1.0))
+
             if torch.compiler.is_compiling():
-                return graph, gcn_norm_weights(graph, x.new_ones(graph.num_edges))
-            key = ("gcn_norm", self.flow, num_nodes, self.add_self_loops, x.dtype, x.device)
-            return graph, derived(edge_index, key, lambda: gcn_norm_weights(graph, x.new_ones(graph.num_edges)))
-        return graph, gcn_norm_weights(graph, self._loop_weights(looped, edge_weight, num_nodes))
+                return graph, normalised()
+            key = ("gcn_norm", self.flow, num_nodes, self.add_self_loops, padded, x.dtype, x.device)
+            return graph, derived(edge_index, key, normalised)
+        fill = 2.0 if self.improved else 1.0
+        return graph, gcn_norm_weights(graph, self._loop_weights(edge_index, looped, padded, edge_weight, num_nodes,
+                                                                 fill))
 
     def _looped_sparse(self, index: Tensor, num_nodes: int):
         if self.add_self_loops:
@@ -199,13 +215,23 @@ class GCNConv(MessagePassing):
             index = torch.cat([index, loops], dim=1)
         return graph_of(index, "source_to_target", num_nodes, num_nodes)
 
-    def _loop_weights(self, looped: Optional[Looped], weight: Tensor, num_nodes: int) -> Tensor:
-        """Edge weights in the order of the looped graph: a stored self loop keeps its weight (the
-        same indexing as PyG's, so duplicate loops resolve alike), other loops get the fill value."""
+    @staticmethod
+    def _loop_weights(edge_index: Tensor, looped: Optional[Looped], padded: bool, weight: Tensor, num_nodes: int,
+                      fill: float) -> Tensor:
+        """Edge weights in the order of the graph propagated on: a stored self loop's weight goes to
+        its node's loop (the same indexing as PyG's, so duplicate loops resolve alike), other loops
+        get ``fill``; in the padded graph the stored loops keep their places, at weight 0."""
+        if padded:
+            index = plain_index(edge_index)
+            is_loop = index[0] == index[1]
+            # Edges that are not loops write to a spare slot past the last node, which is dropped.
+            slot = torch.where(is_loop, index[0], num_nodes)
+            loop_weight = weight.new_full((num_nodes + 1,), fill).index_put((slot,), weight)[:num_nodes]
+            return torch.cat([weight.masked_fill(is_loop, 0.0), loop_weight])
         if looped is None:
             return weight
-        fill = weight.new_full((num_nodes,), 2.0 if self.improved else 1.0)
-        loop_weight = fill.index_put((looped.loop_nodes,), weight.index_select(0, looped.loops))
+        loop_weight = weight.new_full((num_nodes,), fill).index_put((looped.loop_nodes,),
+                                                                   weight.index_select(0, looped.loops))
         return torch.cat([weight.index_select(0, looped.kept), loop_weight])
 
     def __repr__(self) -> str:

@@ -19,6 +19,7 @@ CONFIGS = [
     {"bias": False},
     {"flow": "target_to_source"},
     {"normalize": False, "aggr": "mean"},
+    {"aggr": "max"},
 ]
 
 
@@ -37,6 +38,20 @@ def test_matches_pyg(compare, small_graph, kwargs, weighted, train):
     torch.manual_seed(0)
     theirs = pyg_nn.GCNConv(6, 4, **kwargs)
     compare(GCNConv(6, 4, **kwargs), theirs, _forward(edge_index, weighted), [x, weight], train=train)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"improved": True}, {"aggr": "mean"}], ids=["sum", "improved", "mean"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_repeated_self_loops(compare, small_graph, kwargs, weighted):
+    """Several stored loops on one node, one on another, with their own weights: sums keep them at
+    weight 0 in a graph of fixed size, other aggregations drop them; both as PyG, gradients too."""
+    x, edge_index = small_graph
+    loops = torch.tensor([[3, 3, 3, 5], [3, 3, 3, 5]])
+    edge_index = torch.cat([loops[:, :2], edge_index, loops[:, 2:]], dim=1)
+    weight = torch.rand(edge_index.size(1), generator=torch.Generator().manual_seed(8))
+    torch.manual_seed(0)
+    theirs = pyg_nn.GCNConv(6, 4, **kwargs)
+    compare(GCNConv(6, 4, **kwargs), theirs, _forward(edge_index, weighted), [x, weight], train=True)
 
 
 def test_state_dict_round_trip():
