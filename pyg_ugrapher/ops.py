@@ -141,10 +141,10 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
     the launch plan for contiguous operands (:func:`triton_kernels.prepare`; ``None`` with
     ``pair``, or where there is none); decided once per graph structure (cached with its
     statistics), operand signature and :data:`autotune.selection.generation` (a retrained model
-    decides afresh). With ``pair``, a
-    message op and its operands, the gather runs with that op's edge output in one kernel
-    (:func:`run_gather_with_edge_output`): that kernel is what a measured decision times, and an
-    automatic schedule is that kernel's (:func:`triton_kernels.pair_schedule` of the gather's)."""
+    decides afresh). With ``pair``, a message op and its operands, the gather runs with that op's
+    edge output in one kernel (:func:`run_gather_with_edge_output`): that kernel is what a
+    measured decision times, and an automatic schedule is that kernel's
+    (:func:`triton_kernels.pair_schedule` of the gather's)."""
     csr = arrays.csr
     context = None if pair is None else (pair[0],) + _signature(pair[1])
     key = (op, schedule, operands[0].device, context) + _signature(operands)

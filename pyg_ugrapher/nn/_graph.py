@@ -259,14 +259,16 @@ def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int)
                         ids((2, num_kept + num_loops))]
 
 
-def _padded(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor:
+def graph_with_loops(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor:
+    """A GraphTensor of an index with a self loop added to each of its ``num_nodes`` nodes after
+    its edges, stored loops kept (not cached: callers cache)."""
     index = plain_index(edge_index)
     loops = torch.arange(num_nodes, device=index.device).repeat(2, 1)
     return graph_of(torch.cat([index, loops], dim=1), flow, num_nodes, num_nodes)
 
 
 def _cached_padded(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor:
-    return derived(edge_index, ("padded", flow, num_nodes), lambda: _padded(edge_index, flow, num_nodes))
+    return derived(edge_index, ("padded", flow, num_nodes), lambda: graph_with_loops(edge_index, flow, num_nodes))
 
 
 @torch.library.custom_op("pyg_ugrapher::padded_looped_graph", mutates_args=())

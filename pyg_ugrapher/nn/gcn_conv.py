@@ -9,8 +9,8 @@ from torch_geometric.nn.inits import zeros
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._graph import (Graph, Looped, adjacency, check_eager, check_features, derived, edge_tensor, gather_op,
-                     graph_of, is_sparse, looped_graph, named, node_sizes, padded_looped_graph, plain_index, run,
-                     sparse_edges)
+                     graph_of, graph_with_loops, is_sparse, looped_graph, named, node_sizes, padded_looped_graph,
+                     plain_index, run, sparse_edges)
 
 
 def normalize_op() -> OpInfo:
@@ -211,8 +211,7 @@ class GCNConv(MessagePassing):
 
     def _looped_sparse(self, index: Tensor, num_nodes: int):
         if self.add_self_loops:
-            loops = torch.arange(num_nodes, device=index.device).repeat(2, 1)
-            index = torch.cat([index, loops], dim=1)
+            return graph_with_loops(index, "source_to_target", num_nodes)
         return graph_of(index, "source_to_target", num_nodes, num_nodes)
 
     @staticmethod
