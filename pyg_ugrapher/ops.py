@@ -128,10 +128,12 @@ def _signature(operands: Sequence[Tensor]) -> Tuple:
     return tuple((t.dtype, t.shape[1:]) for t in operands)
 
 
-def _views(operands: Sequence[Tensor]) -> List[Tensor]:
-    """New tensor objects for timing runs, which must not mark the operands as reused (see
-    :func:`triton_kernels.dispatch.is_reused`): the call itself would then read them differently."""
-    return [t.view_as(t) for t in operands]
+def _for_timing(operands: Sequence[Tensor], reused: Optional[Tuple[bool, ...]]) -> List[Tensor]:
+    """The operands of a timing run, read as the call reads them: the ``reused`` ones themselves
+    (in CSR order), the others as new tensor objects, which a timing run cannot mark as reused
+    (see :func:`triton_kernels.dispatch.is_reused`): the call itself would then read them
+    differently."""
+    return [t if reused is not None and reused[i] else t.view_as(t) for i, t in enumerate(operands)]
 
 
 def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule: str,
@@ -140,13 +142,20 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
     """What runs ``op`` on ``operands``: the op, its layout, the schedule, the result dtype and
     the launch plan for contiguous operands (:func:`triton_kernels.prepare`; ``None`` with
     ``pair``, or where there is none); decided once per graph structure (cached with its
-    statistics), operand signature and :data:`autotune.selection.generation` (a retrained model
-    decides afresh). With ``pair``, a message op and its operands, the gather runs with that op's
-    edge output in one kernel (:func:`run_gather_with_edge_output`): that kernel is what a
-    measured decision times, and an automatic schedule is that kernel's
-    (:func:`triton_kernels.pair_schedule` of the gather's)."""
+    statistics), operand signature, :data:`autotune.selection.generation` (a retrained model
+    decides afresh) and which operands come back (:func:`triton_kernels.reuse_state`: a narrow
+    edge operand is then read in CSR order, which favours other schedules; on the H100,
+    ``u_mul_e_sum`` kept a schedule timed with its weight read through the edge ids). With
+    ``pair``, a message op and its operands, the gather runs with that op's edge output in one
+    kernel (:func:`run_gather_with_edge_output`): that kernel is what a measured decision times,
+    and an automatic schedule is that kernel's (:func:`triton_kernels.pair_schedule` of the
+    gather's)."""
     csr = arrays.csr
-    context = None if pair is None else (pair[0],) + _signature(pair[1])
+    reused = triton_kernels.reuse_state(operands, csr.eid)
+    pair_reused = None if pair is None else triton_kernels.reuse_state(pair[1], csr.eid)
+    context = None if pair is None else (pair[0], pair_reused) + _signature(pair[1])
+    if reused is not None:  # read in CSR order: timed (and decided) apart from first calls
+        context = ("reused", reused, context)
     key = (op, schedule, operands[0].device, context) + _signature(operands)
     decisions = derived_cache(csr.rowptr).setdefault("decisions", {})
     decision = decisions.get(key)
@@ -158,9 +167,10 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
 
         def run(candidate: ParallelInfo) -> object:
             if pair is None:
-                return triton_kernels.run(info, layout, arrays, _views(operands), candidate, dtype)
+                return triton_kernels.run(info, layout, arrays, _for_timing(operands, reused), candidate, dtype)
             both = triton_kernels.run_with_edge_output(info, layout, _op(pair[0]), _layout_of(*pair),
-                                                       arrays, _views(operands), _views(pair[1]), candidate,
+                                                       arrays, _for_timing(operands, reused),
+                                                       _for_timing(pair[1], pair_reused), candidate,
                                                        (dtype, reference.result_dtype(pair[1])))
             if both is None:
                 raise ValueError(f"{candidate} cannot write the edge output in the gather's pass")

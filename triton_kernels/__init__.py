@@ -5,8 +5,8 @@ No autograd and no PyG here: :func:`run` takes index arrays, operand tensors, an
 :class:`~pyg_ugrapher.parallel.ParallelInfo`, and returns the output.
 """
 from .codegen import GraphArrays, cache_dir, interpreting
-from .dispatch import TEMPLATES, Plan, kernel_source, prepare, run, run_with_edge_output
+from .dispatch import TEMPLATES, Plan, kernel_source, prepare, reuse_state, run, run_with_edge_output
 from .space import neighbours, pair_schedule, space
 
 __all__ = ["GraphArrays", "Plan", "TEMPLATES", "cache_dir", "interpreting", "kernel_source", "neighbours",
-           "pair_schedule", "prepare", "run", "run_with_edge_output", "space"]
+           "pair_schedule", "prepare", "reuse_state", "run", "run_with_edge_output", "space"]

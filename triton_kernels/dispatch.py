@@ -68,8 +68,25 @@ def _permutable(op: OpInfo, layout: Layout, info: ParallelInfo) -> Optional[Tupl
     return slots if any(slots) else None
 
 
-#: tensor -> (version, eid, its rows in CSR order, or None while it was seen only once).
+#: tensor -> [(eid, version, its rows in that CSR order, or None while seen only once)], newest
+#: last, at most :data:`_ORDERS` entries: a static weight is read on its graph and, by the
+#: backward, on the reversed one; with one entry the two reads evicted each other every step and
+#: the weight was never read in CSR order.
 _PERMUTED: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+_ORDERS = 2
+
+
+def _entry(tensor: Tensor, eid: Tensor) -> Optional[list]:
+    """The bookkeeping of ``tensor`` on the graph of ``eid``, if current."""
+    for entry in _PERMUTED.get(tensor, ()):
+        if entry[0] is eid and entry[1] == tensor._version:
+            return entry
+    return None
+
+
+def seen(tensor: Tensor, eid: Tensor) -> bool:
+    """Whether :func:`is_reused` would say ``tensor`` comes back, without marking it."""
+    return not tensor.requires_grad and not capturing(tensor) and _entry(tensor, eid) is not None
 
 
 def is_reused(tensor: Tensor, eid: Tensor) -> bool:
@@ -82,22 +99,30 @@ def is_reused(tensor: Tensor, eid: Tensor) -> bool:
     (see :func:`~pyg_ugrapher.graph.capturing`)."""
     if tensor.requires_grad or capturing(tensor):
         return False
-    hit = _PERMUTED.get(tensor)
-    if hit is not None and hit[0] == tensor._version and hit[1] is eid:
+    if _entry(tensor, eid) is not None:
         return True
-    _PERMUTED[tensor] = (tensor._version, eid, None)
+    entries = [e for e in _PERMUTED.get(tensor, ()) if e[0] is not eid and e[1] == tensor._version]
+    _PERMUTED[tensor] = (entries + [[eid, tensor._version, None]])[-_ORDERS:]
     return False
 
 
 def in_csr_order(tensor: Tensor, eid: Tensor) -> Tensor:
-    """``tensor`` (rows in user edge order, reused: see :func:`is_reused`) with its rows in CSR
-    order, flattened to 2-D; permuted once per tensor version."""
-    hit = _PERMUTED.get(tensor)
-    if hit is not None and hit[2] is not None and hit[0] == tensor._version and hit[1] is eid:
-        return hit[2]
-    permuted = _as_rows(tensor).index_select(0, eid)
-    _PERMUTED[tensor] = (tensor._version, eid, permuted)
-    return permuted
+    """``tensor`` (rows in user edge order, reused: see :func:`is_reused`) with its rows in the CSR
+    order of ``eid``, flattened to 2-D; permuted once per tensor version and graph."""
+    entry = _entry(tensor, eid)
+    if entry is None:  # not marked (requires grad, captured): nothing to keep it for
+        return _as_rows(tensor).index_select(0, eid)
+    if entry[2] is None:
+        entry[2] = _as_rows(tensor).index_select(0, eid)
+    return entry[2]
+
+
+def reuse_state(operands: Sequence[Tensor], eid: Tensor) -> Optional[Tuple[bool, ...]]:
+    """Which ``operands`` :func:`is_reused` would take for reused on the graph of ``eid`` (``None``
+    if none): a decision timed on a first call, which reads them through ``eid``, does not hold
+    for later calls reading them in CSR order."""
+    state = tuple(seen(t, eid) for t in operands)
+    return state if any(state) else None
 
 
 def kernel_spec(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = False,

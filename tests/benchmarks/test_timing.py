@@ -18,6 +18,22 @@ def test_cpu_rows_have_no_host_column():
     assert row["status"] == "ok" and row["time_ms"] > 0 and math.isnan(row["host_ms"])
 
 
+def test_each_compiled_row_notes_its_own_graph_breaks():
+    """A compiled row lists the breaks of its own step, not those of the rows before it (Dynamo's
+    reset keeps its counters)."""
+    def breaking(x):
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x * 2
+
+    step = torch.compile(breaking, backend="eager")
+    first = timing.measure(lambda: step(torch.ones(4)), torch.device("cpu"), SETTINGS, compiled=True)
+    assert first["graph_breaks"] == 1 and "graph_break" in first["note"]
+    clean = torch.compile(lambda x: x * 3, backend="eager")
+    second = timing.measure(lambda: clean(torch.ones(4)), torch.device("cpu"), SETTINGS, compiled=True)
+    assert second["graph_breaks"] == 0 and second["note"] == ""
+
+
 @pytest.mark.cuda
 def test_host_time_of_a_host_bound_call():
     """A call that sleeps 2 ms on the host and launches one tiny kernel: its host time is at least

@@ -208,7 +208,38 @@ def test_large_graphs_run_the_fastest_of_the_shortlist(monkeypatch, interpret, g
         check_close(result, expected)
     decisions = derived_cache(graph.structure(torch.device("cpu"))[0])["decisions"]
     assert [decision[2] for decision in decisions.values()] == [candidates[1]]
-    assert dispatch._PERMUTED[weight][2] is None
+    [(_, _, permuted)] = dispatch._PERMUTED[weight]
+    assert permuted is None
+
+
+def test_a_reused_edge_operand_is_decided_again_as_it_is_read(monkeypatch, interpret, graph_factory, check_close):
+    """A narrow edge weight that comes back is read in CSR order: its op is decided (timed) again,
+    with the timing runs reading the weight in CSR order as the call does; the first decision
+    stays for new weights."""
+    from pyg_ugrapher.graph import derived_cache
+    from triton_kernels import dispatch
+    from triton_kernels.space import space
+
+    graph = graph_factory("mixed")
+    op = ug.OpInfo.from_name("u_mul_e_sum")
+    candidates = [next(info for info in space(op, 6) if info.strategy == strategy) for strategy in ("vertex", "group")]
+    ran = _measured_selection(monkeypatch, candidates, (3.0, 1.0, 1.0, 3.0))
+    gen = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(graph.num_src, 6, generator=gen), torch.rand(graph.num_edges, 1, generator=gen)
+    permuted = []
+    permute = dispatch.in_csr_order
+    monkeypatch.setattr(dispatch, "in_csr_order", lambda t, eid: permuted.append(t) or permute(t, eid))
+    expected = reference.execute(graph, op, [x, weight])
+    check_close(ug.compute(graph, op, x, weight), expected)
+    assert len(ran) == 2 and not permuted
+    check_close(ug.compute(graph, op, x, weight), expected)
+    assert len(ran) == 4 and len(permuted) == 3 and all(t is weight for t in permuted)
+    for result in ran:
+        check_close(result, expected)
+    decisions = derived_cache(graph.structure(torch.device("cpu"))[0])["decisions"]
+    assert sorted(decision[2].strategy for decision in decisions.values()) == ["group", "vertex"]
+    check_close(ug.compute(graph, op, x, weight.clone()), expected)  # a new weight: the first decision
+    assert len(ran) == 4
 
 
 def test_a_gather_with_an_edge_output_times_the_fused_kernel(monkeypatch, interpret, graph_factory, check_close):

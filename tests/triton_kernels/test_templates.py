@@ -205,6 +205,54 @@ def test_reused_narrow_edge_operand(strategy, name, graph_case, device, graph_fa
     assert permuted
 
 
+def test_a_weight_on_a_graph_and_its_reverse_keeps_both_orders(device, graph_factory, check_close):
+    """A static weight read on a graph and (as a backward does) on the reversed graph is read in
+    the CSR order of each once it came back there, permuted once per graph, right every time; a
+    write to it drops its copies; a third graph evicts the oldest."""
+    from pyg_ugrapher.ops import _arrays, reversed_structure
+
+    graph = graph_factory("mixed")
+    reverse = ug.GraphTensor(graph.dst, graph.src, graph.num_dst, graph.num_src)
+    structure = graph.structure(device)
+    op = OpInfo.from_name("u_mul_e_sum")
+    info = ug.ParallelInfo("vertex", block_f=4)
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.rand(graph.num_edges, 1, generator=gen).to(device)
+    x = {"forward": torch.randn(graph.num_src, 4, generator=gen).to(device),
+         "reverse": torch.randn(graph.num_dst, 4, generator=gen).to(device)}
+    arrays = {"forward": _arrays(structure), "reverse": _arrays(reversed_structure(structure))}
+    oracle = {"forward": graph, "reverse": reverse}
+
+    def read(way):
+        operands = [x[way], weight]
+        layout = infer_layout(op, [t.shape for t in operands])
+        out = dispatch.run(op, layout, arrays[way], operands, info)
+        check_close(out, reference.execute(oracle[way], op, [t.double() for t in operands]).float(),
+                    context=f"{way} read")
+
+    def copies():
+        return {id(eid): permuted for eid, _, permuted in dispatch._PERMUTED[weight]}
+
+    for _ in range(2):
+        read("forward")
+        read("reverse")
+    first = copies()
+    assert len(first) == 2 and all(p is not None for p in first.values())
+    read("forward")
+    read("reverse")
+    assert all(copies()[key] is first[key] for key in first)  # each order permuted once
+    weight.mul_(2)
+    read("forward")
+    assert [p for p in copies().values()] == [None]
+    read("forward")
+    read("reverse")
+    third = ug.GraphTensor.from_edge_index(torch.stack([graph.src, graph.dst]).to(device), graph.num_src)
+    third_arrays = _arrays(third.structure(device))
+    dispatch.is_reused(weight, third_arrays.csr.eid)
+    assert len(dispatch._PERMUTED[weight]) == 2
+    assert dispatch._PERMUTED[weight][-1][0] is third_arrays.csr.eid
+
+
 def test_poison_catches_unwritten_outputs(monkeypatch, device, graph_factory, operand_factory):
     """The poison works: a template that writes nothing leaves NaN everywhere."""
     graph = graph_factory("mixed")
