@@ -13,6 +13,7 @@ from torch_geometric.utils.sparse import set_sparse_value
 from ..attention import EPSILON, softmax_aggregate, softmax_aggregate_op
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
+from ._dense import add_bias
 from ._graph import (Graph, adjacency, check_eager, check_features, derived, edge_tensor, gather_op, graph_of,
                      is_sparse, layer_op, looped_graph, named, node_sizes, op_text, run)
 
@@ -283,7 +284,7 @@ class GATConv(MessagePassing):
         if res is not None:
             out = out + res
         if self.bias is not None:
-            out = out + self.bias
+            out = add_bias(out, self.bias)
 
         if return_attention_weights:
             if is_sparse(returned_index):

@@ -8,6 +8,7 @@ from torch_geometric.nn.inits import zeros
 
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
+from ._dense import add_bias
 from ._graph import (Graph, Looped, adjacency, check_eager, check_features, derived, edge_tensor, gather_op,
                      graph_of, graph_with_loops, is_sparse, looped_graph, named, node_sizes, padded_looped_graph,
                      plain_index, run, sparse_edges)
@@ -152,7 +153,7 @@ class GCNConv(MessagePassing):
             out = run(graph, named, (f"u_mul_e_{self._gather}",), [x, weight])
 
         if self.bias is not None:
-            out = out + self.bias
+            out = add_bias(out, self.bias)
         return out
 
     def _graph(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor]

@@ -4,6 +4,7 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 
 from ..message_passing import MessagePassing
+from ._dense import linear
 from ._graph import aggregate, gather_op, pair
 
 
@@ -78,7 +79,7 @@ class GraphConv(MessagePassing):
     ) -> Tensor:
         x_src, x_dst = pair(x)
         out = aggregate(self, self._gather, x_src, x_dst, edge_index, size, edge_weight)
-        out = self.lin_rel(out)
+        out = linear(self.lin_rel, out)
         if x_dst is not None:
             out = out + self.lin_root(x_dst)
         return out

@@ -5,6 +5,7 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 
 from ..message_passing import MessagePassing
+from ._dense import linear
 from ._graph import aggregate, gather_op, pair
 
 
@@ -102,7 +103,7 @@ class SAGEConv(MessagePassing):
             x_src = self.lin(x_src).relu()
 
         out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
-        out = self.lin_l(out)
+        out = linear(self.lin_l, out)
         if self.root_weight and x_dst is not None:
             out = out + self.lin_r(x_dst)
         if self.normalize:

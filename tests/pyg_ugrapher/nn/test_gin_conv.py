@@ -45,6 +45,39 @@ def test_gin_bipartite_and_graph_types(compare, small_graph, bipartite_graph):
 GINE_CONFIGS = [{}, {"edge_dim": 3}, {"edge_dim": 3, "train_eps": True, "eps": 0.1}]
 
 
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+def test_gin_default_is_one_sum_over_the_graph_with_self_loops(compare, small_graph, flow):
+    """With a fixed epsilon of 0 the sum and x's own term are one ``copy_u_sum`` over E + N edges
+    (stored self loops and duplicates included, as PyG's sum counts them)."""
+    x, edge_index = small_graph
+    ours, theirs = _pair(GINConv, pyg_nn.GINConv, 6, flow=flow)
+    calls = []
+    with ops.observe(calls.append):
+        ours(x, edge_index)
+    assert [(call.op.name, call.graph.num_edges) for call in calls] == [("copy_u_sum", edge_index.size(1) + 12)]
+    compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x], train=True)
+
+
+def test_gin_epsilon_loaded_or_changed_later_is_read_again(compare, small_graph):
+    """The looped sum is chosen by the value of the ``eps`` buffer, re-read when it changes: a
+    state dict with another epsilon, or an in-place write, goes back to the separate term."""
+    x, edge_index = small_graph
+    ours, theirs = _pair(GINConv, pyg_nn.GINConv, 6)
+    compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x])
+    theirs.eps.fill_(0.25)
+    compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x])  # loads eps = 0.25
+    calls = []
+    with ops.observe(calls.append):
+        ours(x, edge_index)
+    assert [call.graph.num_edges for call in calls] == [edge_index.size(1)]
+    ours.eps.zero_()
+    theirs.eps.zero_()
+    compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x])
+    with ops.observe(calls.append):
+        ours(x, edge_index)
+    assert calls[-1].graph.num_edges == edge_index.size(1) + 12
+
+
 @pytest.mark.parametrize("kwargs", GINE_CONFIGS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "default")
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_gine_matches_pyg(compare, small_graph, kwargs, train):
@@ -95,8 +128,9 @@ def test_bad_input(small_graph):
 
 def test_interpreter(compare, interpret, tiny_graph):
     x, edge_index = tiny_graph
-    ours, theirs = _pair(GINConv, pyg_nn.GINConv, 4, train_eps=True)
-    compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x], train=True)
+    for kwargs in ({"train_eps": True}, {}):  # a separate term, and the sum over self loops
+        ours, theirs = _pair(GINConv, pyg_nn.GINConv, 4, **kwargs)
+        compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x], train=True)
     edge_attr = torch.randn(edge_index.size(1), 2)
     ours, theirs = _pair(GINEConv, pyg_nn.GINEConv, 4, edge_dim=2)
     compare(ours, theirs, lambda layer, x, e: layer(x, edge_index, e), [x, edge_attr], train=True)
