@@ -241,10 +241,33 @@ def _(structure: List[Tensor], gather_operands: List[Tensor], gather: str, messa
 
 
 def _save(ctx, structure: Sequence[Tensor], operands: Sequence[Tensor], out: Tensor, op: str,
-          schedule: str) -> None:
-    """What both autograd paths keep for the backward pass."""
+          schedule: str, needed: Optional[Sequence[bool]] = None) -> None:
+    """What both autograd paths keep for the backward pass: given the ``needed`` gradients, only
+    the operands and output their backward reads (a sum's output and a weight-free sum's operands
+    are not: keeping them held two ``[N, F]`` tensors past their use in every eager GCN step)."""
     ctx.op, ctx.schedule, ctx.num_structure = op, schedule, len(structure)
+    ctx.shapes = tuple(t.shape for t in operands)
+    if needed is not None:
+        half = out.dtype in (torch.float16, torch.bfloat16)
+        kept, keep_out = _kept(op, _layout_of(op, operands), tuple(bool(n) for n in needed), half)
+        operands = [t if keep else None for t, keep in zip(operands, kept)]
+        out = out if keep_out else None
     ctx.save_for_backward(*structure, *operands, out)
+
+
+@lru_cache(maxsize=4096)
+def _kept(op_text: str, layout: Layout, needed: Tuple[bool, ...], half: bool) -> Tuple[Tuple[bool, ...], bool]:
+    """Which operands, and whether the output, :func:`operand_grads` reads for the ``needed``
+    gradients of ``op_text``."""
+    op = _op(op_text)
+    if op.gather_op in ("max", "min") and half:
+        return (True,) * len(op.inputs), True  # the output is recomputed in float32 from every operand
+    plan = _backward_of(op, layout)
+    steps = [step for step, need in zip(plan.slots, needed) if need]
+    if plan.count is not None and steps:
+        steps.append(plan.count)
+    sources = {source for step in steps for source in step.sources}
+    return tuple(i in sources for i in range(len(op.inputs))), "out" in sources
 
 
 def _saved_grads(ctx, grad: Tensor, needed: Sequence[bool], run: Runner,
@@ -253,7 +276,8 @@ def _saved_grads(ctx, grad: Tensor, needed: Sequence[bool], run: Runner,
     saved = ctx.saved_tensors
     structure = list(saved[:ctx.num_structure])
     operands = list(saved[ctx.num_structure:-1])
-    return operand_grads(structure, operands, saved[-1], grad, ctx.op, ctx.schedule, needed, run, run_pair)
+    return operand_grads(structure, operands, saved[-1], grad, ctx.op, ctx.schedule, needed, run, run_pair,
+                         ctx.shapes)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -285,7 +309,7 @@ class _EagerGraphOp(torch.autograd.Function):
     def forward(ctx, op: str, schedule: str, num_structure: int, *tensors: Tensor) -> Tensor:
         structure, operands = tensors[:num_structure], tensors[num_structure:]
         out = run_graph_op(list(structure), list(operands), op, schedule)
-        _save(ctx, structure, operands, out, op, schedule)
+        _save(ctx, structure, operands, out, op, schedule, ctx.needs_input_grad[3 + num_structure:])
         return out
 
     @staticmethod
@@ -307,13 +331,17 @@ def differentiable_graph_op(structure: List[Tensor], operands: List[Tensor], op:
 
 
 
-def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, grad: Tensor, op_text: str,
-                  schedule: str, needed: Sequence[bool], run: Runner = graph_op,
-                  run_pair: Optional[PairRunner] = None) -> List[Optional[Tensor]]:
+def operand_grads(structure: List[Tensor], operands: List[Optional[Tensor]], out: Optional[Tensor], grad: Tensor,
+                  op_text: str, schedule: str, needed: Sequence[bool], run: Runner = graph_op,
+                  run_pair: Optional[PairRunner] = None, shapes: Optional[Sequence[torch.Size]] = None
+                  ) -> List[Optional[Tensor]]:
     """Gradients of every operand slot, each computed by IR ops (see :mod:`pyg_ugrapher.backward`)
-    run through ``run``; the :attr:`~Backward.shared_pass` pair through ``run_pair`` if given."""
+    run through ``run``; the :attr:`~Backward.shared_pass` pair through ``run_pair`` if given.
+    Operands (and ``out``) the needed gradients do not read may be ``None`` (see :func:`_kept`),
+    given the ``shapes`` of all."""
     op = _op(op_text)
-    layout = _layout_of(op_text, operands)
+    shapes = [t.shape for t in operands] if shapes is None else shapes
+    layout = _layout(op_text, tuple((0,) + tuple(int(d) for d in shape[1:]) for shape in shapes))
     plan = _backward_of(op, layout)
     reversed_ = reversed_structure(structure)
     values = {"out": out}
@@ -338,14 +366,14 @@ def operand_grads(structure: List[Tensor], operands: List[Tensor], out: Tensor, 
             reversed_, gather_inputs, serialized(gather.op), message_inputs, serialized(message_op),
             _inherit(schedule, gather.op, gather_inputs), _inherit(schedule, message_op, message_inputs))
     grads: List[Optional[Tensor]] = []
-    for slot, (step, tensor) in enumerate(zip(plan.slots, operands)):
+    for slot, (step, shape) in enumerate(zip(plan.slots, shapes)):
         if not needed[slot]:
             grads.append(None)
             continue
         result = results.get(slot)
         if result is None:
             result = _run_step(step, structure, reversed_, operands, values, schedule, run)
-        grads.append(_sum_to(result, tensor, layout))
+        grads.append(_sum_to(result, shape, layout))
     return grads
 
 
@@ -398,13 +426,13 @@ def _inherit(schedule: str, op: OpInfo, inputs: Sequence[Tensor]) -> str:
     return schedule
 
 
-def _sum_to(grad: Tensor, operand: Tensor, layout: Layout) -> Tensor:
-    """Reduce a gradient over the feature dimensions its operand was broadcast along."""
-    if grad.shape == operand.shape:
+def _sum_to(grad: Tensor, shape: torch.Size, layout: Layout) -> Tensor:
+    """Reduce a gradient over the feature dimensions its operand (of ``shape``) was broadcast along."""
+    if grad.shape == shape:
         return grad
-    feature = tuple(operand.shape[1:])
+    feature = tuple(shape[1:])
     padded = (1,) * (len(layout.message_shape) - len(feature)) + feature
-    return grad.sum_to_size((operand.shape[0],) + padded).reshape(operand.shape)
+    return grad.sum_to_size((shape[0],) + padded).reshape(shape)
 
 
 # -- the public entry point --------------------------------------------------------------------

@@ -296,3 +296,29 @@ def test_a_measured_pair_refines_the_fused_kernels_own_schedule(monkeypatch, int
     reversed_graph = ug.GraphTensor(graph.dst, graph.src, graph.num_dst, graph.num_src)
     check_close(grad, reference.execute(reversed_graph, gather, [g, weight]))
     check_close(products, reference.execute(reversed_graph, message, [x, g]))
+
+
+@pytest.mark.parametrize("name,needs,kept_operands,kept_out", [
+    ("copy_u_sum", (True,), (False,), False),
+    ("u_mul_e_sum", (True, False), (False, True), False),  # d/dx reads the weight alone
+    ("u_mul_e_sum", (False, True), (True, False), False),  # d/dw reads x alone
+    ("u_mul_e_mean", (True, True), (True, True), False),
+    ("copy_u_max", (True,), (True,), True),  # ties are found by comparing with the output
+])
+def test_eager_backward_keeps_only_what_it_reads(name, needs, kept_operands, kept_out, graph, check_close):
+    """An eager op's autograd node holds the operands and output its needed gradients read, no
+    more (a sum's output would stay alive for nothing), and the gradients are still exact."""
+    op = ug.OpInfo.from_name(name)
+    x, w = _inputs(graph, seed=3)
+    operands = [t.clone().requires_grad_(need) for t, need in zip((x, w[:, :1]), needs)]
+    out = ug.compute(graph, op, *operands)
+    saved = out.grad_fn.saved_tensors[-len(operands) - 1:]
+    assert tuple(t is not None for t in saved[:-1]) == kept_operands and (saved[-1] is not None) == kept_out
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
+    wrt = [t for t in operands if t.requires_grad]
+    ours = torch.autograd.grad((out * probe).sum(), wrt)
+    exact = [t.detach().double().requires_grad_(t.requires_grad) for t in operands]
+    expected = torch.autograd.grad((reference.execute(graph, op, exact) * probe.double()).sum(),
+                                   [t for t in exact if t.requires_grad])
+    for a, b in zip(ours, expected):
+        check_close(a, b.float())
