@@ -205,6 +205,14 @@ def _empty_result(structure: List[Tensor], operands: List[Tensor], op: str) -> T
     return operands[0].new_empty((rows,) + layout.out_shape, dtype=reference.result_dtype(operands))
 
 
+def decided_schedule(graph: GraphTensor, op: OpInfo, operands: Sequence[Tensor]) -> ParallelInfo:
+    """The schedule :func:`compute` (``parallel_info=None``) runs ``op`` on ``operands`` with now:
+    its decision for their current reuse state (a weight that came back is read in CSR order and
+    decided apart from its first call), made as that call would make it if not made yet."""
+    arrays = _arrays(graph.structure(operands[0].device))
+    return _decision(arrays, list(operands), serialized(op), AUTO)[2]
+
+
 def run_gather_with_edge_output(structure: List[Tensor], gather_operands: List[Tensor], gather: str,
                                 message_operands: List[Tensor], message: str, gather_schedule: str,
                                 message_schedule: str) -> List[Tensor]:

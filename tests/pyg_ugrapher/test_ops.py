@@ -240,6 +240,10 @@ def test_a_reused_edge_operand_is_decided_again_as_it_is_read(monkeypatch, inter
     assert sorted(decision[2].strategy for decision in decisions.values()) == ["group", "vertex"]
     check_close(ug.compute(graph, op, x, weight.clone()), expected)  # a new weight: the first decision
     assert len(ran) == 4
+    from pyg_ugrapher.ops import decided_schedule
+    assert decided_schedule(graph, op, [x, weight]).strategy == "vertex"  # what runs for the reused one
+    assert decided_schedule(graph, op, [x, weight.clone()]).strategy == "group"
+    assert len(ran) == 4  # both were decided already
 
 
 def test_a_gather_with_an_edge_output_times_the_fused_kernel(monkeypatch, interpret, graph_factory, check_close):
