@@ -124,6 +124,11 @@ def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, sched
     return triton_kernels.run(info, layout, arrays, operands, chosen, dtype)
 
 
+@lru_cache(maxsize=4096)
+def _edge_slots(op_text: str) -> Tuple[bool, ...]:
+    return tuple(kind == "edge" for kind in _op(op_text).inputs)
+
+
 def _signature(operands: Sequence[Tensor]) -> Tuple:
     return tuple((t.dtype, t.shape[1:]) for t in operands)
 
@@ -151,8 +156,8 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
     and an automatic schedule is that kernel's (:func:`triton_kernels.pair_schedule` of the
     gather's)."""
     csr = arrays.csr
-    reused = triton_kernels.reuse_state(operands, csr.eid)
-    pair_reused = None if pair is None else triton_kernels.reuse_state(pair[1], csr.eid)
+    reused = triton_kernels.reuse_state(operands, csr.eid, _edge_slots(op))
+    pair_reused = None if pair is None else triton_kernels.reuse_state(pair[1], csr.eid, _edge_slots(pair[0]))
     context = None if pair is None else (pair[0], pair_reused) + _signature(pair[1])
     if reused is not None:  # read in CSR order: timed (and decided) apart from first calls
         context = ("reused", reused, context)

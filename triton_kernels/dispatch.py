@@ -117,11 +117,14 @@ def in_csr_order(tensor: Tensor, eid: Tensor) -> Tensor:
     return entry[2]
 
 
-def reuse_state(operands: Sequence[Tensor], eid: Tensor) -> Optional[Tuple[bool, ...]]:
+def reuse_state(operands: Sequence[Tensor], eid: Tensor, edge_slots: Sequence[bool]) -> Optional[Tuple[bool, ...]]:
     """Which ``operands`` :func:`is_reused` would take for reused on the graph of ``eid`` (``None``
     if none): a decision timed on a first call, which reads them through ``eid``, does not hold
-    for later calls reading them in CSR order."""
-    state = tuple(seen(t, eid) for t in operands)
+    for later calls reading them in CSR order. Only ``edge_slots`` (the op's edge operands, the
+    only ones read in CSR order) are looked up: every call asks, and a lookup costs ~1 us."""
+    if not any(edge_slots):
+        return None
+    state = tuple(edge and seen(t, eid) for t, edge in zip(operands, edge_slots))
     return state if any(state) else None
 
 

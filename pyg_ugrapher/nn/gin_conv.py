@@ -58,8 +58,8 @@ class GINConv(MessagePassing):
         self._gather = gather_op(self.aggr)
         self.nn = nn
         self.initial_eps = eps
-        self._eps_seen: Optional[Tuple[Tensor, int]] = None
-        self._eps_zero = False
+        #: (the eps buffer, its version, whether it holds 0) when last read.
+        self._eps_read: Optional[Tuple[Tensor, int, bool]] = None
         if train_eps:
             self.eps = torch.nn.Parameter(torch.empty(1))
         else:
@@ -98,11 +98,10 @@ class GINConv(MessagePassing):
         if self._gather != "sum" or is_sparse(edge_index) or torch.compiler.is_compiling() or \
                 self.eps.requires_grad:
             return False
-        seen = (self.eps, self.eps._version)
-        if self._eps_seen is None or self._eps_seen[0] is not seen[0] or self._eps_seen[1] != seen[1]:
-            self._eps_seen = seen
-            self._eps_zero = bool(self.eps.item() == 0)
-        return self._eps_zero
+        read = self._eps_read
+        if read is None or read[0] is not self.eps or read[1] != self.eps._version:
+            read = self._eps_read = (self.eps, self.eps._version, bool(self.eps.item() == 0))
+        return read[2]
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}(nn={self.nn})"

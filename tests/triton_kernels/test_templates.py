@@ -205,13 +205,13 @@ def test_reused_narrow_edge_operand(strategy, name, graph_case, device, graph_fa
     assert permuted
 
 
-def test_a_weight_on_a_graph_and_its_reverse_keeps_both_orders(device, graph_factory, check_close):
+def test_a_weight_on_a_graph_and_its_reverse_keeps_both_orders(graph_case, device, graph_factory, check_close):
     """A static weight read on a graph and (as a backward does) on the reversed graph is read in
     the CSR order of each once it came back there, permuted once per graph, right every time; a
     write to it drops its copies; a third graph evicts the oldest."""
     from pyg_ugrapher.ops import _arrays, reversed_structure
 
-    graph = graph_factory("mixed")
+    graph = graph_factory(graph_case)
     reverse = ug.GraphTensor(graph.dst, graph.src, graph.num_dst, graph.num_src)
     structure = graph.structure(device)
     op = OpInfo.from_name("u_mul_e_sum")
@@ -246,7 +246,7 @@ def test_a_weight_on_a_graph_and_its_reverse_keeps_both_orders(device, graph_fac
     assert [p for p in copies().values()] == [None]
     read("forward")
     read("reverse")
-    third = ug.GraphTensor.from_edge_index(torch.stack([graph.src, graph.dst]).to(device), graph.num_src)
+    third = ug.GraphTensor(graph.src, graph.dst, graph.num_src, graph.num_dst)
     third_arrays = _arrays(third.structure(device))
     dispatch.is_reused(weight, third_arrays.csr.eid)
     assert len(dispatch._PERMUTED[weight]) == 2
