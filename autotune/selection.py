@@ -186,7 +186,7 @@ def select(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
     device = torch.device(device)
     # Statistics alone default to CUDA: on a machine without one, there is no GPU to describe.
     on_gpu = device.type == "cuda"
-    if on_gpu and graph.num_edges <= SMALL_GRAPH_EDGES:
+    if on_gpu and graph.num_edges <= SMALL_GRAPH_EDGES:  # see graph_independent
         return small_graph_schedule(op, F)
     stats = bucket(_stats(graph))
     key = (stats, op, F, reduce_size, dtype, device)
@@ -202,6 +202,14 @@ def select(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
             choice = predict_best(booster, stats, op, F, reduce_size, dtype, gpu_info(device))
         _CACHE[key] = choice
     return choice
+
+
+def graph_independent(graph: Union[CSR, GraphStats, GraphTensor], device: Union[str, torch.device]) -> bool:
+    """Whether the automatic schedule of an op on ``graph`` on ``device`` depends only on the op,
+    its width and dtype (:func:`select`'s small GPU graphs, none of them measured), so a decision
+    made on one such graph holds on all of them."""
+    return torch.device(device).type == "cuda" and graph.num_edges <= SMALL_GRAPH_EDGES and \
+        not measures(graph, device)
 
 
 def measures(graph: Union[CSR, GraphStats, GraphTensor], device: Union[str, torch.device]) -> bool:

@@ -120,7 +120,9 @@ def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, sched
     arrays = _arrays(structure)
     info, layout, chosen, dtype, plan = _decision(arrays, operands, op, schedule)
     if plan is not None and all(t.is_contiguous() for t in operands):
-        return plan(arrays, operands)
+        out = plan(arrays, operands)
+        if out is not None:
+            return out
     return triton_kernels.run(info, layout, arrays, operands, chosen, dtype)
 
 
@@ -141,14 +143,20 @@ def _for_timing(operands: Sequence[Tensor], reused: Optional[Tuple[bool, ...]]) 
     return [t if reused is not None and reused[i] else t.view_as(t) for i, t in enumerate(operands)]
 
 
+#: Decisions that hold on every graph (see :func:`_decision`), by op, schedule and operands.
+_SHARED_DECISIONS: Dict[Hashable, Tuple] = {}
+
+
 def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule: str,
               pair: Optional[Tuple[str, Sequence[Tensor]]] = None
               ) -> Tuple[OpInfo, Layout, ParallelInfo, torch.dtype, Optional[triton_kernels.Plan]]:
     """What runs ``op`` on ``operands``: the op, its layout, the schedule, the result dtype and
     the launch plan for contiguous operands (:func:`triton_kernels.prepare`; ``None`` with
     ``pair``, or where there is none); decided once per graph structure (cached with its
-    statistics), operand signature, :data:`autotune.selection.generation` (a retrained model
-    decides afresh) and which operands come back (:func:`triton_kernels.reuse_state`: a narrow
+    statistics; shared by every graph where the schedule does not depend on the graph, a named
+    one or :func:`autotune.selection.graph_independent`: a sampler's new mini-batch graph then
+    decides nothing), operand signature, :data:`autotune.selection.generation` (a retrained
+    model decides afresh) and which operands come back (:func:`triton_kernels.reuse_state`: a narrow
     edge operand is then read in CSR order, which favours other schedules; on the H100,
     ``u_mul_e_sum`` kept a schedule timed with its weight read through the edge ids). With
     ``pair``, a message op and its operands, the gather runs with that op's edge output in one
@@ -161,10 +169,13 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
     context = None if pair is None else (pair[0], pair_reused) + _signature(pair[1])
     if reused is not None:  # read in CSR order: timed (and decided) apart from first calls
         context = ("reused", reused, context)
-    key = (op, schedule, operands[0].device, context) + _signature(operands)
-    decisions = derived_cache(csr.rowptr).setdefault("decisions", {})
+    device = operands[0].device
+    key = (op, schedule, device, context) + _signature(operands)
+    selection = _selection()
+    decisions = _SHARED_DECISIONS if schedule != AUTO or selection.graph_independent(csr, device) else \
+        derived_cache(csr.rowptr).setdefault("decisions", {})
     decision = decisions.get(key)
-    generation = _selection().generation
+    generation = selection.generation
     if decision is None or decision[-1] != generation:
         info = _op(op)
         layout = _layout_of(op, operands)
@@ -186,8 +197,8 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
                 return candidate
             return triton_kernels.pair_schedule(candidate, layout.message_width, _layout_of(*pair).reduce_size)
 
-        chosen = schedule_for(info, layout, csr, dtype, operands[0].device, schedule, run, context, adapt)
-        plan = None if pair is not None else triton_kernels.prepare(info, layout, arrays, operands, chosen, dtype)
+        chosen = schedule_for(info, layout, csr, dtype, device, schedule, run, context, adapt)
+        plan = None if pair is not None else triton_kernels.prepare(info, layout, operands, chosen, dtype)
         decision = decisions[key] = (info, layout, chosen, dtype, plan, generation)
     return decision[:5]
 

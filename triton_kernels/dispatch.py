@@ -340,48 +340,56 @@ def _result(out: Tensor, out_dtype: torch.dtype, shape: Tuple[int, ...]) -> Tens
 
 @dataclass(frozen=True)
 class Plan:
-    """What :func:`run` works out for one call, kept for the calls like it on the same graph
-    (:func:`prepare`): such a call allocates its output and launches, nothing else. On the
-    project's CPU machine, launches stubbed, ``run_graph_op`` took 60-67 us per call through
-    :func:`run` and 25-37 us through a plan."""
+    """What :func:`run` works out for one call, kept for the calls like it (:func:`prepare`): such
+    a call allocates its output and launches, nothing else. A plan holds nothing of a graph, so
+    one serves every graph whose schedule is the same (a sampler's mini-batches). On the project's
+    CPU machine, launches stubbed, ``run_graph_op`` took 60-67 us per call through :func:`run` and
+    25-37 us through a plan."""
 
     template: Any
     kernel: Any
     op: OpInfo
     layout: Layout
     info: ParallelInfo
-    rows: int
     out_dtype: torch.dtype
-    shape: Tuple[int, ...]
+    #: The slots :func:`run` reads in CSR order once their tensor comes back (``None``: none).
+    permutable: Optional[Tuple[bool, ...]]
 
-    def __call__(self, graph: GraphArrays, operands: Sequence[Tensor]) -> Tensor:
+    def __call__(self, graph: GraphArrays, operands: Sequence[Tensor]) -> Optional[Tensor]:
         """The result for ``operands``, packed rows (contiguous) of the dtypes and feature shapes
-        the plan was made for, on the graph it was made for."""
+        the plan was made for; ``None`` where the call needs :func:`run`: an operand of a
+        permutable slot comes back (read in CSR order), no edges or no rows to compute, or
+        element offsets beyond int32."""
+        csr = graph.csr
+        rows = csr.num_rows if self.op.gather_op else csr.num_edges
         width = self.layout.width
-        out = _allocate(self.op, graph, self.template, self.rows, width, self.out_dtype)
+        if not csr.num_edges or not rows or (rows + 1) * width > _INT32_LIMIT or _needs_wide(operands):
+            return None
+        if self.permutable is not None:
+            pairs = [t for t, slot in zip(operands, self.permutable) if slot]
+            if any(seen(t, csr.eid) for t in pairs):
+                return None
+            for t in pairs:  # first seen now: marked, so that a call that brings it back permutes it
+                is_reused(t, csr.eid)
+        out = _allocate(self.op, graph, self.template, rows, width, self.out_dtype)
         self.template.launch(self.kernel, graph, _tensor_args(operands), out, width, self.layout, self.info)
-        return _result(out, self.out_dtype, self.shape)
+        return _result(out, self.out_dtype, (rows,) + self.layout.out_shape)
 
 
-def prepare(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tensor], info: ParallelInfo,
+def prepare(op: OpInfo, layout: Layout, operands: Sequence[Tensor], info: ParallelInfo,
             out_dtype: torch.dtype) -> Optional[Plan]:
-    """A :class:`Plan` for calls of ``op`` under ``info`` on ``graph`` with contiguous operands like
-    ``operands`` (same dtypes and feature shapes; rows are the graph's); ``None`` where each call
-    must go through :func:`run`: with edges and rows to compute, no edge operand that may be read
-    in CSR order (whether it is depends on the tensor), offsets within int32."""
+    """A :class:`Plan` for calls of ``op`` under ``info`` with contiguous operands like
+    ``operands`` (same dtypes and feature shapes; rows are the graph's, on any graph); ``None``
+    where each call must go through :func:`run`: non-contiguous operands, nothing to compute,
+    offsets of these operands beyond int32."""
     info.validate_for(op.gather_op, layout.message_width)
+    if layout.width == 0 or not all(t.is_contiguous() for t in operands) or _needs_wide(operands):
+        return None
     template = template_for(op, info)
-    rows = _rows(op, graph)
-    if _permutable(op, layout, info) is not None or not graph.csr.num_edges or \
-            rows == 0 or layout.width == 0 or not all(t.is_contiguous() for t in operands):
-        return None
-    out = torch.empty((rows, layout.width), dtype=_atomic_dtype(out_dtype), device="meta")
-    if _needs_wide(list(operands) + [out]):
-        return None
     kinds = operand_kinds(op, layout, info)
     spec = _spec(op, layout, info, any(t.dtype == torch.float64 for t in operands), False, kinds, ())
-    return Plan(template, _kernel(template, spec, interpreting()), op, layout, info, rows, out_dtype,
-                (rows,) + layout.out_shape)
+    return Plan(template, _kernel(template, spec, interpreting()), op, layout, info, out_dtype,
+                _permutable(op, layout, info))
 
 
 def _atomic_dtype(dtype: torch.dtype) -> torch.dtype:

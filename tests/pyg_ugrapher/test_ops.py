@@ -73,10 +73,13 @@ def test_argument_errors(graph, call, error, field):
 def test_explicit_schedule_runs_the_backward_too(monkeypatch, interpret, graph):
     """An explicit schedule runs the backward ops where it is valid for them."""
     from pyg_ugrapher import ops
+    from triton_kernels import dispatch
     seen = []
     run = ops.triton_kernels.run
     monkeypatch.setattr(ops.triton_kernels, "run", lambda op, layout, g, xs, info, dtype: seen.append(info)
                         or run(op, layout, g, xs, info, dtype))
+    monkeypatch.setattr(dispatch.Plan, "__call__", lambda self, *args, _call=dispatch.Plan.__call__:
+                        seen.append(self.info) or _call(self, *args))
     x, w = _inputs(graph)
     x.requires_grad_()
     info = ug.ParallelInfo("edge", block_e=16, block_f=4)
@@ -244,6 +247,35 @@ def test_a_reused_edge_operand_is_decided_again_as_it_is_read(monkeypatch, inter
     assert decided_schedule(graph, op, [x, weight]).strategy == "vertex"  # what runs for the reused one
     assert decided_schedule(graph, op, [x, weight.clone()]).strategy == "group"
     assert len(ran) == 4  # both were decided already
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["graph_independent", "per_graph"])
+def test_decisions_made_once_for_every_graph_when_the_schedule_ignores_it(monkeypatch, interpret, graph_factory,
+                                                                          check_close, shared):
+    """Where the automatic schedule depends on the op alone (``graph_independent``: small GPU
+    graphs) or is named, a decision made on one graph serves every graph (a sampler's new graph
+    per step decides nothing); otherwise each graph decides. Results are the reference's either way,
+    on graphs of other sizes and on one without edges."""
+    from autotune import selection
+    from pyg_ugrapher import ops
+
+    monkeypatch.setattr(ops, "_SHARED_DECISIONS", {})
+    monkeypatch.setattr(selection, "graph_independent", lambda graph, device: shared)
+    decided = []
+    monkeypatch.setattr(ops, "schedule_for", lambda *args, _decide=ops.schedule_for:
+                        decided.append(args[0]) or _decide(*args))
+    named = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4)
+    cases = ("mixed", "hub", "bipartite", "empty", "mixed")
+    for i, case in enumerate(cases):
+        graph = graph_factory(case, seed=i)  # a new graph every call, as from a sampler
+        gen = torch.Generator().manual_seed(i)
+        x, w = torch.randn(graph.num_src, 5, generator=gen), torch.randn(graph.num_edges, 5, generator=gen)
+        for name, operands in (("copy_u_mean", [x]), ("u_mul_e_max", [x, w])):
+            expected = reference.execute(graph, ug.OpInfo.from_name(name), operands)
+            check_close(ug.compute(graph, name, *operands), expected)
+            check_close(ug.compute(graph, name, *operands, parallel_info=named), expected)
+    # Named schedules: one decision per op on every path; automatic ones: per graph unless shared.
+    assert len(decided) == (2 + 2 if shared else 2 + 2 * len(cases))
 
 
 def test_a_gather_with_an_edge_output_times_the_fused_kernel(monkeypatch, interpret, graph_factory, check_close):

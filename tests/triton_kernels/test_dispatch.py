@@ -1,5 +1,5 @@
 """Launch plans (``dispatch.prepare``): when a call may skip ``run``'s per-call work, and that the
-plan's launch computes what ``run`` does, call after call, on fresh operands."""
+plan's launch computes what ``run`` does, call after call, on fresh operands and on other graphs."""
 import pytest
 import torch
 
@@ -35,36 +35,43 @@ def test_plan_matches_run_and_the_reference(name, shape, dtype, info, device, gr
     first = operand_factory(graph, op, shape, dtype=dtype, device=device)
     layout = infer_layout(op, [t.shape for t in first])
     out_dtype = reference.result_dtype(first)
-    plan = dispatch.prepare(op, layout, arrays, first, info, out_dtype)
+    plan = dispatch.prepare(op, layout, first, info, out_dtype)
     assert isinstance(plan, dispatch.Plan)
-    for seed in (1, 2):  # the plan serves later calls, with other values
-        operands = operand_factory(graph, op, shape, dtype=dtype, seed=seed, device=device)
-        planned = plan(arrays, operands)
-        expected = reference.execute(graph, op, [t.double() for t in operands]).to(out_dtype)
+    # The plan serves later calls, with other values, and other graphs (of other sizes).
+    for case, seed in (("mixed", 1), ("mixed", 2), ("hub", 3), ("bipartite", 4)):
+        on = graph_factory(case)
+        operands = operand_factory(on, op, shape, dtype=dtype, seed=seed, device=device)
+        planned = plan(_arrays_of(on, device), operands)
+        expected = reference.execute(on, op, [t.double() for t in operands]).to(out_dtype)
         assert planned.dtype == out_dtype and planned.shape == expected.shape
-        check_close(planned, expected, dtype, f"{name} planned, seed {seed}")
-        check_close(planned, dispatch.run(op, layout, arrays, operands, info, out_dtype), dtype)
+        check_close(planned, expected, dtype, f"{name} planned on {case}, seed {seed}")
+        check_close(planned, dispatch.run(op, layout, _arrays_of(on, device), operands, info, out_dtype), dtype)
 
 
-def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_factory):
-    """Narrow edge operands (read in CSR order once reused: a per-tensor decision), graphs without
-    edges, non-contiguous operands and invalid schedules get no plan."""
+def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_factory, check_close):
+    """Non-contiguous operands and invalid schedules get no plan; a graph without edges, and a
+    narrow edge operand that comes back (read in CSR order from then on), are left to ``run``."""
     graph = graph_factory("mixed")
     arrays = _arrays_of(graph, device)
     vertex = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4)
 
-    def plan_for(name, operands, info=vertex, on=arrays):
+    def plan_for(name, operands, info=vertex):
         op = OpInfo.from_name(name)
         layout = infer_layout(op, [t.shape for t in operands])
-        return dispatch.prepare(op, layout, on, operands, info, torch.float32)
+        return dispatch.prepare(op, layout, operands, info, torch.float32)
 
-    x, weight = operand_factory(graph, OpInfo.from_name("u_mul_e_sum"), "row_bcast", device=device)
-    assert plan_for("u_mul_e_sum", [x, weight]) is None
+    op = OpInfo.from_name("u_mul_e_sum")
+    x, weight = operand_factory(graph, op, "row_bcast", device=device)
+    weighted = plan_for("u_mul_e_sum", [x, weight])
+    expected = reference.execute(graph, op, [x.double(), weight.double()]).float()
+    check_close(weighted(arrays, [x, weight]), expected)  # first seen: through the plan, marked
+    assert dispatch.seen(weight, arrays.csr.eid)
+    assert weighted(arrays, [x, weight]) is None  # back again: run permutes it
     assert plan_for("copy_u_sum", [x]) is not None
     assert plan_for("copy_u_sum", [x.transpose(1, 2)]) is None
     empty = graph_factory("empty")
     x_empty, = operand_factory(empty, OpInfo.from_name("copy_u_sum"), "vector", device=device)
-    assert plan_for("copy_u_sum", [x_empty], on=_arrays_of(empty, device)) is None
+    assert plan_for("copy_u_sum", [x])(_arrays_of(empty, device), [x_empty]) is None
     with pytest.raises(ValueError, match="block_f"):
         plan_for("copy_u_sum", [x[:, :1, :1].contiguous()], ug.ParallelInfo("vertex", block_f=64))
 
