@@ -361,15 +361,16 @@ class Plan:
         permutable slot comes back (read in CSR order), no edges or no rows to compute, or
         element offsets beyond int32."""
         csr = graph.csr
-        rows = csr.num_rows if self.op.gather_op else csr.num_edges
+        rows = _rows(self.op, graph)
         width = self.layout.width
+        # The output's offsets reach (rows + 1) * width, as _needs_wide counts them.
         if not csr.num_edges or not rows or (rows + 1) * width > _INT32_LIMIT or _needs_wide(operands):
             return None
         if self.permutable is not None:
-            pairs = [t for t, slot in zip(operands, self.permutable) if slot]
-            if any(seen(t, csr.eid) for t in pairs):
+            edge_operands = [t for t, slot in zip(operands, self.permutable) if slot]
+            if any(seen(t, csr.eid) for t in edge_operands):
                 return None
-            for t in pairs:  # first seen now: marked, so that a call that brings it back permutes it
+            for t in edge_operands:  # first seen now: marked, so that a call that brings it back permutes it
                 is_reused(t, csr.eid)
         out = _allocate(self.op, graph, self.template, rows, width, self.out_dtype)
         self.template.launch(self.kernel, graph, _tensor_args(operands), out, width, self.layout, self.info)
