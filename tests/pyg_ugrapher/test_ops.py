@@ -255,7 +255,7 @@ def test_decisions_made_once_for_every_graph_when_the_schedule_ignores_it(monkey
     """Where the automatic schedule depends on the op alone (``graph_independent``: small GPU
     graphs) or is named, a decision made on one graph serves every graph (a sampler's new graph
     per step decides nothing); otherwise each graph decides. Results are the reference's either way,
-    on graphs of other sizes and on one without edges."""
+    on graphs of other sizes, one with an isolated vertex and one without edges."""
     from autotune import selection
     from pyg_ugrapher import ops
 
@@ -265,7 +265,7 @@ def test_decisions_made_once_for_every_graph_when_the_schedule_ignores_it(monkey
     monkeypatch.setattr(ops, "schedule_for", lambda *args, _decide=ops.schedule_for:
                         decided.append(args[0]) or _decide(*args))
     named = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4)
-    cases = ("mixed", "hub", "bipartite", "empty", "mixed")
+    cases = ("mixed", "hub", "bipartite", "empty", "isolated", "mixed")
     for i, case in enumerate(cases):
         graph = graph_factory(case, seed=i)  # a new graph every call, as from a sampler
         gen = torch.Generator().manual_seed(i)

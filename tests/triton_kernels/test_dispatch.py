@@ -38,7 +38,7 @@ def test_plan_matches_run_and_the_reference(name, shape, dtype, info, device, gr
     plan = dispatch.prepare(op, layout, first, info, out_dtype)
     assert isinstance(plan, dispatch.Plan)
     # The plan serves later calls, with other values, and other graphs (of other sizes).
-    for case, seed in (("mixed", 1), ("mixed", 2), ("hub", 3), ("bipartite", 4)):
+    for case, seed in (("mixed", 1), ("mixed", 2), ("hub", 3), ("bipartite", 4), ("isolated", 5)):
         on = graph_factory(case)
         operands = operand_factory(on, op, shape, dtype=dtype, seed=seed, device=device)
         planned = plan(_arrays_of(on, device), operands)
