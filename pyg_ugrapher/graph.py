@@ -180,15 +180,6 @@ def build_csr(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, dtype: t
     return CSR(rowptr.to(dtype), cols[perm].to(dtype), perm.to(dtype), sorted_rows.to(dtype), num_cols)
 
 
-def _triton_builds(device: torch.device) -> bool:
-    """Whether a graph's structure on ``device`` is built by a Triton kernel: where the operators'
-    kernels run (a GPU, or the CPU under Triton's interpreter)."""
-    if device.type == "cuda":
-        return True
-    from triton_kernels import interpreting
-    return interpreting()
-
-
 def build_csr_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int, dtype: torch.dtype
                    ) -> Tuple[CSR, CSR]:
     """The destination-sorted CSR and the source-sorted CSC of the edges ``(src, dst)``, by one
@@ -205,12 +196,10 @@ def build_csr_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int, dtype: 
     key_dtype = dtype if num_src + num_dst <= _INT32_MAX else torch.int64
     keys = torch.cat([dst.to(key_dtype), src.to(key_dtype) + num_dst])
     sorted_keys, perm = torch.sort(keys, stable=True)
-    if _triton_builds(src.device):
-        from triton_kernels import csr_pair
-        if csr_pair.fits(num_edges, num_src, num_dst):
-            arrays = csr_pair.csr_pair_arrays(sorted_keys, perm, src, dst, num_src, num_dst,
-                                              interpreted=src.device.type != "cuda")
-            return CSR(*arrays[:4], num_src), CSR(*arrays[4:], num_dst)
+    from triton_kernels import csr_pair, uses_triton  # here: triton_kernels imports this module
+    if uses_triton(src.device) and csr_pair.fits(num_edges, num_src, num_dst):
+        arrays = csr_pair.csr_pair_arrays(sorted_keys, perm, src, dst, num_src, num_dst)
+        return CSR(*arrays[:4], num_src), CSR(*arrays[4:], num_dst)
     bounds = torch.arange(num_dst + num_src + 1, dtype=key_dtype, device=src.device)
     rowptr = torch.searchsorted(sorted_keys, bounds, out_int32=dtype == torch.int32)
     csr_perm, csc_perm = perm[:num_edges], perm[num_edges:] - num_edges

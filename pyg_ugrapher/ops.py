@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 import triton_kernels
-from triton_kernels import GraphArrays
+from triton_kernels import GraphArrays, uses_triton
 
 from . import reference
 from .backward import Backward, GradStep, derive, on_reversed
@@ -77,10 +77,6 @@ def _arrays(structure: Sequence[Tensor]) -> GraphArrays:
 def reversed_structure(structure: Sequence[Tensor]) -> List[Tensor]:
     """The structure list of the reversed graph: CSR and CSC swap, and so do the endpoints."""
     return list(structure[4:8]) + list(structure[:4]) + [structure[9], structure[8]]
-
-
-def uses_triton(device: torch.device) -> bool:
-    return device.type == "cuda" or triton_kernels.interpreting()
 
 
 @lru_cache(maxsize=None)

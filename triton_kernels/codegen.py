@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import triton
+import torch
 from torch import Tensor
 
 from pyg_ugrapher.graph import CSR
@@ -425,6 +426,12 @@ def interpreting() -> bool:
         raise RuntimeError("TRITON_INTERPRET=1 was set after Triton was imported; set it before "
                            "importing triton, torch_geometric or pyg_ugrapher (e.g. in the shell)")
     return True
+
+
+def uses_triton(device: torch.device) -> bool:
+    """Whether work on ``device`` runs Triton kernels: on a GPU, or on the CPU under Triton's
+    interpreter (elsewhere the reference executor and torch operations do it)."""
+    return device.type == "cuda" or interpreting()
 
 
 def load_kernel(source: str, name: str):

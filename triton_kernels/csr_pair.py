@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .codegen import interpreting
 from .launch import DirectKernel
 
 BLOCK = 1024
@@ -81,10 +82,10 @@ def fits(num_edges: int, num_src: int, num_dst: int) -> bool:
 
 
 def csr_pair_arrays(sorted_keys: Tensor, perm: Tensor, src: Tensor, dst: Tensor, num_src: int,
-                    num_dst: int, interpreted: bool) -> Tuple[Tensor, ...]:
+                    num_dst: int) -> Tuple[Tensor, ...]:
     """``(rowptr, col, eid, rows)`` of the destination-sorted CSR, then of the source-sorted CSC,
     in ``src``'s dtype, from the stable sort ``(sorted_keys, perm)`` of ``cat([dst, src +
-    num_dst])``. ``interpreted``: Triton's interpreter runs it (CPU tensors)."""
+    num_dst])``, on a GPU or through Triton's interpreter (see :func:`interpreting`)."""
     num_edges = src.numel()
     if dst.numel() != num_edges or sorted_keys.numel() != 2 * num_edges or perm.numel() != 2 * num_edges:
         raise ValueError(f"sorted_keys, perm: expected {2 * num_edges} entries (both directions of "
@@ -95,7 +96,7 @@ def csr_pair_arrays(sorted_keys: Tensor, perm: Tensor, src: Tensor, dst: Tensor,
     csr_rowptr, csc_rowptr, *edge_arrays = _allocate([num_dst + 1, num_src + 1] + [num_edges] * 6, src)
     positions = max(2 * num_edges, num_src + num_dst + 1)
     search_steps = (2 * num_edges).bit_length() + 1
-    _kernel(interpreted)[(triton.cdiv(positions, BLOCK),)](
+    _kernel(interpreting())[(triton.cdiv(positions, BLOCK),)](
         sorted_keys, perm, src, dst, csr_rowptr, *edge_arrays[:3], csc_rowptr, *edge_arrays[3:],
         num_edges, num_src, num_dst, search_steps, BLOCK=BLOCK)
     return (csr_rowptr, *edge_arrays[:3], csc_rowptr, *edge_arrays[3:])

@@ -58,6 +58,6 @@ def test_structure_kernel_rejects_mismatched_sort(interpret):
     src = torch.tensor([0, 1], dtype=torch.int32)
     keys, perm = torch.sort(torch.tensor([1, 0, 2, 3], dtype=torch.int32), stable=True)
     with pytest.raises(ValueError, match="sorted_keys, perm"):
-        csr_pair.csr_pair_arrays(keys[:3], perm[:3], src, src, 2, 2, interpreted=True)
+        csr_pair.csr_pair_arrays(keys[:3], perm[:3], src, src, 2, 2)
     assert csr_pair.fits(2**29, 10, 10) and not csr_pair.fits(2**30, 10, 10)
     assert not csr_pair.fits(10, 2**30, 2**30)
