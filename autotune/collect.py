@@ -59,6 +59,7 @@ from pyg_ugrapher.parallel import ParallelInfo
 
 from .features import GpuInfo, case_columns, gpu_info
 from .heuristic import heuristic
+from .selection import BUSY_CYCLES
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,6 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 #: A gather of this many features or more holds a schedule's widest tile: the space is cut from it.
 _WIDEST = 512
 _FLUSH_BYTES = 256 << 20
-#: GPU clock cycles of busy-waiting queued before each timed call (~0.15 ms on an H100).
-_BUSY_CYCLES = 300_000
 #: Fraction of free device memory a case may plan to use.
 _MEMORY_FRACTION = 0.6
 #: Seconds between rewrites of a graph's file (each rewrite compresses all its rows again).
@@ -307,7 +306,7 @@ class Timer:
         self._flush.zero_()
         # Keep the GPU busy while Python launches the call: otherwise a call shorter than its own
         # launch overhead (tens of microseconds) is timed as that overhead and its jitter.
-        torch.cuda._sleep(_BUSY_CYCLES)
+        torch.cuda._sleep(BUSY_CYCLES)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()

@@ -195,7 +195,9 @@ def derive(columns: Mapping[str, Column]) -> np.ndarray:
     mean_steps = np.where(edge > 0, 1.0, np.ceil(np.maximum(block_longest, 1.0) / block_e))
     slots = np.where(edge > 0, blocks * block_e, blocks * block_v * mean_steps * block_e)
     waste = np.clip(1.0 - E / np.maximum(slots, 1.0), 0.0, 1.0)
-    atomics = np.where(edge > 0, 2 * blocks, np.where(group > 0, np.maximum(E / safe_group - rows, 0.0), 0.0))
+    # Message creation writes each output once; gathers combine run ends (edge) or split rows (group).
+    gathers = np.asarray(gather != "none", dtype=np.float64)
+    atomics = gathers * np.where(edge > 0, 2 * blocks, np.where(group > 0, np.maximum(E / safe_group - rows, 0.0), 0.0))
     tile = block_v * block_e * block_f
 
     values = {

@@ -16,11 +16,13 @@ rules come from sweeps on an H100 (``benchmarks/``):
 1. Triton's CPU interpreter pays per program and per loop step, not per element: the fewest,
    largest programs win: vertex-parallel with 64 rows side by side for gathers (its segmented scan
    makes edge-parallel slow there), edge-parallel with the largest tile for message creation.
-2. Message creation: vertex-parallel when a destination operand is read (it is loaded once per
-   row), no row is a hub and messages are wide; edge-parallel otherwise (contiguous output in the
-   user's order, no program serialised on a hub's edges: on the power-law probe graph the vertex
-   form was 3.8x slower for ``u_dot_v``; for GAT's 4-head scores it was 1.6x slower on a
-   uniform graph).
+2. Message creation of wide messages (32 features or more) that read a destination operand: it
+   is loaded once per row in CSR order, by vertex-parallel programs, or where a row is a hub by
+   neighbour groups of 128 edges, 16 side by side (one program per row serialises a hub: on the
+   power-law graph of 1.6e7 edges the vertex form took 2.8x / 4.2x the neighbour groups' time for
+   ``u_add_v`` at F = 128 / ``u_dot_v`` over 4 heads of 32, and edge-parallel 1.22x / 1.16x,
+   ``benchmarks/results/h100-group-message``). Otherwise edge-parallel (contiguous output in the
+   user's order; for GAT's per-head scalar scores the CSR-ordered forms were 4x slower).
 3. Gather on a skewed graph (the largest row holds over 8x the mean degree): neighbour groups of
    512 edges, 16 chunks side by side, 4 edges of each per step. Hubs split into balanced pieces
    and the many tiny rows share programs (the chunk table is ordered by length).
@@ -64,7 +66,9 @@ def heuristic(stats: GraphStats, op: OpInfo, width: int, on_gpu: bool) -> Parall
     skewed = rows.max > 8 * max(rows.mean, 1.0)
     if op.gather_op is None:
         block_f = min(tile_f, 64)
-        if "dst_v" in op.inputs and not skewed and width >= 32:
+        if "dst_v" in op.inputs and width >= 32:
+            if skewed:
+                return ParallelInfo("group", block_f=32, group_size=128, block_v=16, block_e=2, num_warps=4)
             return ParallelInfo("vertex", block_f=block_f, block_v=1, block_e=16, num_warps=4)
         return ParallelInfo("edge", block_f=block_f, block_e=64, num_warps=_warps(64 * block_f))
     if skewed:

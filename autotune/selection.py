@@ -71,6 +71,13 @@ REFINE_ROUNDS = 2
 REFINE_MS = 0.2
 #: Set to ``0`` to keep the model's picks unmeasured (reproducible schedules, no timing runs).
 MEASURE_ENV = "PYG_UGRAPHER_MEASURE"
+#: GPU clock cycles of busy-waiting queued before each timed call (~0.15 ms on an H100): longer
+#: than the host takes to queue one operator call.
+BUSY_CYCLES = 300_000
+#: XGBoost threads scoring a design space. On the H100 machine's 16-core host, scoring 468-734
+#: schedules took 1.7-2.4 ms on one thread, 0.75-1.16 ms on four (1.3-1.6 on this project's
+#: 2-core CPU with two); ``benchmarks/results/h100-group-message/host_select.txt``.
+PREDICT_THREADS = min(4, os.cpu_count() or 1)
 
 _CACHE: Dict[Tuple, ParallelInfo] = {}
 _MEASURED: Dict[Tuple, ParallelInfo] = {}
@@ -85,9 +92,9 @@ def model_path() -> Path:
 
 
 def load_booster(path: Optional[Path] = None):
-    """The XGBoost booster of ``path`` (default :func:`model_path`), loaded once and set to one
-    thread (scoring a few hundred rows is faster than waking a thread pool); ``None`` if there
-    is no such file or xgboost is not installed (with a warning)."""
+    """The XGBoost booster of ``path`` (default :func:`model_path`), loaded once and set to
+    :data:`PREDICT_THREADS` threads; ``None`` if there is no such file or xgboost is not installed
+    (with a warning)."""
     path = model_path() if path is None else Path(path)
     if path not in _BOOSTERS:
         if not path.exists():
@@ -102,7 +109,7 @@ def load_booster(path: Optional[Path] = None):
                           f"heuristic", RuntimeWarning, stacklevel=2)
             booster = None
         else:
-            booster.set_param({"nthread": 1})
+            booster.set_param({"nthread": PREDICT_THREADS})
         _BOOSTERS[path] = booster
     return _BOOSTERS[path]
 
@@ -246,11 +253,18 @@ def shortlist(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int, dt
 
 def _cuda_ms(run: Callable[[], object], repeats: int) -> float:
     """Median milliseconds of ``run`` on the current CUDA stream, after one untimed call (which
-    compiles its kernel)."""
+    compiles its kernel).
+
+    Each timed call is queued behind a GPU busy-wait of :data:`BUSY_CYCLES`, so the start event
+    fires after the host has queued the call: back to back, a call shorter than its host overhead
+    is timed as that overhead, and the fastest of a shortlist of such calls is noise (on the H100,
+    GAT's per-head ``u_add_v`` on a power-law 4e6-edge graph ran a 0.157 ms schedule where the
+    edge-parallel ones took 0.073 ms)."""
     run()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(repeats)]
     for start, end in events:
+        torch.cuda._sleep(BUSY_CYCLES)
         start.record()
         run()
         end.record()

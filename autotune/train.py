@@ -28,11 +28,13 @@ On the re-timed data (2026-11-25) the ranking still wins (60 trees each: ``rank`
 ``relative`` 1.090, ``log_time`` 1.082), and more trees pay off: 100 trees 1.050 and 85% (1.052
 and 84% with another fold assignment), 200 trees 1.047 and 85%; 31 leaves scored worse (100
 trees: 1.058, 150: 1.052), and a learning rate of 0.3, ``min_child_samples`` 10 or
-``colsample_bytree`` 0.7 changed nothing beyond the folds' spread. The model is kept small on
-purpose: :func:`autotune.select` scores the whole design space (700-800 schedules) per uncached
-call. On this project's 2-core CPU machine the features take 0.4 ms and XGBoost's predictor (one
-thread) about 12 us per tree, so a selection costs 1.2 ms with 60 trees and 1.5 ms with the 100
-shipped.
+``colsample_bytree`` 0.7 changed nothing beyond the folds' spread. After the message cases were
+timed again with neighbour-group schedules (fourteenth session) 100 trees scored 1.056 and 84%,
+150 trees 1.052 and 85%, 200 trees 1.050 and 86% (1.050 and 85% with another fold assignment):
+200 are shipped. The price is paid at selection: :func:`autotune.select` scores the whole design
+space (468-734 schedules) per uncached call, 2.1-2.7 ms with 200 trees on the H100 machine's
+host with four threads, 1.15-1.7 ms with 100 on another machine of the same session
+(``benchmarks/results/h100-group-message/host_select*.txt``).
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ RANK_CLIP = 3.0
 
 #: Hyperparameters of the shipped model (LightGBM names, see :class:`CostModel`); the objective
 #: follows the target (:data:`OBJECTIVE`).
-PARAMS: Dict[str, object] = {"n_estimators": 100, "learning_rate": 0.2, "num_leaves": 63, "max_depth": -1,
+PARAMS: Dict[str, object] = {"n_estimators": 200, "learning_rate": 0.2, "num_leaves": 63, "max_depth": -1,
                              "min_child_samples": 5, "subsample": 0.9, "colsample_bytree": 0.9,
                              "reg_lambda": 1.0}
 OBJECTIVE = {"log_time": "regression", "relative": "regression", "rank": "rank_pairwise"}

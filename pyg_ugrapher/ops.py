@@ -440,7 +440,7 @@ def _inherit(schedule: str, op: OpInfo, inputs: Sequence[Tensor]) -> str:
         return AUTO
     try:
         layout = infer_layout(op, [t.shape for t in inputs])
-        ParallelInfo.deserialize(schedule).validate_for(op.gather_op, layout.message_width)
+        ParallelInfo.deserialize(schedule).validate_for(layout.message_width)
     except ValueError:
         return AUTO
     return schedule
@@ -576,7 +576,7 @@ def compute(graph: Union[GraphTensor, Tensor], op: Union[OpInfo, str], lhs: Opti
     layout = _validate(graph, op, text, tensors)
     schedule = AUTO
     if parallel_info is not None:
-        parallel_info.validate_for(op.gather_op, layout.message_width)
+        parallel_info.validate_for(layout.message_width)
         schedule = parallel_info.serialize()
     notify(graph, op, tensors, layout, parallel_info)
     return differentiable_graph_op(graph.structure(tensors[0].device), tensors, text, schedule)

@@ -15,8 +15,9 @@ strategy       work of one program                                   knobs
                side by side; atomics only for rows split in chunks    ``block_f``, ``num_warps``, ``num_stages``
 =============  ====================================================  ==========================================
 
-Message creation (no gather op) has ``edge`` (user edge order) and ``vertex`` (CSR order, the
-destination row is loaded once per row) forms with the same knobs.
+Message creation (no gather op) has the same three strategies with the same knobs: ``edge`` in the
+user's edge order, ``vertex`` and ``group`` in CSR order (a destination row is loaded once per row
+or chunk); each message is written once, so none needs atomics.
 """
 from __future__ import annotations
 
@@ -97,15 +98,13 @@ class ParallelInfo:
         """The knobs of this strategy and their values."""
         return {name: getattr(self, name) for name in STRATEGY_KNOBS[self.strategy]}
 
-    def validate_for(self, gather_op: Optional[str], width: int) -> "ParallelInfo":
-        """Check this schedule against an operator (its gather op) and its output width.
+    def validate_for(self, width: int) -> "ParallelInfo":
+        """Check this schedule against an operator's output width (every strategy runs every
+        operator).
 
         ``width`` is the number of output features per row (for a reducing op such as ``dot``, the
         features summed per output, times the outputs). Returns ``self`` for chaining.
         """
-        if gather_op is None and self.strategy == "group":
-            raise ValueError("strategy: message creation (gather_op=None) runs under 'vertex' or "
-                             "'edge', not 'group'")
         limit = max(1, 1 << max(width - 1, 0).bit_length())
         if self.block_f > limit:
             raise ValueError(f"block_f: {self.block_f} exceeds the {width} features of this operator "

@@ -19,7 +19,7 @@ from pyg_ugrapher.ir import Expr, OpInfo
 from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
 
-from . import edge_message, edge_parallel, neighbor_group, vertex_message, vertex_parallel
+from . import edge_message, edge_parallel, group_message, neighbor_group, vertex_message, vertex_parallel
 from .codegen import GraphArrays, KernelSpec, edge_mode, head_tiling, interpreting, load_kernel
 from .launch import DirectKernel
 
@@ -30,6 +30,7 @@ TEMPLATES = {
     ("gather", "group"): neighbor_group,
     ("message", "vertex"): vertex_message,
     ("message", "edge"): edge_message,
+    ("message", "group"): group_message,
 }
 
 _INT32_LIMIT = 2**31 - 1
@@ -215,7 +216,7 @@ def run_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo,
     fused = fuse(gather, gather_layout, message, message_layout, gather_operands, message_operands)
     if fused is None:
         return None
-    info.validate_for(gather.gather_op, gather_layout.message_width)
+    info.validate_for(gather_layout.message_width)
     width = gather_layout.width
     mode = edge_mode(width, fused.edge_group, info.block_f)
     if mode is None:
@@ -282,7 +283,7 @@ def run(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tenso
     ``[rows, *layout.out_shape]`` (rows: destinations, or edges in the user's order for message
     creation) and dtype ``out_dtype`` (default: the operands' promoted dtype).
     """
-    info.validate_for(op.gather_op, layout.message_width)
+    info.validate_for(layout.message_width)
     return _launch(op, layout, graph, operands, info, out_dtype)
 
 
@@ -383,7 +384,7 @@ def prepare(op: OpInfo, layout: Layout, operands: Sequence[Tensor], info: Parall
     ``operands`` (same dtypes and feature shapes; rows are the graph's, on any graph); ``None``
     where each call must go through :func:`run`: non-contiguous operands, nothing to compute,
     offsets of these operands beyond int32."""
-    info.validate_for(op.gather_op, layout.message_width)
+    info.validate_for(layout.message_width)
     if layout.width == 0 or not all(t.is_contiguous() for t in operands) or _needs_wide(operands):
         return None
     template = template_for(op, info)

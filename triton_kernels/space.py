@@ -1,11 +1,11 @@
 """The design space: every schedule the cost model may choose for an operator.
 
 It is data, a list of :class:`~pyg_ugrapher.parallel.ParallelInfo`, filtered by what makes sense
-for the operator: message creation has no ``group`` form, feature tiles never exceed the
-operator's width, tiles stay within the register budget, and ``num_warps`` keeps between 8 and 32
-tile elements per thread (the range where the H100 probe found every winner). ``num_stages`` is
-fixed at 1: the edge loops load through computed indices, which Triton does not software-pipeline,
-and the probe measured no difference for 2.
+for the operator: message creation walks one row per vertex-parallel program, feature tiles
+never exceed the operator's width, tiles stay within the register budget, and ``num_warps`` keeps
+between 8 and 32 tile elements per thread (the range where the H100 probe found every winner).
+``num_stages`` is fixed at 1: the edge loops load through computed indices, which Triton does not
+software-pipeline, and the probe measured no difference for 2.
 """
 from __future__ import annotations
 
@@ -87,7 +87,8 @@ def neighbours(info: ParallelInfo, op: OpInfo, message_width: int) -> List[Paral
     """The valid schedules one knob step away from ``info``: one of its knobs (not ``num_stages``)
     doubled or halved, ``group_size`` four times larger or smaller. A measured search walks this
     way from the shortlist's winner; it may leave :func:`space`'s grid (a timed schedule needs no
-    model features), but not its limits on tiles and warps, nor its single-row message programs."""
+    model features), but not its limits on tiles and warps, nor its single-row vertex-parallel
+    message programs."""
     found: List[ParallelInfo] = []
     for knob, value in info.knobs.items():
         if knob == "num_stages":
@@ -95,13 +96,13 @@ def neighbours(info: ParallelInfo, op: OpInfo, message_width: int) -> List[Paral
         factor = 4 if knob == "group_size" else 2
         for stepped in (value * factor, value // factor):
             try:
-                candidate = info.with_knobs(**{knob: stepped}).validate_for(op.gather_op, message_width)
+                candidate = info.with_knobs(**{knob: stepped}).validate_for(message_width)
             except ValueError:
                 continue
             rows = candidate.block_v or 1
             limit = 2 * MAX_TILE if candidate.strategy == "edge" else MAX_TILE
             if candidate.num_warps <= NUM_WARPS[-1] and rows * candidate.block_e * candidate.block_f <= limit \
-                    and not (op.gather_op is None and rows > 1):
+                    and not (op.gather_op is None and candidate.strategy == "vertex" and rows > 1):
                 found.append(candidate)
     return found
 
@@ -125,8 +126,6 @@ def space(op: OpInfo, message_width: int) -> List[ParallelInfo]:
                 continue
             for warps in warps_for(block_e * block_f):
                 found.append(ParallelInfo("edge", block_f=block_f, block_e=block_e, num_warps=warps))
-        if message:
-            continue
         for group, block_v, block_e in itertools.product(GROUP_SIZE, GROUP_BLOCK_V, GROUP_BLOCK_E):
             tile = block_v * block_e * block_f
             if tile > MAX_TILE or tile < min(MIN_TILE, block_v * block_f):

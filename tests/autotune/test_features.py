@@ -59,6 +59,17 @@ def test_derived_counts(skewed):
         assert _column(matrix, "log_max_steps")[i] == pytest.approx(math.log2(steps + 1), rel=1e-5)
 
 
+def test_only_gathers_count_atomics(skewed):
+    """Message creation writes each output once under every strategy; a gather's edge-parallel
+    schedules combine run ends with atomics."""
+    stats = skewed.stats()
+    _, message = ft.case_features(stats, OpInfo.from_name("u_add_v"), 64, 1, torch.float32, GPU)
+    assert (_column(message, "log_atomics") == 0).all()
+    infos, gather = ft.case_features(stats, OpInfo.from_name("copy_u_sum"), 64, 1, torch.float32, GPU)
+    atomics = _column(gather, "log_atomics")
+    assert all(atomics[i] > 0 for i, info in enumerate(infos) if info.strategy == "edge")
+
+
 def test_reducing_op_tiles():
     """u_dot_v with C = 64 summed features per output: a 32-wide tile holds one output."""
     stats = GraphTensor.from_edge_index(uniform_graph(50, 200), 50).stats()

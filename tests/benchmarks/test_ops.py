@@ -148,7 +148,7 @@ def test_sweep_is_seeded_and_anchored():
     assert first == ops.sweep_configs("copy_u_sum", 128, 4)
     assert [p.strategy for p in first] == ["vertex"] * 4 + ["edge"] * 4 + ["group"] * 4
     assert first[0].block_v == 4 and first[0].block_e == 16 and first[0].block_f == 64
-    assert {p.strategy for p in ops.sweep_configs("u_add_v", 32, 2)} == {"vertex", "edge"}
+    assert {p.strategy for p in ops.sweep_configs("u_add_v", 32, 2)} == {"vertex", "edge", "group"}
 
 
 def test_max_rel_err():

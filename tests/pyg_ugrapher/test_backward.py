@@ -14,6 +14,7 @@ from pyg_ugrapher import reference
 import triton_kernels
 from pyg_ugrapher.backward import backward_table, derive, describe, on_reversed
 from pyg_ugrapher.ir import GATHER_OPS, OpInfo
+from pyg_ugrapher.parallel import STRATEGIES
 
 TARGETS = ("u", "v", "e")
 PAIRS = list(itertools.product(TARGETS, repeat=2))
@@ -22,10 +23,6 @@ NAMES = [f"copy_{t}_{g}" for g in GATHER_OPS for t in TARGETS] + \
     [f"copy_{t}" for t in TARGETS] + \
     [f"{a}_{op}_{b}" for a, b in PAIRS for op in ("add", "sub", "mul", "div", "dot")]
 README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def strategies(op: OpInfo):
-    return ("vertex", "edge", "group") if op.gather_op else ("vertex", "edge")
 
 
 def small_schedule(strategy: str, operands) -> ug.ParallelInfo:
@@ -52,7 +49,7 @@ def test_gradcheck(name, device, graph_factory, operand_factory, operand_shapes)
     """Every op, float64, one strategy each (cycling), through the kernels."""
     op = OpInfo.from_name(name)
     index = NAMES.index(name)
-    strategy = strategies(op)[index % len(strategies(op))]
+    strategy = STRATEGIES[index % len(STRATEGIES)]
     shapes = operand_shapes(op)
     graph = graph_factory("tiny")
     operands = [t.requires_grad_() for t in operand_factory(
@@ -66,7 +63,7 @@ PARITY_GATHER = ["copy_u_sum", "copy_e_mean", "copy_v_max", "u_mul_e_sum", "u_di
                  "v_add_u_min", "u_mul_v_max", "e_div_u_sum", "u_sub_e_min", "v_mul_e_mean", "e_add_e_max"]
 PARITY_MESSAGE = ["u_dot_v", "u_add_v", "e_div_u", "copy_e", "v_mul_e", "e_dot_e", "u_sub_u", "copy_u"]
 PARITY = [(s, n) for s in ("vertex", "edge", "group") for n in PARITY_GATHER] + \
-    [(s, n) for s in ("vertex", "edge") for n in PARITY_MESSAGE]
+    [(s, n) for s in ("vertex", "edge", "group") for n in PARITY_MESSAGE]
 
 
 @pytest.mark.parametrize("strategy,name", PARITY, ids=[f"{s}-{n}" for s, n in PARITY])
@@ -89,7 +86,7 @@ def test_gradient_parity(strategy, name, device, graph_factory, operand_factory,
 
 
 HALF = [("vertex", "u_mul_e_sum"), ("edge", "copy_u_max"), ("group", "u_add_v_mean"), ("vertex", "u_dot_v"),
-        ("edge", "e_mul_v")]
+        ("edge", "e_mul_v"), ("group", "u_dot_v")]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

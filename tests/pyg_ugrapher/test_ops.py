@@ -55,8 +55,6 @@ def test_observers_see_every_call(graph):
     (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w.to("meta")), ValueError, "rhs"),
     (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w[:, :3]), ValueError, "rhs"),
     (lambda g, x, w: ug.compute(g, "u_dot_v", x, x[:, :1]), ValueError, "rhs"),
-    (lambda g, x, w: ug.compute(g, "u_add_v", x, x, parallel_info=ug.ParallelInfo("group")), ValueError,
-     "strategy"),
     (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w, parallel_info=ug.ParallelInfo("edge", block_f=8)),
      ValueError, "block_f"),
     (lambda g, x, w: ug.compute(g, ug.OpInfo(ug.Expr.input(0), "sum", operands=("src_v",)), x), ValueError,

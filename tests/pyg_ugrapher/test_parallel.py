@@ -49,10 +49,8 @@ def test_validation_errors(kwargs, error, field):
 
 def test_validate_for():
     info = ParallelInfo("vertex", block_f=8)
-    assert info.validate_for("sum", 5) is info and info.validate_for(None, 8) is info
+    assert info.validate_for(5) is info and info.validate_for(8) is info
     with pytest.raises(ValueError, match="^block_f:"):
-        info.validate_for("sum", 4)
-    assert ParallelInfo("vertex", block_f=1).validate_for("sum", 0)
-    with pytest.raises(ValueError, match="^strategy:"):
-        ParallelInfo("group").validate_for(None, 64)
-    assert ParallelInfo("group", block_f=8).validate_for("max", 8)
+        info.validate_for(4)
+    assert ParallelInfo("vertex", block_f=1).validate_for(0)
+    assert ParallelInfo("group", block_f=8).validate_for(8)

@@ -18,10 +18,11 @@ def test_space_is_valid(name, width):
     found = space(op, width)
     assert found and len(set(found)) == len(found)
     for info in found:
-        assert info.validate_for(op.gather_op, width) is info
+        assert info.validate_for(width) is info
         assert (info.block_v or 1) * info.block_e * info.block_f <= 2 * MAX_TILE
-    strategies = {info.strategy for info in found}
-    assert strategies == ({"vertex", "edge", "group"} if op.gather_op else {"vertex", "edge"})
+    assert {info.strategy for info in found} == {"vertex", "edge", "group"}
+    if op.gather_op is None:  # a vertex-parallel message program walks one row
+        assert all(info.block_v == 1 for info in found if info.strategy == "vertex")
     assert {info.block_f for info in found} == set(feature_tiles(width))
 
 
@@ -48,7 +49,7 @@ def test_pair_schedules_hold_whole_sums_in_small_tiles(width, group):
         if info.strategy == "edge":
             assert pair == info
             continue
-        assert pair.strategy == info.strategy and pair.validate_for("sum", width) is pair
+        assert pair.strategy == info.strategy and pair.validate_for(width) is pair
         assert pair.block_v * pair.block_e * pair.block_f <= max(PAIR_TILE, 2 * pair.block_f)
         assert pair.block_f >= min(max(info.block_f, PAIR_BLOCK_F), 1 << max(width - 1, 0).bit_length())
         mode = edge_mode(width, group, pair.block_f)
@@ -67,14 +68,14 @@ def test_neighbours_differ_in_one_knob_by_one_step(name, width):
         found = neighbours(info, op, width)
         assert found and len(set(found)) == len(found) and info not in found
         for other in found:
-            assert other.strategy == info.strategy and other.validate_for(op.gather_op, width) is other
+            assert other.strategy == info.strategy and other.validate_for(width) is other
             changed = {k: (v, other.knobs[k]) for k, v in info.knobs.items() if other.knobs[k] != v}
             assert len(changed) == 1, (info, other)
             (knob, (before, after)), = changed.items()
             assert max(before, after) // min(before, after) == (4 if knob == "group_size" else 2)
             assert knob != "num_stages" and other.num_warps <= 8
             assert (other.block_v or 1) * other.block_e * other.block_f <= 2 * MAX_TILE
-            assert op.gather_op is not None or (other.block_v or 1) == 1
+            assert op.gather_op is not None or other.strategy != "vertex" or other.block_v == 1
 
 
 def test_neighbours_reach_off_grid_schedules_within_limits():

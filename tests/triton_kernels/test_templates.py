@@ -43,9 +43,12 @@ KNOBS = {
                             dict(block_v=2, block_e=16, block_f=2, num_warps=1)],
     ("message", "edge"): [dict(block_e=8, block_f=4), dict(block_e=32, block_f=8, num_warps=1),
                           dict(block_e=2, block_f=2)],
+    ("message", "group"): [dict(group_size=3, block_v=2, block_e=2, block_f=4),
+                           dict(group_size=8, block_v=4, block_e=4, block_f=8, num_warps=1),
+                           dict(group_size=128, block_v=1, block_e=16, block_f=2)],
 }
 MATRIX = [(strategy, name) for strategy in ("vertex", "edge", "group") for name in GATHER_NAMES] + \
-    [(strategy, name) for strategy in ("vertex", "edge") for name in MESSAGE_NAMES]
+    [(strategy, name) for strategy in ("vertex", "edge", "group") for name in MESSAGE_NAMES]
 
 
 def schedule(op: OpInfo, strategy: str, knobs: dict, operands) -> ug.ParallelInfo:
@@ -105,7 +108,7 @@ def test_every_graph_under_every_knob_set(kind, knobs, case, device, graph_facto
 HALF = [(strategy, name, dtype) for strategy in ("vertex", "edge", "group")
         for name in ("copy_u_sum", "u_mul_e_mean", "u_add_v_max", "e_div_u_min")
         for dtype in (torch.float16, torch.bfloat16)] + \
-    [(strategy, name, dtype) for strategy in ("vertex", "edge") for name in ("u_dot_v", "u_add_v", "e_mul_u")
+    [(strategy, name, dtype) for strategy in ("vertex", "edge", "group") for name in ("u_dot_v", "u_add_v", "e_mul_u")
      for dtype in (torch.float16, torch.bfloat16)]
 
 
@@ -134,7 +137,7 @@ def test_mixed_operand_dtypes(device, graph_factory, operand_factory, check_clos
 
 @pytest.mark.parametrize("strategy,name", [("vertex", "u_mul_e_sum"), ("edge", "copy_e_max"),
                                            ("group", "u_sub_v_mean"), ("group", "e_div_u_min"),
-                                           ("vertex", "u_dot_v"), ("edge", "e_add_v")])
+                                           ("vertex", "u_dot_v"), ("edge", "e_add_v"), ("group", "u_dot_v")])
 def test_int64_indices(strategy, name, device, graph_factory, operand_factory, check_close, isolated):
     """The int64 index path (what a graph past 2^31 edges uses), forced on a small graph."""
     graph = graph_factory("hub", index_dtype=torch.int64)
@@ -146,7 +149,8 @@ def test_int64_indices(strategy, name, device, graph_factory, operand_factory, c
 
 
 @pytest.mark.parametrize("strategy,name", [("vertex", "u_mul_e_sum"), ("edge", "e_sub_u_max"),
-                                           ("group", "u_div_v_mean"), ("vertex", "u_dot_v"), ("edge", "e_add_v")])
+                                           ("group", "u_div_v_mean"), ("vertex", "u_dot_v"), ("edge", "e_add_v"),
+                                           ("group", "u_sub_v")])
 def test_int64_offsets(strategy, name, monkeypatch, device, graph_factory, operand_factory, check_close,
                        isolated):
     """The int64 offset path (row x stride past 2^31), forced by lowering the limit."""
@@ -184,7 +188,7 @@ def test_narrow_and_strided_edge_operands(strategy, device, graph_factory, check
 
 
 @pytest.mark.parametrize("strategy,name", [("vertex", "u_mul_e_sum"), ("edge", "u_mul_e_max"),
-                                           ("group", "e_sub_v_mean"), ("vertex", "e_add_v")])
+                                           ("group", "e_sub_v_mean"), ("vertex", "e_add_v"), ("group", "e_mul_v")])
 def test_reused_narrow_edge_operand(strategy, name, graph_case, device, graph_factory, check_close, isolated,
                                     monkeypatch):
     """A narrow edge operand seen a second time is read in CSR order (permuted once): both reads
@@ -277,7 +281,7 @@ def _large_graphs(device):
 
 LARGE = [(strategy, name) for strategy in ("vertex", "edge", "group")
          for name in ("copy_u_sum", "u_mul_e_sum", "copy_u_max", "u_add_v_min", "e_div_v_mean")] + \
-    [(strategy, name) for strategy in ("vertex", "edge") for name in ("u_dot_v", "u_add_v")]
+    [(strategy, name) for strategy in ("vertex", "edge", "group") for name in ("u_dot_v", "u_add_v")]
 
 
 @pytest.mark.cuda
@@ -297,6 +301,7 @@ def test_large_graphs(strategy, name, device, operand_factory, check_close, isol
     ("vertex", "u_mul_e_sum", "vertex_parallel_sum_mul_u_e"),
     ("group", "copy_u_max", "neighbor_group_max_u"),
     ("edge", "u_dot_v", "edge_message_message_mul_u_v"),
+    ("group", "u_add_v", "group_message_message_add_u_v"),
 ])
 def test_kernels_are_named_after_what_they_compute(strategy, name, expected, device, graph_factory,
                                                    operand_factory, monkeypatch):
@@ -314,7 +319,7 @@ def test_kernels_are_named_after_what_they_compute(strategy, name, expected, dev
 
 HEAD_LAYOUTS = [(3, 4), (2, 8), (4, 3)]  # (H, C): tiles inside a head, of whole heads, or neither
 HEAD_OPS = [("vertex", "u_mul_e_sum"), ("edge", "u_mul_e_sum"), ("group", "e_sub_u_max"), ("vertex", "e_add_u"),
-            ("edge", "u_mul_e")]
+            ("edge", "u_mul_e"), ("group", "e_mul_v")]
 
 
 @pytest.mark.parametrize("strategy,name", HEAD_OPS)
