@@ -288,27 +288,42 @@ class Snippets:
             lines.append("ei = tl.load(eid_ptr + e, mask=emask, other=0)")
         return _indent(lines, indent)
 
+    def edge_loop(self, indent: int) -> str:
+        """The loop over the CSR positions ``e`` in ``[start, end)`` of the row(s), ``BLOCK_E`` per
+        step, masked by ``emask``. With two edge axes the rows (or chunks) of a block advance
+        together, for as many steps as the block's longest one needs."""
+        if self.edge_rank == 1:
+            lines = ["for e0 in range(start, end, BLOCK_E):",
+                     "    e = e0 + tl.arange(0, BLOCK_E)",
+                     "    emask = e < end"]
+        else:
+            lines = ["for step in range(0, tl.max(end - start, axis=0), BLOCK_E):",
+                     "    e = (start + step)[:, None] + tl.arange(0, BLOCK_E)[None, :]",
+                     "    emask = e < end[:, None]"]
+        return _indent(lines, indent)
+
+    def chunk_rows(self, indent: int) -> str:
+        """The ``BLOCK_V`` neighbour-group chunks of this program: ``live`` mask, row ``v`` and
+        first CSR position ``start`` of each (``chunk_row_ptr``, ``chunk_start_ptr``: the chunk
+        table of :func:`~pyg_ugrapher.graph.chunk_table`)."""
+        return _indent(["chunk = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)",
+                        "live = chunk < num_chunks",
+                        "v = tl.load(chunk_row_ptr + chunk, mask=live, other=0)",
+                        "start = tl.load(chunk_start_ptr + chunk, mask=live, other=0)"], indent)
+
     def row_reduction(self, indent: int) -> str:
-        """Reduce the CSR edges ``[start, end)`` of the row(s) ``v`` into ``res``.
+        """Reduce the CSR edges ``[start, end)`` of the row(s) ``v`` into ``res`` (the loop:
+        :meth:`edge_loop`).
 
         The accumulator has the full tile shape and is reduced over the edge axis once, after the
-        loop. With two edge axes the rows of a block advance together, for as many steps as the
-        block's longest row needs.
+        loop.
         """
         pad = " " * indent
         masked = f"tl.where({self.edge_axes('emask', 1)}, msg, {self.identity})"
-        if self.edge_rank == 1:
-            loop = [f"{pad}for e0 in range(start, end, BLOCK_E):",
-                    f"{pad}    e = e0 + tl.arange(0, BLOCK_E)",
-                    f"{pad}    emask = e < end"]
-        else:
-            loop = [f"{pad}for step in range(0, tl.max(end - start, axis=0), BLOCK_E):",
-                    f"{pad}    e = (start + step)[:, None] + tl.arange(0, BLOCK_E)[None, :]",
-                    f"{pad}    emask = e < end[:, None]"]
         return "\n".join([
             self.hoisted(indent),
             f"{pad}acc = tl.full([{self.edge_tile}, BLOCK_F], {self.identity}, {self.acc})",
-            *loop,
+            self.edge_loop(indent),
             self.csr_edge_loads(indent + 4),
             self.message(indent + 4),
             self.edge_output(indent + 4),

@@ -23,15 +23,10 @@ def {name}(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operan
            BLOCK_F: tl.constexpr, BLOCK_R: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < F
-    chunk = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
-    live = chunk < num_chunks
-    v = tl.load(chunk_row_ptr + chunk, mask=live, other=0)
-    start = tl.load(chunk_start_ptr + chunk, mask=live, other=0)
+{chunk_rows}
     end = tl.minimum(start + group_size, tl.load(rowptr_ptr + v + 1, mask=live, other=0))
 {hoisted}
-    for step in range(0, tl.max(end - start, axis=0), BLOCK_E):
-        e = (start + step)[:, None] + tl.arange(0, BLOCK_E)[None, :]
-        emask = e < end[:, None]
+{edge_loop}
 {edge_loads}
 {message}
         tl.store(out_ptr + {out_row}[:, :, None] * F + f[None, None, :], msg.to(out_ptr.dtype.element_ty),
@@ -44,7 +39,8 @@ ATOMIC = False
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
-    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params, hoisted=s.hoisted(4),
+    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
+                           chunk_rows=s.chunk_rows(4), hoisted=s.hoisted(4), edge_loop=s.edge_loop(4),
                            edge_loads=s.csr_edge_loads(8, need_eid=True), message=s.message(8),
                            out_row=s.row("ei"))
 

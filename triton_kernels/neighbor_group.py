@@ -23,10 +23,7 @@ def {name}(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operan
            BLOCK_F: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < F
-    chunk = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
-    live = chunk < num_chunks
-    v = tl.load(chunk_row_ptr + chunk, mask=live, other=0)
-    start = tl.load(chunk_start_ptr + chunk, mask=live, other=0)
+{chunk_rows}
     row_start = tl.load(rowptr_ptr + v, mask=live, other=0)
     row_end = tl.load(rowptr_ptr + v + 1, mask=live, other=0)
     end = tl.minimum(start + group_size, row_end)
@@ -46,7 +43,7 @@ ATOMIC = True
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
     return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
-                           row_reduction=s.row_reduction(4), finalize=s.finalize("degree[:, None]", 4),
+                           chunk_rows=s.chunk_rows(4), row_reduction=s.row_reduction(4), finalize=s.finalize("degree[:, None]", 4),
                            out_row=s.row("v"), atomic_fn=s.atomic_fn)
 
 

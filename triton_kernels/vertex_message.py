@@ -23,9 +23,7 @@ def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C
         start = tl.load(rowptr_ptr + v, mask=live, other=0)
         end = tl.load(rowptr_ptr + v + 1, mask=live, other=0)
 {hoisted}
-        for e0 in range(start, end, BLOCK_E):
-            e = e0 + tl.arange(0, BLOCK_E)
-            emask = e < end
+{edge_loop}
 {edge_loads}
 {message}
             tl.store(out_ptr + {out_row}[:, None] * F + f[None, :], msg.to(out_ptr.dtype.element_ty),
@@ -39,6 +37,7 @@ ATOMIC = False
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",))
     return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params, hoisted=s.hoisted(8),
+                           edge_loop=s.edge_loop(8),
                            edge_loads=s.csr_edge_loads(12, need_eid=True), message=s.message(12),
                            out_row=s.row("ei"))
 
