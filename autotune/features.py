@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Dict, List, Mapping, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -120,7 +120,7 @@ def case_columns(stats: GraphStats, op: OpInfo, F: int, reduce_size: int, dtype:
     columns: Dict[str, Union[str, float]] = dict(graph_columns(stats))
     columns.update(op_columns(op))
     columns.update({"F": float(F), "reduce_size": float(reduce_size),
-                    "itemsize": float(torch.empty((), dtype=dtype).element_size()),
+                    "itemsize": float(dtype.itemsize),
                     "sm_count": float(gpu.sm_count), "cc": float(gpu.cc)})
     return columns
 
@@ -134,12 +134,14 @@ def knob_columns(infos: List[ParallelInfo]) -> Dict[str, np.ndarray]:
 
 
 @lru_cache(maxsize=1024)
-def candidates(message: bool, F: int) -> Tuple[Tuple[ParallelInfo, ...], Dict[str, np.ndarray]]:
-    """The design space for message creation (``message``) or a gather at width ``F``, and its
-    knob columns; cached, since the space depends on nothing else."""
+def candidates(message: bool, F: int) -> Tuple[Tuple[ParallelInfo, ...], Dict[str, np.ndarray],
+                                               Dict[str, Column]]:
+    """The design space for message creation (``message``) or a gather at width ``F``, its knob
+    columns and their :func:`schedule_terms`; cached, since the space depends on nothing else."""
     op = OpInfo("copy_lhs", None if message else "sum", lhs="src_v")
     infos = tuple(space(op, F))
-    return infos, knob_columns(list(infos))
+    knobs = knob_columns(list(infos))
+    return infos, knobs, schedule_terms(knobs)
 
 
 def _log2(x: Column) -> Column:
@@ -150,24 +152,54 @@ def _next_pow2(x: Column) -> Column:
     return np.exp2(np.ceil(np.log2(np.maximum(x, 1.0))))
 
 
-def derive(columns: Mapping[str, Column]) -> np.ndarray:
+def schedule_terms(knobs: Mapping[str, Column]) -> Dict[str, Column]:
+    """What the knob columns of schedules determine alone: their strategy indicators, knobs with
+    the defaults the kernels apply, and the schedule-only features. :func:`candidates` keeps them
+    per design space, so a selection derives only what depends on the graph."""
+    strategy = knobs["strategy"]
+    vertex = np.asarray(strategy == "vertex", dtype=np.float64)
+    edge = np.asarray(strategy == "edge", dtype=np.float64)
+    group = np.asarray(strategy == "group", dtype=np.float64)
+    block_v = np.where(edge > 0, 1.0, np.maximum(knobs["block_v"], 1.0))
+    block_e, block_f, warps = knobs["block_e"], knobs["block_f"], knobs["num_warps"]
+    group_size = np.where(group > 0, np.maximum(knobs["group_size"], 1.0), 0.0)
+    tile = block_v * block_e * block_f
+    return {
+        "vertex": vertex, "edge": edge, "group": group, "block_v": block_v, "block_e": block_e,
+        "block_f": block_f, "group_size": group_size, "safe_group": np.maximum(group_size, 1.0),
+        "per_program": np.where(edge > 0, block_e, block_v),
+        "sqrt_2_ln_block_v": np.sqrt(2 * np.log(block_v)),
+        "s_vertex": vertex, "s_edge": edge, "s_group": group, "log_block_v": np.log2(block_v),
+        "log_block_e": np.log2(block_e), "log_block_f": np.log2(block_f),
+        "log_group_size": _log2(group_size), "log_num_warps": np.log2(warps), "log_tile": np.log2(tile),
+        "log_elems_per_thread": np.log2(tile / (32 * warps)),
+    }
+
+
+#: Features that are ``log2(1 + column)`` of a graph column.
+_LOGGED_GRAPH_COLUMNS = {"log_rows": "num_rows", "log_cols": "num_cols", "log_edges": "num_edges",
+                         "log_row_mean": "row_mean", "log_row_std": "row_std", "log_row_max": "row_max",
+                         "log_col_mean": "col_mean", "log_col_std": "col_std", "log_col_max": "col_max"}
+_SCHEDULE_FEATURES = ("s_vertex", "s_edge", "s_group", "log_block_v", "log_block_e", "log_block_f",
+                      "log_group_size", "log_num_warps", "log_tile", "log_elems_per_thread")
+
+
+def derive(columns: Mapping[str, Column], schedule: Optional[Mapping[str, Column]] = None) -> np.ndarray:
     """The model's ``float32`` matrix (:data:`FEATURES`) from base columns.
 
     Every value of ``columns`` is a scalar or an array of one common length ``n`` (the number of
     rows returned); ``gather`` and ``strategy`` hold names, every other column numbers.
+    ``schedule``: :func:`schedule_terms` of the knob columns, if already known.
     """
     c = columns
-    n = max((np.size(v) for v in c.values() if np.ndim(v) > 0), default=1)
+    s = schedule_terms(c) if schedule is None else schedule
+    n = max((v.size for v in c.values() if isinstance(v, np.ndarray) and v.ndim > 0), default=1)
     E, rows, F = c["num_edges"], c["num_rows"], c["F"]
     mean, std, dmax = c["row_mean"], c["row_std"], c["row_max"]
     gather = c["gather"]
-    strategy = c["strategy"]
-    vertex = np.asarray(strategy == "vertex", dtype=np.float64)
-    edge = np.asarray(strategy == "edge", dtype=np.float64)
-    group = np.asarray(strategy == "group", dtype=np.float64)
-    block_v = np.where(edge > 0, 1.0, np.maximum(c["block_v"], 1.0))
-    block_e, block_f, warps = c["block_e"], c["block_f"], c["num_warps"]
-    group_size = np.where(group > 0, np.maximum(c["group_size"], 1.0), 0.0)
+    edge, group = s["edge"], s["group"]
+    block_v, block_e, block_f = s["block_v"], s["block_e"], s["block_f"]
+    group_size, safe_group = s["group_size"], s["safe_group"]
     reduce_size = np.maximum(c["reduce_size"], 1.0)
     width = np.maximum(F / reduce_size, 1.0)
 
@@ -179,11 +211,9 @@ def derive(columns: Mapping[str, Column]) -> np.ndarray:
     lane_use = width / (feature_tiles * block_out)
 
     # Work items along the first grid axis and the edges each program walks.
-    safe_group = np.maximum(group_size, 1.0)
     chunks = rows + E / safe_group
     items = np.where(edge > 0, E, np.where(group > 0, chunks, rows))
-    per_program = np.where(edge > 0, block_e, block_v)
-    blocks = np.ceil(np.maximum(items, 1.0) / per_program)
+    blocks = np.ceil(np.maximum(items, 1.0) / s["per_program"])
     programs = blocks * feature_tiles
     longest = np.where(group > 0, np.minimum(dmax, safe_group), dmax)
     max_steps = np.where(edge > 0, 1.0, np.ceil(longest / block_e))
@@ -191,23 +221,22 @@ def derive(columns: Mapping[str, Column]) -> np.ndarray:
     # Neighbour-group chunks are sorted by length, so the chunks of a block are alike.
     chunk_mean = np.where(group > 0, E / np.maximum(chunks, 1.0), mean)
     chunk_std = np.where(group > 0, 0.0, std)
-    block_longest = np.minimum(chunk_mean + chunk_std * np.sqrt(2 * np.log(block_v)), longest)
+    block_longest = np.minimum(chunk_mean + chunk_std * s["sqrt_2_ln_block_v"], longest)
     mean_steps = np.where(edge > 0, 1.0, np.ceil(np.maximum(block_longest, 1.0) / block_e))
     slots = np.where(edge > 0, blocks * block_e, blocks * block_v * mean_steps * block_e)
     waste = np.clip(1.0 - E / np.maximum(slots, 1.0), 0.0, 1.0)
     # Message creation writes each output once; gathers combine run ends (edge) or split rows (group).
     gathers = np.asarray(gather != "none", dtype=np.float64)
     atomics = gathers * np.where(edge > 0, 2 * blocks, np.where(group > 0, np.maximum(E / safe_group - rows, 0.0), 0.0))
-    tile = block_v * block_e * block_f
 
+    # The graph's log-sizes in one pass: at selection they are scalars, and numpy's cost is per call.
+    logs = _log2(np.stack([np.asarray(c[column], dtype=np.float64) for column in _LOGGED_GRAPH_COLUMNS.values()]))
     values = {
-        "log_rows": _log2(rows), "log_cols": _log2(c["num_cols"]), "log_edges": _log2(E),
-        "log_row_mean": _log2(mean), "log_row_std": _log2(std), "log_row_max": _log2(dmax),
+        **dict(zip(_LOGGED_GRAPH_COLUMNS, logs)),
         "row_skew": np.arcsinh(c["row_skew"]), "row_top1": c["row_top1_fraction"],
         "row_isolated": c["row_isolated_fraction"],
         "log_row_max_over_mean": np.log2((dmax + 1.0) / (mean + 1.0)),
-        "log_col_mean": _log2(c["col_mean"]), "log_col_std": _log2(c["col_std"]),
-        "log_col_max": _log2(c["col_max"]), "col_skew": np.arcsinh(c["col_skew"]),
+        "col_skew": np.arcsinh(c["col_skew"]),
         "col_top1": c["col_top1_fraction"], "col_isolated": c["col_isolated_fraction"],
         "is_message": np.asarray(gather == "none", dtype=np.float64),
         "gather_sum": np.asarray(gather == "sum", dtype=np.float64),
@@ -218,20 +247,25 @@ def derive(columns: Mapping[str, Column]) -> np.ndarray:
         "log_reduce_size": np.log2(reduce_size), "log_out_width": np.log2(width),
         "itemsize": c["itemsize"], "sm_count": c["sm_count"], "cc": c["cc"],
         "log_work": _log2(E * F * c["itemsize"]),
-        "s_vertex": vertex, "s_edge": edge, "s_group": group, "log_block_v": np.log2(block_v),
-        "log_block_e": np.log2(block_e), "log_block_f": np.log2(block_f),
-        "log_group_size": _log2(group_size), "log_num_warps": np.log2(warps), "log_tile": np.log2(tile),
-        "log_elems_per_thread": np.log2(tile / (32 * warps)),
+        **{name: s[name] for name in _SCHEDULE_FEATURES},
         "feature_tiles": feature_tiles, "lane_use": lane_use, "log_programs": _log2(programs),
         "log_waves": np.log2(programs / np.maximum(c["sm_count"], 1.0) + 1.0),
         "log_items_per_program": _log2(E / blocks), "log_max_steps": _log2(max_steps),
         "log_mean_steps": _log2(mean_steps), "waste": waste, "log_atomics": _log2(atomics),
         "splits_rows": np.asarray((group > 0) & (dmax > group_size), dtype=np.float64),
     }
-    out = np.empty((n, len(FEATURES)), dtype=np.float32)
+    # Filled feature by feature (contiguous rows; the per-case scalars in one assignment), then
+    # laid out one candidate per row.
+    out = np.empty((len(FEATURES), n), dtype=np.float32)
+    per_case = []
     for index, name in enumerate(FEATURES):
-        out[:, index] = values[name]
-    return out
+        value = values[name]
+        if isinstance(value, np.ndarray) and value.ndim > 0:
+            out[index] = value
+        else:
+            per_case.append(index)
+    out[per_case] = np.array([values[FEATURES[index]] for index in per_case], dtype=np.float32)[:, None]
+    return np.ascontiguousarray(out.T)
 
 
 def frame_features(table) -> np.ndarray:
@@ -251,7 +285,7 @@ def frame_features(table) -> np.ndarray:
 def case_features(stats: GraphStats, op: OpInfo, F: int, reduce_size: int, dtype: torch.dtype,
                   gpu: GpuInfo) -> Tuple[Tuple[ParallelInfo, ...], np.ndarray]:
     """Every candidate of the design space for one case, and its feature matrix."""
-    infos, knobs = candidates(op.gather_op is None, F)
+    infos, knobs, schedule = candidates(op.gather_op is None, F)
     columns: Dict[str, Column] = dict(case_columns(stats, op, F, reduce_size, dtype, gpu))
     columns.update(knobs)
-    return infos, derive(columns)
+    return infos, derive(columns, schedule)

@@ -3,10 +3,13 @@
 On a CUDA device with a trained model (``autotune/models/h100.json``, or the file named by the
 environment variable ``PYG_UGRAPHER_MODEL``), every schedule of the design space is scored by the
 cost model and the lowest score wins (a predicted time, or the shipped ranking model's score,
-which grows with time): one feature matrix
-(:func:`autotune.features.case_features`, ~0.2 ms) and one ``inplace_predict`` of the preloaded
-booster. A GPU the model was not trained on uses it as it is (its SM count and compute capability
-are features). Graphs of up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per
+which grows with time): one feature matrix (:func:`autotune.features.case_features`, 0.27-0.40
+ms on the H100 machine's host) and one walk of the model's trees on the GPU itself
+(:mod:`autotune.forest`, 0.19-0.23 ms with the copies; XGBoost's ``inplace_predict`` on the host
+took 1.4-2.0 ms), so an uncached selection takes 0.6-1.0 ms
+(``benchmarks/results/h100-gpu-scoring``). XGBoost scores on the host where the forest cannot
+run: a model that does not convert, or a CUDA graph being captured. A GPU the model was not
+trained on uses it as it is (its SM count and compute capability are features). Graphs of up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per
 operator and width (:func:`autotune.heuristic.small_graph_schedule`); larger ones are scored by
 the model whatever their size. From :data:`MEASURE_EDGES` edges on, where one kernel takes about a
 millisecond, the model's shortlist is timed once on the call's own operands, the winner refined
@@ -29,6 +32,7 @@ import math
 import os
 import statistics
 import warnings
+import weakref
 from pathlib import Path
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 
@@ -41,6 +45,7 @@ from pyg_ugrapher.parallel import ParallelInfo
 from triton_kernels.space import neighbours
 
 from .features import GpuInfo, case_features, gpu_info
+from .forest import Forest
 from .heuristic import heuristic, small_graph_schedule
 
 #: The model shipped with the package.
@@ -74,21 +79,28 @@ MEASURE_ENV = "PYG_UGRAPHER_MEASURE"
 #: GPU clock cycles of busy-waiting queued before each timed call (~0.15 ms on an H100): longer
 #: than the host takes to queue one operator call.
 BUSY_CYCLES = 300_000
-#: XGBoost threads scoring a design space. On the H100 machine's 16-core host, scoring 468-734
-#: schedules took 1.7-2.4 ms on one thread, 0.75-1.16 ms on four (1.3-1.6 on this project's
-#: 2-core CPU with two); ``benchmarks/results/h100-group-message/host_select.txt``.
+#: XGBoost threads scoring a design space on the host (where the GPU forest does not run). On the
+#: H100 machine's 16-core host, the 200 shipped trees scored 468-734 schedules in 4.5-6.6 ms on
+#: one thread, 1.5-2.0 ms on four; ``benchmarks/results/h100-group-message/host_select_200.txt``.
 PREDICT_THREADS = min(4, os.cpu_count() or 1)
 
 _CACHE: Dict[Tuple, ParallelInfo] = {}
 _MEASURED: Dict[Tuple, ParallelInfo] = {}
 _BOOSTERS: Dict[Path, object] = {}
+_FORESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: Bumped by :func:`clear_cache`: callers that keep decisions of their own compare it.
 generation = 0
 
 
 def model_path() -> Path:
     """The model file :func:`select` uses: ``$PYG_UGRAPHER_MODEL`` or the shipped one."""
-    return Path(os.environ.get(MODEL_ENV) or DEFAULT_MODEL)
+    return _path(os.environ.get(MODEL_ENV) or str(DEFAULT_MODEL))
+
+
+@functools.lru_cache(maxsize=64)
+def _path(text: str) -> Path:
+    # Every uncached selection looks its model up: parsing the path each time cost ~15 us.
+    return Path(text)
 
 
 def load_booster(path: Optional[Path] = None):
@@ -120,19 +132,42 @@ def _gpu_booster(on_gpu: bool):
     return load_booster() if on_gpu and torch.cuda.is_available() else None
 
 
+def _forest(booster) -> Optional[Forest]:
+    """``booster``'s trees as a :class:`~autotune.forest.Forest`, converted once; ``None`` for a
+    model that does not convert (it is scored by XGBoost)."""
+    if booster not in _FORESTS:
+        try:
+            _FORESTS[booster] = Forest.from_booster(booster)
+        except ValueError:
+            _FORESTS[booster] = None
+    return _FORESTS[booster]
+
+
+def scores(booster, features: np.ndarray, device: Optional[Union[str, torch.device]] = None) -> np.ndarray:
+    """``booster``'s scores of the rows of ``features``: on the GPU of ``device`` (one kernel,
+    :mod:`autotune.forest`) if it is a CUDA device, no CUDA graph is being captured there and the
+    model converts; by XGBoost on the host otherwise."""
+    if device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available():
+        forest = _forest(booster)
+        if forest is not None and not torch.cuda.is_current_stream_capturing():
+            return forest.predict(features, torch.device(device))
+    return booster.inplace_predict(features, validate_features=False)
+
+
 def predict_best(booster, stats: GraphStats, op: OpInfo, F: int, reduce_size: int, dtype: torch.dtype,
-                 gpu: GpuInfo) -> ParallelInfo:
-    """The schedule of the design space with the lowest time ``booster`` predicts."""
+                 gpu: GpuInfo, device: Optional[Union[str, torch.device]] = None) -> ParallelInfo:
+    """The schedule of the design space with the lowest score ``booster`` predicts (computed on
+    ``device``, see :func:`scores`)."""
     infos, features = case_features(stats, op, F, reduce_size, dtype, gpu)
-    return infos[int(np.argmin(booster.inplace_predict(features, validate_features=False)))]
+    return infos[int(np.argmin(scores(booster, features, device)))]
 
 
 def predict_ranked(booster, stats: GraphStats, op: OpInfo, F: int, reduce_size: int, dtype: torch.dtype,
-                   gpu: GpuInfo) -> List[ParallelInfo]:
-    """The schedules of the design space by the time ``booster`` predicts, best first."""
+                   gpu: GpuInfo, device: Optional[Union[str, torch.device]] = None) -> List[ParallelInfo]:
+    """The schedules of the design space by the score ``booster`` predicts (computed on ``device``,
+    see :func:`scores`), best first."""
     infos, features = case_features(stats, op, F, reduce_size, dtype, gpu)
-    scores = booster.inplace_predict(features, validate_features=False)
-    return [infos[int(i)] for i in np.argsort(scores, kind="stable")]
+    return [infos[int(i)] for i in np.argsort(scores(booster, features, device), kind="stable")]
 
 
 def _octaves(value: float) -> float:
@@ -206,7 +241,7 @@ def select(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
         if booster is None:
             choice = heuristic(stats, op, F, on_gpu)
         else:
-            choice = predict_best(booster, stats, op, F, reduce_size, dtype, gpu_info(device))
+            choice = predict_best(booster, stats, op, F, reduce_size, dtype, gpu_info(device), device)
         _CACHE[key] = choice
     return choice
 
@@ -244,7 +279,7 @@ def shortlist(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int, dt
     booster = _gpu_booster(on_gpu)
     best_of_shape: Dict[Tuple[str, int], ParallelInfo] = {}
     if booster is not None:
-        for info in predict_ranked(booster, stats, op, F, reduce_size, dtype, gpu_info(device)):
+        for info in predict_ranked(booster, stats, op, F, reduce_size, dtype, gpu_info(device), device):
             best_of_shape.setdefault((info.strategy, info.block_v), info)
             if len(best_of_shape) == k:
                 break
@@ -347,4 +382,5 @@ def clear_cache() -> None:
     _CACHE.clear()
     _MEASURED.clear()
     _BOOSTERS.clear()
+    _FORESTS.clear()
     generation += 1

@@ -17,6 +17,9 @@ from pyg_ugrapher.parallel import ParallelInfo
 from triton_kernels.space import neighbours, space
 
 GPU = ft.GpuInfo("test-gpu", 132, 90)
+CUDA = torch.cuda.is_available()
+#: The conversion of a model to a GPU forest, before any test replaces it.
+CONVERT = selection._forest
 
 
 SMALL_GRAPH_EDGES = selection.SMALL_GRAPH_EDGES
@@ -25,8 +28,11 @@ SMALL_GRAPH_EDGES = selection.SMALL_GRAPH_EDGES
 @pytest.fixture(autouse=True)
 def fresh_cache(monkeypatch):
     """An empty decision cache; the test graphs are small, so the small-graph rule is off unless a
-    test turns it back on."""
+    test turns it back on. Without a GPU, the tests that pretend to have one score on the host
+    (XGBoost), as a model that does not convert to a GPU forest is."""
     monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", 0)
+    if not CUDA:
+        monkeypatch.setattr(selection, "_forest", lambda booster: None)
     selection.clear_cache()
     yield
     selection.clear_cache()
@@ -342,3 +348,48 @@ def test_measures_only_large_gpu_graphs(graphs, monkeypatch):
     monkeypatch.delenv(selection.MEASURE_ENV)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert not selection.measures(graph, "cuda")
+
+
+class _RecordingForest:
+    """Stands for a GPU forest: returns fixed scores and records the devices it scored on."""
+
+    def __init__(self):
+        self.devices = []
+
+    def predict(self, X, device):
+        self.devices.append(device)
+        return -np.arange(len(X), dtype=np.float32)
+
+
+def test_scores_run_on_the_gpu_forest_unless_capturing_or_on_a_cpu(model_file, monkeypatch):
+    booster = selection.load_booster(model_file)
+    forest = _RecordingForest()
+    monkeypatch.setattr(selection, "_forest", lambda b: forest if b is booster else None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    X = np.zeros((5, len(ft.FEATURES)), dtype=np.float32)
+    host = booster.inplace_predict(X, validate_features=False)
+
+    assert np.array_equal(selection.scores(booster, X, "cuda:0"), -np.arange(5))
+    assert forest.devices == [torch.device("cuda:0")]
+    capturing[0] = True
+    assert np.array_equal(selection.scores(booster, X, "cuda:0"), host)
+    capturing[0] = False
+    assert np.array_equal(selection.scores(booster, X, "cpu"), host)
+    assert np.array_equal(selection.scores(booster, X), host)
+    assert forest.devices == [torch.device("cuda:0")]
+
+
+class _RefusingForest:
+    @staticmethod
+    def from_booster(booster):
+        raise ValueError("not a plain sum of trees")
+
+
+def test_a_model_that_does_not_convert_is_scored_by_xgboost(model_file, monkeypatch):
+    booster = selection.load_booster(model_file)
+    monkeypatch.setattr(selection, "_forest", CONVERT)
+    monkeypatch.setattr(selection, "Forest", _RefusingForest)
+    assert selection._forest(booster) is None
+    assert booster in selection._FORESTS
