@@ -3,11 +3,11 @@
 On a CUDA device with a trained model (``autotune/models/h100.json``, or the file named by the
 environment variable ``PYG_UGRAPHER_MODEL``), every schedule of the design space is scored by the
 cost model and the lowest score wins (a predicted time, or the shipped ranking model's score,
-which grows with time): one feature matrix (:func:`autotune.features.case_features`, 0.27-0.40
-ms on the H100 machine's host) and one walk of the model's trees on the GPU itself
-(:mod:`autotune.forest`, 0.19-0.23 ms with the copies; XGBoost's ``inplace_predict`` on the host
-took 1.4-2.0 ms), so an uncached selection takes 0.6-1.0 ms
-(``benchmarks/results/h100-gpu-scoring``). XGBoost scores on the host where the forest cannot
+which grows with time): one feature matrix (:func:`autotune.features.case_features`, 0.15-0.40
+ms on the H100 machines' hosts) and one walk of the model's trees on the GPU itself
+(:mod:`autotune.forest`, 0.14-0.23 ms with the copies; XGBoost's ``inplace_predict`` on four host
+threads took 0.8-2.0 ms), so an uncached selection takes 0.40-0.65 ms on two hosts, 0.59-0.99 ms
+on a slower one (``benchmarks/results/h100-gpu-scoring``). XGBoost scores on the host where the forest cannot
 run: a model that does not convert, or a CUDA graph being captured. A GPU the model was not
 trained on uses it as it is (its SM count and compute capability are features). Graphs of up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per
 operator and width (:func:`autotune.heuristic.small_graph_schedule`); larger ones are scored by

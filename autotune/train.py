@@ -31,10 +31,10 @@ trees: 1.058, 150: 1.052), and a learning rate of 0.3, ``min_child_samples`` 10 
 ``colsample_bytree`` 0.7 changed nothing beyond the folds' spread. After the message cases were
 timed again with neighbour-group schedules (fourteenth session) 100 trees scored 1.056 and 84%,
 150 trees 1.052 and 85%, 200 trees 1.050 and 86% (1.050 and 85% with another fold assignment):
-200 are shipped. The price is paid at selection: :func:`autotune.select` scores the whole design
-space (468-734 schedules) per uncached call, 2.1-2.7 ms with 200 trees on the H100 machine's
-host with four threads, 1.15-1.7 ms with 100 on another machine of the same session
-(``benchmarks/results/h100-group-message/host_select*.txt``).
+200 are shipped (with the 1e8-edge graphs added in the fifteenth session: 1.043 and 86%, 1.052
+and 85% with another fold assignment). Scoring 200 trees at selection costs XGBoost 0.8-2.4 ms
+on four host threads; :func:`autotune.select` walks them on the GPU instead
+(:mod:`autotune.forest`, 0.14-0.23 ms; ``benchmarks/results/h100-gpu-scoring``).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import triton
 
-from .codegen import KernelSpec, Snippets, reduce_tiles
+from .codegen import WRITE_ONCE, KernelSpec, Snippets, reduce_tiles
 
 TEMPLATE = '''{header}
 
@@ -22,7 +22,7 @@ def {name}(src_ptr, dst_ptr, {operand_params}out_ptr, num_edges, F, C, R,
 {endpoint_loads}
 {message}
     tl.store(out_ptr + {out_row}[:, None] * F + f[None, :], msg.to(out_ptr.dtype.element_ty),
-             mask=emask[:, None] & fmask[None, :])
+             mask=emask[:, None] & fmask[None, :], {write_once})
 '''
 
 #: Every output element is written once.
@@ -36,7 +36,7 @@ def source(spec: KernelSpec) -> str:
         loads.append("    u = tl.load(src_ptr + ei, mask=emask, other=0)")
     if s.needs("dst_v"):
         loads.append("    v = tl.load(dst_ptr + ei, mask=emask, other=0)")
-    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
+    return TEMPLATE.format(header=s.header(), name=spec.name, write_once=WRITE_ONCE, operand_params=s.operand_params,
                            endpoint_loads="\n".join(loads) or "    pass", message=s.message(4),
                            out_row=s.row("ei"))
 

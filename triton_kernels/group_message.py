@@ -13,7 +13,7 @@ import triton
 
 from pyg_ugrapher.graph import chunk_table
 
-from .codegen import KernelSpec, Snippets, reduce_tiles
+from .codegen import WRITE_ONCE, KernelSpec, Snippets, reduce_tiles
 
 TEMPLATE = '''{header}
 
@@ -30,7 +30,7 @@ def {name}(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operan
 {edge_loads}
 {message}
         tl.store(out_ptr + {out_row}[:, :, None] * F + f[None, None, :], msg.to(out_ptr.dtype.element_ty),
-                 mask=emask[:, :, None] & fmask[None, None, :])
+                 mask=emask[:, :, None] & fmask[None, None, :], {write_once})
 '''
 
 #: Every output element is written once.
@@ -39,7 +39,7 @@ ATOMIC = False
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
-    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
+    return TEMPLATE.format(header=s.header(), name=spec.name, write_once=WRITE_ONCE, operand_params=s.operand_params,
                            chunk_rows=s.chunk_rows(4), hoisted=s.hoisted(4), edge_loop=s.edge_loop(4),
                            edge_loads=s.csr_edge_loads(8, need_eid=True), message=s.message(8),
                            out_row=s.row("ei"))

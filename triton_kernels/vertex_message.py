@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import triton
 
-from .codegen import KernelSpec, Snippets, reduce_tiles
+from .codegen import WRITE_ONCE, KernelSpec, Snippets, reduce_tiles
 
 TEMPLATE = '''{header}
 
@@ -27,7 +27,7 @@ def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C
 {edge_loads}
 {message}
             tl.store(out_ptr + {out_row}[:, None] * F + f[None, :], msg.to(out_ptr.dtype.element_ty),
-                     mask=emask[:, None] & fmask[None, :])
+                     mask=emask[:, None] & fmask[None, :], {write_once})
 '''
 
 #: Every output element is written once.
@@ -36,7 +36,7 @@ ATOMIC = False
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",))
-    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params, hoisted=s.hoisted(8),
+    return TEMPLATE.format(header=s.header(), name=spec.name, write_once=WRITE_ONCE, operand_params=s.operand_params, hoisted=s.hoisted(8),
                            edge_loop=s.edge_loop(8),
                            edge_loads=s.csr_edge_loads(12, need_eid=True), message=s.message(12),
                            out_row=s.row("ei"))
