@@ -27,8 +27,6 @@ from triton_kernels.tree_ensemble import tree_ensemble_scores
 #: XGBoost objectives whose prediction is the margin itself (no sigmoid, exponential, softmax).
 IDENTITY_OBJECTIVES = ("reg:squarederror", "reg:absoluteerror", "reg:pseudohubererror", "rank:pairwise",
                        "rank:ndcg", "rank:map")
-#: XGBoost's parent of a root node.
-_NO_PARENT = 2147483647
 
 
 def _depths(parents: np.ndarray, roots: np.ndarray) -> np.ndarray:
