@@ -533,7 +533,7 @@ def _run_case(graph_name: str, graph_family: str, graph: GraphTensor, case: OpCa
     configs = sample_configs(case.op, F, settings.configs, settings.seed)
     if chosen not in configs:
         configs.append(chosen)
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     skip_note = ""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)

@@ -153,8 +153,8 @@ def _next_pow2(x: Column) -> Column:
 
 
 def schedule_terms(knobs: Mapping[str, Column]) -> Dict[str, Column]:
-    """What the knob columns of schedules determine alone: their strategy indicators, knobs with
-    the defaults the kernels apply, and the schedule-only features. :func:`candidates` keeps them
+    """What the knob columns of schedules determine alone: knobs with the defaults the kernels
+    apply, and the schedule-only features (among them the strategy indicators ``s_*``). :func:`candidates` keeps them
     per design space, so a selection derives only what depends on the graph."""
     strategy = knobs["strategy"]
     vertex = np.asarray(strategy == "vertex", dtype=np.float64)
@@ -165,8 +165,8 @@ def schedule_terms(knobs: Mapping[str, Column]) -> Dict[str, Column]:
     group_size = np.where(group > 0, np.maximum(knobs["group_size"], 1.0), 0.0)
     tile = block_v * block_e * block_f
     return {
-        "vertex": vertex, "edge": edge, "group": group, "block_v": block_v, "block_e": block_e,
-        "block_f": block_f, "group_size": group_size, "safe_group": np.maximum(group_size, 1.0),
+        "block_v": block_v, "block_e": block_e, "block_f": block_f, "group_size": group_size,
+        "safe_group": np.maximum(group_size, 1.0),
         "per_program": np.where(edge > 0, block_e, block_v),
         "sqrt_2_ln_block_v": np.sqrt(2 * np.log(block_v)),
         "s_vertex": vertex, "s_edge": edge, "s_group": group, "log_block_v": np.log2(block_v),
@@ -197,7 +197,7 @@ def derive(columns: Mapping[str, Column], schedule: Optional[Mapping[str, Column
     E, rows, F = c["num_edges"], c["num_rows"], c["F"]
     mean, std, dmax = c["row_mean"], c["row_std"], c["row_max"]
     gather = c["gather"]
-    edge, group = s["edge"], s["group"]
+    edge, group = s["s_edge"], s["s_group"]
     block_v, block_e, block_f = s["block_v"], s["block_e"], s["block_f"]
     group_size, safe_group = s["group_size"], s["safe_group"]
     reduce_size = np.maximum(c["reduce_size"], 1.0)

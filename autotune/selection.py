@@ -7,11 +7,12 @@ which grows with time): one feature matrix (:func:`autotune.features.case_featur
 ms on the H100 machines' hosts) and one walk of the model's trees on the GPU itself
 (:mod:`autotune.forest`, 0.14-0.23 ms with the copies; XGBoost's ``inplace_predict`` on four host
 threads took 0.8-2.0 ms), so an uncached selection takes 0.40-0.65 ms on two hosts, 0.59-0.99 ms
-on a slower one (``benchmarks/results/h100-gpu-scoring``). XGBoost scores on the host where the forest cannot
-run: a model that does not convert, or a CUDA graph being captured. A GPU the model was not
-trained on uses it as it is (its SM count and compute capability are features). Graphs of up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per
-operator and width (:func:`autotune.heuristic.small_graph_schedule`); larger ones are scored by
-the model whatever their size. From :data:`MEASURE_EDGES` edges on, where one kernel takes about a
+on a slower one (``benchmarks/results/h100-gpu-scoring``). XGBoost scores on the host where the
+forest cannot run: a model that does not convert, or a CUDA graph being captured. A GPU the model
+was not trained on uses it as it is (its SM count and compute capability are features). Graphs of
+up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per operator and width
+(:func:`autotune.heuristic.small_graph_schedule`); larger ones are scored by the model whatever
+their size. From :data:`MEASURE_EDGES` edges on, where one kernel takes about a
 millisecond, the model's shortlist is timed once on the call's own operands, the winner refined
 through its one-knob neighbours, and the fastest wins (:func:`select_measured`; off with
 ``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a CPU, where kernels
@@ -147,10 +148,11 @@ def scores(booster, features: np.ndarray, device: Optional[Union[str, torch.devi
     """``booster``'s scores of the rows of ``features``: on the GPU of ``device`` (one kernel,
     :mod:`autotune.forest`) if it is a CUDA device, no CUDA graph is being captured there and the
     model converts; by XGBoost on the host otherwise."""
-    if device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available():
+    device = None if device is None else torch.device(device)
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
         forest = _forest(booster)
         if forest is not None and not torch.cuda.is_current_stream_capturing():
-            return forest.predict(features, torch.device(device))
+            return forest.predict(features, device)
     return booster.inplace_predict(features, validate_features=False)
 
 

@@ -43,7 +43,8 @@ ATOMIC = True
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
     return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
-                           chunk_rows=s.chunk_rows(4), row_reduction=s.row_reduction(4), finalize=s.finalize("degree[:, None]", 4),
+                           chunk_rows=s.chunk_rows(4), row_reduction=s.row_reduction(4),
+                           finalize=s.finalize("degree[:, None]", 4),
                            out_row=s.row("v"), atomic_fn=s.atomic_fn)
 
 

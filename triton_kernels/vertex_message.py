@@ -36,8 +36,8 @@ ATOMIC = False
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",))
-    return TEMPLATE.format(header=s.header(), name=spec.name, write_once=WRITE_ONCE, operand_params=s.operand_params, hoisted=s.hoisted(8),
-                           edge_loop=s.edge_loop(8),
+    return TEMPLATE.format(header=s.header(), name=spec.name, write_once=WRITE_ONCE, operand_params=s.operand_params,
+                           hoisted=s.hoisted(8), edge_loop=s.edge_loop(8),
                            edge_loads=s.csr_edge_loads(12, need_eid=True), message=s.message(12),
                            out_row=s.row("ei"))
 
