@@ -149,6 +149,17 @@ def chunk_table(csr: CSR, group_size: int) -> Tuple[Tensor, Tensor]:
     many tiny rows share programs instead of idling next to full chunks. Cached per structure
     and group size.
     """
+    return _chunks(csr, group_size)[0]
+
+
+def split_rows(csr: CSR, group_size: int) -> Tensor:
+    """The rows of more than ``group_size`` edges (int64, ascending): those :func:`chunk_table`
+    splits into several chunks, the only rows whose partial results a neighbour-group kernel
+    combines with atomics. Cached with the chunk table."""
+    return _chunks(csr, group_size)[1]
+
+
+def _chunks(csr: CSR, group_size: int) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
     if group_size < 1:
         raise ValueError(f"group_size: must be positive, got {group_size}")
     cache = derived_cache(csr.rowptr)
@@ -157,7 +168,9 @@ def chunk_table(csr: CSR, group_size: int) -> Tuple[Tensor, Tensor]:
         rowptr = csr.rowptr.to(torch.int64)
         degree = rowptr[1:] - rowptr[:-1]
         counts = torch.clamp((degree + group_size - 1) // group_size, min=1)
-        total = int(counts.sum()) if counts.numel() else 0
+        split = counts > 1
+        # One host sync for both sizes: a mini-batch graph pays it once per group size.
+        total, num_split = torch.stack([counts.sum(), split.sum()]).tolist() if counts.numel() else (0, 0)
         rows = torch.repeat_interleave(torch.arange(csr.num_rows, device=csr.device), counts,
                                        output_size=total)
         first = torch.cumsum(counts, 0) - counts
@@ -165,7 +178,8 @@ def chunk_table(csr: CSR, group_size: int) -> Tuple[Tensor, Tensor]:
         start = rowptr[:-1][rows] + within * group_size
         length = torch.minimum(rowptr[1:][rows] - start, torch.full_like(start, group_size))
         order = torch.argsort(length, descending=True, stable=True)
-        cache[key] = (rows[order].to(csr.rowptr.dtype), start[order].to(csr.rowptr.dtype))
+        cache[key] = ((rows[order].to(csr.rowptr.dtype), start[order].to(csr.rowptr.dtype)),
+                      torch.nonzero_static(split, size=num_split).view(-1))
     return cache[key]
 
 
@@ -531,6 +545,6 @@ def as_graph(graph: Union["GraphTensor", Tensor], num_nodes: NumNodes = None) ->
     return GraphTensor.from_edge_index(graph, num_nodes)
 
 
-__all__: Sequence[str] = ["GraphTensor", "CSR", "GraphStats", "DegreeStats", "chunk_table",
+__all__: Sequence[str] = ["GraphTensor", "CSR", "GraphStats", "DegreeStats", "chunk_table", "split_rows",
                           "csr_stats", "derived_cache", "build_csr", "build_csr_pair", "index_dtype_for",
                           "as_graph"]

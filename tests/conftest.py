@@ -373,32 +373,18 @@ def check_refereed() -> Callable[..., None]:
 
 @pytest.fixture
 def poison(monkeypatch) -> None:
-    """Fill every kernel output that the kernel must write in full with NaN before the launch.
+    """Fill every kernel output element that the kernel must write with NaN before the launch.
 
     :func:`triton_kernels.dispatch.run` (and ``run_with_edge_output``, for its edge output too)
-    allocates outputs itself: uninitialised (``torch.empty``)
-    for templates that write each element once, initialised for the atomic ones (their partial
-    results accumulate into it). Poisoning the former turns any element a kernel forgets into a
-    NaN the comparison catches.
+    allocates outputs itself: uninitialised (``dispatch._uninitialised``) where the kernel writes
+    each element once, initialised where partial results accumulate through atomics (all rows
+    for edge-parallel schedules, only the rows split into several chunks for neighbour groups).
+    Poisoning the former turns any element a kernel forgets into a NaN the comparison catches.
     """
-    allocate = dispatch._allocate
+    def poisoned(shape, dtype, device):
+        return torch.full(shape, math.nan, dtype=dtype, device=device)
 
-    def poisoned(op, graph, template, rows, width, out_dtype):
-        out = allocate(op, graph, template, rows, width, out_dtype)
-        if not template.ATOMIC:
-            out.fill_(math.nan)
-        return out
-
-    allocate_edge_output = dispatch._allocate_edge_output
-
-    def poisoned_edge_output(num_edges, width, dtype, atomic, device):
-        out = allocate_edge_output(num_edges, width, dtype, atomic, device)
-        if not atomic:
-            out.fill_(math.nan)
-        return out
-
-    monkeypatch.setattr(dispatch, "_allocate", poisoned)
-    monkeypatch.setattr(dispatch, "_allocate_edge_output", poisoned_edge_output)
+    monkeypatch.setattr(dispatch, "_uninitialised", poisoned)
 
 
 def isolated_rows(graph: ug.GraphTensor) -> torch.Tensor:

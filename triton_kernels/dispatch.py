@@ -308,7 +308,7 @@ def _launch(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[T
     device = graph.csr.device
     if rows == 0 or width == 0:
         return torch.zeros(shape, dtype=out_dtype, device=device)
-    out = _allocate(op, graph, template, rows, width, out_dtype)
+    out = _allocate(op, graph, template, info, rows, width, out_dtype)
     if graph.csr.num_edges or (op.gather_op and not template.ATOMIC):
         acc64 = any(t.dtype == torch.float64 for t in flat)
         extra = [] if edge_out is None else [edge_out]
@@ -373,7 +373,7 @@ class Plan:
                 return None
             for t in edge_operands:  # first seen now: marked, so that a call that brings it back permutes it
                 is_reused(t, csr.eid)
-        out = _allocate(self.op, graph, self.template, rows, width, self.out_dtype)
+        out = _allocate(self.op, graph, self.template, self.info, rows, width, self.out_dtype)
         self.template.launch(self.kernel, graph, _tensor_args(operands), out, width, self.layout, self.info)
         return _result(out, self.out_dtype, (rows,) + self.layout.out_shape)
 
@@ -400,24 +400,35 @@ def _atomic_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def _uninitialised(shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An output whose every element the kernel writes (the tests fill it with NaN instead)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _allocate_edge_output(num_edges: int, width: int, dtype: torch.dtype, atomic: bool,
                           device: torch.device) -> Tensor:
     if not atomic:
-        return torch.empty((num_edges, width), dtype=dtype, device=device)
+        return _uninitialised((num_edges, width), dtype, device)
     return torch.zeros((num_edges, width), dtype=_atomic_dtype(dtype), device=device)
 
 
-def _allocate(op: OpInfo, graph: GraphArrays, template, rows: int, width: int,
+def _allocate(op: OpInfo, graph: GraphArrays, template, info: ParallelInfo, rows: int, width: int,
               out_dtype: torch.dtype) -> Tensor:
     device = graph.csr.device
     if not template.ATOMIC:
-        return torch.empty((rows, width), dtype=out_dtype, device=device)
+        return _uninitialised((rows, width), out_dtype, device)
     dtype = _atomic_dtype(out_dtype)
+    identity = _IDENTITY.get(op.gather_op, 0.0)
+    combined = template.atomic_rows(graph, info) if graph.csr.num_edges else None
+    if combined is not None:
+        # Only rows whose partial results meet through atomics start from the identity; the kernel
+        # stores every other row once. Zeroing all of a 1e6 x 128 output cost ~0.17 ms on the H100.
+        return _uninitialised((rows, width), dtype, device).index_fill_(0, combined, identity)
     if op.gather_op not in _IDENTITY:
         return torch.zeros((rows, width), dtype=dtype, device=device)
     rowptr = graph.csr.rowptr
     has_edges = (rowptr[1:] - rowptr[:-1]) > 0
-    init = torch.where(has_edges, _IDENTITY[op.gather_op], 0.0).to(dtype)
+    init = torch.where(has_edges, identity, 0.0).to(dtype)
     return init[:, None].expand(rows, width).contiguous()
 
 

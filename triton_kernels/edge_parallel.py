@@ -50,6 +50,12 @@ def {name}(rows_ptr, col_ptr, eid_ptr, rowptr_ptr, {operand_params}out_ptr, num_
 ATOMIC = True
 
 
+def atomic_rows(graph, info) -> None:
+    """``None``: every output row is initialised, since any row's run may cross a block boundary
+    and rows without edges are never visited."""
+    return None
+
+
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec)
     return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,

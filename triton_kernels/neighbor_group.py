@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import triton
 
-from pyg_ugrapher.graph import chunk_table
+from pyg_ugrapher.graph import chunk_table, split_rows
 
 from .codegen import KernelSpec, Snippets
 
@@ -38,6 +38,11 @@ def {name}(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operan
 
 #: Split rows are combined with atomics into an initialised output.
 ATOMIC = True
+
+
+def atomic_rows(graph, info):
+    """The output rows to initialise: only rows split into several chunks take atomics."""
+    return split_rows(graph.csr, info.group_size)
 
 
 def source(spec: KernelSpec) -> str:

@@ -11,7 +11,7 @@ from torch_geometric.data import Data
 import pyg_ugrapher as ug
 from pyg_ugrapher import reference
 from pyg_ugrapher import graph as graph_module
-from pyg_ugrapher.graph import GraphTensor, index_dtype_for
+from pyg_ugrapher.graph import GraphTensor, index_dtype_for, split_rows
 
 
 def _edge_set(src, dst):
@@ -190,6 +190,20 @@ def test_chunk_table(graph_factory):
     assert torch.all(lengths[1:] <= lengths[:-1]) and lengths.max() <= 4
     with pytest.raises(ValueError, match="^group_size:"):
         g.chunks(0)
+
+
+@pytest.mark.parametrize("case", ["hub", "empty", "isolated", "mixed"])
+@pytest.mark.parametrize("group_size", [1, 4, 1000])
+def test_split_rows(case, group_size, graph_factory):
+    g = graph_factory(case)
+    csr = g.csr()
+    degree = csr.rowptr[1:].long() - csr.rowptr[:-1].long()
+    split = split_rows(csr, group_size)
+    assert split.dtype == torch.int64
+    assert torch.equal(split, torch.nonzero(degree > group_size).view(-1))
+    rows, _ = g.chunks(group_size)
+    assert torch.equal(torch.bincount(rows.long(), minlength=g.num_dst)[split] > 1,
+                       torch.ones_like(split, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("method", ["rcm", "degree"])

@@ -9,6 +9,8 @@ and a hub of 10^5 edges.
 """
 import itertools
 
+import math
+
 import pytest
 import torch
 
@@ -265,6 +267,21 @@ def test_poison_catches_unwritten_outputs(monkeypatch, device, graph_factory, op
     out = ug.compute(graph, op, *operand_factory(graph, op, device=device),
                      parallel_info=ug.ParallelInfo("vertex", block_f=8))
     assert torch.isnan(out).all()
+
+
+@pytest.mark.parametrize("name,identity", [("copy_u_sum", 0.0), ("copy_u_max", -math.inf)])
+def test_group_initialises_only_split_rows(name, identity, monkeypatch, device, graph_factory, operand_factory):
+    """Neighbour groups initialise only the rows split into several chunks (their partial results
+    meet through atomics): every other row is the kernel's to store, so the poison reaches it."""
+    graph = graph_factory("hub")
+    op = OpInfo.from_name(name)
+    monkeypatch.setattr(dispatch.TEMPLATES[("gather", "group")], "launch", lambda *args, **kwargs: None)
+    out = ug.compute(graph, op, *operand_factory(graph, op, device=device),
+                     parallel_info=ug.ParallelInfo("group", group_size=4, block_v=2, block_e=2, block_f=8))
+    split = torch.bincount(graph.dst, minlength=graph.num_dst).to(out.device) > 4
+    assert split.any() and not split.all()
+    assert torch.isnan(out[~split]).all()
+    assert (out[split] == identity).all()
 
 
 # -- large graphs, on the GPU only ---------------------------------------------------------------
