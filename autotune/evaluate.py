@@ -7,12 +7,15 @@ operator, ``F``, dtype, GPU) with measured schedules :math:`S`:
 .. math::
     \text{ratio}(c) = t_c / \min_{s \in S} t_s
 
-is reported for three choices :math:`c`, restricted to the measured schedules:
+is reported for four choices :math:`c`, restricted to the measured schedules:
 
 * ``model``: the schedule with the lowest predicted time (or ranking score);
 * ``static``: the one schedule that is best for the training graphs, per (message creation or
   gather, ``F``): the lowest geometric mean of the ratio over the training cases, among
   schedules measured in at least 90% of them;
+* ``single``: the same, one schedule per kind for every ``F`` (the issue's "single static
+  config"); message creation has none, since no schedule of its samples was measured at 90% of
+  the widths, so ``single`` covers the gathers;
 * ``heuristic``: :func:`autotune.heuristic.heuristic`'s choice (always measured by ``collect``).
 
 Summaries (``summary.csv``): the geometric mean of the ratio and the fraction of cases within
@@ -38,7 +41,7 @@ from .train import CASE, fit, target, usable
 
 log = logging.getLogger(__name__)
 
-METHODS = ("model", "static", "heuristic")
+METHODS = ("model", "static", "single", "heuristic")
 #: Bin edges of the best time of a case (ms) for :func:`by_size`.
 SIZE_BINS = (0.0, 0.02, 0.1, 0.5, 2.0, float("inf"))
 #: A static schedule must have been measured in this fraction of its training cases.
@@ -61,11 +64,13 @@ def _ratios(rows: pd.DataFrame) -> pd.Series:
     return rows["time_ms"] / rows.groupby("case")["time_ms"].transform("min")
 
 
-def static_choices(train: pd.DataFrame) -> Dict[tuple, str]:
-    """Per (message creation, F): the schedule with the best geometric-mean ratio over ``train``."""
+def static_choices(train: pd.DataFrame, by: Sequence[str] = ("message", "F")) -> Dict[tuple, str]:
+    """Per group of ``by`` (``message``: message creation or gather, and case columns such as
+    ``F``): the schedule with the best geometric-mean ratio over ``train``, among those measured
+    in :data:`_COVERAGE` of the group's cases."""
     train = train.assign(ratio=_ratios(train), message=train["gather"] == "none")
     choices = {}
-    for key, group in train.groupby(["message", "F"]):
+    for key, group in train.groupby(list(by)):
         cases = group["case"].nunique()
         stats = group.groupby("config")["ratio"].agg(logmean=lambda r: np.log(r).mean(), count="count")
         stats = stats[stats["count"] >= _COVERAGE * cases]
@@ -77,8 +82,8 @@ def static_choices(train: pd.DataFrame) -> Dict[tuple, str]:
 def cross_validate(table: pd.DataFrame, folds: int = 5, n_estimators: Optional[int] = None,
                    seed: int = 0, kind: str = "rank") -> pd.DataFrame:
     """Held-out predictions: the rows of ``table`` that were timed, with ``target`` and ``pred``
-    (the model's target ``kind`` and its held-out prediction) and ``static`` (this row is its
-    fold's static choice) columns."""
+    (the model's target ``kind`` and its held-out prediction), ``static`` and ``single`` (this
+    row is its fold's static choice per width, or for every width) columns."""
     rows = usable(table)
     rows["case"] = rows.groupby(CASE, sort=False).ngroup()
     rows["target"] = target(rows, kind)
@@ -86,15 +91,18 @@ def cross_validate(table: pd.DataFrame, folds: int = 5, n_estimators: Optional[i
     rows["fold"] = rows["graph"].map(fold_of)
     rows["pred"] = np.nan
     rows["static"] = False
+    rows["single"] = False
     for fold in range(folds):
         test = rows["fold"] == fold
         train = rows[~test]
         model = fit(train, n_estimators, seed, kind)
         rows.loc[test, "pred"] = model.predict(frame_features(rows[test]))
-        choices = static_choices(train)
-        keys = list(zip(rows.loc[test, "gather"] == "none", rows.loc[test, "F"]))
-        chosen = [choices.get(key) for key in keys]
-        rows.loc[test, "static"] = rows.loc[test, "config"].to_numpy() == np.array(chosen, dtype=object)
+        message = rows.loc[test, "gather"] == "none"
+        for method, by in (("static", ("message", "F")), ("single", ("message",))):
+            choices = static_choices(train, by)
+            keys = zip(message, rows.loc[test, "F"]) if len(by) == 2 else ((m,) for m in message)
+            chosen = np.array([choices.get(key) for key in keys], dtype=object)
+            rows.loc[test, method] = rows.loc[test, "config"].to_numpy() == chosen
         log.info("fold %d: %d test rows, %d train rows", fold, int(test.sum()), len(train))
     return rows
 
@@ -109,7 +117,8 @@ def case_table(rows: pd.DataFrame) -> pd.DataFrame:
     out["model"] = picked["ratio"]
     out["model_ms"] = picked["time_ms"]
     out["model_config"] = picked["config"]
-    for method, mask in (("static", rows["static"]), ("heuristic", rows["heuristic"] == 1)):
+    for method, mask in (("static", rows["static"]), ("single", rows["single"]),
+                         ("heuristic", rows["heuristic"] == 1)):
         out[method] = rows[mask].groupby("case")["ratio"].min()
     out["candidates"] = rows.groupby("case").size()
     return out.reset_index()

@@ -18,7 +18,7 @@ def test_evaluate_writes_tables_and_plots(collected, tmp_path, kind):
     table = read_table([collected])
     assert len(cases) == table.groupby(ev.CASE).ngroups == 2
     for method in ev.METHODS:
-        assert (cases[method] >= 1).all()
+        assert (cases[method].dropna() >= 1).all()
     # The model's ratio is the time of the row it picked over the case's best time.
     for _, case in cases.iterrows():
         rows = table[(table["graph"] == case["graph"]) & (table["op"] == case["op"])]
@@ -27,7 +27,7 @@ def test_evaluate_writes_tables_and_plots(collected, tmp_path, kind):
         assert case["model"] == pytest.approx(picked / rows["time_ms"].min())
         assert case["candidates"] == len(rows)
     assert list(summary.columns) == ["half", "method", "cases", "geomean", "within_10pct"]
-    assert len(summary) == 9
+    assert len(summary) == 3 * len(ev.METHODS)
     everything = summary[(summary["half"] == "all") & (summary["method"] == "model")].iloc[0]
     assert everything["geomean"] == pytest.approx(np.exp(np.log(cases["model"]).mean()))
     sizes = pd.read_csv(tmp_path / "sizes.csv")
@@ -36,12 +36,26 @@ def test_evaluate_writes_tables_and_plots(collected, tmp_path, kind):
 
 def test_by_size_bins_the_best_time():
     cases = pd.DataFrame({"best_ms": [0.01, 0.015, 0.3, 5.0], "model": [1.0, 1.44, 1.2, 1.05],
-                          "static": [2.0, 2.0, 1.0, np.nan], "heuristic": [1.0, 1.0, 1.0, 1.0]})
+                          "static": [2.0, 2.0, 1.0, np.nan], "single": [3.0, 2.0, 1.0, np.nan],
+                          "heuristic": [1.0, 1.0, 1.0, 1.0]})
     sizes = ev.by_size(cases).set_index("best_ms_from")
     assert list(sizes.index) == [0.0, 0.1, 2.0] and list(sizes["cases"]) == [2, 1, 1]
     assert sizes.loc[0.0, "model_geomean"] == pytest.approx(1.2)
     assert sizes.loc[0.0, "model_within_10pct"] == 0.5
     assert np.isnan(sizes.loc[2.0, "static_geomean"])
+    assert sizes.loc[0.0, "single_geomean"] == pytest.approx(6 ** 0.5)
+
+
+def test_static_choices_per_width_and_for_every_width():
+    """``static`` picks per (kind, F), ``single`` one schedule per kind: here "a" is best at F = 16
+    and "b" at F = 32, while "b" is best over both widths; "c" covers too few cases to be chosen."""
+    rows = []
+    for case, (F, times) in enumerate([(16, {"a": 1.0, "b": 1.2}), (16, {"a": 1.0, "b": 1.1, "c": 0.5}),
+                                       (32, {"a": 3.0, "b": 1.0}), (32, {"a": 2.0, "b": 1.0})]):
+        rows += [{"case": case, "gather": "sum", "F": F, "config": c, "time_ms": t} for c, t in times.items()]
+    train = pd.DataFrame(rows)
+    assert ev.static_choices(train) == {(False, 16): "a", (False, 32): "b"}
+    assert ev.static_choices(train, ("message",)) == {(False,): "b"}
 
 
 @pytest.mark.parametrize("kind,objective", [("rank", "rank_pairwise"), ("relative", "regression")])
