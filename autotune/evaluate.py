@@ -64,11 +64,16 @@ def _ratios(rows: pd.DataFrame) -> pd.Series:
     return rows["time_ms"] / rows.groupby("case")["time_ms"].transform("min")
 
 
+def _with_message(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with a ``message`` column: message creation (no gather) or not."""
+    return rows.assign(message=rows["gather"] == "none")
+
+
 def static_choices(train: pd.DataFrame, by: Sequence[str] = ("message", "F")) -> Dict[tuple, str]:
     """Per group of ``by`` (``message``: message creation or gather, and case columns such as
     ``F``): the schedule with the best geometric-mean ratio over ``train``, among those measured
     in :data:`_COVERAGE` of the group's cases."""
-    train = train.assign(ratio=_ratios(train), message=train["gather"] == "none")
+    train = _with_message(train).assign(ratio=_ratios(train))
     choices = {}
     for key, group in train.groupby(list(by)):
         cases = group["case"].nunique()
@@ -97,12 +102,11 @@ def cross_validate(table: pd.DataFrame, folds: int = 5, n_estimators: Optional[i
         train = rows[~test]
         model = fit(train, n_estimators, seed, kind)
         rows.loc[test, "pred"] = model.predict(frame_features(rows[test]))
-        message = rows.loc[test, "gather"] == "none"
+        held_out = _with_message(rows[test])
         for method, by in (("static", ("message", "F")), ("single", ("message",))):
             choices = static_choices(train, by)
-            keys = zip(message, rows.loc[test, "F"]) if len(by) == 2 else ((m,) for m in message)
-            chosen = np.array([choices.get(key) for key in keys], dtype=object)
-            rows.loc[test, method] = rows.loc[test, "config"].to_numpy() == chosen
+            chosen = np.array([choices.get(key) for key in zip(*(held_out[c] for c in by))], dtype=object)
+            rows.loc[test, method] = held_out["config"].to_numpy() == chosen
         log.info("fold %d: %d test rows, %d train rows", fold, int(test.sum()), len(train))
     return rows
 
