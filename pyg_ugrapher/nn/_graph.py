@@ -18,7 +18,10 @@ change), and the structure of a graph seen before is not rebuilt. Removing store
 (``GATConv``, ``GCNConv`` with mean, max or min aggregation) keeps a data-dependent number of
 edges: the fake implementation gives it as an unbacked size, which ``torch.compile`` traces with
 ``fullgraph=True`` and breaks the graph at otherwise. ``GCNConv``'s sums keep the stored loops
-at weight 0 instead (:func:`padded_looped_graph`): fixed sizes, no break.
+at weight 0 instead (:func:`padded_looped_graph`), and the other compiled layers point them to a
+spare destination row (:func:`spare_row_looped_graph`): fixed sizes, no break. Only
+``GATConv(return_attention_weights=True)``, which returns the looped index itself, still removes
+them when compiled.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric import EdgeIndex
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
+from torch_geometric.utils.loop import compute_loop_attr
 
 from .. import ops
 from ..graph import GraphTensor
@@ -175,6 +179,9 @@ class Graph(NamedTuple):
     tensor: Optional[GraphTensor]
     structure: Optional[List[Tensor]]
     num_edges: int
+    #: One destination row more than the layer's nodes (:func:`spare_row_looped_graph`): the layer
+    #: gives destination operands a spare row and drops the output's.
+    spare_row: bool = False
 
 
 class Looped(NamedTuple):
@@ -257,6 +264,63 @@ def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int)
     ids = lambda size: edge_index.new_empty(size, dtype=torch.long)  # noqa: E731
     return structure + [ids(num_kept), ids(num_loops_stored), ids(num_loops_stored),
                         ids((2, num_kept + num_loops))]
+
+
+def _spare_row_looped(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
+    index = plain_index(edge_index)
+    _, i = endpoints(flow)
+    routed = index.clone()
+    routed[i] = torch.where(index[0] == index[1], num_dst, index[i])
+    loops = torch.arange(num_loops, device=index.device).repeat(2, 1)
+    return graph_of(torch.cat([routed, loops], dim=1), flow, num_src, num_dst + 1)
+
+
+def _cached_spare_row(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
+    return derived(edge_index, ("spare_row", flow, num_src, num_dst, num_loops),
+                   lambda: _spare_row_looped(edge_index, flow, num_src, num_dst, num_loops))
+
+
+@torch.library.custom_op("pyg_ugrapher::spare_row_looped_graph", mutates_args=())
+def _spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int
+                            ) -> List[Tensor]:
+    """The structure arrays of :func:`spare_row_looped_graph`, from (or into) its cache."""
+    graph = _cached_spare_row(edge_index, flow, num_src, num_dst, num_loops)
+    return _unaliased(graph.structure(edge_index.device), edge_index)
+
+
+@_spare_row_looped_graph.register_fake
+def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
+    num_edges = edge_index.size(1) + num_loops
+    return _structure_like(edge_index, num_src, num_dst + 1, num_edges, num_edges)
+
+
+def spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Graph:
+    """:func:`looped_graph`'s graph with fixed sizes: ``E + num_loops`` edges into ``num_dst + 1``
+    destination rows. Each stored self loop keeps its place but points to the spare last row, the
+    other edges keep theirs, then come the loops of the nodes below ``num_loops``. Every real row
+    gathers exactly the edges it has in :func:`looped_graph`'s graph, in the same order, whatever
+    the gather; the caller gives destination operands a spare row and drops the output's
+    (:attr:`Graph.spare_row`).
+
+    For ``torch.compile``, which without ``fullgraph`` breaks the graph at an op whose output size
+    depends on the data (:func:`looped_graph`'s kept edges). Eager layers keep :func:`looped_graph`,
+    which needs no padded operands."""
+    if torch.compiler.is_compiling():
+        return Graph(None, _spare_row_looped_graph(edge_index, flow, num_src, num_dst, num_loops),
+                     edge_index.size(1) + num_loops, True)
+    graph = _cached_spare_row(edge_index, flow, num_src, num_dst, num_loops)
+    return Graph(graph, None, graph.num_edges, True)
+
+
+def spare_row_loop_attr(edge_index: Tensor, edge_attr: Tensor, num_loops: int, fill_value: object) -> Tensor:
+    """The edge features of :func:`spare_row_looped_graph`'s graph: ``edge_attr`` in place (a stored
+    loop's row is read by the spare row alone), then each added loop's, from ``fill_value`` as
+    PyG's ``add_self_loops`` computes them after ``remove_self_loops``: the stored loops scatter to
+    a spare slot, which is dropped."""
+    index = plain_index(edge_index)
+    routed = torch.stack([index[0], torch.where(index[0] == index[1], num_loops, index[1])])
+    loop_attr = compute_loop_attr(routed, edge_attr, num_loops + 1, False, fill_value)[:num_loops]
+    return torch.cat([edge_attr, loop_attr], dim=0)
 
 
 def graph_with_loops(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor:

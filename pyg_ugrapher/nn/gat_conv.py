@@ -15,7 +15,8 @@ from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._dense import add_bias
 from ._graph import (Graph, adjacency, check_eager, check_features, derived, edge_tensor, gather_op, graph_of,
-                     is_sparse, layer_op, looped_graph, named, node_sizes, op_text, run)
+                     is_sparse, layer_op, looped_graph, named, node_sizes, op_text, run, spare_row_loop_attr,
+                     spare_row_looped_graph)
 
 
 def exp_shifted() -> OpInfo:
@@ -83,6 +84,10 @@ class GATConv(MessagePassing):
        softmax is shift-invariant, as in PyG), ``p = exp(logit[e] - max[v])``, ``copy_e_sum``,
        then ``out[v] = sum x[u] * p[e] / s[v]`` as one fused gather op, or ``alpha = p / s[v]``
        (``e_div_v``), dropout and ``u_mul_e_sum`` where the coefficients are needed.
+
+    Stored self loops are replaced as PyG replaces them. Under ``torch.compile`` they point to a
+    spare destination row instead of being removed (:func:`~pyg_ugrapher.nn._graph.spare_row_looped_graph`),
+    so the graph's sizes depend on shapes alone and the layer compiles into one graph.
 
     Args:
         in_channels (int or tuple): Size of each input sample, or :obj:`-1` to derive it from the
@@ -248,9 +253,11 @@ class GATConv(MessagePassing):
                 alpha_dst, = self._attention_halves(x_dst, (self.att_dst,))
 
         num_src, num_dst = node_sizes(self, edge_index, size, x_src, x_dst)
-        graph, returned_index, edge_attr = self._graph(edge_index, edge_attr, size, num_src, num_dst,
-                                                       x_src.size(0) if x_dst is None else
-                                                       min(x_src.size(0), x_dst.size(0)))
+        graph, returned_index, edge_attr = self._graph(
+            edge_index, edge_attr, size, num_src, num_dst,
+            x_src.size(0) if x_dst is None else min(x_src.size(0), x_dst.size(0)), bool(return_attention_weights))
+        if graph.spare_row and alpha_dst is not None:
+            alpha_dst = F.pad(alpha_dst, (0, 0, 0, 1))
 
         operands = [alpha_src]
         kinds: Tuple[str, ...] = ("src_v",)
@@ -276,6 +283,8 @@ class GATConv(MessagePassing):
         else:
             logits = run(graph, score_op, score, operands)
             out, alpha = self._attend(graph, logits, x_src, return_attention_weights)
+        if graph.spare_row:
+            out = out[:-1]
 
         if self.concat:
             out = out.view(-1, H * C)
@@ -320,9 +329,10 @@ class GATConv(MessagePassing):
         return out, None
 
     def _graph(self, edge_index: Tensor, edge_attr: Optional[Tensor], size: Optional[Tuple[int, int]],
-               num_src: int, num_dst: int, num_loops: int) -> Tuple[Graph, Tensor, Optional[Tensor]]:
-        """The graph to attend over, the graph argument PyG would return with the coefficients,
-        and the edge features in the graph's edge order."""
+               num_src: int, num_dst: int, num_loops: int, return_attention_weights: bool
+               ) -> Tuple[Graph, Optional[Tensor], Optional[Tensor]]:
+        """The graph to attend over, the graph argument PyG would return with the coefficients
+        (``None`` where they are not returned), and the edge features in the graph's edge order."""
         if size is not None:
             num_loops = min(size)
         if is_sparse(edge_index):
@@ -341,6 +351,12 @@ class GATConv(MessagePassing):
         if not self.add_self_loops:
             graph, _ = adjacency(self, edge_index, num_src, num_dst)
             return graph, edge_index, edge_attr
+        if torch.compiler.is_compiling() and not return_attention_weights:
+            # Fixed sizes: one compiled graph without fullgraph, where the kept edges would break it.
+            graph = spare_row_looped_graph(edge_index, self.flow, num_src, num_dst, num_loops)
+            if edge_attr is not None:
+                edge_attr = spare_row_loop_attr(edge_index, edge_attr, num_loops, self.fill_value)
+            return graph, None, edge_attr
         looped = looped_graph(edge_index, self.flow, num_src, num_dst, num_loops)
         if edge_attr is not None:
             # As PyG's remove_self_loops + add_self_loops, fill_value applied by PyG's own helper.

@@ -11,7 +11,7 @@ from ..message_passing import MessagePassing
 from ._dense import add_bias
 from ._graph import (Graph, Looped, adjacency, check_eager, check_features, derived, edge_tensor, gather_op,
                      graph_of, graph_with_loops, is_sparse, looped_graph, named, node_sizes, padded_looped_graph,
-                     plain_index, run, sparse_edges)
+                     plain_index, run, spare_row_looped_graph, sparse_edges)
 
 
 def normalize_op() -> OpInfo:
@@ -26,7 +26,8 @@ def gcn_norm_weights(graph: Graph, weight: Tensor) -> Tensor:
     deg = run(graph, named, ("copy_e_sum",), [weight])
     deg_inv_sqrt = deg.pow(-0.5)
     deg_inv_sqrt = deg_inv_sqrt.masked_fill(deg_inv_sqrt == float("inf"), 0.0)
-    return run(graph, normalize_op, (), [deg_inv_sqrt, weight, deg_inv_sqrt])
+    source = deg_inv_sqrt[:-1] if graph.spare_row else deg_inv_sqrt
+    return run(graph, normalize_op, (), [source, weight, deg_inv_sqrt])
 
 
 class GCNConv(MessagePassing):
@@ -59,8 +60,9 @@ class GCNConv(MessagePassing):
     weighted normalisations, as PyG does. Self loops are added as PyG's ``add_remaining_self_loops``
     does (a stored loop's weight moves to its node's loop); for sums the stored loops stay in the
     graph at weight 0, so its size depends on shapes alone and ``torch.compile`` keeps the layer in
-    one graph (other aggregations drop them: a data-dependent size, and a graph break unless
-    ``fullgraph=True``).
+    one graph. Other aggregations drop them (they would read the zero-weight messages); under
+    ``torch.compile`` they point them to a spare destination row instead, for the same reason
+    (:func:`~pyg_ugrapher.nn._graph.spare_row_looped_graph`).
 
     Args:
         in_channels (int): Size of each input sample, or :obj:`-1` to derive it from the first
@@ -151,6 +153,8 @@ class GCNConv(MessagePassing):
             out = run(graph, named, (f"copy_u_{self._gather}",), [x])
         else:
             out = run(graph, named, (f"u_mul_e_{self._gather}",), [x, weight])
+        if graph.spare_row:
+            out = out[:-1]
 
         if self.bias is not None:
             out = add_bias(out, self.bias)
@@ -182,10 +186,13 @@ class GCNConv(MessagePassing):
             raise ValueError(f"edge_weight: expected shape [E], got {list(edge_weight.shape)}")
         looped: Optional[Looped] = None
         # Sums keep stored self loops at weight 0 in a graph of fixed size: no graph break when
-        # compiled. Other aggregations would read the zero-weight messages: those replace them.
-        padded = self.add_self_loops and self._gather == "sum"
-        if padded:
+        # compiled. Other aggregations would read the zero-weight messages: eager, they replace
+        # them; compiled, they send them to a spare row, again in a graph of fixed size.
+        in_place = self.add_self_loops and (self._gather == "sum" or torch.compiler.is_compiling())
+        if in_place and self._gather == "sum":
             graph = padded_looped_graph(edge_index, self.flow, num_nodes)
+        elif in_place:
+            graph = spare_row_looped_graph(edge_index, self.flow, num_nodes, num_nodes, num_nodes)
         elif self.add_self_loops:
             looped = looped_graph(edge_index, self.flow, num_nodes, num_nodes, num_nodes)
             graph = looped.graph
@@ -200,14 +207,14 @@ class GCNConv(MessagePassing):
             # with 2 (improved=True) only when edge weights are given, and this matches it.
             def normalised() -> Tensor:
                 ones = x.new_ones(edge_index.size(1))
-                return gcn_norm_weights(graph, self._loop_weights(edge_index, looped, padded, ones, num_nodes, 1.0))
+                return gcn_norm_weights(graph, self._loop_weights(edge_index, looped, in_place, ones, num_nodes, 1.0))
 
             if torch.compiler.is_compiling():
                 return graph, normalised()
-            key = ("gcn_norm", self.flow, num_nodes, self.add_self_loops, padded, x.dtype, x.device)
+            key = ("gcn_norm", self.flow, num_nodes, self.add_self_loops, in_place, x.dtype, x.device)
             return graph, derived(edge_index, key, normalised)
         fill = 2.0 if self.improved else 1.0
-        return graph, gcn_norm_weights(graph, self._loop_weights(edge_index, looped, padded, edge_weight, num_nodes,
+        return graph, gcn_norm_weights(graph, self._loop_weights(edge_index, looped, in_place, edge_weight, num_nodes,
                                                                  fill))
 
     def _looped_sparse(self, index: Tensor, num_nodes: int):
@@ -216,12 +223,13 @@ class GCNConv(MessagePassing):
         return graph_of(index, "source_to_target", num_nodes, num_nodes)
 
     @staticmethod
-    def _loop_weights(edge_index: Tensor, looped: Optional[Looped], padded: bool, weight: Tensor, num_nodes: int,
+    def _loop_weights(edge_index: Tensor, looped: Optional[Looped], in_place: bool, weight: Tensor, num_nodes: int,
                       fill: float) -> Tensor:
         """Edge weights in the order of the graph propagated on: a stored self loop's weight goes to
         its node's loop (the same indexing as PyG's, so duplicate loops resolve alike), other loops
-        get ``fill``; in the padded graph the stored loops keep their places, at weight 0."""
-        if padded:
+        get ``fill``; where the stored loops keep their places (``in_place``: the padded graph, or
+        the spare-row one, which sends them to the spare row), at weight 0."""
+        if in_place:
             index = plain_index(edge_index)
             is_loop = index[0] == index[1]
             # Edges that are not loops write to a spare slot past the last node, which is dropped.

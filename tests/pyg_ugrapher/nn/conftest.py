@@ -2,10 +2,11 @@
 its PyG namesake (outputs and every gradient). The Triton interpreter (``interpret``) and the
 reference-executor default come from ``tests/conftest.py``."""
 import copy
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 
 def make_graph(num_nodes: int, num_edges: int, seed: int, num_dst: Optional[int] = None) -> torch.Tensor:
@@ -102,3 +103,19 @@ def compare(check_refereed):
         return mine
 
     return run
+
+
+@pytest.fixture
+def compile_ours():
+    """``compile_ours(forward, ours) -> (forward', counter)``: ``forward'`` runs ``forward``
+    compiled as users compile a model (no ``fullgraph``, ``aot_eager``: Dynamo and AOTAutograd
+    without code generation) for the layer ``ours``, eager for any other (PyG's, in
+    ``compare``); ``counter.frame_count`` is the number of graphs Dynamo made."""
+    def build(forward: Callable, ours: torch.nn.Module) -> Tuple[Callable, CompileCounterWithBackend]:
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(forward, backend=counter)
+        return (lambda layer, *args: (compiled if layer is ours else forward)(layer, *args)), counter
+
+    torch._dynamo.reset()
+    yield build
+    torch._dynamo.reset()

@@ -57,6 +57,57 @@ def test_bipartite_without_target_features(compare, bipartite_graph):
             lambda layer, a: layer((a, None), edge_index, size=(10, 7)), [x_src])
 
 
+#: Configurations that add self loops, and the aggregations and loop features they may read.
+COMPILED_CONFIGS = [kwargs for kwargs in CONFIGS if kwargs.get("add_self_loops", True)] + [
+    {"heads": 2, "aggr": "mean"},
+    {"heads": 2, "aggr": "max", "flow": "target_to_source"},
+    {"heads": 2, "edge_dim": 3, "fill_value": "add"},
+    {"heads": 2, "edge_dim": 3, "fill_value": "mul"},
+    {"heads": 2, "edge_dim": 3, "fill_value": torch.tensor([0.5, -1.0, 2.0])},
+]
+
+
+@pytest.mark.parametrize("kwargs", COMPILED_CONFIGS, ids=_name)
+def test_compiled_matches_pyg(compare, compile_ours, small_graph, kwargs):
+    """Compiled, stored self loops (and duplicates of them) are replaced as PyG replaces them, and
+    the layer is one graph: the looped graph's sizes do not depend on the data."""
+    x, edge_index = small_graph
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
+    assert (edge_index[0] == edge_index[1]).sum() >= 2
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATConv(6, 4, **kwargs)
+    ours = GATConv(6, 4, **kwargs)
+    forward, counter = compile_ours(
+        lambda layer, x, edge_attr: layer(x, edge_index, edge_attr if "edge_dim" in kwargs else None), ours)
+    compare(ours, theirs, forward, [x, edge_attr], train=True)
+    assert counter.frame_count == 1
+
+
+def test_compiled_bipartite_with_loops(compare, compile_ours):
+    """A bipartite graph whose sources and destinations share low ids: its ``u == v`` edges are
+    replaced by loops on the first ``min(num_src, num_dst)`` nodes, as in PyG."""
+    edge_index = torch.tensor([[0, 3, 3, 9, 5, 5, 1, 8, 1, 2, 7], [0, 3, 2, 6, 5, 5, 4, 1, 0, 3, 5]])
+    generator = torch.Generator().manual_seed(6)
+    x_src, x_dst = torch.randn(10, 6, generator=generator), torch.randn(7, 5, generator=generator)
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATConv((6, 5), 4, heads=2)
+    ours = GATConv((6, 5), 4, heads=2)
+    forward, counter = compile_ours(lambda layer, a, b: layer((a, b), edge_index), ours)
+    compare(ours, theirs, forward, [x_src, x_dst], train=True)
+    assert counter.frame_count == 1
+
+
+def test_compiled_interpreter(compare, compile_ours, interpret, tiny_graph):
+    x, edge_index = tiny_graph
+    edge_attr = torch.randn(edge_index.size(1), 2, generator=torch.Generator().manual_seed(8))
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATConv(4, 3, heads=2, edge_dim=2)
+    ours = GATConv(4, 3, heads=2, edge_dim=2)
+    forward, counter = compile_ours(lambda layer, x, e: layer(x, edge_index, e), ours)
+    compare(ours, theirs, forward, [x, edge_attr], train=True)
+    assert counter.frame_count == 1
+
+
 def test_return_attention_weights(compare, small_graph):
     x, edge_index = small_graph
     torch.manual_seed(0)

@@ -40,18 +40,25 @@ def test_matches_pyg(compare, small_graph, kwargs, weighted, train):
     compare(GCNConv(6, 4, **kwargs), theirs, _forward(edge_index, weighted), [x, weight], train=train)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"improved": True}, {"aggr": "mean"}], ids=["sum", "improved", "mean"])
+@pytest.mark.parametrize("kwargs", [{}, {"improved": True}, {"aggr": "mean"}, {"aggr": "max"}],
+                         ids=["sum", "improved", "mean", "max"])
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
-def test_repeated_self_loops(compare, small_graph, kwargs, weighted):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_repeated_self_loops(compare, compile_ours, small_graph, kwargs, weighted, compiled):
     """Several stored loops on one node, one on another, with their own weights: sums keep them at
-    weight 0 in a graph of fixed size, other aggregations drop them; both as PyG, gradients too."""
+    weight 0 in a graph of fixed size, other aggregations drop them (compiled: send them to a spare
+    row, and the layer stays one graph); all as PyG, gradients too."""
     x, edge_index = small_graph
     loops = torch.tensor([[3, 3, 3, 5], [3, 3, 3, 5]])
     edge_index = torch.cat([loops[:, :2], edge_index, loops[:, 2:]], dim=1)
     weight = torch.rand(edge_index.size(1), generator=torch.Generator().manual_seed(8))
     torch.manual_seed(0)
     theirs = pyg_nn.GCNConv(6, 4, **kwargs)
-    compare(GCNConv(6, 4, **kwargs), theirs, _forward(edge_index, weighted), [x, weight], train=True)
+    ours = GCNConv(6, 4, **kwargs)
+    forward, counter = compile_ours(_forward(edge_index, weighted), ours) if compiled else \
+        (_forward(edge_index, weighted), None)
+    compare(ours, theirs, forward, [x, weight], train=True)
+    assert counter is None or counter.frame_count == 1
 
 
 def test_state_dict_round_trip():
