@@ -303,13 +303,10 @@ def spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst:
     (:attr:`Graph.spare_row`).
 
     For ``torch.compile``, which without ``fullgraph`` breaks the graph at an op whose output size
-    depends on the data (:func:`looped_graph`'s kept edges). Eager layers keep :func:`looped_graph`,
-    which needs no padded operands."""
-    if torch.compiler.is_compiling():
-        return Graph(None, _spare_row_looped_graph(edge_index, flow, num_src, num_dst, num_loops),
-                     edge_index.size(1) + num_loops, True)
-    graph = _cached_spare_row(edge_index, flow, num_src, num_dst, num_loops)
-    return Graph(graph, None, graph.num_edges, True)
+    depends on the data (:func:`looped_graph`'s kept edges); eager layers keep :func:`looped_graph`,
+    which needs no padded operands. So the graph is always the custom op's structure arrays."""
+    return Graph(None, _spare_row_looped_graph(edge_index, flow, num_src, num_dst, num_loops),
+                 edge_index.size(1) + num_loops, True)
 
 
 def spare_row_loop_attr(edge_index: Tensor, edge_attr: Tensor, num_loops: int, fill_value: object) -> Tensor:

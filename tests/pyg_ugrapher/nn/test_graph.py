@@ -1,0 +1,70 @@
+"""The graphs the drop-in layers build from their graph argument (``pyg_ugrapher/nn/_graph.py``)."""
+from typing import List, Tuple
+
+import pytest
+import torch
+
+from pyg_ugrapher.nn import _graph
+
+from .conftest import make_graph
+
+
+def rows(structure: List[torch.Tensor], num_rows: int) -> List[List[Tuple[int, int]]]:
+    """Each destination row's ``(source, edge id)`` pairs in CSR order, from a structure list."""
+    rowptr, col, eid = (t.tolist() for t in structure[:3])
+    return [list(zip(col[rowptr[v]:rowptr[v + 1]], eid[rowptr[v]:rowptr[v + 1]])) for v in range(num_rows)]
+
+
+def loop_heavy_graph() -> torch.Tensor:
+    """A random graph with stored loops, several on one node, at the start and the end."""
+    loops = torch.tensor([[3, 3, 3, 5], [3, 3, 3, 5]])
+    return torch.cat([loops[:, :2], make_graph(12, 40, seed=7), loops[:, 2:]], dim=1)
+
+
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+@pytest.mark.parametrize("case", ["loops", "bipartite", "empty"])
+def test_spare_row_graph_rows_are_the_looped_graphs(flow, case):
+    """Every real row of the spare-row graph gathers the edges it has in the looped graph (stored
+    loops removed, one loop per node added), in the same order; the stored loops, and nothing
+    else, go to the spare row. Edge ids differ only by the removed loops' places."""
+    sizes = {"loops": (12, 12), "bipartite": (10, 7), "empty": (6, 6)}[case]
+    if case == "loops":
+        edge_index = loop_heavy_graph()
+    elif case == "bipartite":
+        edge_index = torch.tensor([[0, 3, 3, 9, 5, 5, 1, 8, 1, 2, 7], [0, 3, 2, 6, 5, 5, 4, 1, 0, 3, 5]])
+    else:
+        edge_index = torch.empty(2, 0, dtype=torch.long)
+    if flow == "target_to_source":  # the same edges, stored the other way around
+        edge_index = edge_index.flip(0)
+    num_src, num_dst = sizes
+    num_loops = min(sizes)
+    spare = _graph.spare_row_looped_graph(edge_index, flow, num_src, num_dst, num_loops)
+    looped = _graph.looped_graph(edge_index, flow, num_src, num_dst, num_loops)
+    assert spare.spare_row and not looped.graph.spare_row
+    assert spare.num_edges == edge_index.size(1) + num_loops
+    assert spare.structure[0].numel() == num_dst + 2  # rowptr of num_dst + 1 rows
+
+    # Edge ids of the looped graph, as places in the spare-row graph: kept edges keep theirs,
+    # added loops follow the stored edges.
+    kept = looped.kept.tolist()
+    place = kept + [edge_index.size(1) + k for k in range(num_loops)]
+    expected = [[(u, place[e]) for u, e in row] for row in rows(looped.graph.tensor.structure(), num_dst)]
+    got = rows(spare.structure, num_dst + 1)
+    assert got[:num_dst] == expected
+    is_loop = (edge_index[0] == edge_index[1]).tolist()
+    assert sorted(e for _, e in got[num_dst]) == [e for e, loop in enumerate(is_loop) if loop]
+
+
+@pytest.mark.parametrize("fill_value", ["mean", "add", "max", "min", "mul", 0.5, torch.tensor([1.0, -2.0])])
+def test_spare_row_loop_attr_is_pygs(fill_value):
+    """The loop features are PyG's ``add_self_loops`` after ``remove_self_loops``; the stored
+    edges' features stay in place."""
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+
+    edge_index = loop_heavy_graph()
+    edge_attr = torch.randn(edge_index.size(1), 2, generator=torch.Generator().manual_seed(3))
+    got = _graph.spare_row_loop_attr(edge_index, edge_attr, 12, fill_value)
+    index, attr = remove_self_loops(edge_index, edge_attr)
+    _, expected = add_self_loops(index, attr, fill_value=fill_value, num_nodes=12)
+    assert torch.equal(got[:edge_index.size(1)], edge_attr)
+    torch.testing.assert_close(got[edge_index.size(1):], expected[attr.size(0):], rtol=0, atol=0)
