@@ -188,10 +188,10 @@ class GCNConv(MessagePassing):
         # Sums keep stored self loops at weight 0 in a graph of fixed size: no graph break when
         # compiled. Other aggregations would read the zero-weight messages: eager, they replace
         # them; compiled, they send them to a spare row, again in a graph of fixed size.
-        in_place = self.add_self_loops and (self._gather == "sum" or torch.compiler.is_compiling())
-        if in_place and self._gather == "sum":
+        padded = self.add_self_loops and self._gather == "sum"
+        if padded:
             graph = padded_looped_graph(edge_index, self.flow, num_nodes)
-        elif in_place:
+        elif self.add_self_loops and torch.compiler.is_compiling():
             graph = spare_row_looped_graph(edge_index, self.flow, num_nodes, num_nodes, num_nodes)
         elif self.add_self_loops:
             looped = looped_graph(edge_index, self.flow, num_nodes, num_nodes, num_nodes)
@@ -200,6 +200,7 @@ class GCNConv(MessagePassing):
             graph = adjacency(self, edge_index, num_nodes, num_nodes)[0]
             if not self.normalize:
                 return graph, edge_weight
+        in_place = padded or graph.spare_row
         if edge_weight is None:
             # Without weights the normalisation is a function of the graph alone: cache it there
             # (in eager mode; a compiled model recomputes it, two small ops, as compiled PyG does).

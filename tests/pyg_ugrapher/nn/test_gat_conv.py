@@ -69,8 +69,8 @@ COMPILED_CONFIGS = [kwargs for kwargs in CONFIGS if kwargs.get("add_self_loops",
 
 @pytest.mark.parametrize("kwargs", COMPILED_CONFIGS, ids=_name)
 def test_compiled_matches_pyg(compare, compile_ours, small_graph, kwargs):
-    """Compiled, stored self loops (and duplicates of them) are replaced as PyG replaces them, and
-    the layer is one graph: the looped graph's sizes do not depend on the data."""
+    """Compiled, stored self loops are replaced as PyG replaces them, and the layer is one graph:
+    the looped graph's sizes do not depend on the data."""
     x, edge_index = small_graph
     edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
     assert (edge_index[0] == edge_index[1]).sum() >= 2
