@@ -115,7 +115,7 @@ def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, sched
         return reference.execute(graph, _op(op), operands)
     arrays = _arrays(structure)
     info, layout, chosen, dtype, plan = _decision(arrays, operands, op, schedule)
-    if plan is not None and all(t.is_contiguous() for t in operands):
+    if plan is not None and all(triton_kernels.packed_rows(t) for t in operands):
         out = plan(arrays, operands)
         if out is not None:
             return out
@@ -147,7 +147,7 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
               pair: Optional[Tuple[str, Sequence[Tensor]]] = None
               ) -> Tuple[OpInfo, Layout, ParallelInfo, torch.dtype, Optional[triton_kernels.Plan]]:
     """What runs ``op`` on ``operands``: the op, its layout, the schedule, the result dtype and
-    the launch plan for contiguous operands (:func:`triton_kernels.prepare`; ``None`` with
+    the launch plan for packed operands (:func:`triton_kernels.prepare`; ``None`` with
     ``pair``, or where there is none); decided once per graph structure (cached with its
     statistics; shared by every graph where the schedule does not depend on the graph, a named
     one or :func:`autotune.selection.graph_independent`: a sampler's new mini-batch graph then

@@ -257,6 +257,19 @@ def _spec(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool, wide: boo
     return replace(kernel_spec(op, layout, info, acc64, wide, kinds), **dict(edge_fields))
 
 
+def packed_rows(tensor: Tensor) -> bool:
+    """Whether each row of ``tensor`` (its first index) is one run of unit stride, whatever the
+    stride between rows: the kernels read such a tensor as it is (``row * stride(0) + feature``).
+    Views of a wider tensor (GAT's two attention halves, unbound from one ``[N, 2, H]`` product) are
+    packed rows without being contiguous."""
+    expected = 1
+    for size, stride in zip(reversed(tensor.shape[1:]), reversed(tensor.stride()[1:])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _as_rows(tensor: Tensor) -> Tensor:
     """``tensor`` where its features are packed (unit stride, row-major: the kernels read
     ``row * stride(0) + feature``), else ``[rows, width]`` with unit feature stride."""
@@ -357,8 +370,8 @@ class Plan:
     permutable: Optional[Tuple[bool, ...]]
 
     def __call__(self, graph: GraphArrays, operands: Sequence[Tensor]) -> Optional[Tensor]:
-        """The result for ``operands``, packed rows (contiguous) of the dtypes and feature shapes
-        the plan was made for; ``None`` where the call needs :func:`run`: an operand of a
+        """The result for ``operands``, :func:`packed_rows` of the dtypes and feature shapes the
+        plan was made for; ``None`` where the call needs :func:`run`: an operand of a
         permutable slot comes back (read in CSR order), no edges or no rows to compute, or
         element offsets beyond int32."""
         csr = graph.csr
@@ -380,12 +393,12 @@ class Plan:
 
 def prepare(op: OpInfo, layout: Layout, operands: Sequence[Tensor], info: ParallelInfo,
             out_dtype: torch.dtype) -> Optional[Plan]:
-    """A :class:`Plan` for calls of ``op`` under ``info`` with contiguous operands like
-    ``operands`` (same dtypes and feature shapes; rows are the graph's, on any graph); ``None``
-    where each call must go through :func:`run`: non-contiguous operands, nothing to compute,
-    offsets of these operands beyond int32."""
+    """A :class:`Plan` for calls of ``op`` under ``info`` with operands like ``operands`` (same
+    dtypes and feature shapes, :func:`packed_rows`; rows are the graph's, on any graph); ``None``
+    where each call must go through :func:`run`: operands whose features are not packed, nothing
+    to compute, offsets of these operands beyond int32."""
     info.validate_for(layout.message_width)
-    if layout.width == 0 or not all(t.is_contiguous() for t in operands) or _needs_wide(operands):
+    if layout.width == 0 or not all(packed_rows(t) for t in operands) or _needs_wide(operands):
         return None
     template = template_for(op, info)
     kinds = operand_kinds(op, layout, info)
@@ -432,5 +445,5 @@ def _allocate(op: OpInfo, graph: GraphArrays, template, info: ParallelInfo, rows
     return init[:, None].expand(rows, width).contiguous()
 
 
-__all__: Tuple[str, ...] = ("run", "prepare", "Plan", "run_with_edge_output", "kernel_source", "kernel_spec",
-                            "TEMPLATES", "GraphArrays")
+__all__: Tuple[str, ...] = ("run", "prepare", "Plan", "packed_rows", "run_with_edge_output", "kernel_source",
+                            "kernel_spec", "TEMPLATES", "GraphArrays")

@@ -48,8 +48,44 @@ def test_plan_matches_run_and_the_reference(name, shape, dtype, info, device, gr
         check_close(planned, dispatch.run(op, layout, _arrays_of(on, device), operands, info, out_dtype), dtype)
 
 
+def _row_strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values as every other row-block of a wider tensor whose other half is NaN: packed
+    rows that are not contiguous, and a kernel reading past a row would take a NaN."""
+    wide = torch.full((t.shape[0], 2) + t.shape[1:], float("nan"), dtype=t.dtype, device=t.device)
+    wide[:, 1] = t
+    return wide[:, 1]
+
+
+def test_packed_rows():
+    x = torch.randn(5, 4, 3)
+    assert dispatch.packed_rows(x) and dispatch.packed_rows(_row_strided(x))
+    assert dispatch.packed_rows(torch.randn(5, 2)[:, 1])  # one value per row, any row stride
+    assert dispatch.packed_rows(torch.randn(5, 2, 4).unbind(1)[0].unsqueeze(-1))
+    assert dispatch.packed_rows(torch.randn(0, 3)) and dispatch.packed_rows(torch.randn(5, 1, 3)[:, :, :1])
+    assert not dispatch.packed_rows(x.transpose(1, 2))
+    assert not dispatch.packed_rows(x[:, :, :2])  # rows of two runs
+    assert not dispatch.packed_rows(x[:, ::2])
+
+
+@pytest.mark.parametrize("name,shape,dtype,info", CASES, ids=[c[0] for c in CASES])
+def test_plan_reads_row_strided_operands(name, shape, dtype, info, device, graph_factory, operand_factory,
+                                         check_close):
+    """Operands that are views into wider rows get a plan, which reads their rows and nothing
+    between them."""
+    graph = graph_factory("hub")
+    op = OpInfo.from_name(name)
+    operands = [_row_strided(t) for t in operand_factory(graph, op, shape, dtype=dtype, seed=6, device=device)]
+    assert not all(t.is_contiguous() for t in operands if t.dim() > 1 or t.shape[0] > 1)
+    layout = infer_layout(op, [t.shape for t in operands])
+    out_dtype = reference.result_dtype(operands)
+    plan = dispatch.prepare(op, layout, operands, info, out_dtype)
+    assert isinstance(plan, dispatch.Plan)
+    expected = reference.execute(graph, op, [t.double() for t in operands]).to(out_dtype)
+    check_close(plan(_arrays_of(graph, device), operands), expected, dtype, f"{name} planned, row-strided")
+
+
 def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_factory, check_close):
-    """Non-contiguous operands and invalid schedules get no plan; a graph without edges, and a
+    """Operands whose features are not packed and invalid schedules get no plan; a graph without edges, and a
     narrow edge operand that comes back (read in CSR order from then on), are left to ``run``."""
     graph = graph_factory("mixed")
     arrays = _arrays_of(graph, device)
@@ -76,7 +112,7 @@ def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_fact
         plan_for("copy_u_sum", [x[:, :1, :1].contiguous()], ug.ParallelInfo("vertex", block_f=64))
 
 
-def test_operators_take_the_plan_only_for_contiguous_operands(monkeypatch, interpret, graph_factory, check_close):
+def test_operators_take_the_plan_only_for_packed_operands(monkeypatch, interpret, graph_factory, check_close):
     """``run_graph_op`` launches through the decision's plan when the operands are packed rows, and
     through ``run`` otherwise; both give the reference's result."""
     from pyg_ugrapher.ops import run_graph_op, serialized
@@ -91,7 +127,7 @@ def test_operators_take_the_plan_only_for_contiguous_operands(monkeypatch, inter
                         through.append("run") or _launch(*args, **kwargs))
     x = torch.randn(graph.num_src, 6, 4, generator=torch.Generator().manual_seed(0))
     schedule = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=8).serialize()
-    for operand in (x, x.transpose(1, 2)):
+    for operand in (x, x.transpose(1, 2), _row_strided(x)):
         check_close(run_graph_op(structure, [operand], serialized(op), schedule),
                     reference.execute(graph, op, [operand]))
-    assert through == ["plan", "run"]
+    assert through == ["plan", "run", "plan"]
