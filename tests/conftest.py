@@ -8,6 +8,8 @@
 * Graphs with what trips kernels up (:data:`GRAPH_CASES`), operands for any
   :class:`~pyg_ugrapher.ir.OpInfo`, poisoned kernel outputs and the relative-error check of the
   suite (:func:`assert_close`), as fixtures.
+* :class:`FakeSparseTensor`, a stand-in for ``torch_sparse.SparseTensor`` (tests import it:
+  ``isinstance`` needs the class itself).
 """
 import dataclasses
 import math
@@ -63,6 +65,7 @@ _import_triton_interpretable()
 
 import pyg_ugrapher as ug  # noqa: E402  (before triton_kernels: that order avoids a circular import)
 import triton_kernels  # noqa: E402
+from torch_geometric.typing import SparseTensor  # noqa: E402  (PyG imports Triton)
 from triton_kernels import dispatch  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -255,6 +258,31 @@ def pytest_generate_tests(metafunc):
 def graph_factory() -> Callable[..., ug.GraphTensor]:
     """``graph_factory(case, seed=0, index_dtype=None)``, see :func:`make_graph`."""
     return make_graph
+
+
+class FakeSparseTensor(SparseTensor):
+    """A stand-in for ``torch_sparse.SparseTensor`` (not installed here): just what PyG's message path
+    reads (``size``, ``coo``, ``csr``, ``nnz``), rows sorted."""
+
+    def __init__(self, row: torch.Tensor, col: torch.Tensor, value: Optional[torch.Tensor], sizes):
+        order = torch.argsort(row * sizes[1] + col)
+        self.row, self.col = row[order], col[order]
+        self.value = None if value is None else value[order]
+        self.sizes = sizes
+
+    def size(self, dim: int) -> int:
+        return self.sizes[dim]
+
+    def nnz(self) -> int:
+        return self.row.numel()
+
+    def coo(self):
+        return self.row, self.col, self.value
+
+    def csr(self):
+        rowptr = torch.zeros(self.sizes[0] + 1, dtype=torch.long)
+        rowptr[1:] = torch.cumsum(torch.bincount(self.row, minlength=self.sizes[0]), 0)
+        return rowptr, self.col, self.value
 
 
 # -- operands ------------------------------------------------------------------------------------

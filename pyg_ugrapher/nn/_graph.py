@@ -1,12 +1,20 @@
 r"""The graph argument of a drop-in layer, turned into a cached :class:`~pyg_ugrapher.GraphTensor`.
 
-PyG layers take the graph as a ``[2, E]`` index tensor, a PyG ``EdgeIndex`` or a ``torch.sparse``
-adjacency ``adj_t`` (rows are destinations). A :class:`~pyg_ugrapher.GraphTensor` builds its CSR,
-CSC and statistics once; building one per forward would redo that work every step. So everything
-derived from a graph argument is cached on that argument object itself, weakly and by identity
-(:func:`derived`): a graph used by several layers, or for many epochs, is prepared once, and the
-cache entry dies with the graph. An in-place change of the graph tensor (its ``_version``) drops
-its entries.
+PyG layers take the graph as a ``[2, E]`` index tensor, a PyG ``EdgeIndex``, a ``torch.sparse``
+adjacency ``adj_t`` (rows are destinations) or a ``torch_sparse.SparseTensor`` ``adj_t``. A
+:class:`~pyg_ugrapher.GraphTensor` builds its CSR, CSC and statistics once; building one per forward
+would redo that work every step. So everything derived from a graph argument is cached on that
+argument object itself, weakly and by identity (:func:`derived`): a graph used by several layers, or
+for many epochs, is prepared once, and the cache entry dies with the graph. An in-place change of the
+graph's index tensors (their ``_version``) drops its entries.
+
+A ``SparseTensor`` is read as the ``[2, nnz]`` edge index of its stored entries in its storage
+order, with its sizes and values (:func:`sparse_tensor_graph`), and the layer then runs its
+edge-index path: that keeps duplicate entries, as PyG's ``SparseTensor`` operators do (PyG's
+self-loop helpers coalesce a ``torch.sparse`` adjacency), and compiles. The values are read
+per layer as PyG's layer reads them: edge weights (``GCNConv``, ``GraphConv``), edge features where
+they have more than one dimension (``GINEConv``, ``GATConv``), or not at all (``SAGEConv``,
+``GINConv``).
 
 Under ``torch.compile`` that Python-side cache cannot be traced. There a layer's graph is the
 output of a custom op (``pyg_ugrapher::layer_graph`` / ``pyg_ugrapher::looped_graph``) that looks
@@ -21,18 +29,20 @@ edges: the fake implementation gives it as an unbacked size, which ``torch.compi
 at weight 0 instead (:func:`padded_looped_graph`), and the other compiled layers point them to a
 spare destination row (:func:`spare_row_looped_graph`): fixed sizes, no break. Only
 ``GATConv(return_attention_weights=True)``, which returns the looped index itself, still removes
-them when compiled.
+them when compiled. Reading a ``SparseTensor`` (duck-typed, and cached in Python) is a graph break;
+the rest of the layer compiles as for an edge index.
 """
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Callable, Hashable, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Hashable, List, Literal, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric import EdgeIndex
 from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 from torch_geometric.utils.loop import compute_loop_attr
 
@@ -44,20 +54,28 @@ T = TypeVar("T")
 
 _INT32_MAX = torch.iinfo(torch.int32).max
 
-# tensor -> (its _version when the entries were built, {key: entry}). Entries must not hold the
-# key tensor itself (views of it would): they are built from ``detach()``-ed aliases.
+# graph argument -> (its version when the entries were built, {key: entry}). Entries must not hold
+# the key itself (views of its tensors would): they are built from ``detach()``-ed aliases.
 _DERIVED: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
 
 GATHERS = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "min": "min"}
 
 
-def derived(tensor: Tensor, key: Hashable, build: Callable[[], T]) -> T:
-    """``build()``, cached on ``tensor`` under ``key`` until ``tensor`` dies or changes in place."""
-    version = tensor._version
-    slot = _DERIVED.get(tensor)
+def _version(graph: Union[Tensor, SparseTensor]) -> Hashable:
+    if isinstance(graph, Tensor):
+        return graph._version
+    row, col, _ = graph.coo()
+    return row._version, col._version
+
+
+def derived(graph: Union[Tensor, SparseTensor], key: Hashable, build: Callable[[], T]) -> T:
+    """``build()``, cached on ``graph`` (a tensor, or a ``SparseTensor`` and its index tensors) under
+    ``key`` until ``graph`` dies or changes in place."""
+    version = _version(graph)
+    slot = _DERIVED.get(graph)
     if slot is None or slot[0] != version:
         slot = (version, {})
-        _DERIVED[tensor] = slot
+        _DERIVED[graph] = slot
     entries = slot[1]
     if key not in entries:
         # Entries are constants of the graph: built outside autograd, and never as inference
@@ -130,8 +148,8 @@ def node_sizes(layer, edge_index: Tensor, size: Optional[Tuple[int, int]], x_src
 
 def check_graph(layer, edge_index: object) -> None:
     if not isinstance(edge_index, Tensor):
-        raise TypeError(f"edge_index: expected a [2, E] tensor, an EdgeIndex or a torch.sparse "
-                        f"adjacency, got {type(edge_index).__name__}")
+        raise TypeError(f"edge_index: expected a [2, E] tensor, an EdgeIndex, a torch.sparse adjacency or a "
+                        f"SparseTensor, got {type(edge_index).__name__}")
     if is_sparse(edge_index):
         if edge_index.dim() != 2:
             raise ValueError(f"edge_index: a sparse adjacency must be two-dimensional, got "
@@ -144,6 +162,87 @@ def check_graph(layer, edge_index: object) -> None:
         raise TypeError(f"edge_index: expected integer indices, got {edge_index.dtype}")
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError(f"edge_index: expected shape [2, E], got {list(edge_index.shape)}")
+
+
+#: How a layer reads a SparseTensor's values (see :func:`sparse_tensor_graph`).
+SparseValues = Literal["weights", "features", "ignored"]
+
+
+def sparse_tensor_graph(layer: MessagePassing, edge_index: Union[Tensor, SparseTensor],
+                        size: Optional[Tuple[int, int]], per_edge: Optional[Tensor] = None,
+                        values: SparseValues = "ignored", remove_loops: bool = False
+                        ) -> Tuple[Tensor, Optional[Tuple[int, int]], Optional[Tensor]]:
+    """``(edge_index, size, per_edge)``, where a ``torch_sparse.SparseTensor`` ``edge_index`` (``adj_t``,
+    rows are destinations) becomes the ``[2, nnz]`` index of its stored entries (sources first, in
+    its storage order, duplicates kept; cached on it), its sizes ``(num_src, num_dst)`` (PyG does not
+    read ``size`` for one) and the per-edge tensor of the layer, from its values as the layer's PyG
+    namesake reads them:
+
+    * ``"weights"``: the edge weights are the values (``None`` without); ``per_edge`` must be
+      ``None``, as with a ``torch.sparse`` adjacency;
+    * ``"features"``: ``per_edge`` (edge features in its storage order), or else its values where
+      they have more than one dimension (PyG's ``propagate`` collects those as ``edge_attr``);
+    * ``"ignored"``: ``per_edge`` as it is.
+
+    ``remove_loops`` leaves out the stored diagonal, values included. Any other graph argument
+    passes through unchanged."""
+    if not isinstance(edge_index, SparseTensor):
+        return edge_index, size, per_edge
+    return _read_sparse_tensor(layer.flow, edge_index, per_edge, values, remove_loops)
+
+
+@torch.compiler.disable
+def _read_sparse_tensor(flow: str, adj_t: SparseTensor, per_edge: Optional[Tensor], values: SparseValues,
+                        remove_loops: bool) -> Tuple[Tensor, Tuple[int, int], Optional[Tensor]]:
+    """:func:`sparse_tensor_graph` of a ``SparseTensor``: eager, as ``torch.compile`` cannot trace its
+    cache or the duck-typed reads (a graph break, after which the layer compiles as for an edge
+    index)."""
+    if flow != "source_to_target":
+        raise ValueError("edge_index: flow='target_to_source' needs an edge index; for a SparseTensor adj_t "
+                         "pass its transpose instead")
+    row, col, value = adj_t.coo()
+    for name, index in (("row", row), ("col", col)):
+        if not isinstance(index, Tensor) or index.is_floating_point() or index.is_complex() \
+                or index.dtype == torch.bool:
+            what = index.dtype if isinstance(index, Tensor) else type(index).__name__
+            raise TypeError(f"edge_index: expected a SparseTensor with integer {name} indices, got {what}")
+        if index.dim() != 1:
+            raise ValueError(f"edge_index: expected a SparseTensor with one {name} index per stored entry, "
+                             f"got shape {list(index.shape)}")
+    num_entries = row.numel()
+    if col.numel() != num_entries:
+        raise ValueError(f"edge_index: a SparseTensor's row and col indices differ in length "
+                         f"({num_entries} and {col.numel()})")
+    if value is not None and (not isinstance(value, Tensor) or value.dim() == 0 or value.size(0) != num_entries):
+        raise ValueError(f"edge_index: a SparseTensor's values must have one row per stored entry "
+                         f"({num_entries}), got {list(value.shape) if isinstance(value, Tensor) else value!r}")
+    index, kept = derived(adj_t, ("index", remove_loops), lambda: _sparse_tensor_index(row, col, remove_loops))
+    if value is not None and kept is not None:
+        value = value.index_select(0, kept)
+    if values == "weights":
+        if per_edge is not None:
+            raise ValueError("edge_weight: a SparseTensor carries its edge weights as its values; "
+                             "pass edge_weight=None")
+        if value is not None and not value.is_floating_point():
+            raise TypeError(f"edge_index: a SparseTensor's values are this layer's edge weights: expected "
+                            f"floating-point values, got {value.dtype}")
+        if value is not None and value.dim() != 1:
+            raise ValueError(f"edge_index: a SparseTensor's values are this layer's edge weights: expected "
+                             f"one per stored entry, shape [nnz], got {list(value.shape)}")
+        per_edge = value
+    elif values == "features" and per_edge is None and value is not None and value.dim() > 1:
+        per_edge = value
+    return index, (int(adj_t.size(1)), int(adj_t.size(0))), per_edge
+
+
+def _sparse_tensor_index(row: Tensor, col: Tensor, remove_loops: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """The ``[2, nnz]`` int64 index of a SparseTensor's entries, sources first, and the ids of the
+    entries kept (``None``: all)."""
+    index = torch.stack([col.detach(), row.detach()]).long()
+    if not remove_loops:
+        return index, None
+    kept = (index[0] != index[1]).nonzero().view(-1)
+    return index[:, kept], kept
 
 
 def plain_index(edge_index: Tensor) -> Tensor:

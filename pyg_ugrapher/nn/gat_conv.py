@@ -6,6 +6,7 @@ from torch import Tensor
 from torch.nn import Parameter
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
+from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import add_self_loops, remove_self_loops, to_edge_index
 from torch_geometric.utils.loop import compute_loop_attr
 from torch_geometric.utils.sparse import set_sparse_value
@@ -16,7 +17,7 @@ from ..message_passing import MessagePassing
 from ._dense import add_bias
 from ._graph import (Graph, adjacency, check_eager, check_features, derived, edge_tensor, gather_op, graph_of,
                      is_sparse, layer_op, looped_graph, named, node_sizes, op_text, run, spare_row_loop_attr,
-                     spare_row_looped_graph)
+                     spare_row_looped_graph, sparse_tensor_graph)
 
 
 def exp_shifted() -> OpInfo:
@@ -87,7 +88,11 @@ class GATConv(MessagePassing):
 
     Stored self loops are replaced as PyG replaces them. Under ``torch.compile`` they point to a
     spare destination row instead of being removed (:func:`~pyg_ugrapher.nn._graph.spare_row_looped_graph`),
-    so the graph's sizes depend on shapes alone and the layer compiles into one graph.
+    so the graph's sizes depend on shapes alone and the layer compiles into one graph. A
+    ``SparseTensor`` ``adj_t`` gets PyG's ``set_diag``: its stored diagonal is replaced by loops on
+    the first ``min(adj_t.size(0), adj_t.size(1))`` nodes. As in PyG, edge features (``edge_dim``)
+    then need ``add_self_loops=False``, and its values of more than one dimension stand in for a
+    missing ``edge_attr``.
 
     Args:
         in_channels (int or tuple): Size of each input sample, or :obj:`-1` to derive it from the
@@ -114,11 +119,12 @@ class GATConv(MessagePassing):
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite, edge indices
-          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex`` or a ``torch.sparse`` adjacency),
-          edge features :math:`(|\mathcal{E}|, D)` *(optional)*
+          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex``, or a ``torch.sparse`` or
+          ``torch_sparse.SparseTensor`` adjacency), edge features :math:`(|\mathcal{E}|, D)` *(optional)*
         - **output:** node features :math:`(|\mathcal{V}_t|, H * F_{out})`, and with
           ``return_attention_weights`` also :math:`((2, |\mathcal{E}|), (|\mathcal{E}|, H))`
-          (for a sparse adjacency: the adjacency holding the coefficients, and them)
+          (for a ``torch.sparse`` adjacency: the adjacency holding the coefficients, and them; not
+          for a ``SparseTensor``)
     """
 
     def __init__(
@@ -208,7 +214,7 @@ class GATConv(MessagePassing):
     def forward(
         self,
         x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],
-        edge_index: Tensor,
+        edge_index: Union[Tensor, SparseTensor],
         edge_attr: Optional[Tensor] = None,
         size: Optional[Tuple[int, int]] = None,
         return_attention_weights: Optional[bool] = None,
@@ -217,16 +223,29 @@ class GATConv(MessagePassing):
 
         Args:
             x (torch.Tensor or (torch.Tensor, torch.Tensor)): The input node features.
-            edge_index (torch.Tensor): The graph: ``[2, E]`` indices, an ``EdgeIndex`` or a
-                ``torch.sparse`` adjacency ``adj_t``.
-            edge_attr (torch.Tensor, optional): The edge features. (default: :obj:`None`)
+            edge_index (torch.Tensor or SparseTensor): The graph: ``[2, E]`` indices, an
+                ``EdgeIndex``, or a ``torch.sparse`` or ``torch_sparse.SparseTensor`` adjacency
+                ``adj_t``, whose sizes then override ``size``.
+            edge_attr (torch.Tensor, optional): The edge features (for a ``SparseTensor``, in its
+                storage order). (default: :obj:`None`)
             size ((int, int), optional): The shape of the adjacency matrix. (default: :obj:`None`)
             return_attention_weights (bool, optional): If truthy, also return
                 ``(edge_index, alpha)``: the graph with its self loops and the attention
-                coefficients ``[E, H]`` (after dropout). (default: :obj:`None`)
+                coefficients ``[E, H]`` (after dropout); not for a ``SparseTensor``, for which PyG
+                returns a ``SparseTensor`` of them that this layer cannot build.
+                (default: :obj:`None`)
         """
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
+        if isinstance(edge_index, SparseTensor):
+            if return_attention_weights:
+                raise NotImplementedError("return_attention_weights: not supported with a SparseTensor adj_t "
+                                          "(PyG returns the coefficients as a SparseTensor); pass an edge "
+                                          "index or a torch.sparse adjacency")
+            if self.add_self_loops and self.edge_dim is not None:
+                raise NotImplementedError("edge_dim: as in PyG, edge features and add_self_loops=True are not "
+                                          "supported together with a SparseTensor adj_t")
+        edge_index, size, edge_attr = sparse_tensor_graph(self, edge_index, size, edge_attr, "features")
 
         if isinstance(x, Tensor):
             raw_src = raw_dst = check_features("x", x)

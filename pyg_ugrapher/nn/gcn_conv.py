@@ -1,17 +1,18 @@
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 from torch.nn import Parameter
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import zeros
+from torch_geometric.typing import SparseTensor
 
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._dense import add_bias
 from ._graph import (Graph, Looped, adjacency, check_eager, check_features, derived, edge_tensor, gather_op,
                      graph_of, graph_with_loops, is_sparse, looped_graph, named, node_sizes, padded_looped_graph,
-                     plain_index, run, spare_row_looped_graph, sparse_edges)
+                     plain_index, run, spare_row_looped_graph, sparse_edges, sparse_tensor_graph)
 
 
 def normalize_op() -> OpInfo:
@@ -62,7 +63,9 @@ class GCNConv(MessagePassing):
     graph at weight 0, so its size depends on shapes alone and ``torch.compile`` keeps the layer in
     one graph. Other aggregations drop them (they would read the zero-weight messages); under
     ``torch.compile`` they point them to a spare destination row instead, for the same reason
-    (:func:`~pyg_ugrapher.nn._graph.spare_row_looped_graph`).
+    (:func:`~pyg_ugrapher.nn._graph.spare_row_looped_graph`). A ``SparseTensor`` ``adj_t`` is
+    normalised as PyG's ``gcn_norm`` normalises one: its values (or ones) are the edge weights and
+    its stored diagonal is replaced by self loops of weight ``2`` (``improved``) or ``1``.
 
     Args:
         in_channels (int): Size of each input sample, or :obj:`-1` to derive it from the first
@@ -83,12 +86,14 @@ class GCNConv(MessagePassing):
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F_{in})`, edge indices
-          :math:`(2, |\mathcal{E}|)` (a tensor or an ``EdgeIndex``) or a ``torch.sparse``
-          adjacency :math:`(|\mathcal{V}|, |\mathcal{V}|)` whose values are the edge weights,
-          edge weights :math:`(|\mathcal{E}|)` *(optional)*
+          :math:`(2, |\mathcal{E}|)` (a tensor or an ``EdgeIndex``) or a ``torch.sparse`` or
+          ``torch_sparse.SparseTensor`` adjacency ``adj_t`` :math:`(|\mathcal{V}|, |\mathcal{V}|)`
+          whose values are the edge weights, edge weights :math:`(|\mathcal{E}|)` *(optional)*
         - **output:** node features :math:`(|\mathcal{V}|, F_{out})`
     """
     _cached_edge_index: Optional[Tuple[Graph, Optional[Tensor]]]
+    #: A SparseTensor's normalisation, cached apart from the others' as PyG caches it.
+    _cached_adj_t: Optional[Tuple[Graph, Optional[Tensor]]]
 
     def __init__(
         self,
@@ -119,6 +124,7 @@ class GCNConv(MessagePassing):
         self.normalize = normalize
 
         self._cached_edge_index = None
+        self._cached_adj_t = None
 
         self.lin = Linear(in_channels, out_channels, bias=False, weight_initializer="glorot")
         if bias:
@@ -133,20 +139,24 @@ class GCNConv(MessagePassing):
         self.lin.reset_parameters()
         zeros(self.bias)
         self._cached_edge_index = None
+        self._cached_adj_t = None
 
-    def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Union[Tensor, SparseTensor], edge_weight: Optional[Tensor] = None
+                ) -> Tensor:
         if isinstance(x, (tuple, list)):
             raise ValueError(f"x: '{self.__class__.__name__}' received a tuple of node features as "
                              f"input while this layer does not support bipartite message passing. "
                              f"Please try other layers such as 'SAGEConv' or 'GraphConv' instead")
         x = check_features("x", x)
 
-        if self._cached_edge_index is not None:
-            graph, weight = self._cached_edge_index
+        slot = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"
+        cache = getattr(self, slot)
+        if cache is not None:
+            graph, weight = cache
         else:
             graph, weight = self._graph(x, edge_index, edge_weight)
             if self.cached and self.normalize:
-                self._cached_edge_index = (graph, weight)
+                setattr(self, slot, (graph, weight))
 
         x = self.lin(x)
         if weight is None:
@@ -160,10 +170,19 @@ class GCNConv(MessagePassing):
             out = add_bias(out, self.bias)
         return out
 
-    def _graph(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor]
+    def _graph(self, x: Tensor, edge_index: Union[Tensor, SparseTensor], edge_weight: Optional[Tensor]
                ) -> Tuple[Graph, Optional[Tensor]]:
         """The graph to propagate on and its edge weights (``None``: all ones)."""
-        num_nodes, _ = node_sizes(self, edge_index, None, x, x)
+        # PyG's gcn_norm replaces a SparseTensor's stored diagonal (fill_diag): with the diagonal left
+        # out, the index path's add_remaining_self_loops adds loops that weigh the fill value alone.
+        from_sparse_tensor = isinstance(edge_index, SparseTensor)
+        edge_index, size, edge_weight = sparse_tensor_graph(self, edge_index, None, edge_weight, "weights",
+                                                            remove_loops=self.add_self_loops)
+        if from_sparse_tensor and edge_weight is None and self.add_self_loops and self.improved:
+            # PyG weighs a SparseTensor without values 1 before it fills the diagonal, so improved's
+            # loops weigh 2 (on an index without edge weights they weigh 1, see below).
+            edge_weight = x.new_ones(edge_index.size(1))
+        num_nodes, _ = node_sizes(self, edge_index, size, x, x)
         if is_sparse(edge_index):
             if edge_weight is not None:
                 raise ValueError("edge_weight: a sparse adjacency carries its edge weights as its "

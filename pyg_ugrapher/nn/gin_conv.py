@@ -4,11 +4,12 @@ import torch
 from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import reset
+from torch_geometric.typing import SparseTensor
 
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._graph import (adjacency, aggregate, edge_tensor, gather_op, is_sparse, named, node_sizes, padded_looped_graph,
-                     pair, run)
+                     pair, run, sparse_tensor_graph)
 
 
 def relu_sum(gather: str) -> OpInfo:
@@ -31,9 +32,10 @@ class GINConv(MessagePassing):
 
     A drop-in replacement for :class:`torch_geometric.nn.conv.GINConv`: same arguments, same
     parameters (``nn.*``, ``eps``), so ``load_state_dict`` works both ways. The neighbourhood sum
-    is **one** ``copy_u_sum`` op (``u_mul_e_sum`` for a sparse adjacency with values, as PyG's
-    ``spmm``); with a fixed :math:`\epsilon = 0` (the default) that op also adds :math:`\mathbf{x}_i`,
-    summing over the graph with a self loop added to every node.
+    is **one** ``copy_u_sum`` op (``u_mul_e_sum`` for a ``torch.sparse`` adjacency, as PyG's ``spmm``
+    multiplies by its values; PyG drops a ``SparseTensor``'s values, and so does this layer); with a
+    fixed :math:`\epsilon = 0` (the default) that op also adds :math:`\mathbf{x}_i`, summing over the
+    graph with a self loop added to every node.
 
     Args:
         nn (torch.nn.Module): The network :math:`h_{\mathbf{\Theta}}` mapping ``[-1, in_channels]``
@@ -47,7 +49,8 @@ class GINConv(MessagePassing):
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite, edge indices
-          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex`` or a ``torch.sparse`` ``adj_t``)
+          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex``, or a ``torch.sparse`` or
+          ``torch_sparse.SparseTensor`` ``adj_t``)
         - **output:** node features :math:`(|\mathcal{V}|, F_{out})` or
           :math:`(|\mathcal{V}_t|, F_{out})` if bipartite
     """
@@ -74,10 +77,11 @@ class GINConv(MessagePassing):
     def forward(
         self,
         x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],
-        edge_index: Tensor,
+        edge_index: Union[Tensor, SparseTensor],
         size: Optional[Tuple[int, int]] = None,
     ) -> Tensor:
         x_src, x_dst = pair(x)
+        edge_index, size, _ = sparse_tensor_graph(self, edge_index, size)
         if x_dst is x_src and self._with_loops(edge_index):
             num_nodes, num_dst = node_sizes(self, edge_index, size, x_src, x_dst)
             if num_nodes == num_dst:
@@ -136,8 +140,10 @@ class GINEConv(MessagePassing):
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite, edge indices
-          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex`` or a ``torch.sparse`` ``adj_t``
-          whose stored entries are the edges), edge features :math:`(|\mathcal{E}|, D)`
+          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex``, or a ``torch.sparse`` or
+          ``torch_sparse.SparseTensor`` ``adj_t`` whose stored entries are the edges), edge features
+          :math:`(|\mathcal{E}|, D)` (for a ``SparseTensor``, in its storage order; without them,
+          its values if they have more than one dimension, as in PyG)
         - **output:** node features :math:`(|\mathcal{V}|, F_{out})` or
           :math:`(|\mathcal{V}_t|, F_{out})` if bipartite
     """
@@ -175,11 +181,12 @@ class GINEConv(MessagePassing):
     def forward(
         self,
         x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],
-        edge_index: Tensor,
+        edge_index: Union[Tensor, SparseTensor],
         edge_attr: Optional[Tensor] = None,
         size: Optional[Tuple[int, int]] = None,
     ) -> Tensor:
         x_src, x_dst = pair(x)
+        edge_index, size, edge_attr = sparse_tensor_graph(self, edge_index, size, edge_attr, "features")
         num_src, num_dst = node_sizes(self, edge_index, size, x_src, x_dst)
         graph, _ = adjacency(self, edge_index, num_src, num_dst)
         if edge_attr is None:

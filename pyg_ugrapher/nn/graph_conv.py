@@ -2,10 +2,11 @@ from typing import Optional, Tuple, Union
 
 from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.typing import SparseTensor
 
 from ..message_passing import MessagePassing
 from ._dense import linear
-from ._graph import aggregate, gather_op, pair
+from ._graph import aggregate, gather_op, pair, sparse_tensor_graph
 
 
 class GraphConv(MessagePassing):
@@ -37,8 +38,9 @@ class GraphConv(MessagePassing):
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite, edge indices
-          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex`` or a ``torch.sparse`` ``adj_t``
-          whose values are the edge weights), edge weights :math:`(|\mathcal{E}|)` *(optional)*
+          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex``, or a ``torch.sparse`` or
+          ``torch_sparse.SparseTensor`` ``adj_t`` whose values are the edge weights), edge weights
+          :math:`(|\mathcal{E}|)` *(optional)*
         - **output:** node features :math:`(|\mathcal{V}|, F_{out})` or
           :math:`(|\mathcal{V}_t|, F_{out})` if bipartite
     """
@@ -73,11 +75,12 @@ class GraphConv(MessagePassing):
     def forward(
         self,
         x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],
-        edge_index: Tensor,
+        edge_index: Union[Tensor, SparseTensor],
         edge_weight: Optional[Tensor] = None,
         size: Optional[Tuple[int, int]] = None,
     ) -> Tensor:
         x_src, x_dst = pair(x)
+        edge_index, size, edge_weight = sparse_tensor_graph(self, edge_index, size, edge_weight, "weights")
         out = aggregate(self, self._gather, x_src, x_dst, edge_index, size, edge_weight)
         out = linear(self.lin_rel, out)
         if x_dst is not None:

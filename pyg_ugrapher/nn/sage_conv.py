@@ -3,10 +3,11 @@ from typing import Optional, Tuple, Union
 import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.typing import SparseTensor
 
 from ..message_passing import MessagePassing
 from ._dense import linear
-from ._graph import aggregate, gather_op, pair
+from ._graph import aggregate, gather_op, pair, sparse_tensor_graph
 
 
 class SAGEConv(MessagePassing):
@@ -22,8 +23,9 @@ class SAGEConv(MessagePassing):
 
     A drop-in replacement for :class:`torch_geometric.nn.conv.SAGEConv`: same arguments, same
     parameters (``lin_l``, ``lin_r``, ``lin``), so ``load_state_dict`` works both ways. The
-    aggregation is **one** ``copy_u_<aggr>`` op (``u_mul_e_<aggr>`` for a sparse adjacency with
-    values, as PyG's ``spmm`` multiplies by them).
+    aggregation is **one** ``copy_u_<aggr>`` op (``u_mul_e_<aggr>`` for a ``torch.sparse`` adjacency,
+    as PyG's ``spmm`` multiplies by its values; PyG drops a ``SparseTensor``'s values, and so does
+    this layer).
 
     Args:
         in_channels (int or tuple): Size of each input sample, or :obj:`-1` to derive it from the
@@ -44,7 +46,8 @@ class SAGEConv(MessagePassing):
     Shapes:
         - **inputs:** node features :math:`(|\mathcal{V}|, F_{in})` or
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite, edge indices
-          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex`` or a ``torch.sparse`` ``adj_t``)
+          :math:`(2, |\mathcal{E}|)` (a tensor, an ``EdgeIndex``, or a ``torch.sparse`` or
+          ``torch_sparse.SparseTensor`` ``adj_t``)
         - **outputs:** node features :math:`(|\mathcal{V}|, F_{out})` or
           :math:`(|\mathcal{V_t}|, F_{out})` if bipartite
     """
@@ -95,10 +98,11 @@ class SAGEConv(MessagePassing):
     def forward(
         self,
         x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],
-        edge_index: Tensor,
+        edge_index: Union[Tensor, SparseTensor],
         size: Optional[Tuple[int, int]] = None,
     ) -> Tensor:
         x_src, x_dst = pair(x)
+        edge_index, size, _ = sparse_tensor_graph(self, edge_index, size)
         if self.project:
             x_src = self.lin(x_src).relu()
 

@@ -9,11 +9,12 @@ import torch.nn.functional as F
 from torch_geometric import EdgeIndex
 from torch_geometric.nn import MessagePassing as PyGMessagePassing
 from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation
-from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import scatter
 
 import pyg_ugrapher as ug
 import triton_kernels
+
+from ..conftest import FakeSparseTensor
 
 RTOL = 1e-5
 
@@ -369,31 +370,6 @@ def test_sparse_adjacency_values_are_edge_weights(executor, layout):
 
 
 PROPAGATE_TYPE = {"x": torch.Tensor, "edge_weight": Optional[torch.Tensor]}
-
-
-class FakeSparseTensor(SparseTensor):
-    """A stand-in for ``torch_sparse.SparseTensor`` (not installed here): just what PyG's message path
-    reads (``size``, ``coo``, ``csr``, ``nnz``), rows sorted."""
-
-    def __init__(self, row: torch.Tensor, col: torch.Tensor, value: Optional[torch.Tensor], sizes):
-        order = torch.argsort(row * sizes[1] + col)
-        self.row, self.col = row[order], col[order]
-        self.value = None if value is None else value[order]
-        self.sizes = sizes
-
-    def size(self, dim: int) -> int:
-        return self.sizes[dim]
-
-    def nnz(self) -> int:
-        return self.row.numel()
-
-    def coo(self):
-        return self.row, self.col, self.value
-
-    def csr(self):
-        rowptr = torch.zeros(self.sizes[0] + 1, dtype=torch.long)
-        rowptr[1:] = torch.cumsum(torch.bincount(self.row, minlength=self.sizes[0]), 0)
-        return rowptr, self.col, self.value
 
 
 def test_torch_sparse_tensor_by_duck_typing(executor):
