@@ -31,11 +31,23 @@ spare destination row (:func:`spare_row_looped_graph`): fixed sizes, no break. O
 ``GATConv(return_attention_weights=True)``, which returns the looped index itself, still removes
 them when compiled. Reading a ``SparseTensor`` (duck-typed, and cached in Python) is a graph break;
 the rest of the layer compiles as for an edge index.
+
+A ``torch.sparse`` adjacency cannot enter a compiled graph at all: Dynamo does not trace a frame
+that reads a sparse tensor (even only to pass it on) but runs it eagerly as a whole, and still
+compiles each function that frame calls on its own. A layer's eager path would then be compiled in
+pieces (``GCNConv`` in up to ten graphs), or crash inside Dynamo where a piece gets a tensor that
+views the adjacency (``SAGEConv``, ``GINConv``, ``GraphConv``, ``GATConv``). So a layer given one
+runs its ``forward`` whole outside ``torch.compile`` (:func:`eager_with_torch_sparse`): exactly the
+eager computation, graph and normalisation cached on the adjacency as in eager mode, its values
+differentiable. (A model's ``forward`` that holds the adjacency runs eagerly for the same reason;
+what it calls without the adjacency still compiles.) With ``fullgraph=True`` Dynamo refuses the
+sparse tensor itself.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Callable, Hashable, List, Literal, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union
+from functools import lru_cache, wraps
+from typing import (Any, Callable, Hashable, List, Literal, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union,
+                    cast)
 
 import torch
 from torch import Tensor
@@ -51,6 +63,7 @@ from ..graph import GraphTensor
 from ..ir import OpInfo
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 _INT32_MAX = torch.iinfo(torch.int32).max
 
@@ -107,6 +120,20 @@ def check_features(name: str, x: object) -> Tensor:
 
 def is_sparse(edge_index: object) -> bool:
     return isinstance(edge_index, Tensor) and is_torch_sparse_tensor(edge_index)
+
+
+def eager_with_torch_sparse(forward: F) -> F:
+    """A layer's ``forward``, run whole outside ``torch.compile`` (:func:`torch.compiler.disable`)
+    when its graph argument is a ``torch.sparse`` adjacency: exactly as in eager mode, graph and
+    normalisation cached on the adjacency, its values differentiable (see the module docstring).
+    Any other graph argument calls ``forward`` itself, which ``torch.compile`` traces."""
+    eager = torch.compiler.disable(forward)
+
+    @wraps(forward)
+    def dispatch(self: MessagePassing, x: Any, edge_index: Any, *args: Any, **kwargs: Any) -> Any:
+        return (eager if is_sparse(edge_index) else forward)(self, x, edge_index, *args, **kwargs)
+
+    return cast(F, dispatch)
 
 
 def endpoints(flow: str) -> Tuple[int, int]:
@@ -479,19 +506,11 @@ def adjacency(layer, edge_index: Tensor, num_src: int, num_dst: int) -> Tuple[Gr
     """The cached graph of a layer's graph argument, and a sparse adjacency's values (per call, so
     that they stay differentiable; ``None`` for an edge index)."""
     if is_sparse(edge_index):
-        check_eager(edge_index)
         index, values = sparse_edges(edge_index)
         graph = derived(edge_index, ("graph", num_src, num_dst),
                         lambda: graph_of(index, "source_to_target", num_src, num_dst))
         return Graph(graph, None, graph.num_edges), values
     return layer_graph(edge_index, layer.flow, num_src, num_dst), None
-
-
-def check_eager(edge_index: Tensor) -> None:
-    """Sparse adjacencies are read in Python (their layouts and caches): not under torch.compile."""
-    if torch.compiler.is_compiling():
-        raise TypeError("edge_index: under torch.compile the drop-in layers take a [2, E] edge index, "
-                        "not a sparse adjacency")
 
 
 # -- running operators --------------------------------------------------------------------------

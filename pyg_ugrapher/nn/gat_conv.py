@@ -15,9 +15,9 @@ from ..attention import EPSILON, softmax_aggregate, softmax_aggregate_op
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._dense import add_bias
-from ._graph import (Graph, adjacency, check_eager, check_features, derived, edge_tensor, gather_op, graph_of,
-                     is_sparse, layer_op, looped_graph, named, node_sizes, op_text, run, spare_row_loop_attr,
-                     spare_row_looped_graph, sparse_tensor_graph)
+from ._graph import (Graph, adjacency, check_features, derived, eager_with_torch_sparse, edge_tensor, gather_op,
+                     graph_of, is_sparse, layer_op, looped_graph, named, node_sizes, op_text, run,
+                     spare_row_loop_attr, spare_row_looped_graph, sparse_tensor_graph)
 
 
 def exp_shifted() -> OpInfo:
@@ -211,6 +211,7 @@ class GATConv(MessagePassing):
         glorot(self.att_edge)
         zeros(self.bias)
 
+    @eager_with_torch_sparse
     def forward(
         self,
         x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],
@@ -358,7 +359,6 @@ class GATConv(MessagePassing):
             if not self.add_self_loops:
                 graph, _ = adjacency(self, edge_index, num_src, num_dst)
                 return graph, edge_index, edge_tensor("edge_attr", edge_attr, graph.num_edges)
-            check_eager(edge_index)
             if edge_attr is not None:
                 raise ValueError("edge_attr: edge features with add_self_loops=True need an edge "
                                  "index, not a sparse adjacency")

@@ -6,13 +6,14 @@ from torch.nn import Parameter
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import SparseTensor
+from torch_geometric.utils import add_self_loops
 
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._dense import add_bias
-from ._graph import (Graph, Looped, adjacency, check_eager, check_features, derived, edge_tensor, gather_op,
-                     graph_of, graph_with_loops, is_sparse, looped_graph, named, node_sizes, padded_looped_graph,
-                     plain_index, run, spare_row_looped_graph, sparse_edges, sparse_tensor_graph)
+from ._graph import (Graph, Looped, adjacency, check_features, derived, eager_with_torch_sparse, edge_tensor,
+                     gather_op, graph_of, graph_with_loops, is_sparse, looped_graph, named, node_sizes,
+                     padded_looped_graph, plain_index, run, spare_row_looped_graph, sparse_edges, sparse_tensor_graph)
 
 
 def normalize_op() -> OpInfo:
@@ -141,6 +142,7 @@ class GCNConv(MessagePassing):
         self._cached_edge_index = None
         self._cached_adj_t = None
 
+    @eager_with_torch_sparse
     def forward(self, x: Tensor, edge_index: Union[Tensor, SparseTensor], edge_weight: Optional[Tensor] = None
                 ) -> Tensor:
         if isinstance(x, (tuple, list)):
@@ -189,9 +191,17 @@ class GCNConv(MessagePassing):
                                  "values; pass edge_weight=None")
             if not self.normalize:
                 return adjacency(self, edge_index, num_nodes, num_nodes)
-            check_eager(edge_index)
+            if self.add_self_loops and self._gather != "sum":
+                # PyG's gcn_norm merges each stored loop with the loop it adds into one entry, which
+                # mean, max and min read as one message: its own helper builds that adjacency.
+                merged, _ = add_self_loops(edge_index, fill_value=2.0 if self.improved else 1.0, num_nodes=num_nodes)
+                index, values = sparse_edges(merged)
+                merged_graph = derived(edge_index, ("gcn_merged", num_nodes),
+                                       lambda: graph_of(index, "source_to_target", num_nodes, num_nodes))
+                graph = Graph(merged_graph, None, merged_graph.num_edges)
+                return graph, gcn_norm_weights(graph, values)
             # As PyG's gcn_norm on a sparse matrix: a loop is added to every node, on top of any
-            # stored one (their values add up).
+            # stored one (their values add up, which a sum cannot tell from one entry).
             index, values = sparse_edges(edge_index)
             looped = derived(edge_index, ("gcn", num_nodes, self.add_self_loops),
                              lambda: self._looped_sparse(index, num_nodes))

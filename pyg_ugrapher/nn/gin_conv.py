@@ -8,8 +8,8 @@ from torch_geometric.typing import SparseTensor
 
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
-from ._graph import (adjacency, aggregate, edge_tensor, gather_op, is_sparse, named, node_sizes, padded_looped_graph,
-                     pair, run, sparse_tensor_graph)
+from ._graph import (adjacency, aggregate, eager_with_torch_sparse, edge_tensor, gather_op, is_sparse, named,
+                     node_sizes, padded_looped_graph, pair, run, sparse_tensor_graph)
 
 
 def relu_sum(gather: str) -> OpInfo:
@@ -74,6 +74,7 @@ class GINConv(MessagePassing):
         reset(self.nn)
         self.eps.data.fill_(self.initial_eps)
 
+    @eager_with_torch_sparse
     def forward(
         self,
         x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],
@@ -178,6 +179,7 @@ class GINEConv(MessagePassing):
         if self.lin is not None:
             self.lin.reset_parameters()
 
+    @eager_with_torch_sparse
     def forward(
         self,
         x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],

@@ -6,7 +6,7 @@ from torch_geometric.typing import SparseTensor
 
 from ..message_passing import MessagePassing
 from ._dense import linear
-from ._graph import aggregate, gather_op, pair, sparse_tensor_graph
+from ._graph import aggregate, eager_with_torch_sparse, gather_op, pair, sparse_tensor_graph
 
 
 class GraphConv(MessagePassing):
@@ -72,6 +72,7 @@ class GraphConv(MessagePassing):
         self.lin_rel.reset_parameters()
         self.lin_root.reset_parameters()
 
+    @eager_with_torch_sparse
     def forward(
         self,
         x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],

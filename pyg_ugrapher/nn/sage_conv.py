@@ -7,7 +7,7 @@ from torch_geometric.typing import SparseTensor
 
 from ..message_passing import MessagePassing
 from ._dense import linear
-from ._graph import aggregate, gather_op, pair, sparse_tensor_graph
+from ._graph import aggregate, eager_with_torch_sparse, gather_op, pair, sparse_tensor_graph
 
 
 class SAGEConv(MessagePassing):
@@ -95,6 +95,7 @@ class SAGEConv(MessagePassing):
         if self.root_weight:
             self.lin_r.reset_parameters()
 
+    @eager_with_torch_sparse
     def forward(
         self,
         x: Union[Tensor, Tuple[Tensor, Optional[Tensor]]],

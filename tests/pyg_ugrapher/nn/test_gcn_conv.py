@@ -78,8 +78,12 @@ def test_edge_index_type(compare, small_graph):
 
 
 @pytest.mark.parametrize("layout", ["coo", "csr"])
-@pytest.mark.parametrize("kwargs", [{}, {"improved": True}, {"normalize": False}], ids=["default", "improved", "raw"])
+@pytest.mark.parametrize("kwargs", [{}, {"improved": True}, {"normalize": False}, {"aggr": "max"},
+                                    {"aggr": "mean", "improved": True}],
+                         ids=["default", "improved", "raw", "max", "mean_improved"])
 def test_sparse_adjacency(compare, small_graph, layout, kwargs):
+    """With the graph's stored self loops: PyG's gcn_norm merges each with the loop it adds into one
+    entry, which mean and max read as one message."""
     x, edge_index = small_graph
     weight = torch.rand(edge_index.size(1), generator=torch.Generator().manual_seed(6))
     convert = to_torch_coo_tensor if layout == "coo" else to_torch_csr_tensor
