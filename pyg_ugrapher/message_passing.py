@@ -105,6 +105,13 @@ class _State:
         return _State, ()
 
 
+
+@torch.compiler.disable
+def _propagate_eagerly(module: "MessagePassing", edge_index: Tensor, size: Size, kwargs: Dict[str, Any]) -> Tensor:
+    """``module.propagate`` of a ``torch.sparse`` adjacency, never traced (see ``propagate``)."""
+    return module._propagate(edge_index, size, kwargs)
+
+
 class MessagePassing(PyGMessagePassing):
     r"""A drop-in for :class:`torch_geometric.nn.MessagePassing` whose propagation runs as one fused
     uGrapher operator.
@@ -203,6 +210,14 @@ class MessagePassing(PyGMessagePassing):
         are ``None``); ``size=(N_src, N_dst)``; and the keyword arguments of ``message()`` and
         ``update()``, where ``x`` may be a pair ``(x_src, x_dst)`` for bipartite graphs.
         """
+        if isinstance(edge_index, Tensor) and is_torch_sparse_tensor(edge_index):
+            # Dynamo runs a frame that reads a sparse tensor eagerly and compiles its callees one by
+            # one, where a view of the adjacency crashes it: the propagation runs whole outside the
+            # compiled graph, as in eager mode.
+            return _propagate_eagerly(self, edge_index, size, kwargs)
+        return self._propagate(edge_index, size, kwargs)
+
+    def _propagate(self, edge_index: Adj, size: Size, kwargs: Dict[str, Any]) -> Tensor:
         for hook in self._propagate_forward_pre_hooks.values():
             res = hook(self, (edge_index, size, kwargs))
             if res is not None:

@@ -284,6 +284,24 @@ def test_captured_message_passing_compiles_to_the_fused_op(cls, aggr):
     assert model.trace_count == traces  # the eager call's capture served the compiled trace
 
 
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_captured_message_passing_with_a_sparse_adjacency(layout):
+    """A ``torch.sparse`` adjacency cannot enter a compiled graph: its propagation runs as in eager
+    mode (Dynamo used to crash on it; the eager result is PyG's, see test_message_passing), the
+    gradients too."""
+    torch.manual_seed(0)
+    x, edge_index, _, _ = layer_inputs()
+    adj_t = torch.sparse_coo_tensor(edge_index.flip(0), torch.ones(edge_index.size(1)), (x.size(0), x.size(0)))
+    adj_t = adj_t.coalesce() if layout == torch.sparse_coo else adj_t.to_sparse_csr()
+    model = Attention()
+    expected = outputs_and_grads(model, lambda m, x: m(x, adj_t), [x])
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter)
+    for index, (a, b) in enumerate(zip(outputs_and_grads(compiled, lambda m, x: m(x, adj_t), [x]), expected)):
+        assert_close(a, b, "output" if index == 0 else f"gradient {index - 1}")
+    assert counter.frame_count <= 1  # at most the projection before propagate
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.5])
 def test_compiled_gat_runs_the_fused_softmax(dropout):
     """Under ``torch.compile`` GATConv's softmax and aggregation are the one fused custom op (as
