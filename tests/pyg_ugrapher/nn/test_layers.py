@@ -67,10 +67,12 @@ def test_compiled_torch_sparse_adjacency_matches_pyg(compare, compile_ours, smal
     call, counter = compile_ours(lambda layer, x, adj_t, *edge_attr: layer(x, adj_t, *edge_attr), ours)
 
     def forward(layer, x, value, edge_attr):
+        # Each adjacency owns its indices: PyG's to_edge_index flags a COO adjacency coalesced in
+        # place, which would bump the version of an index shared with an earlier call's saved tensors.
         if layout == "coo":
-            adj_t = to_torch_coo_tensor(index, value.detach(), (12, 12), is_coalesced=True)
+            adj_t = to_torch_coo_tensor(index.clone(), value.detach(), (12, 12), is_coalesced=True)
         else:
-            adj_t = to_torch_csr_tensor(index, value, (12, 12), is_coalesced=True)
+            adj_t = to_torch_csr_tensor(index.clone(), value, (12, 12), is_coalesced=True)
         return call(layer, x, adj_t, *([edge_attr] if name == "GINEConv" else []))
 
     compare(ours, theirs, forward, [x, value, edge_attr], train=True)
