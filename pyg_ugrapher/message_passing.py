@@ -105,7 +105,6 @@ class _State:
         return _State, ()
 
 
-
 @torch.compiler.disable
 def _propagate_eagerly(module: "MessagePassing", edge_index: Tensor, size: Size, kwargs: Dict[str, Any]) -> Tensor:
     """``module.propagate`` of a ``torch.sparse`` adjacency, never traced (see ``propagate``)."""

@@ -191,22 +191,22 @@ class GCNConv(MessagePassing):
                                  "values; pass edge_weight=None")
             if not self.normalize:
                 return adjacency(self, edge_index, num_nodes, num_nodes)
+            fill = 2.0 if self.improved else 1.0
             if self.add_self_loops and self._gather != "sum":
                 # PyG's gcn_norm merges each stored loop with the loop it adds into one entry, which
                 # mean, max and min read as one message: its own helper builds that adjacency.
-                merged, _ = add_self_loops(edge_index, fill_value=2.0 if self.improved else 1.0, num_nodes=num_nodes)
+                merged, _ = add_self_loops(edge_index, fill_value=fill, num_nodes=num_nodes)
                 index, values = sparse_edges(merged)
-                merged_graph = derived(edge_index, ("gcn_merged", num_nodes),
-                                       lambda: graph_of(index, "source_to_target", num_nodes, num_nodes))
-                graph = Graph(merged_graph, None, merged_graph.num_edges)
-                return graph, gcn_norm_weights(graph, values)
-            # As PyG's gcn_norm on a sparse matrix: a loop is added to every node, on top of any
-            # stored one (their values add up, which a sum cannot tell from one entry).
-            index, values = sparse_edges(edge_index)
-            looped = derived(edge_index, ("gcn", num_nodes, self.add_self_loops),
-                             lambda: self._looped_sparse(index, num_nodes))
-            if self.add_self_loops:
-                values = torch.cat([values, values.new_full((num_nodes,), 2.0 if self.improved else 1.0)])
+                key, build = ("gcn_merged", num_nodes), lambda: graph_of(index, "source_to_target", num_nodes,
+                                                                        num_nodes)
+            else:
+                # A loop added to every node on top of any stored one: their values add up, which a
+                # sum cannot tell from PyG's one merged entry, and the structure is cached.
+                index, values = sparse_edges(edge_index)
+                key, build = ("gcn", num_nodes, self.add_self_loops), lambda: self._looped_sparse(index, num_nodes)
+                if self.add_self_loops:
+                    values = torch.cat([values, values.new_full((num_nodes,), fill)])
+            looped = derived(edge_index, key, build)
             graph = Graph(looped, None, looped.num_edges)
             return graph, gcn_norm_weights(graph, values)
 
