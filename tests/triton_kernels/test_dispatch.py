@@ -71,17 +71,23 @@ def test_packed_rows():
 def test_plan_reads_row_strided_operands(name, shape, dtype, info, device, graph_factory, operand_factory,
                                          check_close):
     """Operands that are views into wider rows get a plan, which reads their rows and nothing
-    between them."""
-    graph = graph_factory("hub")
+    between them, on a hub, on isolated vertices; a graph without edges is left to ``run``."""
     op = OpInfo.from_name(name)
-    operands = [_row_strided(t) for t in operand_factory(graph, op, shape, dtype=dtype, seed=6, device=device)]
-    assert not all(t.is_contiguous() for t in operands if t.dim() > 1 or t.shape[0] > 1)
-    layout = infer_layout(op, [t.shape for t in operands])
-    out_dtype = reference.result_dtype(operands)
-    plan = dispatch.prepare(op, layout, operands, info, out_dtype)
-    assert isinstance(plan, dispatch.Plan)
-    expected = reference.execute(graph, op, [t.double() for t in operands]).to(out_dtype)
-    check_close(plan(_arrays_of(graph, device), operands), expected, dtype, f"{name} planned, row-strided")
+    plan = None
+    for case, seed in (("hub", 6), ("isolated", 7), ("empty", 8)):
+        graph = graph_factory(case)
+        operands = [_row_strided(t) for t in operand_factory(graph, op, shape, dtype=dtype, seed=seed, device=device)]
+        if plan is None:
+            assert not all(t.is_contiguous() for t in operands if t.dim() > 1 or t.shape[0] > 1)
+            out_dtype = reference.result_dtype(operands)
+            plan = dispatch.prepare(op, infer_layout(op, [t.shape for t in operands]), operands, info, out_dtype)
+            assert isinstance(plan, dispatch.Plan)
+        planned = plan(_arrays_of(graph, device), operands)
+        if case == "empty":
+            assert planned is None
+            continue
+        expected = reference.execute(graph, op, [t.double() for t in operands]).to(out_dtype)
+        check_close(planned, expected, dtype, f"{name} planned on {case}, row-strided")
 
 
 def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_factory, check_close):
