@@ -16,7 +16,7 @@ import torch
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import reference
-from pyg_ugrapher.ir import GATHER_OPS, OpInfo
+from pyg_ugrapher.ir import GATHER_OPS, Expr, OpInfo
 from pyg_ugrapher.layout import infer_layout
 from triton_kernels import dispatch
 
@@ -62,7 +62,8 @@ def schedule(op: OpInfo, strategy: str, knobs: dict, operands) -> ug.ParallelInf
 
 def check(graph, op, operands, info, check_close, isolated, dtype=None, context=""):
     """``compute`` under ``info`` equals the reference; rows without edges are exactly zero."""
-    out = ug.compute(graph, op, *operands, parallel_info=info)
+    out = ug.compute(graph, op, *operands, parallel_info=info) if op.is_builtin else \
+        ug.compute(graph, op, operands=operands, parallel_info=info)
     # The oracle sums float32 in float64: over a hub's 1e5 edges two float32 summation orders
     # differ by about 1e-5 relative, which is rounding, not an error of either.
     exact = [t.double() if t.dtype == torch.float32 else t for t in operands]
@@ -362,3 +363,34 @@ def test_per_head_edge_operands_under_every_head_tiling(strategy, name, heads, i
                   context=f"on {case}, H={heads} C={inner} block_f={block_f}")
     expected = {(3, 4): {(4, False), (4, True)}, (2, 8): {(8, False), (8, True)}, (4, 3): {(3, False), (0, False)}}
     assert seen == expected[(heads, inner)]
+
+
+def _attention_like(gather_op):
+    """``x_u * exp(a_u + b_v - c_e)``: GAT's weighted message, per-head operands of every kind."""
+    x, a, b, c = (Expr.input(i) for i in range(4))
+    return OpInfo(x * Expr.apply("exp", a + b - c), gather_op, operands=("src_v", "src_v", "dst_v", "edge"))
+
+
+@pytest.mark.parametrize("gather_op", [None, "sum", "max"])
+@pytest.mark.parametrize("strategy", ["vertex", "edge", "group"])
+def test_whole_head_tiles_compute_per_head_operands_once_per_head(strategy, gather_op, device, graph_factory,
+                                                                  check_close, isolated):
+    """Tiles of whole heads load each per-head operand (source, destination or edge) once per head
+    and evaluate what reads only them at that width, then broadcast over the head's features:
+    against the reference on every graph shape, with two heads per tile, four, and a last tile
+    partly past ``H``."""
+    op = _attention_like(gather_op)
+    for (heads, inner), block_f in (((4, 8), 16), ((4, 8), 32), ((3, 8), 16)):
+        for case in ("empty", "isolated", "self_loops", "hub", "bipartite"):
+            graph = graph_factory(case, seed=7)
+            generator = torch.Generator().manual_seed(heads + block_f)
+            rows = {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}
+            operands = [torch.randn((rows[kind], heads, inner if k == 0 else 1), generator=generator).to(device)
+                        for k, kind in enumerate(op.inputs)]
+            layout = infer_layout(op, [t.shape for t in operands])
+            assert dispatch.head_tiling(layout.message_width, inner, block_f) == (inner, True)
+            source = dispatch.kernel_source(op, layout, ug.ParallelInfo(strategy, block_f=block_f))
+            assert "hs[:, None]" in source and "// C" not in source, "per-head operands loaded per feature"
+            knobs = dict(block_f=block_f, **({"group_size": 4, "block_e": 2} if strategy == "group" else {}))
+            check(graph, op, operands, ug.ParallelInfo(strategy, **knobs), check_close, isolated,
+                  context=f"on {case}, H={heads} C={inner} block_f={block_f}")
