@@ -145,13 +145,15 @@ _SHARED_DECISIONS: Dict[Hashable, Tuple] = {}
 
 def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule: str,
               pair: Optional[Tuple[str, Sequence[Tensor]]] = None
-              ) -> Tuple[OpInfo, Layout, ParallelInfo, torch.dtype, Optional[triton_kernels.Plan]]:
+              ) -> Tuple[OpInfo, Layout, ParallelInfo, torch.dtype,
+                         Optional[Union[triton_kernels.Plan, triton_kernels.PairPlan]]]:
     """What runs ``op`` on ``operands``: the op, its layout, the schedule, the result dtype and
-    the launch plan for packed operands (:func:`triton_kernels.prepare`; ``None`` with
-    ``pair``, or where there is none); decided once per graph structure (cached with its
-    statistics; shared by every graph where the schedule does not depend on the graph, a named
-    one or :func:`autotune.selection.graph_independent`: a sampler's new mini-batch graph then
-    decides nothing), operand signature, :data:`autotune.selection.generation` (a retrained
+    the launch plan for packed operands (:func:`triton_kernels.prepare`, with ``pair``
+    :func:`triton_kernels.prepare_with_edge_output`; ``None`` where there is none); decided
+    once per graph structure (cached with its statistics; shared by every graph where the
+    schedule does not depend on the graph, a named one or
+    :func:`autotune.selection.graph_independent`: a sampler's new mini-batch graph then decides
+    nothing), operand signature, :data:`autotune.selection.generation` (a retrained
     model decides afresh) and which operands come back (:func:`triton_kernels.reuse_state`: a narrow
     edge operand is then read in CSR order, which favours other schedules; on the H100,
     ``u_mul_e_sum`` kept a schedule timed with its weight read through the edge ids). With
@@ -194,7 +196,11 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
             return triton_kernels.pair_schedule(candidate, layout.message_width, _layout_of(*pair).reduce_size)
 
         chosen = schedule_for(info, layout, csr, dtype, device, schedule, run, context, adapt)
-        plan = None if pair is not None else triton_kernels.prepare(info, layout, operands, chosen, dtype)
+        if pair is None:
+            plan = triton_kernels.prepare(info, layout, operands, chosen, dtype)
+        else:
+            plan = triton_kernels.prepare_with_edge_output(info, layout, _op(pair[0]), _layout_of(*pair), operands,
+                                                           pair[1], chosen, (dtype, reference.result_dtype(pair[1])))
         decision = decisions[key] = (info, layout, chosen, dtype, plan, generation)
     return decision[:5]
 
@@ -232,8 +238,12 @@ def run_gather_with_edge_output(structure: List[Tensor], gather_operands: List[T
     gather's schedule allows it (see :func:`triton_kernels.run_with_edge_output`)."""
     if uses_triton(gather_operands[0].device):
         arrays = _arrays(structure)
-        gather_info, gather_layout, chosen, gather_dtype, _ = _decision(arrays, gather_operands, gather,
-                                                                        gather_schedule, (message, message_operands))
+        gather_info, gather_layout, chosen, gather_dtype, plan = _decision(arrays, gather_operands, gather,
+                                                                           gather_schedule, (message, message_operands))
+        if plan is not None and all(triton_kernels.packed_rows(t) for t in gather_operands + message_operands):
+            both = plan(arrays, gather_operands, message_operands)
+            if both is not None:
+                return list(both)
         message_layout = _layout_of(message, message_operands)
         both = triton_kernels.run_with_edge_output(gather_info, gather_layout, _op(message), message_layout, arrays,
                                                    gather_operands, message_operands, chosen,

@@ -163,18 +163,28 @@ class Fused:
     gather_slots: Tuple[int, ...]  #: combined slot of each gather operand
     message_slots: Tuple[int, ...]  #: combined slot of each message operand
 
+    def combined(self, gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor]) -> List[Tensor]:
+        """The operands of the combined op, in its slot order."""
+        operands: List[Optional[Tensor]] = [None] * len(self.op.inputs)
+        for k, t in zip(self.gather_slots + self.message_slots, list(gather_operands) + list(message_operands)):
+            operands[k] = t
+        return operands
+
 
 def fuse(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
          gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor]) -> Optional[Fused]:
     """The combined op of :func:`run_with_edge_output`, or ``None`` when the two ops do not share
     a message shape (or one is not of its kind)."""
-    operands = list(gather_operands) + list(message_operands)
-    # Which earlier operand each one is (the same tensor read the same way), or -1: all that the
-    # combined op depends on besides the two ops, so it is built once per pattern.
-    keys = list(zip(gather.inputs + message.inputs, gather_layout.patterns + message_layout.patterns))
-    sharing = tuple(next((k for k in range(i) if operands[k] is t and keys[k] == keys[i]), -1)
-                    for i, t in enumerate(operands))
-    return _fused(gather, gather_layout, message, message_layout, sharing)
+    keys = tuple(zip(gather.inputs + message.inputs, gather_layout.patterns + message_layout.patterns))
+    return _fused(gather, gather_layout, message, message_layout,
+                  _sharing(keys, list(gather_operands) + list(message_operands)))
+
+
+def _sharing(keys: Sequence[Tuple[str, str]], operands: Sequence[Tensor]) -> Tuple[int, ...]:
+    """Which earlier operand each one is (the same tensor read the same way, by its ``keys``), or
+    -1: all that the combined op depends on besides the two ops, so it is built once per pattern."""
+    return tuple(next((k for k in range(i) if operands[k] is t and keys[k] == keys[i]), -1)
+                 for i, t in enumerate(operands))
 
 
 @functools.lru_cache(maxsize=None)
@@ -221,9 +231,7 @@ def run_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo,
     mode = edge_mode(width, fused.edge_group, info.block_f)
     if mode is None:
         return None
-    operands: List[Optional[Tensor]] = [None] * len(fused.op.inputs)
-    for k, t in zip(fused.gather_slots + fused.message_slots, list(gather_operands) + list(message_operands)):
-        operands[k] = t
+    operands = fused.combined(gather_operands, message_operands)
     edge_shape = (graph.csr.num_edges,) + message_layout.out_shape
     if graph.csr.num_edges == 0 or width == 0:
         out = run(gather, gather_layout, graph, gather_operands, info, out_dtypes[0])
@@ -369,16 +377,18 @@ class Plan:
     #: The slots :func:`run` reads in CSR order once their tensor comes back (``None``: none).
     permutable: Optional[Tuple[bool, ...]]
 
-    def __call__(self, graph: GraphArrays, operands: Sequence[Tensor]) -> Optional[Tensor]:
+    def __call__(self, graph: GraphArrays, operands: Sequence[Tensor], edge_out: Optional[Tensor] = None
+                 ) -> Optional[Tensor]:
         """The result for ``operands``, :func:`packed_rows` of the dtypes and feature shapes the
-        plan was made for; ``None`` where the call needs :func:`run`: an operand of a
-        permutable slot comes back (read in CSR order), no edges or no rows to compute, or
-        element offsets beyond int32."""
+        plan was made for (and ``edge_out`` written, for a plan of :func:`prepare_with_edge_output`);
+        ``None`` where the call needs :func:`run`: an operand of a permutable slot comes back (read
+        in CSR order), no edges or no rows to compute, or element offsets beyond int32."""
         csr = graph.csr
         rows = _rows(self.op, graph)
         width = self.layout.width
+        extra = [] if edge_out is None else [edge_out]
         # The output's offsets reach (rows + 1) * width, as _needs_wide counts them.
-        if not csr.num_edges or not rows or (rows + 1) * width > _INT32_LIMIT or _needs_wide(operands):
+        if not csr.num_edges or not rows or (rows + 1) * width > _INT32_LIMIT or _needs_wide(list(operands) + extra):
             return None
         if self.permutable is not None:
             edge_operands = [t for t, slot in zip(operands, self.permutable) if slot]
@@ -387,24 +397,80 @@ class Plan:
             for t in edge_operands:  # first seen now: marked, so that a call that brings it back permutes it
                 is_reused(t, csr.eid)
         out = _allocate(self.op, graph, self.template, self.info, rows, width, self.out_dtype)
-        self.template.launch(self.kernel, graph, _tensor_args(operands), out, width, self.layout, self.info)
+        self.template.launch(self.kernel, graph, _tensor_args(operands) + extra, out, width, self.layout, self.info)
         return _result(out, self.out_dtype, (rows,) + self.layout.out_shape)
 
 
+@dataclass(frozen=True)
+class PairPlan:
+    """What :func:`run_with_edge_output` works out for one call, kept for the calls like it
+    (:func:`prepare_with_edge_output`): the combined op's :class:`Plan`, and how the two ops'
+    operands map onto it. GAT's backward runs one such pair per step; through
+    :func:`run_with_edge_output` it took 87 us of host time on the project's CPU machine (launches
+    stubbed), about three times a plain plan's."""
+
+    fused: Fused
+    keys: Tuple[Tuple[str, str], ...]  #: (kind, pattern) of each gather operand, then each message operand
+    sharing: Tuple[int, ...]  #: the operands that were one tensor when the plan was made (:func:`_sharing`)
+    plan: Plan
+    edge_width: int
+    edge_shape: Tuple[int, ...]  #: the message op's feature shape
+    edge_dtype: torch.dtype
+    atomic: bool  #: the edge output adds partial sums atomically (``edge_mode`` ``"partial"``)
+
+    def __call__(self, graph: GraphArrays, gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor]
+                 ) -> Optional[Tuple[Tensor, Tensor]]:
+        """Both results for operands like the plan's (packed rows, the same tensors shared); ``None``
+        where the call needs :func:`run_with_edge_output`."""
+        num_edges = graph.csr.num_edges
+        if not num_edges or _sharing(self.keys, list(gather_operands) + list(message_operands)) != self.sharing:
+            return None
+        edge_out = _allocate_edge_output(num_edges, self.edge_width, self.edge_dtype, self.atomic, graph.csr.device)
+        out = self.plan(graph, self.fused.combined(gather_operands, message_operands), edge_out)
+        if out is None:
+            return None
+        return out, edge_out.to(self.edge_dtype).view((num_edges,) + self.edge_shape)
+
+
 def prepare(op: OpInfo, layout: Layout, operands: Sequence[Tensor], info: ParallelInfo,
-            out_dtype: torch.dtype) -> Optional[Plan]:
+            out_dtype: torch.dtype, edge_fields: Tuple[Tuple[str, Any], ...] = ()) -> Optional[Plan]:
     """A :class:`Plan` for calls of ``op`` under ``info`` with operands like ``operands`` (same
     dtypes and feature shapes, :func:`packed_rows`; rows are the graph's, on any graph); ``None``
     where each call must go through :func:`run`: operands whose features are not packed, nothing
-    to compute, offsets of these operands beyond int32."""
+    to compute, offsets of these operands beyond int32. ``edge_fields``: those of an edge output
+    written by the same kernel (see :func:`prepare_with_edge_output`)."""
     info.validate_for(layout.message_width)
     if layout.width == 0 or not all(packed_rows(t) for t in operands) or _needs_wide(operands):
         return None
     template = template_for(op, info)
     kinds = operand_kinds(op, layout, info)
-    spec = _spec(op, layout, info, any(t.dtype == torch.float64 for t in operands), False, kinds, ())
+    spec = _spec(op, layout, info, any(t.dtype == torch.float64 for t in operands), False, kinds, edge_fields)
     return Plan(template, _kernel(template, spec, interpreting()), op, layout, info, out_dtype,
                 _permutable(op, layout, info))
+
+
+def prepare_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
+                             gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor],
+                             info: ParallelInfo, out_dtypes: Tuple[torch.dtype, torch.dtype]) -> Optional[PairPlan]:
+    """A :class:`PairPlan` for calls of :func:`run_with_edge_output` with operands like these (as
+    :func:`prepare`); ``None`` where each call must go through it, or where ``info`` cannot run the
+    two ops together."""
+    if info.strategy not in ("vertex", "group"):
+        return None
+    fused = fuse(gather, gather_layout, message, message_layout, gather_operands, message_operands)
+    if fused is None:
+        return None
+    mode = edge_mode(gather_layout.width, fused.edge_group, info.block_f)
+    if mode is None:
+        return None
+    edge_fields = (("edge_expr", fused.edge_expr), ("edge_group", fused.edge_group), ("edge_mode", mode))
+    plan = prepare(fused.op, fused.layout, fused.combined(gather_operands, message_operands), info, out_dtypes[0],
+                   edge_fields)
+    if plan is None:
+        return None
+    keys = tuple(zip(gather.inputs + message.inputs, gather_layout.patterns + message_layout.patterns))
+    return PairPlan(fused, keys, _sharing(keys, list(gather_operands) + list(message_operands)), plan,
+                    message_layout.width, message_layout.out_shape, out_dtypes[1], mode == "partial")
 
 
 def _atomic_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -445,5 +511,6 @@ def _allocate(op: OpInfo, graph: GraphArrays, template, info: ParallelInfo, rows
     return init[:, None].expand(rows, width).contiguous()
 
 
-__all__: Tuple[str, ...] = ("run", "prepare", "Plan", "packed_rows", "run_with_edge_output", "kernel_source",
+__all__: Tuple[str, ...] = ("run", "prepare", "Plan", "prepare_with_edge_output", "PairPlan", "packed_rows",
+                            "run_with_edge_output", "kernel_source",
                             "kernel_spec", "TEMPLATES", "GraphArrays")

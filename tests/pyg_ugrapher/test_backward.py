@@ -185,10 +185,12 @@ def test_vertex_and_edge_gradients_share_one_pass(name, shape, block_f, fuses, s
     """The source gradient (a gather on the reversed graph) and the edge gradient (message
     creation) run as one kernel where the feature tile allows, and equal the reference's autograd
     either way."""
-    fused = []
-    run_pair = triton_kernels.run_with_edge_output
+    fused = []  # what each pass that may fuse returned: a pair's launch plan, or run_with_edge_output
+    run_pair, run_plan = triton_kernels.run_with_edge_output, triton_kernels.PairPlan.__call__
     monkeypatch.setattr(triton_kernels, "run_with_edge_output",
                         lambda *args: fused.append(run_pair(*args)) or fused[-1])
+    monkeypatch.setattr(triton_kernels.PairPlan, "__call__",
+                        lambda *args: fused.append(run_plan(*args)) or fused[-1])
     op = OpInfo.from_name(name)
     graph = graph_factory("mixed")
     operands = operand_factory(graph, op, shape, seed=4, device=device)

@@ -301,7 +301,8 @@ def test_a_gather_with_an_edge_output_times_the_fused_kernel(monkeypatch, interp
 
 def test_a_measured_pair_refines_the_fused_kernels_own_schedule(monkeypatch, interpret, graph_factory, check_close):
     """The shortlist's gather schedules are adapted to the fused kernel (``pair_schedule``); the
-    refinement then times that kernel's neighbours as they are, and the fastest is what runs."""
+    refinement then times that kernel's neighbours as they are, and the fastest is what runs (through
+    its launch plan)."""
     from pyg_ugrapher.graph import derived_cache
     import triton_kernels
     from pyg_ugrapher.ops import reversed_structure, run_gather_with_edge_output, serialized
@@ -315,6 +316,9 @@ def test_a_measured_pair_refines_the_fused_kernels_own_schedule(monkeypatch, int
     seen = []
     monkeypatch.setattr(triton_kernels, "run_with_edge_output",
                         lambda *args, _run=triton_kernels.run_with_edge_output: seen.append(args[7]) or _run(*args))
+    planned = []
+    monkeypatch.setattr(triton_kernels.PairPlan, "__call__", lambda self, *args, _call=triton_kernels.PairPlan.__call__:
+                        planned.append(self.plan.info) or _call(self, *args))
     ran = _measured_selection(monkeypatch, [start], lambda result: 1.0 if seen[-1] == goal else 2.0, rounds=1)
     gen = torch.Generator().manual_seed(2)
     g, weight, x = (torch.randn(graph.num_dst, 2, 4, generator=gen), torch.rand(graph.num_edges, 2, 1, generator=gen),
@@ -322,9 +326,9 @@ def test_a_measured_pair_refines_the_fused_kernels_own_schedule(monkeypatch, int
     structure = reversed_structure(graph.structure(torch.device("cpu")))
     grad, products = run_gather_with_edge_output(structure, [g, weight], serialized(gather), [x, g],
                                                  serialized(message), "auto", "auto")
-    timed = seen[:-1]
+    timed = seen
     assert timed[0] == adapted and goal in timed and set(timed[1:]) == set(neighbours(adapted, gather, 8))
-    assert seen[-1] == goal and len(ran) == len(timed)  # the call itself ran the winner, unadapted
+    assert planned == [goal] and len(ran) == len(timed)  # the call itself ran the winner, unadapted
     decisions = derived_cache(structure[0])["decisions"]
     assert [decision[2] for decision in decisions.values()] == [goal]
     reversed_graph = ug.GraphTensor(graph.dst, graph.src, graph.num_dst, graph.num_src)

@@ -64,6 +64,12 @@ class Pair:
         return [reference.execute(self.graph, op, [t.double() for t in operands]).to(dtype)
                 for op, operands in zip(self.ops, self.operands)]
 
+    def plan(self, info: ug.ParallelInfo):
+        """The launch plan of the pair under ``info`` (``prepare_with_edge_output``), or None."""
+        return dispatch.prepare_with_edge_output(self.ops[0], self.layouts[0], self.ops[1], self.layouts[1],
+                                                 self.operands[0], self.operands[1], info,
+                                                 (torch.float32, torch.float32))
+
 
 @pytest.mark.parametrize("strategy", ["vertex", "group"])
 @pytest.mark.parametrize("gather,message,shape,per_head", PAIRS, ids=[f"{g}+{m}-{s[0]}x{s[1]}" for g, m, s, _ in PAIRS])
@@ -109,6 +115,64 @@ def test_half_types(dtype, block_f, device, graph_factory, check_close):
     assert out.dtype == dtype and edge_out.dtype == dtype
     for ours, expected, op in zip((out, edge_out), pair.expected(dtype), pair.ops):
         check_close(ours, expected, dtype, f"{op.name} in {dtype}")
+
+
+@pytest.mark.parametrize("strategy", ["vertex", "group"])
+@pytest.mark.parametrize("gather,message,shape,per_head", PAIRS[:2] + PAIRS[4:],
+                         ids=[f"{g}+{m}-{s[0]}x{s[1]}" for g, m, s, _ in PAIRS[:2] + PAIRS[4:]])
+def test_plan_matches_the_reference_call_after_call(gather, message, shape, per_head, strategy, device,
+                                                    graph_factory, check_close):
+    """One pair plan serves fresh operands and other graphs (it holds nothing of either), and
+    declines a graph without edges and operands that share tensors differently than its own."""
+    heads, inner = shape
+    info = ug.ParallelInfo(strategy, block_f=8, **SCHEDULES[strategy])
+    first = Pair(graph_factory("mixed"), gather, message, heads, inner, per_head, 0, device)
+    plan = first.plan(info)
+    assert plan is not None
+    for index, case in enumerate(("mixed", "hub", "bipartite", "self_loops")):
+        pair = Pair(graph_factory(case, seed=index), gather, message, heads, inner, per_head, index + 1, device)
+        both = plan(pair.arrays, *pair.operands)
+        for ours, expected, op in zip(both, pair.expected(), pair.ops):
+            check_close(ours, expected, context=f"{op.name} on {case}")
+    empty = Pair(graph_factory("empty"), gather, message, heads, inner, per_head, 9, device)
+    assert plan(empty.arrays, *empty.operands) is None
+    unshared = [t.clone() for t in first.operands[1]]
+    assert plan(first.arrays, first.operands[0], unshared) is None
+
+
+def test_plans_only_for_schedules_that_fuse(device, graph_factory):
+    pair = Pair(graph_factory("mixed"), "u_mul_e_sum", "v_dot_u", 2, 4, True, 0, device)
+    assert pair.plan(ug.ParallelInfo("edge", block_f=4)) is None
+    assert pair.plan(ug.ParallelInfo("vertex", block_f=4, block_v=2, block_e=2)) is not None
+    straddling = Pair(graph_factory("mixed"), "u_mul_e_sum", "v_dot_u", 2, 3, True, 0, device)
+    assert straddling.plan(ug.ParallelInfo("vertex", block_f=2)) is None  # a tile inside no sum of 3
+
+
+def test_operator_takes_the_plan_only_for_packed_operands(monkeypatch, interpret, graph_factory, check_close):
+    """``run_gather_with_edge_output`` launches through its decision's pair plan when every operand
+    is packed rows, and through ``run_with_edge_output`` otherwise; both give the reference's results."""
+    from pyg_ugrapher.ops import run_gather_with_edge_output, serialized
+
+    through = []
+    monkeypatch.setattr(dispatch.PairPlan, "__call__", lambda self, *args, _call=dispatch.PairPlan.__call__:
+                        through.append("plan") or _call(self, *args))
+    monkeypatch.setattr(dispatch, "_launch", lambda *args, _launch=dispatch._launch, **kwargs:
+                        through.append("run") or _launch(*args, **kwargs))
+    graph = graph_factory("hub")
+    schedule = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=8).serialize()
+    for transposed in (False, True):
+        pair = Pair(graph, "u_mul_e_sum", "v_dot_u", 2, 4, True, 0, torch.device("cpu"))
+        if transposed:  # the same values, features not packed
+            pair.operands = [[t.transpose(1, 2).contiguous().transpose(1, 2) for t in operands]
+                             for operands in pair.operands]
+            shared = pair.operands[0][0]
+            pair.operands[1] = [shared if k == "src_v" else t for k, t in zip(pair.ops[1].inputs, pair.operands[1])]
+        both = run_gather_with_edge_output(graph.structure(torch.device("cpu")), pair.operands[0],
+                                           serialized(pair.ops[0]), pair.operands[1], serialized(pair.ops[1]),
+                                           schedule, schedule)
+        for ours, expected, op in zip(both, pair.expected(), pair.ops):
+            check_close(ours, expected, context=f"{op.name}, transposed={transposed}")
+    assert through == ["plan", "run"]
 
 
 def test_edge_parallel_schedules_do_not_fuse(device, graph_factory):
