@@ -50,6 +50,19 @@ def test_bipartite(compare, bipartite_graph, shared):
             lambda layer, a, b: layer((a, b), edge_index), [x_src, x_dst])
 
 
+@pytest.mark.parametrize("in_channels", [-1, (-1, -1)], ids=["lazy", "lazy_bipartite"])
+def test_lazy_in_channels(compare, small_graph, in_channels):
+    """PyG's lazy input sizes: the first call gives the projections their shape, and the attention
+    vectors fold into them from that call on."""
+    x, edge_index = small_graph
+    torch.manual_seed(0)
+    ours = GATConv(in_channels, 4, heads=2)
+    assert ours(x, edge_index).shape == (x.size(0), 8)
+    theirs = pyg_nn.GATConv(6 if in_channels == -1 else (6, 6), 4, heads=2)
+    theirs.load_state_dict(ours.state_dict())
+    compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x], train=True)
+
+
 def test_bipartite_without_target_features(compare, bipartite_graph):
     x_src, _, edge_index = bipartite_graph
     torch.manual_seed(0)
