@@ -296,11 +296,22 @@ def _cuda_ms(run: Callable[[], object], repeats: int) -> float:
     fires after the host has queued the call: back to back, a call shorter than its host overhead
     is timed as that overhead, and the fastest of a shortlist of such calls is noise (on the H100,
     GAT's per-head ``u_add_v`` on a power-law 4e6-edge graph ran a 0.157 ms schedule where the
-    edge-parallel ones took 0.073 ms)."""
+    edge-parallel ones took 0.073 ms).
+
+    Each call also starts with the L2 cache holding none of its data (a buffer of twice its size is
+    overwritten first), as in a training step, where each operator follows others that stream
+    their own tensors through it. Back to back, a call found part of its operands in the L2 that
+    the previous repeat left: on an H200, GAT's backward gather with edge output (4e6 edges) chose
+    a schedule that ran at 1.02 ms in the step, against 0.79 ms for one that timing with a cold
+    cache puts first (``benchmarks/results/h200-gat-profile``, probes 52 and 53)."""
     run()
+    device = torch.cuda.current_device()
+    flush = torch.empty(2 * torch.cuda.get_device_properties(device).L2_cache_size, dtype=torch.int8,
+                        device=device)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(repeats)]
     for start, end in events:
+        flush.zero_()
         torch.cuda._sleep(BUSY_CYCLES)
         start.record()
         run()
