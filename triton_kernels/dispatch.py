@@ -162,6 +162,12 @@ class Fused:
     edge_group: int
     gather_slots: Tuple[int, ...]  #: combined slot of each gather operand
     message_slots: Tuple[int, ...]  #: combined slot of each message operand
+    keys: Tuple[Tuple[str, str], ...]  #: (kind, pattern) of each gather operand, then each message operand
+    sharing: Tuple[int, ...]  #: which operands are one tensor (:func:`_sharing`), what the combined op depends on
+
+    def edge_fields(self, mode: str) -> Tuple[Tuple[str, Any], ...]:
+        """The :class:`KernelSpec` fields of the edge output, written in ``mode`` (:func:`edge_mode`)."""
+        return (("edge_expr", self.edge_expr), ("edge_group", self.edge_group), ("edge_mode", mode))
 
     def combined(self, gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor]) -> List[Tensor]:
         """The operands of the combined op, in its slot order."""
@@ -176,7 +182,7 @@ def fuse(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout:
     """The combined op of :func:`run_with_edge_output`, or ``None`` when the two ops do not share
     a message shape (or one is not of its kind)."""
     keys = tuple(zip(gather.inputs + message.inputs, gather_layout.patterns + message_layout.patterns))
-    return _fused(gather, gather_layout, message, message_layout,
+    return _fused(gather, gather_layout, message, message_layout, keys,
                   _sharing(keys, list(gather_operands) + list(message_operands)))
 
 
@@ -189,7 +195,7 @@ def _sharing(keys: Sequence[Tuple[str, str]], operands: Sequence[Tensor]) -> Tup
 
 @functools.lru_cache(maxsize=None)
 def _fused(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
-           sharing: Tuple[int, ...]) -> Optional[Fused]:
+           keys: Tuple[Tuple[str, str], ...], sharing: Tuple[int, ...]) -> Optional[Fused]:
     if gather.gather_op is None or gather.reduces or message.gather_op is not None or \
             gather_layout.message_shape != message_layout.message_shape:
         return None
@@ -211,7 +217,21 @@ def _fused(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layou
     op = _Combined(expr, gather.gather_op, kinds)
     layout = Layout(gather_layout.message_shape, gather_layout.out_shape, patterns, gather_layout.inner, 1)
     edge_expr = message.expr.remap(dict(enumerate(message_slots))).serialize()
-    return Fused(op, layout, edge_expr, message_layout.reduce_size, gather_slots, message_slots)
+    return Fused(op, layout, edge_expr, message_layout.reduce_size, gather_slots, message_slots, keys, sharing)
+
+
+def _fusion(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
+            gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor],
+            info: ParallelInfo) -> Optional[Tuple[Fused, str]]:
+    """The combined op of :func:`run_with_edge_output` and the :func:`edge_mode` of its edge output
+    under ``info``, or ``None`` when ``info`` cannot run the two ops together."""
+    if info.strategy not in ("vertex", "group"):
+        return None
+    fused = fuse(gather, gather_layout, message, message_layout, gather_operands, message_operands)
+    if fused is None:
+        return None
+    mode = edge_mode(gather_layout.width, fused.edge_group, info.block_f)
+    return None if mode is None else (fused, mode)
 
 
 def run_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
@@ -221,25 +241,19 @@ def run_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo,
     """``(run(gather, ...), run(message, ...))`` in one pass over the edges, or ``None`` when
     ``info`` cannot run them together (an edge-parallel schedule, or feature tiles that straddle
     the message op's sums); the caller then runs them one by one."""
-    if info.strategy not in ("vertex", "group"):
+    fusion = _fusion(gather, gather_layout, message, message_layout, gather_operands, message_operands, info)
+    if fusion is None:
         return None
-    fused = fuse(gather, gather_layout, message, message_layout, gather_operands, message_operands)
-    if fused is None:
-        return None
+    fused, mode = fusion
     info.validate_for(gather_layout.message_width)
-    width = gather_layout.width
-    mode = edge_mode(width, fused.edge_group, info.block_f)
-    if mode is None:
-        return None
     operands = fused.combined(gather_operands, message_operands)
     edge_shape = (graph.csr.num_edges,) + message_layout.out_shape
-    if graph.csr.num_edges == 0 or width == 0:
+    if graph.csr.num_edges == 0 or gather_layout.width == 0:
         out = run(gather, gather_layout, graph, gather_operands, info, out_dtypes[0])
         return out, torch.zeros(edge_shape, dtype=out_dtypes[1], device=graph.csr.device)
     edge_out = _allocate_edge_output(graph.csr.num_edges, message_layout.width, out_dtypes[1],
                                      mode == "partial", graph.csr.device)
-    out = _launch(fused.op, fused.layout, graph, operands, info, out_dtypes[0],
-                  (("edge_expr", fused.edge_expr), ("edge_group", fused.edge_group), ("edge_mode", mode)), edge_out)
+    out = _launch(fused.op, fused.layout, graph, operands, info, out_dtypes[0], fused.edge_fields(mode), edge_out)
     return out, edge_out.to(out_dtypes[1]).view(edge_shape)
 
 
@@ -409,9 +423,7 @@ class PairPlan:
     :func:`run_with_edge_output` it took 87 us of host time on the project's CPU machine (launches
     stubbed), about three times a plain plan's."""
 
-    fused: Fused
-    keys: Tuple[Tuple[str, str], ...]  #: (kind, pattern) of each gather operand, then each message operand
-    sharing: Tuple[int, ...]  #: the operands that were one tensor when the plan was made (:func:`_sharing`)
+    fused: Fused  #: its ``sharing``: the operands that were one tensor when the plan was made
     plan: Plan
     edge_width: int
     edge_shape: Tuple[int, ...]  #: the message op's feature shape
@@ -423,7 +435,8 @@ class PairPlan:
         """Both results for operands like the plan's (packed rows, the same tensors shared); ``None``
         where the call needs :func:`run_with_edge_output`."""
         num_edges = graph.csr.num_edges
-        if not num_edges or _sharing(self.keys, list(gather_operands) + list(message_operands)) != self.sharing:
+        operands = list(gather_operands) + list(message_operands)
+        if not num_edges or _sharing(self.fused.keys, operands) != self.fused.sharing:
             return None
         edge_out = _allocate_edge_output(num_edges, self.edge_width, self.edge_dtype, self.atomic, graph.csr.device)
         out = self.plan(graph, self.fused.combined(gather_operands, message_operands), edge_out)
@@ -455,22 +468,15 @@ def prepare_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpI
     """A :class:`PairPlan` for calls of :func:`run_with_edge_output` with operands like these (as
     :func:`prepare`); ``None`` where each call must go through it, or where ``info`` cannot run the
     two ops together."""
-    if info.strategy not in ("vertex", "group"):
+    fusion = _fusion(gather, gather_layout, message, message_layout, gather_operands, message_operands, info)
+    if fusion is None:
         return None
-    fused = fuse(gather, gather_layout, message, message_layout, gather_operands, message_operands)
-    if fused is None:
-        return None
-    mode = edge_mode(gather_layout.width, fused.edge_group, info.block_f)
-    if mode is None:
-        return None
-    edge_fields = (("edge_expr", fused.edge_expr), ("edge_group", fused.edge_group), ("edge_mode", mode))
+    fused, mode = fusion
     plan = prepare(fused.op, fused.layout, fused.combined(gather_operands, message_operands), info, out_dtypes[0],
-                   edge_fields)
+                   fused.edge_fields(mode))
     if plan is None:
         return None
-    keys = tuple(zip(gather.inputs + message.inputs, gather_layout.patterns + message_layout.patterns))
-    return PairPlan(fused, keys, _sharing(keys, list(gather_operands) + list(message_operands)), plan,
-                    message_layout.width, message_layout.out_shape, out_dtypes[1], mode == "partial")
+    return PairPlan(fused, plan, message_layout.width, message_layout.out_shape, out_dtypes[1], mode == "partial")
 
 
 def _atomic_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -512,5 +518,4 @@ def _allocate(op: OpInfo, graph: GraphArrays, template, info: ParallelInfo, rows
 
 
 __all__: Tuple[str, ...] = ("run", "prepare", "Plan", "prepare_with_edge_output", "PairPlan", "packed_rows",
-                            "run_with_edge_output", "kernel_source",
-                            "kernel_spec", "TEMPLATES", "GraphArrays")
+                            "run_with_edge_output", "kernel_source", "kernel_spec", "TEMPLATES", "GraphArrays")

@@ -332,7 +332,9 @@ class GATConv(MessagePassing):
         features the ``[E, H * C]`` projection is never formed."""
         H, C = self.heads, self.out_channels
         if not torch.compiler.is_compiling() and is_lazy(lin.weight):
-            lin(raw)  # a lazy weight takes its shape from the first input (Dynamo cannot trace is_lazy)
+            # The node projections ran already; a lazy edge projection (edge_dim=-1) takes its shape
+            # here, the one time its [E, H * C] output is formed (Dynamo cannot trace is_lazy).
+            lin(raw)
         att = torch.cat(vectors).view(len(vectors), H, C, 1)
         folded = (lin.weight.view(H, C, -1) * att).sum(2)
         return F.linear(raw, folded.view(len(vectors) * H, -1)).view(-1, len(vectors), H).unbind(1)

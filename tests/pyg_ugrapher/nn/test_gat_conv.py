@@ -50,17 +50,25 @@ def test_bipartite(compare, bipartite_graph, shared):
             lambda layer, a, b: layer((a, b), edge_index), [x_src, x_dst])
 
 
-@pytest.mark.parametrize("in_channels", [-1, (-1, -1)], ids=["lazy", "lazy_bipartite"])
-def test_lazy_in_channels(compare, small_graph, in_channels):
-    """PyG's lazy input sizes: the first call gives the projections their shape, and the attention
-    vectors fold into them from that call on."""
+LAZY = [(-1, None, 6, None), ((-1, -1), None, (6, 6), None), (6, -1, 6, 3)]  # ours', then PyG's sizes
+
+
+@pytest.mark.parametrize("in_channels,edge_dim,their_in,their_edge_dim", LAZY,
+                         ids=["lazy", "lazy_bipartite", "lazy_edge_dim"])
+def test_lazy_sizes(compare, small_graph, in_channels, edge_dim, their_in, their_edge_dim):
+    """PyG's lazy sizes (-1): the first call gives the projections their shape (the edge
+    projection, never applied to the edge features, in the attention), and the attention vectors
+    fold into them from that call on."""
     x, edge_index = small_graph
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
+    forward = (lambda layer, x, e: layer(x, edge_index, e)) if edge_dim else (lambda layer, x: layer(x, edge_index))
+    inputs = [x, edge_attr] if edge_dim else [x]
     torch.manual_seed(0)
-    ours = GATConv(in_channels, 4, heads=2)
-    assert ours(x, edge_index).shape == (x.size(0), 8)
-    theirs = pyg_nn.GATConv(6 if in_channels == -1 else (6, 6), 4, heads=2)
+    ours = GATConv(in_channels, 4, heads=2, edge_dim=edge_dim)
+    assert forward(ours, *inputs).shape == (x.size(0), 8)
+    theirs = pyg_nn.GATConv(their_in, 4, heads=2, edge_dim=their_edge_dim)
     theirs.load_state_dict(ours.state_dict())
-    compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x], train=True)
+    compare(ours, theirs, forward, inputs, train=True)
 
 
 def test_bipartite_without_target_features(compare, bipartite_graph):
