@@ -47,7 +47,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .backward import GradStep, Source, canonical, grad_step, on_reversed
-from .graph import GraphTensor
+from .graph import OP_TAGS, GraphTensor
 from .ir import Expr, OpInfo
 from .ops import (AUTO, notify, reversed_structure, rows_by_kind, run_gather_with_edge_output, run_graph_op,
                   serialized)
@@ -200,7 +200,7 @@ class _SoftmaxAggregate(torch.autograd.Function):
 
 
 # -- the same, as custom ops: what a compiled graph calls (one opaque node each way) ---------------
-@torch.library.custom_op("pyg_ugrapher::softmax_aggregate", mutates_args=())
+@torch.library.custom_op("pyg_ugrapher::softmax_aggregate", mutates_args=(), tags=OP_TAGS)
 def softmax_aggregate_op(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor],
                          score: str) -> List[Tensor]:
     """``[out, log-normaliser]`` of :func:`softmax_aggregate` on a graph given by its structure
@@ -216,7 +216,7 @@ def _(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[T
     return [x.new_empty((rows,) + tuple(x.shape[1:])), scores[0].new_empty((rows, scores[0].shape[1], 1))]
 
 
-@torch.library.custom_op("pyg_ugrapher::softmax_aggregate_backward", mutates_args=())
+@torch.library.custom_op("pyg_ugrapher::softmax_aggregate_backward", mutates_args=(), tags=OP_TAGS)
 def _backward_op(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor],
                  normaliser: Tensor, out: Tensor, grad: Tensor, score: str, needs_scores: List[bool],
                  needs_x: bool) -> List[Tensor]:

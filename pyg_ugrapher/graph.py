@@ -80,6 +80,14 @@ class GraphStats:
     cols: DegreeStats
 
 
+#: The tags of every custom op of this package. The ops find a graph's structure, statistics and
+#: schedules in caches keyed by tensor identity and build them, with host syncs, on a miss. In a CUDA
+#: graph that ``torch.compile(mode="reduce-overhead")`` records, their inputs are copies in the
+#: graph's memory pool, so every lookup would miss and the recording fail
+#: (``benchmarks/results/h200-compiled-overhead``, probe 59). Marked unsafe for CUDA graphs, they run
+#: outside the recorded graphs: Inductor partitions the graph around them.
+OP_TAGS = tuple(tag for tag in (getattr(torch.Tag, "cudagraph_unsafe", None),) if tag is not None)
+
 # Derived structures are cached on the rowptr tensor itself (by identity, weakly): the custom op
 # of the frontend receives only tensors, and this lets it find a graph's chunk tables and
 # statistics again without the GraphTensor and without recomputing them per call.
@@ -229,7 +237,7 @@ def build_csr_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int, dtype: 
     return csr, csc
 
 
-@torch.library.custom_op("pyg_ugrapher::graph_structure", mutates_args=())
+@torch.library.custom_op("pyg_ugrapher::graph_structure", mutates_args=(), tags=OP_TAGS)
 def graph_structure(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> List[Tensor]:
     """:meth:`GraphTensor.structure` of the graph ``(src, dst)`` (same index dtype), uncached."""
     csr, csc = build_csr_pair(src, dst, num_src, num_dst, src.dtype)

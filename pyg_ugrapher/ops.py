@@ -26,7 +26,7 @@ from triton_kernels import GraphArrays, uses_triton
 
 from . import reference
 from .backward import Backward, GradStep, derive, on_reversed
-from .graph import CSR, GraphTensor, NumNodes, as_graph, capturing, derived_cache
+from .graph import CSR, OP_TAGS, GraphTensor, NumNodes, as_graph, capturing, derived_cache
 from .ir import OpInfo
 from .layout import Layout, infer_layout, slot_names
 from .parallel import ParallelInfo
@@ -205,7 +205,7 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
     return decision[:5]
 
 
-@torch.library.custom_op("pyg_ugrapher::graph_op", mutates_args=())
+@torch.library.custom_op("pyg_ugrapher::graph_op", mutates_args=(), tags=OP_TAGS)
 def graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
     """:func:`run_graph_op` as a custom op: opaque to ``torch.compile``, differentiable."""
     return run_graph_op(structure, operands, op, schedule)
@@ -254,7 +254,7 @@ def run_gather_with_edge_output(structure: List[Tensor], gather_operands: List[T
             run_graph_op(structure, message_operands, message, message_schedule)]
 
 
-@torch.library.custom_op("pyg_ugrapher::gather_with_edge_output", mutates_args=())
+@torch.library.custom_op("pyg_ugrapher::gather_with_edge_output", mutates_args=(), tags=OP_TAGS)
 def gather_with_edge_output(structure: List[Tensor], gather_operands: List[Tensor], gather: str,
                             message_operands: List[Tensor], message: str, gather_schedule: str,
                             message_schedule: str) -> List[Tensor]:

@@ -59,7 +59,7 @@ from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 from torch_geometric.utils.loop import compute_loop_attr
 
 from .. import ops
-from ..graph import GraphTensor
+from ..graph import OP_TAGS, GraphTensor
 from ..ir import OpInfo
 
 T = TypeVar("T")
@@ -349,7 +349,7 @@ def _unaliased(tensors: Sequence[Tensor], edge_index: Tensor) -> List[Tensor]:
     return [t.clone() if t.numel() and t.untyped_storage().data_ptr() == storage else t for t in tensors]
 
 
-@torch.library.custom_op("pyg_ugrapher::layer_graph", mutates_args=())
+@torch.library.custom_op("pyg_ugrapher::layer_graph", mutates_args=(), tags=OP_TAGS)
 def _layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> List[Tensor]:
     """The structure arrays of the graph of ``edge_index``, from (or into) its cache."""
     graph = _cached(edge_index, flow, num_src, num_dst)
@@ -373,7 +373,7 @@ def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> List[Tensor]
     return _structure_like(edge_index, num_src, num_dst, edge_index.size(1), edge_index.size(1))
 
 
-@torch.library.custom_op("pyg_ugrapher::looped_graph", mutates_args=())
+@torch.library.custom_op("pyg_ugrapher::looped_graph", mutates_args=(), tags=OP_TAGS)
 def _looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
     """The structure arrays of the looped graph (see :class:`Looped`), then its kept edge ids, loop
     ids, loop nodes and edge index."""
@@ -406,7 +406,7 @@ def _cached_spare_row(edge_index: Tensor, flow: str, num_src: int, num_dst: int,
                    lambda: _spare_row_looped(edge_index, flow, num_src, num_dst, num_loops))
 
 
-@torch.library.custom_op("pyg_ugrapher::spare_row_looped_graph", mutates_args=())
+@torch.library.custom_op("pyg_ugrapher::spare_row_looped_graph", mutates_args=(), tags=OP_TAGS)
 def _spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int
                             ) -> List[Tensor]:
     """The structure arrays of :func:`spare_row_looped_graph`, from (or into) its cache."""
@@ -458,7 +458,7 @@ def _cached_padded(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor
     return derived(edge_index, ("padded", flow, num_nodes), lambda: graph_with_loops(edge_index, flow, num_nodes))
 
 
-@torch.library.custom_op("pyg_ugrapher::padded_looped_graph", mutates_args=())
+@torch.library.custom_op("pyg_ugrapher::padded_looped_graph", mutates_args=(), tags=OP_TAGS)
 def _padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> List[Tensor]:
     """The structure arrays of :func:`padded_looped_graph`, from (or into) its cache."""
     return _unaliased(_cached_padded(edge_index, flow, num_nodes).structure(edge_index.device), edge_index)

@@ -8,17 +8,57 @@ from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import add_self_loops
 
+from ..graph import OP_TAGS
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._dense import add_bias
 from ._graph import (Graph, Looped, adjacency, check_features, derived, eager_with_torch_sparse, edge_tensor,
-                     gather_op, graph_of, graph_with_loops, is_sparse, looped_graph, named, node_sizes,
-                     padded_looped_graph, plain_index, run, spare_row_looped_graph, sparse_edges, sparse_tensor_graph)
+                     gather_op, graph_of, graph_with_loops, is_sparse, layer_graph, looped_graph, named, node_sizes,
+                     padded_looped_graph, plain_index, run, spare_row_looped_graph, sparse_edges,
+                     sparse_tensor_graph)
 
 
 def normalize_op() -> OpInfo:
     """The normalised weight of edge ``(u, e, v)``: ``d[u]^-1/2 * w[e] * d[v]^-1/2``, one message op."""
     return OpInfo(Expr.input(0) * Expr.input(1) * Expr.input(2), None, operands=("src_v", "edge", "dst_v"))
+
+
+def fixed_size_graph(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str) -> Graph:
+    """The graph of an index that a GCNConv propagates on, sized by shapes alone: with self loops, a
+    sum keeps the stored ones in place at weight 0 (:func:`padded_looped_graph`), another gather
+    sends them to a spare row (:func:`spare_row_looped_graph`); without, the index's own graph."""
+    if add_self_loops and gather == "sum":
+        return padded_looped_graph(edge_index, flow, num_nodes)
+    if add_self_loops:
+        return spare_row_looped_graph(edge_index, flow, num_nodes, num_nodes, num_nodes)
+    return layer_graph(edge_index, flow, num_nodes, num_nodes)
+
+
+def unit_norm(graph: Graph, edge_index: Tensor, looped: Optional[Looped], in_place: bool, num_nodes: int,
+              dtype: torch.dtype) -> Tensor:
+    """The normalised weights of ``graph`` (built from ``edge_index``) when every edge weighs 1."""
+    ones = torch.ones(edge_index.size(1), dtype=dtype, device=edge_index.device)
+    return gcn_norm_weights(graph, GCNConv.loop_weights(edge_index, looped, in_place, ones, num_nodes, 1.0))
+
+
+@torch.library.custom_op("pyg_ugrapher::gcn_unit_norm", mutates_args=(), tags=OP_TAGS)
+def _compiled_unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str,
+                        dtype: torch.dtype) -> Tensor:
+    """:func:`unit_norm` on :func:`fixed_size_graph`'s graph, cached on the index as in eager mode.
+    A compiled GCNConv reads it through this op: traced, the normalisation ran every call (two
+    graph operators, a few elementwise kernels: a compiled step on an H200 took 2.2-2.4 ms against
+    1.6-2.0 eager, ``benchmarks/results/h200-compiled-overhead``). A copy, as the compiled graph
+    owns its ops' outputs (Inductor may write into one once it is dead)."""
+    def build() -> Tensor:
+        graph = fixed_size_graph(edge_index, flow, num_nodes, add_self_loops, gather)
+        return unit_norm(graph, edge_index, None, add_self_loops, num_nodes, dtype)
+    return derived(edge_index, ("gcn_unit_norm", flow, num_nodes, add_self_loops, gather, dtype), build).clone()
+
+
+@_compiled_unit_norm.register_fake
+def _(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str, dtype: torch.dtype
+      ) -> Tensor:
+    return edge_index.new_empty((edge_index.size(1) + (num_nodes if add_self_loops else 0),), dtype=dtype)
 
 
 def gcn_norm_weights(graph: Graph, weight: Tensor) -> Tensor:
@@ -217,34 +257,26 @@ class GCNConv(MessagePassing):
         # Sums keep stored self loops at weight 0 in a graph of fixed size: no graph break when
         # compiled. Other aggregations would read the zero-weight messages: eager, they replace
         # them; compiled, they send them to a spare row, again in a graph of fixed size.
-        padded = self.add_self_loops and self._gather == "sum"
-        if padded:
-            graph = padded_looped_graph(edge_index, self.flow, num_nodes)
-        elif self.add_self_loops and torch.compiler.is_compiling():
-            graph = spare_row_looped_graph(edge_index, self.flow, num_nodes, num_nodes, num_nodes)
-        elif self.add_self_loops:
+        if self.add_self_loops and self._gather != "sum" and not torch.compiler.is_compiling():
             looped = looped_graph(edge_index, self.flow, num_nodes, num_nodes, num_nodes)
             graph = looped.graph
         else:
-            graph = adjacency(self, edge_index, num_nodes, num_nodes)[0]
+            graph = fixed_size_graph(edge_index, self.flow, num_nodes, self.add_self_loops, self._gather)
             if not self.normalize:
                 return graph, edge_weight
-        in_place = padded or graph.spare_row
+        in_place = self.add_self_loops and looped is None
         if edge_weight is None:
-            # Without weights the normalisation is a function of the graph alone: cache it there
-            # (in eager mode; a compiled model recomputes it, two small ops, as compiled PyG does).
+            # Without weights the normalisation is a function of the graph alone: cache it there.
             # Every edge, self loops included, weighs 1: PyG 2.8's gcn_norm fills self loops
             # with 2 (improved=True) only when edge weights are given, and this matches it.
-            def normalised() -> Tensor:
-                ones = x.new_ones(edge_index.size(1))
-                return gcn_norm_weights(graph, self._loop_weights(edge_index, looped, in_place, ones, num_nodes, 1.0))
-
             if torch.compiler.is_compiling():
-                return graph, normalised()
+                return graph, _compiled_unit_norm(edge_index, self.flow, num_nodes, self.add_self_loops,
+                                                  self._gather, x.dtype)
             key = ("gcn_norm", self.flow, num_nodes, self.add_self_loops, in_place, x.dtype, x.device)
-            return graph, derived(edge_index, key, normalised)
+            return graph, derived(edge_index, key, lambda: unit_norm(graph, edge_index, looped, in_place, num_nodes,
+                                                                     x.dtype))
         fill = 2.0 if self.improved else 1.0
-        return graph, gcn_norm_weights(graph, self._loop_weights(edge_index, looped, in_place, edge_weight, num_nodes,
+        return graph, gcn_norm_weights(graph, self.loop_weights(edge_index, looped, in_place, edge_weight, num_nodes,
                                                                  fill))
 
     def _looped_sparse(self, index: Tensor, num_nodes: int):
@@ -253,8 +285,8 @@ class GCNConv(MessagePassing):
         return graph_of(index, "source_to_target", num_nodes, num_nodes)
 
     @staticmethod
-    def _loop_weights(edge_index: Tensor, looped: Optional[Looped], in_place: bool, weight: Tensor, num_nodes: int,
-                      fill: float) -> Tensor:
+    def loop_weights(edge_index: Tensor, looped: Optional[Looped], in_place: bool, weight: Tensor, num_nodes: int,
+                     fill: float) -> Tensor:
         """Edge weights in the order of the graph propagated on: a stored self loop's weight goes to
         its node's loop (the same indexing as PyG's, so duplicate loops resolve alike), other loops
         get ``fill``; where the stored loops keep their places (``in_place``: the padded graph, or

@@ -380,3 +380,37 @@ def test_operators_replay_in_a_cuda_graph(name):
         cuda_graph.replay()
         for index, (a, b) in enumerate(zip(captured, step())):
             assert_close(a, b, f"replay {seed}: {'output' if index == 0 else f'gradient {index - 1}'}")
+
+
+@pytest.mark.skipif(not hasattr(torch.Tag, "cudagraph_unsafe"), reason="this torch has no cudagraph_unsafe tag")
+def test_every_custom_op_runs_outside_cuda_graphs():
+    """mode="reduce-overhead" records CUDA graphs with copies of their inputs, which the ops' caches
+    (keyed by tensor identity) cannot find: every op of the package is tagged to run outside them."""
+    names = [name.split("::")[1] for name in torch._C._dispatch_get_all_op_names()
+             if name.startswith("pyg_ugrapher::")]
+    assert len(names) >= 10, names
+    untagged = [name for name in names if torch.Tag.cudagraph_unsafe not in
+                getattr(torch.ops.pyg_ugrapher, name).default.tags]
+    assert untagged == []
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["gcn", "gcn_max", "gat", "sage", "gin", "graph_conv_max"])
+def test_layers_train_under_reduce_overhead(name):
+    """torch.compile(mode="reduce-overhead") (Inductor, CUDA graphs around the code between our
+    ops): three training calls (warm-up, recording, replay) give eager's outputs and gradients."""
+    device = torch.device("cuda")
+    factory, forward = LAYERS[name]
+    torch.manual_seed(0)
+    model = factory().to(device)
+    compiled = torch.compile(copy.deepcopy(model), mode="reduce-overhead")
+    inputs = [t.to(device) for t in layer_inputs(200, 2000)]
+    for call in range(3):
+        results = []
+        for module in (compiled, model):
+            out = forward(module, *inputs)
+            grads = torch.autograd.grad(out.square().sum(), list(module.parameters()), allow_unused=True,
+                                        materialize_grads=True)
+            results.append([t.detach().clone() for t in (out, *grads)])
+        for index, (a, b) in enumerate(zip(*results)):
+            assert_close(a, b, f"call {call}: {'output' if index == 0 else f'gradient {index - 1}'}")

@@ -61,6 +61,28 @@ def test_repeated_self_loops(compare, compile_ours, small_graph, kwargs, weighte
     assert counter is None or counter.frame_count == 1
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"aggr": "max"}, {"add_self_loops": False}], ids=["sum", "max", "no_loops"])
+def test_compiled_reads_cached_normalisation(compare, compile_ours, small_graph, monkeypatch, kwargs):
+    """Compiled without edge weights, the normalisation is read from the index's cache by one op:
+    a call runs one graph operator (the aggregation), not three. Changed in place, the index gets
+    its normalisation afresh, as PyG's."""
+    x, edge_index = small_graph
+    edge_index = edge_index.clone()
+    torch.manual_seed(0)
+    theirs, ours = pyg_nn.GCNConv(6, 4, **kwargs), GCNConv(6, 4, **kwargs)
+    forward, counter = compile_ours(lambda layer, x: layer(x, edge_index), ours)
+    compare(ours, theirs, forward, [x], train=True)
+
+    run_graph_op, ops_run = [], ops.run_graph_op
+    monkeypatch.setattr(ops, "run_graph_op", lambda *args: run_graph_op.append(args[2]) or ops_run(*args))
+    forward(ours, x.clone().requires_grad_())
+    assert len(run_graph_op) == 1 and run_graph_op[0].startswith("u_mul_e_")
+    assert counter.frame_count == 1
+
+    edge_index[0, :5] = edge_index[1, :5]  # five more self loops
+    compare(ours, theirs, forward, [x], train=True)
+
+
 def test_state_dict_round_trip():
     theirs, ours = pyg_nn.GCNConv(5, 3), GCNConv(5, 3)
     assert ours.state_dict().keys() == theirs.state_dict().keys()
