@@ -5,7 +5,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 
 from ..message_passing import MessagePassing
-from ._dense import linear
+from ._dense import linear, linear_sum
 from ._graph import aggregate, eager_with_torch_sparse, gather_op, pair, sparse_tensor_graph
 
 
@@ -83,10 +83,9 @@ class GraphConv(MessagePassing):
         x_src, x_dst = pair(x)
         edge_index, size, edge_weight = sparse_tensor_graph(self, edge_index, size, edge_weight, "weights")
         out = aggregate(self, self._gather, x_src, x_dst, edge_index, size, edge_weight)
-        out = linear(self.lin_rel, out)
-        if x_dst is not None:
-            out = out + self.lin_root(x_dst)
-        return out
+        if x_dst is None:
+            return linear(self.lin_rel, out)
+        return linear_sum(self.lin_rel, out, self.lin_root, x_dst)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels})"

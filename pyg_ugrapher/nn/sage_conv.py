@@ -6,7 +6,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 
 from ..message_passing import MessagePassing
-from ._dense import linear
+from ._dense import linear, linear_sum
 from ._graph import aggregate, eager_with_torch_sparse, gather_op, pair, sparse_tensor_graph
 
 
@@ -108,9 +108,10 @@ class SAGEConv(MessagePassing):
             x_src = self.lin(x_src).relu()
 
         out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
-        out = linear(self.lin_l, out)
         if self.root_weight and x_dst is not None:
-            out = out + self.lin_r(x_dst)
+            out = linear_sum(self.lin_l, out, self.lin_r, x_dst)
+        else:
+            out = linear(self.lin_l, out)
         if self.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
         return out
