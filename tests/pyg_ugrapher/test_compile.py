@@ -395,10 +395,13 @@ def test_every_custom_op_runs_outside_cuda_graphs():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["gcn", "gcn_max", "gat", "sage", "gin", "graph_conv_max"])
+@pytest.mark.parametrize("name", ["gcn", "gcn_mean_flipped", "gat", "sage", "gin", "graph_conv_max"])
 def test_layers_train_under_reduce_overhead(name):
     """torch.compile(mode="reduce-overhead") (Inductor, CUDA graphs around the code between our
-    ops): three training calls (warm-up, recording, replay) give eager's outputs and gradients."""
+    ops): three training calls (warm-up, recording, replay) give eager's outputs and gradients.
+    Not GCN with edge weights: the graph's hub has four self loops of different weights, and which
+    one a GPU scatter keeps is unspecified (in PyG too); the recorded graph kept another than eager
+    did, and with one loop per node the two agree (probe 64, ``benchmarks/results/h200-compiled-overhead``)."""
     device = torch.device("cuda")
     factory, forward = LAYERS[name]
     torch.manual_seed(0)
