@@ -33,9 +33,12 @@ class _AddBias(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        rows = grad.reshape(-1, grad.shape[-1])
-        grad_bias = rows.t().mv(rows.new_ones(rows.shape[0])) if ctx.needs_input_grad[1] else None
-        return grad, grad_bias
+        return grad, _row_sum(grad.reshape(-1, grad.shape[-1])) if ctx.needs_input_grad[1] else None
+
+
+def _row_sum(rows: Tensor) -> Tensor:
+    """The bias gradient ``rows^T 1`` as a matrix-vector product (see the module docstring)."""
+    return rows.t().mv(rows.new_ones(rows.shape[0]))
 
 
 def add_bias(out: Tensor, bias: Tensor) -> Tensor:
@@ -65,7 +68,7 @@ class _LinearSum(torch.autograd.Function):
         x, weight, root_x, root_weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         return (grad.mm(weight) if needs[0] else None, grad.t().mm(x) if needs[1] else None,
-                grad.t().mv(grad.new_ones(grad.shape[0])) if needs[2] else None,
+                _row_sum(grad) if needs[2] else None,
                 grad.mm(root_weight) if needs[3] else None, grad.t().mm(root_x) if needs[4] else None)
 
 

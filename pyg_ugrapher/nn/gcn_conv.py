@@ -41,18 +41,24 @@ def unit_norm(graph: Graph, edge_index: Tensor, looped: Optional[Looped], in_pla
     return gcn_norm_weights(graph, GCNConv.loop_weights(edge_index, looped, in_place, ones, num_nodes, 1.0))
 
 
-@torch.library.custom_op("pyg_ugrapher::gcn_unit_norm", mutates_args=(), tags=OP_TAGS)
-def _compiled_unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str,
-                        dtype: torch.dtype) -> Tensor:
-    """:func:`unit_norm` on :func:`fixed_size_graph`'s graph, cached on the index as in eager mode.
-    A compiled GCNConv reads it through this op: traced, the normalisation ran every call (two
-    graph operators, a few elementwise kernels: a compiled step on an H200 took 2.2-2.4 ms against
-    1.6-2.0 eager, ``benchmarks/results/h200-compiled-overhead``). A copy, as the compiled graph
-    owns its ops' outputs (Inductor may write into one once it is dead)."""
+def fixed_size_unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str,
+                         dtype: torch.dtype) -> Tensor:
+    """:func:`unit_norm` on :func:`fixed_size_graph`'s graph, cached on the index: one entry that eager
+    and compiled layers share."""
     def build() -> Tensor:
         graph = fixed_size_graph(edge_index, flow, num_nodes, add_self_loops, gather)
         return unit_norm(graph, edge_index, None, add_self_loops, num_nodes, dtype)
-    return derived(edge_index, ("gcn_unit_norm", flow, num_nodes, add_self_loops, gather, dtype), build).clone()
+    return derived(edge_index, ("gcn_unit_norm", flow, num_nodes, add_self_loops, gather, dtype), build)
+
+
+@torch.library.custom_op("pyg_ugrapher::gcn_unit_norm", mutates_args=(), tags=OP_TAGS)
+def _compiled_unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str,
+                        dtype: torch.dtype) -> Tensor:
+    """:func:`fixed_size_unit_norm` for a compiled GCNConv: traced, the normalisation ran every call
+    (two graph operators, a few elementwise kernels: a compiled step on an H200 took 2.2-2.4 ms
+    against 1.6-2.0 eager, ``benchmarks/results/h200-compiled-overhead``). A copy, as the compiled
+    graph owns its ops' outputs (Inductor may write into one once it is dead)."""
+    return fixed_size_unit_norm(edge_index, flow, num_nodes, add_self_loops, gather, dtype).clone()
 
 
 @_compiled_unit_norm.register_fake
@@ -269,12 +275,11 @@ class GCNConv(MessagePassing):
             # Without weights the normalisation is a function of the graph alone: cache it there.
             # Every edge, self loops included, weighs 1: PyG 2.8's gcn_norm fills self loops
             # with 2 (improved=True) only when edge weights are given, and this matches it.
-            if torch.compiler.is_compiling():
-                return graph, _compiled_unit_norm(edge_index, self.flow, num_nodes, self.add_self_loops,
-                                                  self._gather, x.dtype)
-            key = ("gcn_norm", self.flow, num_nodes, self.add_self_loops, in_place, x.dtype, x.device)
-            return graph, derived(edge_index, key, lambda: unit_norm(graph, edge_index, looped, in_place, num_nodes,
-                                                                     x.dtype))
+            if looped is not None:
+                return graph, derived(edge_index, ("gcn_looped_norm", self.flow, num_nodes, x.dtype),
+                                      lambda: unit_norm(graph, edge_index, looped, False, num_nodes, x.dtype))
+            norm = _compiled_unit_norm if torch.compiler.is_compiling() else fixed_size_unit_norm
+            return graph, norm(edge_index, self.flow, num_nodes, self.add_self_loops, self._gather, x.dtype)
         fill = 2.0 if self.improved else 1.0
         return graph, gcn_norm_weights(graph, self.loop_weights(edge_index, looped, in_place, edge_weight, num_nodes,
                                                                  fill))
