@@ -12,10 +12,17 @@ A layer that adds a root term to its aggregation, ``lin(aggr) + root(x)`` (SAGEC
 runs as two GEMMs whose epilogues add the bias and the other product (``addmm``): eager, it was two
 GEMMs and two ``[N, F]`` additions (0.15 ms of a 1.3 ms SAGE step on an H200,
 ``benchmarks/results/h200-compiled-overhead``, probe 60).
+
+GAT's projection :math:`x = r W^\top` and its attention halves
+:math:`\alpha = \langle x_{v,h}, a_h \rangle` (per head, for each attention vector :math:`a`) are
+products of :math:`r` with :math:`W` and with :math:`W` folded into the vectors,
+:math:`\tilde W_h = \sum_c a_{h,c} W_{h,c}`: as PyTorch ops a graph of eleven autograd nodes
+(views, ``cat``, ``mul``, ``sum``, two ``mm``, ``unbind``), one node here
+(:class:`_ProjectionAttention`).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -93,3 +100,71 @@ def linear(lin: torch.nn.Module, x: Tensor) -> Tensor:
             torch.is_autocast_enabled(x.device.type):
         return lin(x)
     return add_bias(F.linear(x, lin.weight), bias)
+
+
+def _fold(weight: Tensor, vectors: Sequence[Tensor]) -> Tuple[Tensor, Tensor]:
+    """``(att, folded)``: the ``k`` attention vectors ``[1, H, C]`` as ``[k, H, C, 1]``, and the
+    weight ``[H * C, in]`` folded into each, ``[k * H, in]``."""
+    heads, channels = vectors[0].shape[1:]
+    att = torch.cat(tuple(vectors)).view(len(vectors), heads, channels, 1)
+    return att, (weight.view(heads, channels, -1) * att).sum(2).view(len(vectors) * heads, -1)
+
+
+class _ProjectionAttention(torch.autograd.Function):
+    """``(raw @ W^T).view(N, H, C)`` (if ``project``) and each attention half as one node."""
+
+    @staticmethod
+    def forward(ctx, raw: Tensor, weight: Tensor, project: bool, *vectors: Tensor) -> Tuple[Optional[Tensor], ...]:
+        att, folded = _fold(weight, vectors)
+        heads, channels = att.shape[1:3]
+        alphas = raw.mm(folded.t()).view(-1, len(vectors), heads).unbind(1)
+        ctx.save_for_backward(raw, weight, att, folded)
+        ctx.project = project
+        x = raw.mm(weight.t()).view(-1, heads, channels) if project else None
+        return (x,) + alphas
+
+    @staticmethod
+    def backward(ctx, grad_x: Optional[Tensor], *grad_alphas: Tensor):
+        raw, weight, att, folded = ctx.saved_tensors
+        k, heads, channels = att.shape[:3]
+        needs = ctx.needs_input_grad
+        grad_rows = torch.stack(grad_alphas, 1).view(-1, k * heads)
+        grad_x = grad_x.reshape(-1, heads * channels) if ctx.project else None
+        grad_raw = grad_weight = None
+        grad_vectors: Tuple[Optional[Tensor], ...] = (None,) * k
+        if needs[0]:
+            grad_raw = grad_rows.mm(folded)
+            if grad_x is not None:
+                grad_raw.addmm_(grad_x, weight)
+        if needs[1] or any(needs[3:]):
+            grad_folded = grad_rows.t().mm(raw).view(k, heads, 1, -1)
+            if needs[1]:
+                grad_weight = (grad_folded * att).sum(0).view(heads * channels, -1)
+                if grad_x is not None:
+                    grad_weight.addmm_(grad_x.t(), raw)
+            if any(needs[3:]):
+                grad_vectors = tuple((weight.view(1, heads, channels, -1) * grad_folded).sum(-1).unsqueeze(1)
+                                     .unbind(0))
+        return (grad_raw, grad_weight, None) + grad_vectors
+
+
+def projection_attention(lin: torch.nn.Module, raw: Tensor, vectors: Sequence[Tensor], project: bool = True
+                         ) -> Tuple[Optional[Tensor], Tuple[Tensor, ...]]:
+    """``(x, alphas)``: the projection ``x = lin(raw).view(N, H, C)`` of a bias-free PyG or torch
+    ``Linear`` (``None`` without ``project``) and, for each attention vector ``a`` (``[1, H, C]``),
+    ``(x * a).sum(-1)``, ``[N, H]``, computed from ``raw`` and ``lin``'s weight folded into ``a``:
+    through ``x``, its gradient would add an ``[N, H * C]`` term to ``x``'s, and eager PyTorch would
+    sum ``x * a`` over the nodes with strided reductions several times slower. Where it applies
+    (eager, two-dimensional input of the weight's dtype, no autocast) one autograd node,
+    :class:`_ProjectionAttention`; else PyTorch ops, a lazy ``lin`` initialised by one call."""
+    heads, channels = vectors[0].shape[1:]
+    if torch.compiler.is_compiling() or is_lazy(lin.weight) or torch.is_autocast_enabled(raw.device.type) or \
+            raw.dim() != 2 or raw.dtype != lin.weight.dtype:
+        # Dynamo cannot trace is_lazy; under autocast lin's product is half, as in PyG.
+        x = lin(raw).view(-1, heads, channels) if project else None
+        if not torch.compiler.is_compiling() and not project and is_lazy(lin.weight):
+            lin(raw)  # an edge projection takes its shape here, the one time [E, H * C] is formed
+        _, folded = _fold(lin.weight, vectors)
+        return x, F.linear(raw, folded).view(-1, len(vectors), heads).unbind(1)
+    x, *alphas = _ProjectionAttention.apply(raw, lin.weight, project, *vectors)
+    return x, tuple(alphas)

@@ -4,7 +4,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
-from torch.nn.parameter import is_lazy
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 from torch_geometric.typing import SparseTensor
@@ -15,7 +14,7 @@ from torch_geometric.utils.sparse import set_sparse_value
 from ..attention import EPSILON, softmax_aggregate, softmax_aggregate_op
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
-from ._dense import add_bias
+from ._dense import add_bias, projection_attention
 from ._graph import (Graph, adjacency, check_features, derived, eager_with_torch_sparse, edge_tensor, gather_op,
                      graph_of, is_sparse, layer_op, looped_graph, named, node_sizes, op_text, run,
                      spare_row_loop_attr, spare_row_looped_graph, sparse_tensor_graph)
@@ -261,17 +260,16 @@ class GATConv(MessagePassing):
         lin_src = self.lin if self.lin is not None else self.lin_src
         lin_dst = self.lin if self.lin is not None else self.lin_dst
         shared = lin_dst is lin_src and raw_dst is raw_src
-        x_src = lin_src(raw_src).view(-1, H, C)
-        x_dst = x_src if shared else None if raw_dst is None else lin_dst(raw_dst).view(-1, H, C)
-
-        # Node-level halves of the attention logits.
+        # The projections and the node-level halves of the attention logits.
         alpha_dst: Optional[Tensor] = None
+        x_dst: Optional[Tensor] = None
         if shared:
-            alpha_src, alpha_dst = self._attention_halves(lin_src, raw_src, (self.att_src, self.att_dst))
+            x_src, (alpha_src, alpha_dst) = projection_attention(lin_src, raw_src, (self.att_src, self.att_dst))
+            x_dst = x_src
         else:
-            alpha_src, = self._attention_halves(lin_src, raw_src, (self.att_src,))
+            x_src, (alpha_src,) = projection_attention(lin_src, raw_src, (self.att_src,))
             if raw_dst is not None:
-                alpha_dst, = self._attention_halves(lin_dst, raw_dst, (self.att_dst,))
+                x_dst, (alpha_dst,) = projection_attention(lin_dst, raw_dst, (self.att_dst,))
 
         num_src, num_dst = node_sizes(self, edge_index, size, x_src, x_dst)
         graph, returned_index, edge_attr = self._graph(
@@ -288,7 +286,7 @@ class GATConv(MessagePassing):
         if edge_attr is not None and self.lin_edge is not None:
             if edge_attr.dim() == 1:
                 edge_attr = edge_attr.view(-1, 1)
-            alpha_edge, = self._attention_halves(self.lin_edge, edge_attr, (self.att_edge,))
+            _, (alpha_edge,) = projection_attention(self.lin_edge, edge_attr, (self.att_edge,), project=False)
             operands.append(alpha_edge)
             kinds += ("edge",)
 
@@ -321,23 +319,6 @@ class GATConv(MessagePassing):
                 return out, (set_sparse_value(returned_index, alpha), alpha)
             return out, (returned_index, alpha)
         return out
-
-    def _attention_halves(self, lin: Linear, raw: Tensor, vectors: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
-        """``(lin(raw).view(-1, H, C) * a).sum(-1)`` for each attention vector ``a = [1, H, C]``, as
-        one matrix product of ``raw`` with ``lin``'s (bias-free) weight folded into the vectors:
-        ``raw @ (W^T a)``, ``[in, len(vectors) * H]``. Through the projection ``x = lin(raw)`` it
-        would be a product with ``x``, whose gradient then adds an ``[N, H * C]`` term to ``x``'s
-        (two more passes over ``x``: 0.12 ms of an eager GAT step on an H200); eager PyTorch would
-        sum ``x * a`` over the nodes with strided reductions several times slower. For edge
-        features the ``[E, H * C]`` projection is never formed."""
-        H, C = self.heads, self.out_channels
-        if not torch.compiler.is_compiling() and is_lazy(lin.weight):
-            # The node projections ran already; a lazy edge projection (edge_dim=-1) takes its shape
-            # here, the one time its [E, H * C] output is formed (Dynamo cannot trace is_lazy).
-            lin(raw)
-        att = torch.cat(vectors).view(len(vectors), H, C, 1)
-        folded = (lin.weight.view(H, C, -1) * att).sum(2)
-        return F.linear(raw, folded.view(len(vectors) * H, -1)).view(-1, len(vectors), H).unbind(1)
 
     def _attend(self, graph: Graph, logits: Tensor, x_src: Tensor, return_attention_weights: Optional[bool]
                 ) -> Tuple[Tensor, Optional[Tensor]]:

@@ -1,7 +1,7 @@
 """The layers' dense steps (``pyg_ugrapher.nn._dense``): the matrix-vector bias gradient equals
-autograd's sum, a root term added in a GEMM's epilogue equals the modules' sum, the plain paths
-are kept where they must be, and every layer that uses them still matches PyG with them switched
-on for small graphs."""
+autograd's sum, a root term added in a GEMM's epilogue equals the modules' sum, GAT's projection
+and attention halves as one node equal PyTorch's ops, the plain paths are kept where they must
+be, and every layer that uses them still matches PyG with them switched on for small graphs."""
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
@@ -97,6 +97,74 @@ def test_linear_sum_keeps_the_modules_where_it_does_not_apply():
         assert _dense.linear_sum(lin, x, root, root_x).dtype == torch.bfloat16
 
 
+
+def _attention_halves(lin, raw, vectors):
+    """GAT's projection and attention halves as PyG computes them (through the projection)."""
+    heads, channels = vectors[0].shape[1:]
+    x = lin(raw).view(-1, heads, channels)
+    return x, tuple((x * vector).sum(-1) for vector in vectors)
+
+
+@pytest.mark.parametrize("project", [True, False], ids=["projection", "edge"])
+@pytest.mark.parametrize("count", [2, 1], ids=["shared", "one"])
+@pytest.mark.parametrize("make", [lambda: torch.nn.Linear(6, 12, bias=False), lambda: pyg_nn.Linear(6, 12, False)],
+                         ids=["torch", "pyg"])
+def test_projection_attention_equals_pytorch(make, count, project, check_close):
+    torch.manual_seed(0)
+    lin = make()
+    vectors = [torch.randn(1, 3, 4, requires_grad=True) for _ in range(count)]
+    raw = torch.randn(20, 6, requires_grad=True)
+    x, alphas = _dense.projection_attention(lin, raw, vectors, project)
+    assert alphas[0].grad_fn.name().endswith("_ProjectionAttentionBackward")
+    ref_x, ref_alphas = _attention_halves(lin, raw, vectors)
+    assert (x is None) != project and len(alphas) == count
+    outputs, expected = list(alphas) + ([x] if project else []), list(ref_alphas) + ([ref_x] if project else [])
+    generator = torch.Generator().manual_seed(2)
+    probes = [torch.randn(t.shape, generator=generator) for t in expected]
+    params = [raw, lin.weight] + vectors
+    ours = torch.autograd.grad(sum((t * p).sum() for t, p in zip(outputs, probes)), params)
+    theirs = torch.autograd.grad(sum((t * p).sum() for t, p in zip(expected, probes)), params)
+    for a, b in zip(outputs + list(ours), expected + list(theirs)):
+        check_close(a, b)
+
+
+def test_projection_attention_gradients_only_where_asked(check_close):
+    """Features without gradient (a layer's input), one of two vectors frozen: the others' gradients
+    as PyTorch's; a head whose attention gradients are exactly 0 gets exactly 0."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 12, bias=False)
+    vectors = [torch.randn(1, 3, 4, requires_grad=True), torch.randn(1, 3, 4)]
+    raw = torch.randn(20, 6)
+    (x, (src, dst)), (ref_x, (ref_src, ref_dst)) = (f(lin, raw, vectors) for f in
+                                                    (_dense.projection_attention, _attention_halves))
+    params = [lin.weight, vectors[0]]
+    ours = torch.autograd.grad((x.square().sum() + src.sum()), params, retain_graph=True)
+    theirs = torch.autograd.grad((ref_x.square().sum() + ref_src.sum()), params)
+    for a, b in zip(ours, theirs):
+        check_close(a, b)
+    silent = torch.autograd.grad((src * 0).sum(), vectors[0])[0]
+    assert torch.equal(silent, torch.zeros_like(silent))
+
+
+def test_projection_attention_keeps_pytorch_where_it_does_not_apply():
+    """A lazy map initialises through its own forward (an edge projection too); under autocast the
+    products are the autocast dtype, as PyG's; a dtype other than the weight's goes through the
+    module, which raises as PyG's would."""
+    vectors = (torch.randn(1, 2, 3, requires_grad=True),)
+    for project in (True, False):
+        lazy = pyg_nn.Linear(-1, 6, bias=False)
+        x, (alpha,) = _dense.projection_attention(lazy, torch.randn(7, 5), vectors, project)
+        assert lazy.weight.shape == (6, 5) and alpha.shape == (7, 2)
+        assert not alpha.grad_fn.name().endswith("_ProjectionAttentionBackward")
+        assert (x is None) != project
+    lin = torch.nn.Linear(5, 6, bias=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x, (alpha,) = _dense.projection_attention(lin, torch.randn(7, 5), vectors)
+        assert x.dtype == alpha.dtype == torch.bfloat16
+    with pytest.raises(RuntimeError):
+        _dense.projection_attention(lin, torch.randn(7, 5, dtype=torch.float64), vectors)
+
+
 LAYERS = [
     ("GCNConv", lambda ns: ns.GCNConv(6, 4)),
     ("GATConv", lambda ns: ns.GATConv(6, 4, heads=2)),
@@ -109,7 +177,7 @@ LAYERS = [
 def test_layers_with_the_product_match_pyg(name, make, compare, small_graph, monkeypatch):
     monkeypatch.setattr(_dense, "MIN_ROWS", 1)
     applied = []
-    for function in (_dense._AddBias, _dense._LinearSum):
+    for function in (_dense._AddBias, _dense._LinearSum, _dense._ProjectionAttention):
         monkeypatch.setattr(function, "apply",
                             lambda *args, apply=function.apply: applied.append(1) or apply(*args))
     x, edge_index = small_graph
