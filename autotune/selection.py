@@ -75,11 +75,21 @@ REFINE_ROUNDS = 2
 #: timed costs its compilation (~0.4 s on the H100 machines), and a kernel of less has little
 #: left to win per call.
 REFINE_MS = 0.2
+#: After the search, the (at most) :data:`CONTENDERS` schedules within this fraction of the best
+#: time are timed :data:`SETTLE_ROUNDS` more times each, in alternating order, and the lowest median
+#: wins: one timing of each, taken while the search moves through the space, ranks schedules within a
+#: few percent of each other by chance.
+CONTEND_MARGIN = 0.15
+CONTENDERS = 4
+SETTLE_ROUNDS = 2
 #: Set to ``0`` to keep the model's picks unmeasured (reproducible schedules, no timing runs).
 MEASURE_ENV = "PYG_UGRAPHER_MEASURE"
-#: GPU clock cycles of busy-waiting queued before each timed call (~0.15 ms on an H100): longer
-#: than the host takes to queue one operator call.
-BUSY_CYCLES = 300_000
+#: GPU clock cycles of busy-waiting queued before each timed call (~1 ms on an H100 or H200): longer
+#: than the host takes to queue one operator call through the timing path. 300,000 cycles (0.15 ms)
+#: were not: on an H200, GAT's backward gather with edge output (4e6 edges) was timed at 0.89 ms
+#: under the schedule it chose and at 1.02 ms in the step, and above 1.05 ms under one that ran at
+#: 0.79 ms timed on its own (``benchmarks/results/h200-gat-host``, probe 67).
+BUSY_CYCLES = 2_000_000
 #: XGBoost threads scoring a design space on the host (where the GPU forest does not run). On the
 #: H100 machine's 16-core host, the 200 shipped trees scored 468-734 schedules in 4.5-6.6 ms on
 #: one thread, 1.5-2.0 ms on four; ``benchmarks/results/h100-group-message/host_select_200.txt``.
@@ -327,7 +337,8 @@ def fastest(candidates: Sequence[ParallelInfo], run: Callable[[ParallelInfo], ob
     """The candidate whose ``run(candidate)`` takes least time (``timer(call, repeats)``, default:
     CUDA events, median of ``repeats`` after a warm-up call), then, if that time is at least
     ``refine_above``, for up to ``rounds`` rounds the fastest of the winner's ``neighbours_of``
-    while one of them beats it (a hill climb; each schedule is timed once). A candidate whose run
+    while one of them beats it (a hill climb; each schedule is timed once); the winner and those
+    timed close to it are then timed again (:func:`_settled`). A candidate whose run
     raises (a kernel over the GPU's resources) is left out; if every one does, the first is
     returned, and running it raises where the caller can see why."""
     if len(candidates) == 1 and (not rounds or neighbours_of is None):
@@ -349,14 +360,30 @@ def fastest(candidates: Sequence[ParallelInfo], run: Callable[[ParallelInfo], ob
     if times[best] == math.inf:
         return candidates[0]
     if neighbours_of is None or times[best] < refine_above:
-        return best
+        return _settled(best, times, run, timer, repeats)
     for _ in range(rounds):
         time_each(neighbours_of(best))
         stepped = min(times, key=times.get)
         if stepped == best:
             break
         best = stepped
-    return best
+    return _settled(best, times, run, timer, repeats)
+
+
+def _settled(best: ParallelInfo, times: Dict[ParallelInfo, float], run: Callable[[ParallelInfo], object],
+             timer: Callable[[Callable[[], object], int], float], repeats: int) -> ParallelInfo:
+    """Of ``best`` and the schedules timed close to it (:data:`CONTEND_MARGIN`), the one with the
+    lowest median over its first time and :data:`SETTLE_ROUNDS` more, taken in alternating order
+    so that a drift of the GPU's speed during the rounds favours none."""
+    contenders = sorted((s for s in times if times[s] <= times[best] * (1 + CONTEND_MARGIN)), key=times.get)
+    contenders = contenders[:CONTENDERS]
+    if len(contenders) < 2:
+        return best
+    samples = {schedule: [times[schedule]] for schedule in contenders}
+    for turn in range(SETTLE_ROUNDS):
+        for schedule in (contenders if turn % 2 else contenders[::-1]):
+            samples[schedule].append(timer(lambda: run(schedule), repeats))
+    return min(contenders, key=lambda schedule: statistics.median(samples[schedule]))
 
 
 def select_measured(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,

@@ -261,10 +261,11 @@ def test_fastest_takes_the_least_time_and_skips_failures():
     assert selection.fastest([a], run, timer=alone) == a and alone.calls == []  # nothing to compare
 
 
-def test_fastest_climbs_through_neighbours_timing_each_once():
+def test_fastest_climbs_through_neighbours_timing_each_once(monkeypatch):
     """From the best candidate the search steps to its fastest neighbour while one is faster, for at
     most ``rounds`` rounds, if the best takes at least ``refine_above``; a neighbour that fails is
-    left out."""
+    left out. (Without the settling rounds, which time the tied neighbours again.)"""
+    monkeypatch.setattr(selection, "SETTLE_ROUNDS", 0)
     op, F = OpInfo.from_name("copy_u_sum"), 128
     start = ParallelInfo("vertex", block_v=4, block_e=4, block_f=128, num_warps=4)
     target = ParallelInfo("vertex", block_v=1, block_e=2, block_f=64, num_warps=1)
@@ -293,6 +294,27 @@ def test_fastest_climbs_through_neighbours_timing_each_once():
             assert steps(best) == steps(start) - 2  # two rounds, one knob step each
         else:
             assert best == reached
+
+
+
+def test_fastest_settles_close_schedules_by_their_median():
+    """A schedule timed once within :data:`CONTEND_MARGIN` of the best is timed again with it, in
+    alternating order, and the lower median wins; one far behind is not timed again."""
+    a, b, c, d = _schedules(OpInfo.from_name("copy_u_sum"), 64, 4)
+    series = {a: [1.0, 1.3, 1.3], b: [1.05, 1.05, 1.05], c: [2.0], d: [1.1, 1.0, 1.0]}
+    calls = []
+
+    def timer(call, repeats):
+        schedule = call()
+        calls.append(schedule)
+        return series[schedule][sum(1 for s in calls if s == schedule) - 1]
+
+    assert selection.fastest([a, b, c, d], lambda info: info, timer=timer) == d
+    assert calls == [a, b, c, d] + [d, b, a] + [a, b, d]
+    calls.clear()
+    series[d] = [5.0]
+    assert selection.fastest([a, b, c, d], lambda info: info, timer=timer) == b
+    assert calls == [a, b, c, d, b, a, a, b]
 
 
 def test_select_measured_times_the_shortlist_once_per_case(graphs, monkeypatch):
