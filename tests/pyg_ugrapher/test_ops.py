@@ -277,10 +277,16 @@ def test_decisions_made_once_for_every_graph_when_the_schedule_ignores_it(monkey
 
 
 def test_a_gather_with_an_edge_output_times_the_fused_kernel(monkeypatch, interpret, graph_factory, check_close):
-    """A backward pass's gather-with-edge-output pair is timed as the one kernel it runs; a
-    candidate that cannot write the edge output in the gather's pass (edge-parallel) is left out."""
+    """A backward pass's gather-with-edge-output pair is timed as the one kernel it runs, reading the
+    tensor the two ops share once, as the call does; a candidate that cannot write the edge output
+    in the gather's pass (edge-parallel) is left out."""
     from pyg_ugrapher.ops import reversed_structure, run_gather_with_edge_output, serialized
+    from triton_kernels import dispatch
     from triton_kernels.space import space
+
+    shared = []
+    monkeypatch.setattr(dispatch, "_sharing", lambda *args, _sharing=dispatch._sharing:
+                        shared.append(_sharing(*args)) or shared[-1])
 
     graph = graph_factory("mixed")
     gather, message = ug.OpInfo.from_name("u_mul_e_sum"), ug.OpInfo.from_name("v_dot_u")
@@ -294,6 +300,7 @@ def test_a_gather_with_an_edge_output_times_the_fused_kernel(monkeypatch, interp
     grad, products = run_gather_with_edge_output(reversed_structure(structure), [g, weight], serialized(gather),
                                                  [x, g], serialized(message), "auto", "auto")
     assert len(ran) == 2 and all(len(result) == 2 for result in ran)  # the edge-parallel one never ran
+    assert len(shared) >= 3 and set(shared) == {(-1, -1, -1, 0)}  # g read once by every timed run and the call
     reversed_graph = ug.GraphTensor(graph.dst, graph.src, graph.num_dst, graph.num_src)
     check_close(grad, reference.execute(reversed_graph, gather, [g, weight]))
     check_close(products, reference.execute(reversed_graph, message, [x, g]))
