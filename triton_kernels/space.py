@@ -83,27 +83,40 @@ def pair_schedule(info: ParallelInfo, message_width: int, edge_group: int) -> Pa
     return info.with_knobs(**knobs)
 
 
+#: Knobs that set a program's tile size, stepped also together with ``num_warps``.
+TILE_KNOBS = ("block_v", "block_e", "block_f")
+
+
 def neighbours(info: ParallelInfo, op: OpInfo, message_width: int) -> List[ParallelInfo]:
     """The valid schedules one knob step away from ``info``: one of its knobs (not ``num_stages``)
-    doubled or halved, ``group_size`` four times larger or smaller. A measured search walks this
-    way from the shortlist's winner; it may leave :func:`space`'s grid (a timed schedule needs no
-    model features), but not its limits on tiles and warps, nor its single-row vertex-parallel
-    message programs."""
-    found: List[ParallelInfo] = []
+    doubled or halved, ``group_size`` four times larger or smaller, or a tile knob doubled or halved
+    with ``num_warps``, which keeps the tile elements per thread. A measured search walks this way
+    from the shortlist's winner; it may leave :func:`space`'s grid (a timed schedule needs no model
+    features), but not its limits on tiles and warps, nor its single-row vertex-parallel message
+    programs. (With single-knob steps alone, the search for GAT's backward pair on an H200 stopped
+    at 0.90 ms, where halving rows and warps together led to 0.82 and then 0.79 ms:
+    ``benchmarks/results/h200-gat-host``, probe 67.)"""
+    steps = []
     for knob, value in info.knobs.items():
         if knob == "num_stages":
             continue
         factor = 4 if knob == "group_size" else 2
-        for stepped in (value * factor, value // factor):
-            try:
-                candidate = info.with_knobs(**{knob: stepped}).validate_for(message_width)
-            except ValueError:
-                continue
-            rows = candidate.block_v or 1
-            limit = 2 * MAX_TILE if candidate.strategy == "edge" else MAX_TILE
-            if candidate.num_warps <= NUM_WARPS[-1] and rows * candidate.block_e * candidate.block_f <= limit \
-                    and not (op.gather_op is None and candidate.strategy == "vertex" and rows > 1):
-                found.append(candidate)
+        steps += [{knob: value * factor}, {knob: value // factor}]
+        if knob in TILE_KNOBS:
+            steps += [{knob: value * 2, "num_warps": info.num_warps * 2},
+                      {knob: value // 2, "num_warps": info.num_warps // 2}]
+    found: List[ParallelInfo] = []
+    for step in steps:
+        try:
+            candidate = info.with_knobs(**step).validate_for(message_width)
+        except ValueError:
+            continue
+        rows = candidate.block_v or 1
+        limit = 2 * MAX_TILE if candidate.strategy == "edge" else MAX_TILE
+        if candidate.num_warps <= NUM_WARPS[-1] and rows * candidate.block_e * candidate.block_f <= limit \
+                and not (op.gather_op is None and candidate.strategy == "vertex" and rows > 1) \
+                and candidate not in found:
+            found.append(candidate)
     return found
 
 

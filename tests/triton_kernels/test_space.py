@@ -8,7 +8,8 @@ from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.parallel import ParallelInfo
 from triton_kernels import space
 from triton_kernels.codegen import edge_mode
-from triton_kernels.space import MAX_TILE, PAIR_BLOCK_F, PAIR_GROUP, PAIR_TILE, feature_tiles, neighbours, pair_schedule
+from triton_kernels.space import (MAX_TILE, PAIR_BLOCK_F, PAIR_GROUP, PAIR_TILE, TILE_KNOBS, feature_tiles, neighbours,
+                                  pair_schedule)
 
 
 @pytest.mark.parametrize("name", ["copy_u_sum", "u_mul_e_max", "e_div_v_mean", "u_add_v", "u_dot_v"])
@@ -63,6 +64,7 @@ def test_pair_schedules_hold_whole_sums_in_small_tiles(width, group):
 
 @pytest.mark.parametrize("name,width", [("copy_u_sum", 128), ("u_mul_e_max", 5), ("u_dot_v", 128), ("u_add_v", 64)])
 def test_neighbours_differ_in_one_knob_by_one_step(name, width):
+    """One knob one step away, or a tile knob and the warps one step in the same direction."""
     op = OpInfo.from_name(name)
     for info in space(op, width)[::7]:
         found = neighbours(info, op, width)
@@ -70,8 +72,11 @@ def test_neighbours_differ_in_one_knob_by_one_step(name, width):
         for other in found:
             assert other.strategy == info.strategy and other.validate_for(width) is other
             changed = {k: (v, other.knobs[k]) for k, v in info.knobs.items() if other.knobs[k] != v}
-            assert len(changed) == 1, (info, other)
-            (knob, (before, after)), = changed.items()
+            if len(changed) == 2:
+                (knob, (before, after)), (warps, (fewer, more)) = changed.items()
+                assert knob in TILE_KNOBS and warps == "num_warps" and after * fewer == before * more, (info, other)
+            assert len(changed) in (1, 2), (info, other)
+            (knob, (before, after)) = next(iter(changed.items()))
             assert max(before, after) // min(before, after) == (4 if knob == "group_size" else 2)
             assert knob != "num_stages" and other.num_warps <= 8
             assert (other.block_v or 1) * other.block_e * other.block_f <= 2 * MAX_TILE
@@ -82,10 +87,13 @@ def test_neighbours_reach_off_grid_schedules_within_limits():
     op = OpInfo.from_name("copy_u_sum")
     start = ParallelInfo("vertex", block_v=1, block_e=64, block_f=128, num_warps=8)
     found = set(neighbours(start, op, 128))
-    assert found == {start.with_knobs(block_v=2), start.with_knobs(block_e=32), start.with_knobs(block_f=64),
-                     start.with_knobs(num_warps=4)} - {start.with_knobs(block_v=2)}  # 2 x 64 x 128 spills
+    # 2 x 64 x 128 spills, and 16 warps are too many
+    assert found == {start.with_knobs(block_e=32), start.with_knobs(block_f=64), start.with_knobs(num_warps=4),
+                     start.with_knobs(block_e=32, num_warps=4), start.with_knobs(block_f=64, num_warps=4)}
     assert start.with_knobs(num_warps=4) not in space(op, 128)  # 64 tile elements per thread
     assert neighbours(ParallelInfo("edge", block_e=512, block_f=32, num_warps=8), op, 32) == \
-        [ParallelInfo("edge", block_e=256, block_f=32, num_warps=8), ParallelInfo("edge", block_e=512, block_f=16,
-                                                                                num_warps=8),
+        [ParallelInfo("edge", block_e=256, block_f=32, num_warps=8), ParallelInfo("edge", block_e=256, block_f=32,
+                                                                                num_warps=4),
+         ParallelInfo("edge", block_e=512, block_f=16, num_warps=8), ParallelInfo("edge", block_e=512, block_f=16,
+                                                                                num_warps=4),
          ParallelInfo("edge", block_e=512, block_f=32, num_warps=4)]
