@@ -14,7 +14,7 @@ up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per operator and
 (:func:`autotune.heuristic.small_graph_schedule`); larger ones are scored by the model whatever
 their size. From :data:`MEASURE_EDGES` edges on, where one kernel takes about a
 millisecond, the model's shortlist is timed once on the call's own operands, the winner refined
-through its one-knob neighbours, and the fastest wins (:func:`select_measured`; off with
+through its neighbours (:func:`~triton_kernels.space.neighbours`), and the fastest wins (:func:`select_measured`; off with
 ``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a CPU, where kernels
 run through Triton's interpreter, whose costs are nothing like a GPU's; no model file; CUDA
 statistics asked for on a machine without CUDA) the documented rules of
@@ -66,8 +66,8 @@ SMALL_GRAPH_EDGES = 1 << 18
 MEASURE_EDGES = 1 << 21
 #: How many schedules :func:`select_measured` times (see :func:`shortlist`).
 SHORTLIST = 6
-#: Rounds of one-knob steps from the shortlist's winner that :func:`select_measured` times (up to
-#: 10 schedules a round). The shortlist's schedule of each shape is the model's, and its tiles and
+#: Rounds of steps from the shortlist's winner that :func:`select_measured` times (up to 16
+#: schedules a round: :func:`~triton_kernels.space.neighbours`). The shortlist's schedule of each shape is the model's, and its tiles and
 #: warps can be far off (probe 31: GAT's fused backward on the uniform 4e6-edge graph took 1.74 ms
 #: under the best of the shortlist, 1.02 ms under the best of 48 sampled schedules).
 REFINE_ROUNDS = 2

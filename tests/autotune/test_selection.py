@@ -272,7 +272,7 @@ def test_fastest_climbs_through_neighbours_timing_each_once(monkeypatch):
     broken = start.with_knobs(block_e=8)
     other = _schedules(op, F, 1)[0]
 
-    def steps(info):  # one-knob steps from ``info`` to ``target``: the cost of a schedule
+    def steps(info):  # knob steps from ``info`` to ``target``: the cost of a schedule
         return sum(abs(math.log2(info.knobs[k] / target.knobs[k])) for k in ("block_v", "block_e", "block_f",
                                                                                "num_warps"))
 
