@@ -114,8 +114,7 @@ def neighbours(info: ParallelInfo, op: OpInfo, message_width: int) -> List[Paral
         rows = candidate.block_v or 1
         limit = 2 * MAX_TILE if candidate.strategy == "edge" else MAX_TILE
         if candidate.num_warps <= NUM_WARPS[-1] and rows * candidate.block_e * candidate.block_f <= limit \
-                and not (op.gather_op is None and candidate.strategy == "vertex" and rows > 1) \
-                and candidate not in found:
+                and not (op.gather_op is None and candidate.strategy == "vertex" and rows > 1):
             found.append(candidate)
     return found
 
