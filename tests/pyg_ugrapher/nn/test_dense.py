@@ -1,5 +1,6 @@
 """The layers' dense steps (``pyg_ugrapher.nn._dense``): the matrix-vector bias gradient equals
-autograd's sum, a root term added in a GEMM's epilogue equals the modules' sum, GAT's projection
+autograd's sum, a root term added in a GEMM's epilogue equals the modules' sum, a user's
+``Sequential`` network equals its own forward, hooks included, GAT's projection
 and attention halves as one node equal PyTorch's ops, the plain paths are kept where they must
 be, and every layer that uses them still matches PyG with them switched on for small graphs."""
 import pytest
@@ -29,6 +30,21 @@ def test_add_bias_gradient_is_the_row_sum(shape, check_close):
         check_close(a, b)
 
 
+def test_row_sum_reuses_its_vector_of_ones(check_close, monkeypatch):
+    """Sums over fewer, more and fewer rows, in two dtypes: each equals the plain sum; the vector
+    of ones grows once per dtype and is reused for fewer rows."""
+    monkeypatch.setattr(_dense, "_ONES", {})
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        for count in (5, 9, 3):
+            rows = torch.randn(count, 4, generator=generator, dtype=dtype)
+            check_close(_dense._row_sum(rows), rows.sum(0))
+        assert _dense._ONES[(rows.device, dtype)].shape == (9,)
+    kept = _dense._ONES[(rows.device, torch.float64)]
+    _dense._row_sum(torch.randn(2, 4, dtype=torch.float64))
+    assert _dense._ONES[(rows.device, torch.float64)] is kept and len(_dense._ONES) == 2
+
+
 def test_plain_sum_where_the_product_does_not_pay_or_apply():
     """Small outputs, a bias without gradient, no grad mode, dtype mismatch: ``out + bias``."""
     big, small = torch.randn(_dense.MIN_ROWS, 4), torch.randn(8, 4)
@@ -40,18 +56,36 @@ def test_plain_sum_where_the_product_does_not_pay_or_apply():
     assert _dense.add_bias(big.double(), bias).dtype == torch.float64
 
 
+@pytest.mark.parametrize("shape", [(20, 6), (2, 10, 6)], ids=["2d", "3d"])
 @pytest.mark.parametrize("make", [lambda: torch.nn.Linear(6, 5), lambda: pyg_nn.Linear(6, 5),
                                   lambda: pyg_nn.Linear(6, 5, bias=False)], ids=["torch", "pyg", "no_bias"])
-def test_linear_equals_the_module(make, check_close, monkeypatch):
+def test_linear_equals_the_module(make, shape, check_close, monkeypatch):
     monkeypatch.setattr(_dense, "MIN_ROWS", 1)
     torch.manual_seed(0)
     lin = make()
-    x = torch.randn(20, 6, requires_grad=True)
+    x = torch.randn(shape, requires_grad=True)
     ours, theirs = _dense.linear(lin, x), lin(x)
+    expected = {(True, 2): "_LinearBackward", (True, 3): "_AddBiasBackward"}.get((lin.bias is not None, len(shape)))
+    assert ours.grad_fn.name().endswith(expected or theirs.grad_fn.name())
     check_close(ours, theirs)
     params = [x] + list(lin.parameters())
     for a, b in zip(torch.autograd.grad(ours.square().sum(), params), torch.autograd.grad(theirs.square().sum(), params)):
         check_close(a, b)
+
+
+def test_linear_keeps_the_module_where_the_product_does_not_pay():
+    """Few rows, no grad mode, a frozen bias, a dtype other than the weight's: the module's own
+    ``addmm`` (which raises for the dtype, as PyG's would)."""
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(_dense.MIN_ROWS, 4)
+    assert _dense.linear(lin, x).grad_fn.name().endswith("_LinearBackward")
+    assert _dense.linear(lin, x[:8]).grad_fn.name() == "AddmmBackward0"
+    with torch.no_grad():
+        assert _dense.linear(lin, x).grad_fn is None
+    lin.bias.requires_grad_(False)
+    assert _dense.linear(lin, x).grad_fn.name() == "AddmmBackward0"
+    with pytest.raises(RuntimeError):
+        _dense.linear(lin, x.double())
 
 
 def test_linear_keeps_lazy_modules_and_autocast():
@@ -74,7 +108,7 @@ def test_linear_sum_equals_the_modules(make, bias, check_close, monkeypatch):
     lin, root = make(6, 5, bias=bias), make(3, 5, bias=False)
     x, root_x = torch.randn(20, 6, requires_grad=True), torch.randn(20, 3, requires_grad=True)
     ours, theirs = _dense.linear_sum(lin, x, root, root_x), lin(x) + root(root_x)
-    assert ours.grad_fn.name().endswith("_LinearSumBackward")
+    assert ours.grad_fn.name().endswith("_LinearBackward")
     check_close(ours, theirs)
     params = [x, root_x] + list(lin.parameters()) + list(root.parameters())
     probe = torch.randn(ours.shape, generator=torch.Generator().manual_seed(2))
@@ -88,7 +122,7 @@ def test_linear_sum_keeps_the_modules_where_it_does_not_apply():
     torch.manual_seed(0)
     lin, root = torch.nn.Linear(6, 5), torch.nn.Linear(3, 5, bias=False)
     x, root_x = torch.randn(_dense.MIN_ROWS, 6), torch.randn(_dense.MIN_ROWS, 3)
-    assert _dense.linear_sum(lin, x, root, root_x).grad_fn.name().endswith("_LinearSumBackward")
+    assert _dense.linear_sum(lin, x, root, root_x).grad_fn.name().endswith("_LinearBackward")
     assert _dense.linear_sum(lin, x[:8], root, root_x[:8]).grad_fn.name() == "AddBackward0"
     assert _dense.linear_sum(lin, x, torch.nn.Linear(3, 5), root_x).grad_fn.name() == "AddBackward0"
     lazy = pyg_nn.Linear(-1, 5, bias=False)
@@ -165,11 +199,74 @@ def test_projection_attention_keeps_pytorch_where_it_does_not_apply():
         _dense.projection_attention(lin, torch.randn(7, 5, dtype=torch.float64), vectors)
 
 
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), pyg_nn.Linear(8, 8), torch.nn.Dropout(0.0),
+                               torch.nn.Linear(8, 3, bias=False))
+
+
+def _run_both(net, x, check_close):
+    """``sequential(net, x)`` and ``net(x)``: outputs and gradients equal; the output's node."""
+    params = [x] + list(net.parameters())
+    ours, theirs = _dense.sequential(net, x), net(x)
+    probe = torch.randn(ours.shape, generator=torch.Generator().manual_seed(3))
+    check_close(ours, theirs)
+    for a, b in zip(torch.autograd.grad((ours * probe).sum(), params), torch.autograd.grad((theirs * probe).sum(), params)):
+        check_close(a, b)
+    return ours
+
+
+def test_sequential_runs_linear_children_as_linear(check_close, monkeypatch):
+    monkeypatch.setattr(_dense, "MIN_ROWS", 1)
+    torch.manual_seed(0)
+    net = _mlp()
+    applied = []
+    monkeypatch.setattr(_dense._Linear, "apply", lambda *args, apply=_dense._Linear.apply: applied.append(1) or apply(*args))
+    _run_both(net, torch.randn(20, 6, requires_grad=True), check_close)
+    assert len(applied) == 2
+
+
+def test_sequential_keeps_hooks_and_other_networks(check_close, monkeypatch):
+    """A hook on the container, on a child or global runs as in ``net(x)``; a subclass of
+    ``Sequential`` or another module is called as it is."""
+    monkeypatch.setattr(_dense, "MIN_ROWS", 1)
+    torch.manual_seed(0)
+    net = _mlp()
+    x = torch.randn(20, 6, requires_grad=True)
+    seen = []
+
+    def double(module, args, output):
+        seen.append(type(module).__name__)
+        return 2 * output
+
+    for owner in (net, net[2]):
+        handle = owner.register_forward_hook(double)
+        _run_both(net, x, check_close)
+        assert seen == [type(owner).__name__] * 2
+        handle.remove()
+        seen.clear()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, output: seen.append(1))
+    try:
+        _run_both(net, x, check_close)
+    finally:
+        handle.remove()
+    assert len(seen) == 2 * (len(net) + 1)
+
+    class Residual(torch.nn.Sequential):
+        def forward(self, x):
+            return super().forward(x) + x[:, :3]
+
+    net = Residual(*_mlp())
+    assert _run_both(net, x, check_close).grad_fn.name() == "AddBackward0"
+    assert _run_both(net[0], x, check_close).grad_fn.name() == "AddmmBackward0"
+
+
 LAYERS = [
     ("GCNConv", lambda ns: ns.GCNConv(6, 4)),
     ("GATConv", lambda ns: ns.GATConv(6, 4, heads=2)),
     ("SAGEConv", lambda ns: ns.SAGEConv(6, 4)),
     ("GraphConv", lambda ns: ns.GraphConv(6, 4, aggr="max")),
+    ("GINConv", lambda ns: ns.GINConv(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(),
+                                                           torch.nn.Linear(8, 4)))),
 ]
 
 
@@ -177,7 +274,7 @@ LAYERS = [
 def test_layers_with_the_product_match_pyg(name, make, compare, small_graph, monkeypatch):
     monkeypatch.setattr(_dense, "MIN_ROWS", 1)
     applied = []
-    for function in (_dense._AddBias, _dense._LinearSum, _dense._ProjectionAttention):
+    for function in (_dense._AddBias, _dense._Linear, _dense._ProjectionAttention):
         monkeypatch.setattr(function, "apply",
                             lambda *args, apply=function.apply: applied.append(1) or apply(*args))
     x, edge_index = small_graph
