@@ -94,11 +94,18 @@ class _Linear(torch.autograd.Function):
                 grad.mm(root_weight) if needs[3] else None, grad.t().mm(root_x) if needs[4] else None)
 
 
+def _eager(x: Tensor, *maps: torch.nn.Module) -> bool:
+    """Whether the maps' own products may be replaced on ``x``: not traced (Dynamo cannot trace
+    ``is_lazy``, so that comes first), no autocast (under it a map computes in the autocast dtype),
+    initialised weights."""
+    return not (torch.compiler.is_compiling() or torch.is_autocast_enabled(x.device.type) or
+                any(is_lazy(m.weight) for m in maps))
+
+
 def _fused(x: Tensor, *maps: torch.nn.Module) -> bool:
-    """Whether :class:`_Linear` applies to ``x`` and the maps: eager, no autocast, initialised
-    weights, a two-dimensional input of :data:`MIN_ROWS` rows, one dtype throughout."""
-    if torch.compiler.is_compiling() or torch.is_autocast_enabled(x.device.type) or x.dim() != 2 or \
-            x.shape[0] < MIN_ROWS or any(is_lazy(m.weight) for m in maps):
+    """Whether :class:`_Linear` applies to ``x`` and :func:`_eager` maps: a two-dimensional input
+    of :data:`MIN_ROWS` rows, one dtype throughout."""
+    if x.dim() != 2 or x.shape[0] < MIN_ROWS:
         return False
     dtypes = {x.dtype}.union(p.dtype for m in maps for p in (m.weight, m.bias) if p is not None)
     return len(dtypes) == 1
@@ -106,8 +113,9 @@ def _fused(x: Tensor, *maps: torch.nn.Module) -> bool:
 
 def linear_sum(lin: torch.nn.Module, x: Tensor, root: torch.nn.Module, root_x: Tensor) -> Tensor:
     """``lin(x) + root(root_x)`` for PyG or torch ``Linear`` maps, ``root`` without bias, as one
-    :class:`_Linear` where that applies (:func:`_fused` for both inputs), else through the modules."""
-    if root.bias is not None or not _fused(x, lin, root) or not _fused(root_x, root):
+    :class:`_Linear` where that applies (:func:`_eager`, :func:`_fused` for both inputs), else
+    through the modules."""
+    if root.bias is not None or not _eager(x, lin, root) or not _fused(x, lin, root) or not _fused(root_x, root):
         return linear(lin, x) + root(root_x)
     return _Linear.apply(x, lin.weight, lin.bias, root_x, root.weight)
 
@@ -119,8 +127,7 @@ def linear(lin: torch.nn.Module, x: Tensor) -> Tensor:
     bias = lin.bias
     # Under autocast ``lin`` computes in the autocast dtype bias included; the sum of a half
     # product and a float32 bias would be float32.
-    if torch.compiler.is_compiling() or bias is None or not bias.requires_grad or not torch.is_grad_enabled() or \
-            is_lazy(lin.weight) or torch.is_autocast_enabled(x.device.type):
+    if bias is None or not bias.requires_grad or not torch.is_grad_enabled() or not _eager(x, lin):
         return lin(x)
     if _fused(x, lin):
         return _Linear.apply(x, lin.weight, bias, None, None)
@@ -211,9 +218,8 @@ def projection_attention(lin: torch.nn.Module, raw: Tensor, vectors: Sequence[Te
     (eager, two-dimensional input of the weight's dtype, no autocast) one autograd node,
     :class:`_ProjectionAttention`; else PyTorch ops, a lazy ``lin`` initialised by one call."""
     heads, channels = vectors[0].shape[1:]
-    if torch.compiler.is_compiling() or is_lazy(lin.weight) or torch.is_autocast_enabled(raw.device.type) or \
-            raw.dim() != 2 or raw.dtype != lin.weight.dtype:
-        # Dynamo cannot trace is_lazy; under autocast lin's product is half, as in PyG.
+    if not _eager(raw, lin) or raw.dim() != 2 or raw.dtype != lin.weight.dtype:
+        # Under autocast lin's product is half, as in PyG.
         x = lin(raw).view(-1, heads, channels) if project else None
         if not torch.compiler.is_compiling() and not project and is_lazy(lin.weight):
             lin(raw)  # an edge projection takes its shape here, the one time [E, H * C] is formed

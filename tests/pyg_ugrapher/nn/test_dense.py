@@ -210,7 +210,8 @@ def _run_both(net, x, check_close):
     ours, theirs = _dense.sequential(net, x), net(x)
     probe = torch.randn(ours.shape, generator=torch.Generator().manual_seed(3))
     check_close(ours, theirs)
-    for a, b in zip(torch.autograd.grad((ours * probe).sum(), params), torch.autograd.grad((theirs * probe).sum(), params)):
+    for a, b in zip(torch.autograd.grad((ours * probe).sum(), params),
+                    torch.autograd.grad((theirs * probe).sum(), params)):
         check_close(a, b)
     return ours
 
@@ -220,7 +221,8 @@ def test_sequential_runs_linear_children_as_linear(check_close, monkeypatch):
     torch.manual_seed(0)
     net = _mlp()
     applied = []
-    monkeypatch.setattr(_dense._Linear, "apply", lambda *args, apply=_dense._Linear.apply: applied.append(1) or apply(*args))
+    monkeypatch.setattr(_dense._Linear, "apply",
+                        lambda *args, apply=_dense._Linear.apply: applied.append(1) or apply(*args))
     _run_both(net, torch.randn(20, 6, requires_grad=True), check_close)
     assert len(applied) == 2
 
