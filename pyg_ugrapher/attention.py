@@ -174,28 +174,27 @@ def _backward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: 
 
 
 class _SoftmaxAggregate(torch.autograd.Function):
-    """The eager path: an autograd Function costs less host time per call than a custom op."""
+    """The eager path: an autograd Function costs less host time per call than a custom op. The
+    structure list is kept as an attribute, as :class:`~pyg_ugrapher.ops._EagerGraphOp` keeps it."""
 
     @staticmethod
-    def forward(ctx, graph: GraphTensor, score: str, num_structure: int, num_scores: int, *tensors: Tensor
+    def forward(ctx, graph: GraphTensor, score: str, structure: List[Tensor], num_scores: int, *tensors: Tensor
                 ) -> Tensor:
-        structure = list(tensors[:num_structure])
-        scores = list(tensors[num_structure:num_structure + num_scores])
-        x, keep = tensors[num_structure + num_scores:]
+        scores = list(tensors[:num_scores])
+        x, keep = tensors[num_scores:]
         out, normaliser = _forward(structure, score, scores, x, keep, graph)
-        ctx.score, ctx.num_structure, ctx.num_scores = score, num_structure, num_scores
-        ctx.save_for_backward(*structure, *scores, x, keep, normaliser, out)
+        ctx.score, ctx.structure, ctx.num_scores = score, structure, num_scores
+        ctx.save_for_backward(*scores, x, keep, normaliser, out)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):
         saved = ctx.saved_tensors
-        n, k = ctx.num_structure, ctx.num_scores
-        first = 4 + n  # graph, score, the two counts, the structure
+        k = ctx.num_scores
+        first = 4  # graph, score, structure, the count
         needs = ctx.needs_input_grad[first:first + k + 1]
-        grads, grad_x = _backward(list(saved[:n]), ctx.score, saved[n:n + k], *saved[n + k:], grad, needs[:k],
-                                  needs[k])
+        grads, grad_x = _backward(ctx.structure, ctx.score, saved[:k], *saved[k:], grad, needs[:k], needs[k])
         return (None,) * first + tuple(grads) + (grad_x, None)
 
 
@@ -312,4 +311,4 @@ def softmax_aggregate(graph: GraphTensor, logits: Union[Tensor, Sequence[Tensor]
     structure = graph.structure(x.device)
     if torch.compiler.is_compiling():
         return softmax_aggregate_op(structure, scores, x, keep, text)[0]
-    return _SoftmaxAggregate.apply(graph, text, len(structure), len(scores), *structure, *scores, x, keep)
+    return _SoftmaxAggregate.apply(graph, text, structure, len(scores), *scores, x, keep)

@@ -10,12 +10,12 @@ permutation from CSR positions back to edge ids (``eid``) is internal.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
-from torch.utils.weak import WeakIdKeyDictionary
 
 NumNodes = Union[None, int, Tuple[int, int]]
 _INT32_MAX = 2**31 - 1
@@ -88,10 +88,50 @@ class GraphStats:
 #: outside the recorded graphs: Inductor partitions the graph around them.
 OP_TAGS = tuple(tag for tag in (getattr(torch.Tag, "cudagraph_unsafe", None),) if tag is not None)
 
+_MISSING = object()
+
+
+class IdentityMap:
+    """A mapping keyed by objects' identity that forgets an entry when its key dies, as
+    ``torch.utils.weak.WeakIdKeyDictionary`` does, at an eighth of its lookup cost (0.10 against
+    0.85 us on the project's CPU machine): an operator call makes several lookups (its graph's
+    caches, its decisions, its reused edge operands). Keys must support weak references."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: Dict[int, Tuple[weakref.ref, Any]] = {}
+
+    def get(self, key: object, default: Any = None) -> Any:
+        item = self._items.get(id(key))
+        # A dead key's entry goes with it; an id reused before that would fail the identity test.
+        if item is None or item[0]() is not key:
+            return default
+        return item[1]
+
+    def __getitem__(self, key: object) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: object, value: Any) -> None:
+        items, ident = self._items, id(key)
+
+        def forget(ref: weakref.ref) -> None:
+            if items.get(ident, (None,))[0] is ref:
+                del items[ident]
+
+        items[ident] = (weakref.ref(key, forget), value)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 # Derived structures are cached on the rowptr tensor itself (by identity, weakly): the custom op
 # of the frontend receives only tensors, and this lets it find a graph's chunk tables and
 # statistics again without the GraphTensor and without recomputing them per call.
-_DERIVED: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+_DERIVED = IdentityMap()
 
 
 def capturing(tensor: Tensor) -> bool:
@@ -282,7 +322,7 @@ class GraphTensor:
         num_src = _check_num("num_src", num_src)
         num_dst = _check_num("num_dst", num_dst)
         if validate:
-            _validate_endpoints(src, dst, num_src, num_dst)
+            validate_endpoints(src, dst, num_src, num_dst)
         if index_dtype is None:
             index_dtype = index_dtype_for(max(num_src, num_dst), src.numel())
         elif index_dtype not in (torch.int32, torch.int64):
@@ -520,7 +560,11 @@ def _check_index_dtype(index: Tensor) -> None:
         raise TypeError(f"edge_index: indices must be an integer tensor, got {index.dtype}")
 
 
-def _validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> None:
+def validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int, extra: Sequence[Tensor] = ()
+                       ) -> List[int]:
+    """Check an edge list's endpoint tensors and their index ranges (``edge_index`` errors) in one
+    device sync, which also reads the integer scalar tensors ``extra`` (in the index dtype, returned
+    as ints): a caller that needs a count from the device pays no second sync."""
     for name, index, bound in (("src", src, num_src), ("dst", dst, num_dst)):
         if not isinstance(index, Tensor):
             raise TypeError(f"edge_index: {name} must be a tensor, got {type(index).__name__}")
@@ -532,18 +576,20 @@ def _validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int) ->
     if src.device != dst.device:
         raise ValueError(f"edge_index: src and dst are on different devices ({src.device}, {dst.device})")
     if src.numel() == 0:
-        return
+        return [int(t) for t in extra]
     # One device sync for all four bounds (a new mini-batch graph pays this every step).
     src_low, src_high = torch.aminmax(src)
     dst_low, dst_high = torch.aminmax(dst)
-    src_low, dst_low, *high = torch.stack([src_low, dst_low, src_high, dst_high]).tolist()
-    low = [src_low, dst_low]
+    scalars = [src_low, dst_low, src_high, dst_high] + [t.to(src_low.dtype) for t in extra]
+    src_low, dst_low, src_high, dst_high, *values = torch.stack(scalars).tolist()
+    low, high = [src_low, dst_low], [src_high, dst_high]
     if min(low) < 0:
         raise ValueError(f"edge_index: negative vertex index {min(low)}")
     if high[0] >= num_src:
         raise ValueError(f"edge_index: source index {high[0]} out of range for num_src={num_src}")
     if high[1] >= num_dst:
         raise ValueError(f"edge_index: destination index {high[1]} out of range for num_dst={num_dst}")
+    return values
 
 
 def as_graph(graph: Union["GraphTensor", Tensor], num_nodes: NumNodes = None) -> "GraphTensor":
@@ -555,4 +601,4 @@ def as_graph(graph: Union["GraphTensor", Tensor], num_nodes: NumNodes = None) ->
 
 __all__: Sequence[str] = ["GraphTensor", "CSR", "GraphStats", "DegreeStats", "chunk_table", "split_rows",
                           "csr_stats", "derived_cache", "build_csr", "build_csr_pair", "index_dtype_for",
-                          "as_graph"]
+                          "as_graph", "validate_endpoints"]

@@ -26,7 +26,6 @@ from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Op
 import torch
 from torch import Tensor
 from torch.nn import Parameter
-from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric import EdgeIndex
 from torch_geometric.index import ptr2index
 from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, MinAggregation, SumAggregation
@@ -36,7 +35,7 @@ from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
 
 from .capture import Argument, Capture, CaptureError
 from .capture import capture as trace_message
-from .graph import GraphTensor
+from .graph import GraphTensor, IdentityMap
 from .ir import OpInfo
 from .ops import AUTO, compute, graph_op
 
@@ -564,7 +563,7 @@ def _count(index: Tensor) -> int:
 
 # Graphs are cached on the graph argument (weakly, by identity, until it changes in place), so that
 # the CSR and its statistics are built once for every layer and epoch that use it.
-_GRAPHS: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+_GRAPHS = IdentityMap()
 
 
 def _graph(edge_index: Adj, flow: str, src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> GraphTensor:

@@ -212,7 +212,7 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
 
         chosen = schedule_for(info, layout, csr, dtype, device, schedule, run, context, adapt)
         if pair is None:
-            plan = triton_kernels.prepare(info, layout, operands, chosen, dtype)
+            plan = triton_kernels.prepare(info, layout, operands, chosen, dtype, reused=reused)
         else:
             plan = triton_kernels.prepare_with_edge_output(info, layout, _op(pair[0]), _layout_of(*pair), operands,
                                                            pair[1], chosen, (dtype, reference.result_dtype(pair[1])))
@@ -289,7 +289,9 @@ def _save(ctx, structure: Sequence[Tensor], operands: Sequence[Tensor], out: Ten
           schedule: str, needed: Optional[Sequence[bool]] = None) -> None:
     """What both autograd paths keep for the backward pass: given the ``needed`` gradients, only
     the operands and output their backward reads (a sum's output and a weight-free sum's operands
-    are not: keeping them held two ``[N, F]`` tensors past their use in every eager GCN step)."""
+    are not: keeping them held two ``[N, F]`` tensors past their use in every eager GCN step).
+    ``structure``: the structure tensors to save with them (the custom op's; see
+    :class:`_EagerGraphOp` for the eager path's)."""
     ctx.op, ctx.schedule, ctx.num_structure = op, schedule, len(structure)
     ctx.shapes = tuple(t.shape for t in operands)
     if needed is not None:
@@ -315,11 +317,11 @@ def _kept(op_text: str, layout: Layout, needed: Tuple[bool, ...], half: bool) ->
     return tuple(i in sources for i in range(len(op.inputs))), "out" in sources
 
 
-def _saved_grads(ctx, grad: Tensor, needed: Sequence[bool], run: Runner,
-                 run_pair: Optional[PairRunner]) -> List[Optional[Tensor]]:
-    """The operand gradients from what :func:`_save` kept."""
+def _saved_grads(ctx, grad: Tensor, needed: Sequence[bool], run: Runner, run_pair: Optional[PairRunner],
+                 structure: Optional[List[Tensor]] = None) -> List[Optional[Tensor]]:
+    """The operand gradients from what :func:`_save` kept, on ``structure`` where it was not saved."""
     saved = ctx.saved_tensors
-    structure = list(saved[:ctx.num_structure])
+    structure = list(saved[:ctx.num_structure]) if structure is None else structure
     operands = list(saved[ctx.num_structure:-1])
     return operand_grads(structure, operands, saved[-1], grad, ctx.op, ctx.schedule, needed, run, run_pair,
                          ctx.shapes)
@@ -348,21 +350,24 @@ class _EagerGraphOp(torch.autograd.Function):
     flattening, dispatcher round trips, the aliasing check of its outputs), as much as the kernel
     on a graph of 1e6 edges. Outside ``torch.compile`` this Function skips it, and so do the
     backward's IR ops unless a double backward needs them differentiable (``create_graph=True``).
+    The structure list is an argument autograd does not look into, kept as an attribute: as ten
+    tensor arguments, saved for the backward, it cost ~4 us more per call on the project's CPU
+    machine.
     """
 
     @staticmethod
-    def forward(ctx, op: str, schedule: str, num_structure: int, *tensors: Tensor) -> Tensor:
-        structure, operands = tensors[:num_structure], tensors[num_structure:]
-        out = run_graph_op(list(structure), list(operands), op, schedule)
-        _save(ctx, structure, operands, out, op, schedule, ctx.needs_input_grad[3 + num_structure:])
+    def forward(ctx, op: str, schedule: str, structure: List[Tensor], *operands: Tensor) -> Tensor:
+        out = run_graph_op(structure, list(operands), op, schedule)
+        ctx.structure = structure
+        _save(ctx, (), operands, out, op, schedule, ctx.needs_input_grad[3:])
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         double = torch.is_grad_enabled()
-        grads = _saved_grads(ctx, grad, ctx.needs_input_grad[3 + ctx.num_structure:],
-                             graph_op if double else run_graph_op, None if double else run_gather_with_edge_output)
-        return (None, None, None) + (None,) * ctx.num_structure + tuple(grads)
+        grads = _saved_grads(ctx, grad, ctx.needs_input_grad[3:], graph_op if double else run_graph_op,
+                             None if double else run_gather_with_edge_output, ctx.structure)
+        return (None, None, None) + tuple(grads)
 
 
 def differentiable_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
@@ -372,7 +377,7 @@ def differentiable_graph_op(structure: List[Tensor], operands: List[Tensor], op:
         return graph_op(structure, operands, op, schedule)
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in operands):
         return run_graph_op(structure, operands, op, schedule)
-    return _EagerGraphOp.apply(op, schedule, len(structure), *structure, *operands)
+    return _EagerGraphOp.apply(op, schedule, structure, *operands)
 
 
 

@@ -12,9 +12,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
-from torch.utils.weak import WeakIdKeyDictionary
 
-from pyg_ugrapher.graph import capturing
+from pyg_ugrapher.graph import IdentityMap, capturing
 from pyg_ugrapher.ir import Expr, OpInfo
 from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
@@ -73,7 +72,7 @@ def _permutable(op: OpInfo, layout: Layout, info: ParallelInfo) -> Optional[Tupl
 #: last, at most :data:`_ORDERS` entries: a static weight is read on its graph and, by the
 #: backward, on the reversed one; with one entry the two reads evicted each other every step and
 #: the weight was never read in CSR order.
-_PERMUTED: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+_PERMUTED = IdentityMap()
 _ORDERS = 2
 
 
@@ -390,26 +389,37 @@ class Plan:
     out_dtype: torch.dtype
     #: The slots :func:`run` reads in CSR order once their tensor comes back (``None``: none).
     permutable: Optional[Tuple[bool, ...]]
+    #: Of those, the slots whose tensors come back in this plan's calls, read in CSR order
+    #: (``None``: none): GCN's static weights, every step. A plan that took them for new handed
+    #: each such call to :func:`run` (``u_mul_e_sum`` with a static weight: 101 against 74 us of
+    #: host time per call on an H200 machine, ``benchmarks/results/h200-host-path``, probe 75).
+    in_csr: Optional[Tuple[bool, ...]] = None
 
     def __call__(self, graph: GraphArrays, operands: Sequence[Tensor], edge_out: Optional[Tensor] = None
                  ) -> Optional[Tensor]:
         """The result for ``operands``, :func:`packed_rows` of the dtypes and feature shapes the
         plan was made for (and ``edge_out`` written, for a plan of :func:`prepare_with_edge_output`);
-        ``None`` where the call needs :func:`run`: an operand of a permutable slot comes back (read
-        in CSR order), no edges or no rows to compute, or element offsets beyond int32."""
+        ``None`` where the call needs :func:`run`: the operands of the permutable slots come back
+        where the plan expects them new or the other way round, no edges or no rows to compute, or
+        element offsets beyond int32."""
         csr = graph.csr
         rows = _rows(self.op, graph)
         width = self.layout.width
         extra = [] if edge_out is None else [edge_out]
-        # The output's offsets reach (rows + 1) * width, as _needs_wide counts them.
+        # The output's offsets reach (rows + 1) * width, as _needs_wide counts them. A tensor read
+        # in CSR order is no wider than the operand it comes from.
         if not csr.num_edges or not rows or (rows + 1) * width > _INT32_LIMIT or _needs_wide(list(operands) + extra):
             return None
         if self.permutable is not None:
-            edge_operands = [t for t, slot in zip(operands, self.permutable) if slot]
-            if any(seen(t, csr.eid) for t in edge_operands):
+            eid = csr.eid
+            again = self.in_csr or (False,) * len(self.permutable)
+            if any(slot and seen(t, eid) != back for t, slot, back in zip(operands, self.permutable, again)):
                 return None
-            for t in edge_operands:  # first seen now: marked, so that a call that brings it back permutes it
-                is_reused(t, csr.eid)
+            for t, slot, back in zip(operands, self.permutable, again):
+                if slot and not back:  # first seen now: marked, so that a call that brings it back permutes it
+                    is_reused(t, eid)
+            if self.in_csr is not None:
+                operands = [in_csr_order(t, eid) if back else t for t, back in zip(operands, self.in_csr)]
         out = _allocate(self.op, graph, self.template, self.info, rows, width, self.out_dtype)
         self.template.launch(self.kernel, graph, _tensor_args(operands) + extra, out, width, self.layout, self.info)
         return _result(out, self.out_dtype, (rows,) + self.layout.out_shape)
@@ -446,20 +456,27 @@ class PairPlan:
 
 
 def prepare(op: OpInfo, layout: Layout, operands: Sequence[Tensor], info: ParallelInfo,
-            out_dtype: torch.dtype, edge_fields: Tuple[Tuple[str, Any], ...] = ()) -> Optional[Plan]:
-    """A :class:`Plan` for calls of ``op`` under ``info`` with operands like ``operands`` (same
-    dtypes and feature shapes, :func:`packed_rows`; rows are the graph's, on any graph); ``None``
-    where each call must go through :func:`run`: operands whose features are not packed, nothing
-    to compute, offsets of these operands beyond int32. ``edge_fields``: those of an edge output
-    written by the same kernel (see :func:`prepare_with_edge_output`)."""
+            out_dtype: torch.dtype, edge_fields: Tuple[Tuple[str, Any], ...] = (),
+            reused: Optional[Tuple[bool, ...]] = None) -> Optional[Plan]:
+    """A :class:`Plan` for calls of ``op`` under ``info`` with operands of the dtypes and feature
+    shapes of ``operands`` (rows are the graph's, on any graph), the operands of the ``reused``
+    slots coming back (:func:`reuse_state`; default: none); ``None`` where each call must go
+    through :func:`run`: nothing to compute, offsets of these operands beyond int32. Whether
+    ``operands`` have packed rows does not matter: each call's caller checks its own (a first
+    call's upstream gradient is often the expanded gradient of ``sum()``, and a decision without
+    a plan would send every later call through :func:`run`). ``edge_fields``: those of an edge
+    output written by the same kernel (see :func:`prepare_with_edge_output`)."""
     info.validate_for(layout.message_width)
-    if layout.width == 0 or not all(packed_rows(t) for t in operands) or _needs_wide(operands):
+    if layout.width == 0 or _needs_wide(operands):
         return None
     template = template_for(op, info)
-    kinds = operand_kinds(op, layout, info)
+    permutable = _permutable(op, layout, info)
+    in_csr = None if permutable is None or reused is None else tuple(p and r for p, r in zip(permutable, reused))
+    if in_csr is not None and not any(in_csr):
+        in_csr = None
+    kinds = operand_kinds(op, layout, info, in_csr)
     spec = _spec(op, layout, info, any(t.dtype == torch.float64 for t in operands), False, kinds, edge_fields)
-    return Plan(template, _kernel(template, spec, interpreting()), op, layout, info, out_dtype,
-                _permutable(op, layout, info))
+    return Plan(template, _kernel(template, spec, interpreting()), op, layout, info, out_dtype, permutable, in_csr)
 
 
 def prepare_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,

@@ -51,7 +51,6 @@ from typing import (Any, Callable, Hashable, List, Literal, NamedTuple, Optional
 
 import torch
 from torch import Tensor
-from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric import EdgeIndex
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.typing import SparseTensor
@@ -59,7 +58,7 @@ from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 from torch_geometric.utils.loop import compute_loop_attr
 
 from .. import ops
-from ..graph import OP_TAGS, GraphTensor
+from ..graph import OP_TAGS, GraphTensor, IdentityMap, validate_endpoints
 from ..ir import OpInfo
 
 T = TypeVar("T")
@@ -69,7 +68,7 @@ _INT32_MAX = torch.iinfo(torch.int32).max
 
 # graph argument -> (its version when the entries were built, {key: entry}). Entries must not hold
 # the key itself (views of its tensors would): they are built from ``detach()``-ed aliases.
-_DERIVED: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+_DERIVED = IdentityMap()
 
 GATHERS = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "min": "min"}
 
@@ -291,10 +290,11 @@ def sparse_edges(adj_t: Tensor) -> Tuple[Tensor, Tensor]:
     return index.flip(0), values
 
 
-def graph_of(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> GraphTensor:
-    """A GraphTensor of a plain ``[2, E]`` int64 index (not cached: callers cache)."""
+def graph_of(edge_index: Tensor, flow: str, num_src: int, num_dst: int, validate: bool = True) -> GraphTensor:
+    """A GraphTensor of a plain ``[2, E]`` int64 index (not cached: callers cache); ``validate=False``
+    for an index whose range the caller checked."""
     j, i = endpoints(flow)
-    return GraphTensor(edge_index[j], edge_index[i], num_src, num_dst)
+    return GraphTensor(edge_index[j], edge_index[i], num_src, num_dst, validate=validate)
 
 
 class Graph(NamedTuple):
@@ -325,10 +325,18 @@ def _looped(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops
             ) -> Tuple[GraphTensor, Tensor, Tensor, Tensor, Tensor]:
     index = plain_index(edge_index)
     is_loop = index[0] == index[1]
-    kept, loops = (~is_loop).nonzero().view(-1), is_loop.nonzero().view(-1)
+    j, i = endpoints(flow)
+    if num_loops > min(num_src, num_dst):
+        raise ValueError(f"size: {num_loops} self loops need as many source and destination nodes, got "
+                         f"{num_src} and {num_dst}")
+    # One device sync for the index's bounds and its count of stored loops: with two nonzero()
+    # calls and the graph's own check, a new mini-batch graph waited three times.
+    stored, = validate_endpoints(index[j], index[i], num_src, num_dst, [is_loop.sum()])
+    kept = torch.nonzero_static(~is_loop, size=index.size(1) - stored).view(-1)
+    loops = torch.nonzero_static(is_loop, size=stored).view(-1)
     added = torch.arange(num_loops, device=index.device).repeat(2, 1)
     looped = torch.cat([index[:, kept], added], dim=1)
-    return graph_of(looped, flow, num_src, num_dst), kept, loops, index[0, loops], looped
+    return graph_of(looped, flow, num_src, num_dst, validate=False), kept, loops, index[0, loops], looped
 
 
 def _cached(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> GraphTensor:

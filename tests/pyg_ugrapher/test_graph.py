@@ -62,6 +62,28 @@ def test_structures_are_cached(graph_factory):
     assert all(a is b for a, b in zip(structure, g.structure()))
 
 
+def test_identity_map_keys_by_identity_and_forgets_dead_keys():
+    """Equal tensors are different keys; an entry goes with its key, and an id the allocator
+    reuses for a new object does not find the old entry."""
+    cache = graph_module.IdentityMap()
+    a, b = torch.zeros(3), torch.zeros(3)
+    cache[a] = "a"
+    cache[b] = "b"
+    cache[a] = "a again"
+    assert cache.get(a) == "a again" and cache[b] == "b" and len(cache) == 2
+    assert cache.get(torch.zeros(3)) is None and cache.get(torch.zeros(3), 7) == 7
+    with pytest.raises(KeyError):
+        cache[torch.ones(1)]
+    ident = id(a)
+    del a
+    assert len(cache) == 1
+    for _ in range(100):  # a new object at the dead key's address is not that key
+        c = torch.zeros(3)
+        if id(c) == ident:
+            break
+    assert cache.get(c) is None
+
+
 def test_csr_round_trip(graph_case, graph_factory):
     g = graph_factory(graph_case)
     for graph in (g, g.reverse()):
@@ -282,3 +304,11 @@ def test_as_graph_passes_graphs_through():
     g = GraphTensor.from_edge_index(torch.tensor([[0], [1]]))
     assert as_graph(g) is g
     assert as_graph(torch.tensor([[0], [1]]), (3, 2)).num_src == 3
+
+
+def test_validate_endpoints_reads_extra_counts_in_its_check():
+    src, dst = torch.tensor([0, 4, 2]), torch.tensor([1, 1, 3])
+    assert graph_module.validate_endpoints(src, dst, 5, 4, [(src == 2).sum(), dst.sum()]) == [1, 5]
+    assert graph_module.validate_endpoints(src[:0], dst[:0], 5, 4, [src.sum()]) == [6]
+    with pytest.raises(ValueError, match="destination index 3 out of range for num_dst=3"):
+        graph_module.validate_endpoints(src, dst, 5, 3, [src.sum()])

@@ -7,7 +7,7 @@ import pyg_ugrapher as ug
 from pyg_ugrapher import reference
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.layout import infer_layout
-from pyg_ugrapher.ops import _arrays
+from pyg_ugrapher.ops import _arrays, reversed_structure
 from triton_kernels import dispatch
 
 pytestmark = pytest.mark.usefixtures("poison")
@@ -91,8 +91,8 @@ def test_plan_reads_row_strided_operands(name, shape, dtype, info, device, graph
 
 
 def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_factory, check_close):
-    """Operands whose features are not packed and invalid schedules get no plan; a graph without edges, and a
-    narrow edge operand that comes back (read in CSR order from then on), are left to ``run``."""
+    """Invalid schedules get no plan; a graph without edges, and a narrow edge operand that comes
+    back to a plan made for first calls (read in CSR order from then on), are left to ``run``."""
     graph = graph_factory("mixed")
     arrays = _arrays_of(graph, device)
     vertex = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4)
@@ -109,8 +109,6 @@ def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_fact
     check_close(weighted(arrays, [x, weight]), expected)  # first seen: through the plan, marked
     assert dispatch.seen(weight, arrays.csr.eid)
     assert weighted(arrays, [x, weight]) is None  # back again: run permutes it
-    assert plan_for("copy_u_sum", [x]) is not None
-    assert plan_for("copy_u_sum", [x.transpose(1, 2)]) is None
     empty = graph_factory("empty")
     x_empty, = operand_factory(empty, OpInfo.from_name("copy_u_sum"), "vector", device=device)
     assert plan_for("copy_u_sum", [x])(_arrays_of(empty, device), [x_empty]) is None
@@ -118,22 +116,57 @@ def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_fact
         plan_for("copy_u_sum", [x[:, :1, :1].contiguous()], ug.ParallelInfo("vertex", block_f=64))
 
 
-def test_operators_take_the_plan_only_for_packed_operands(monkeypatch, interpret, graph_factory, check_close):
+@pytest.mark.parametrize("info", [ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4),
+                                  ug.ParallelInfo("group", group_size=3, block_v=2, block_e=2, block_f=4)],
+                         ids=["vertex", "group"])
+def test_plan_for_reused_operands_reads_them_in_csr_order(info, device, graph_factory, operand_factory,
+                                                          check_close):
+    """A plan made for a narrow edge operand that comes back (a static weight, every step) reads
+    it in CSR order, as ``run`` does, on this graph and on its reverse; a tensor it has not seen
+    yet is left to ``run``, which marks it."""
+    op = OpInfo.from_name("u_mul_e_sum")
+    graph = graph_factory("hub")
+    x, weight = operand_factory(graph, op, "row_bcast", device=device)
+    layout = infer_layout(op, [x.shape, weight.shape])
+    plan = dispatch.prepare(op, layout, [x, weight], info, torch.float32, reused=(False, True))
+    assert plan.in_csr == (False, True)
+    structure = graph.structure(device)
+    for on, arrays in ((graph, _arrays(structure)), (graph.reverse(), _arrays(reversed_structure(structure)))):
+        x_on, _ = operand_factory(on, op, "row_bcast", device=device)
+        assert plan(arrays, [x_on, weight]) is None  # not seen on this graph yet
+        check_close(dispatch.run(op, layout, arrays, [x_on, weight], info), reference.execute(on, op, [x_on, weight]))
+        assert dispatch.seen(weight, arrays.csr.eid)
+        for seed in (1, 2):
+            x_on, _ = operand_factory(on, op, "row_bcast", seed=seed, device=device)
+            check_close(plan(arrays, [x_on, weight]), reference.execute(on, op, [x_on, weight]), None,
+                        f"planned in CSR order, seed {seed}")
+    permuted = {id(eid): t for eid, _, t in dispatch._PERMUTED[weight]}
+    assert len(permuted) == 2 and all(t is not None for t in permuted.values())
+
+
+@pytest.mark.parametrize("name,case,shape,schedule,calls,paths", [
+    ("copy_u_max", "hub", (6, 4), ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=8).serialize(),
+     lambda x: (x, x.transpose(1, 2), _row_strided(x)), ["plan", "run", "plan"]),
+    ("copy_u_sum", "mixed", (8,), "auto", lambda x: (x.sum().expand_as(x), x, x * 2), ["run", "plan", "plan"]),
+], ids=["packed", "first-call-unpacked"])
+def test_operators_take_the_plan_only_for_packed_operands(name, case, shape, schedule, calls, paths, monkeypatch,
+                                                          interpret, graph_factory, check_close):
     """``run_graph_op`` launches through the decision's plan when the operands are packed rows, and
-    through ``run`` otherwise; both give the reference's result."""
+    through ``run`` otherwise; both give the reference's result. A decision first made for operands
+    whose rows are not packed (the expanded gradient of ``out.sum()``) still gets a plan, which
+    later calls with packed operands take."""
     from pyg_ugrapher.ops import run_graph_op, serialized
 
-    graph = graph_factory("hub")
-    op = OpInfo.from_name("copy_u_max")
+    graph = graph_factory(case)
+    op = OpInfo.from_name(name)
     structure = graph.structure(torch.device("cpu"))
     through = []
     monkeypatch.setattr(dispatch.Plan, "__call__",
                         lambda self, *args, _call=dispatch.Plan.__call__: through.append("plan") or _call(self, *args))
     monkeypatch.setattr(dispatch, "_launch", lambda *args, _launch=dispatch._launch, **kwargs:
                         through.append("run") or _launch(*args, **kwargs))
-    x = torch.randn(graph.num_src, 6, 4, generator=torch.Generator().manual_seed(0))
-    schedule = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=8).serialize()
-    for operand in (x, x.transpose(1, 2), _row_strided(x)):
+    x = torch.randn((graph.num_src,) + shape, generator=torch.Generator().manual_seed(0))
+    for operand in calls(x):
         check_close(run_graph_op(structure, [operand], serialized(op), schedule),
                     reference.execute(graph, op, [operand]))
-    assert through == ["plan", "run", "plan"]
+    assert through == paths

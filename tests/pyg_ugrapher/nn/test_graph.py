@@ -68,3 +68,33 @@ def test_spare_row_loop_attr_is_pygs(fill_value):
     _, expected = add_self_loops(index, attr, fill_value=fill_value, num_nodes=12)
     assert torch.equal(got[:edge_index.size(1)], edge_attr)
     torch.testing.assert_close(got[edge_index.size(1):], expected[attr.size(0):], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+def test_looped_graph_is_pygs_remove_then_add_self_loops(flow):
+    """The looped index is PyG's ``remove_self_loops`` then ``add_self_loops``; ``kept``, ``loops``
+    and ``loop_nodes`` name the kept edges, the stored loops and their nodes; the graph's edges
+    are the looped index's."""
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+
+    edge_index = loop_heavy_graph()
+    looped = _graph.looped_graph(edge_index, flow, 12, 12, 12)
+    expected, _ = add_self_loops(remove_self_loops(edge_index)[0], num_nodes=12)
+    assert torch.equal(looped.index, expected)
+    is_loop = edge_index[0] == edge_index[1]
+    assert looped.kept.tolist() == (~is_loop).nonzero().view(-1).tolist()
+    loops = is_loop.nonzero().view(-1)
+    assert loops.numel() > 4 and looped.loops.tolist() == loops.tolist()
+    assert looped.loop_nodes.tolist() == edge_index[0, loops].tolist()
+    src, dst = looped.graph.tensor.coo()
+    j, i = _graph.endpoints(flow)
+    assert torch.equal(src.long(), expected[j]) and torch.equal(dst.long(), expected[i])
+
+
+@pytest.mark.parametrize("bad,message", [(torch.tensor([[0, 12], [1, 2]]), "source index 12 out of range"),
+                                         (torch.tensor([[0, 1], [-1, 2]]), "negative vertex index -1")])
+def test_looped_graph_checks_the_index_range(bad, message):
+    with pytest.raises(ValueError, match=message):
+        _graph.looped_graph(bad, "source_to_target", 12, 12, 12)
+    with pytest.raises(ValueError, match="^size: 13 self loops"):
+        _graph.looped_graph(torch.tensor([[0], [1]]), "source_to_target", 12, 13, 13)
