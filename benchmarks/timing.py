@@ -131,10 +131,16 @@ def host_ms(fn: Callable[[], Any], device: torch.device, settings: Settings) -> 
 
 
 def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
-    """Peak memory of one call above what was allocated before it, in MiB (NaN on a CPU)."""
+    """Peak memory of one call above what was allocated before it, in MiB (NaN on a CPU).
+
+    The call starts from an emptied cache: the allocator hands out a cached block larger than a
+    request whole, and counts it whole, so the peak of one and the same step read up to 1.3 MiB
+    above the blocks it asked for, depending on what earlier steps, of any method, left cached
+    (``benchmarks/results/h200-gin-mlp``, probe 71)."""
     if not is_cuda(device):
         return NAN
     torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     result = fn()

@@ -3,6 +3,8 @@ autograd's sum, a root term added in a GEMM's epilogue equals the modules' sum, 
 ``Sequential`` network equals its own forward, hooks included, GAT's projection
 and attention halves as one node equal PyTorch's ops, the plain paths are kept where they must
 be, and every layer that uses them still matches PyG with them switched on for small graphs."""
+import weakref
+
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
@@ -115,6 +117,22 @@ def test_linear_sum_equals_the_modules(make, bias, check_close, monkeypatch):
     for a, b in zip(torch.autograd.grad((ours * probe).sum(), params),
                     torch.autograd.grad((theirs * probe).sum(), params)):
         check_close(a, b)
+
+
+def test_linear_sum_frees_its_input_before_the_root_gradient(monkeypatch):
+    """The backward releases ``x`` (a layer's aggregation) before it computes the root term's
+    gradients (the bias's with them): a step's peak then holds one weight gradient, not two."""
+    monkeypatch.setattr(_dense, "MIN_ROWS", 1)
+    lin, root = torch.nn.Linear(6, 5), torch.nn.Linear(3, 5, bias=False)
+    x = torch.randn(20, 6)
+    alive = weakref.ref(x)
+    out = _dense.linear_sum(lin, x, root, torch.randn(20, 3))
+    del x
+    seen = []
+    row_sum = _dense._row_sum
+    monkeypatch.setattr(_dense, "_row_sum", lambda rows: seen.append(alive() is None) or row_sum(rows))
+    out.sum().backward()
+    assert seen == [True] and root.weight.grad is not None and lin.weight.grad is not None
 
 
 def test_linear_sum_keeps_the_modules_where_it_does_not_apply():
