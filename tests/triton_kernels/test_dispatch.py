@@ -117,8 +117,9 @@ def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_fact
 
 
 @pytest.mark.parametrize("info", [ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4),
+                                  ug.ParallelInfo("edge", block_e=8, block_f=4),
                                   ug.ParallelInfo("group", group_size=3, block_v=2, block_e=2, block_f=4)],
-                         ids=["vertex", "group"])
+                         ids=["vertex", "edge", "group"])
 def test_plan_for_reused_operands_reads_them_in_csr_order(info, device, graph_factory, operand_factory,
                                                           check_close):
     """A plan made for a narrow edge operand that comes back (a static weight, every step) reads
@@ -146,15 +147,17 @@ def test_plan_for_reused_operands_reads_them_in_csr_order(info, device, graph_fa
 
 @pytest.mark.parametrize("name,case,shape,schedule,calls,paths", [
     ("copy_u_max", "hub", (6, 4), ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=8).serialize(),
-     lambda x: (x, x.transpose(1, 2), _row_strided(x)), ["plan", "run", "plan"]),
-    ("copy_u_sum", "mixed", (8,), "auto", lambda x: (x.sum().expand_as(x), x, x * 2), ["run", "plan", "plan"]),
-], ids=["packed", "first-call-unpacked"])
+     lambda x, w: ([x], [x.transpose(1, 2)], [_row_strided(x)]), ["plan", "run", "plan"]),
+    ("copy_u_sum", "mixed", (8,), "auto", lambda x, w: ([x.sum().expand_as(x)], [x], [x * 2]), ["run", "plan", "plan"]),
+    ("u_mul_e_sum", "hub", (8,), "auto", lambda x, w: ([x, w], [x * 2, w], [x * 3, w]), ["plan", "plan", "plan"]),
+], ids=["packed", "first-call-unpacked", "static-weight"])
 def test_operators_take_the_plan_only_for_packed_operands(name, case, shape, schedule, calls, paths, monkeypatch,
                                                           interpret, graph_factory, check_close):
     """``run_graph_op`` launches through the decision's plan when the operands are packed rows, and
     through ``run`` otherwise; both give the reference's result. A decision first made for operands
     whose rows are not packed (the expanded gradient of ``out.sum()``) still gets a plan, which
-    later calls with packed operands take."""
+    later calls with packed operands take; so does a static edge weight that comes back (read in
+    CSR order from its second call on)."""
     from pyg_ugrapher.ops import run_graph_op, serialized
 
     graph = graph_factory(case)
@@ -165,8 +168,11 @@ def test_operators_take_the_plan_only_for_packed_operands(name, case, shape, sch
                         lambda self, *args, _call=dispatch.Plan.__call__: through.append("plan") or _call(self, *args))
     monkeypatch.setattr(dispatch, "_launch", lambda *args, _launch=dispatch._launch, **kwargs:
                         through.append("run") or _launch(*args, **kwargs))
-    x = torch.randn((graph.num_src,) + shape, generator=torch.Generator().manual_seed(0))
-    for operand in calls(x):
-        check_close(run_graph_op(structure, [operand], serialized(op), schedule),
-                    reference.execute(graph, op, [operand]))
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn((graph.num_src,) + shape, generator=generator)
+    weight = torch.rand(graph.num_edges, generator=generator)
+    for operands in calls(x, weight):
+        check_close(run_graph_op(structure, operands, serialized(op), schedule),
+                    reference.execute(graph, op, operands))
     assert through == paths
+    assert name != "u_mul_e_sum" or dispatch._PERMUTED[weight][-1][2] is not None  # read in CSR order
