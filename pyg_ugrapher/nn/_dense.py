@@ -20,8 +20,8 @@ products of :math:`r` with :math:`W` and with :math:`W` folded into the vectors,
 (views, ``cat``, ``mul``, ``sum``, two ``mm``, ``unbind``), one node here
 (:class:`_ProjectionAttention`).
 
-GIN's network is the user's: a plain ``torch.nn.Sequential`` runs its ``Linear`` children as this
-module's own linear map (:func:`sequential`), so their bias gradients are matrix-vector products too.
+GIN's network is the user's: its ``Linear`` submodules run as this module's own linear map for the
+call (:func:`network`), so their bias gradients are matrix-vector products too.
 """
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.modules import module as _module
 from torch.nn.parameter import is_lazy
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
@@ -128,42 +127,55 @@ def linear(lin: torch.nn.Module, x: Tensor) -> Tensor:
     """``lin(x)`` for a PyG or torch ``Linear`` (its parameters and initialisation untouched) whose
     bias needs a gradient: :class:`_Linear` where that applies, else :func:`add_bias`'s bias
     gradient for inputs of more dimensions; the module itself otherwise."""
+    return _linear(lin, x, lin)
+
+
+def _linear(lin: torch.nn.Module, x: Tensor, plain: Callable[[Tensor], Tensor]) -> Tensor:
+    """:func:`linear`, with ``plain`` for the module's own product (its class's forward, where
+    :func:`network` has replaced the instance's)."""
     bias = lin.bias
     # Under autocast ``lin`` computes in the autocast dtype bias included; the sum of a half
     # product and a float32 bias would be float32.
     if bias is None or not bias.requires_grad or not torch.is_grad_enabled() or not _eager(x, lin):
-        return lin(x)
+        return plain(x)
     if _fused(x, lin):
         return _Linear.apply(x, lin.weight, bias, None)
     if x.dim() > 2:
         return add_bias(F.linear(x, lin.weight), bias)
-    return lin(x)
+    return plain(x)
 
 
 #: Module types whose forward is ``F.linear(x, weight, bias)`` and nothing else.
 _LINEARS = (torch.nn.Linear, PygLinear)
 
 
-def _hooked(module: torch.nn.Module) -> bool:
-    """Whether calling ``module`` would run hooks (``Module._call_impl``'s own test)."""
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or
-                module._backward_pre_hooks or _module._global_forward_hooks or
-                _module._global_forward_pre_hooks or _module._global_backward_hooks or
-                _module._global_backward_pre_hooks)
+def _routed(module: torch.nn.Module) -> Callable[[Tensor], Tensor]:
+    own = type(module).forward.__get__(module)
+    return lambda x: _linear(module, x, own)
 
 
-def sequential(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
-    """``net(x)`` for a user's network (GIN's). A plain ``torch.nn.Sequential`` without hooks runs
-    child by child as its own forward does, its ``Linear`` children without hooks through
-    :func:`linear`: their eager bias gradients were ATen's strided reductions (0.39 ms of a 1.84 ms
-    GIN step on an H200, and 132 MiB of workspace above the step's live set,
-    ``benchmarks/results/h200-gat-profile``, probe 51)."""
-    if type(net) is not torch.nn.Sequential or torch.compiler.is_compiling() or not torch.is_grad_enabled() or \
-            torch.jit.is_tracing() or _hooked(net):
+def network(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """``net(x)`` for a user's network (GIN's: a ``Sequential``, PyG's ``MLP``, any module), its
+    torch and PyG ``Linear`` submodules computing through :func:`linear` for this call: their
+    eager bias gradients were ATen's strided reductions (0.39 ms of a 1.84 ms GIN step on an H200,
+    and 132 MiB of workspace above the step's live set, ``benchmarks/results/h200-gat-profile``,
+    probe 51). Each such submodule gets an instance ``forward`` for the call's duration, so the
+    network's own forward (norms, activations, dropout, residuals) and every hook run as they
+    would. Left to ``net(x)``: ``torch.compile`` (Inductor fuses that reduction), JIT tracing and
+    scripted modules, no-grad mode, and submodules whose instance already has a ``forward`` of its
+    own. One network must not run in two threads at once."""
+    if not isinstance(net, torch.nn.Module) or isinstance(net, torch.jit.ScriptModule) or \
+            torch.compiler.is_compiling() or not torch.is_grad_enabled() or torch.jit.is_tracing():
         return net(x)
-    for module in net:
-        x = linear(module, x) if type(module) in _LINEARS and not _hooked(module) else module(x)
-    return x
+    routed = [m for m in net.modules() if type(m) in _LINEARS and "forward" not in m.__dict__]
+    for module in routed:
+        # Set on the instance, past Module.__setattr__ (a plain attribute: nothing to register).
+        object.__setattr__(module, "forward", _routed(module))
+    try:
+        return net(x)
+    finally:
+        for module in routed:
+            del module.__dict__["forward"]
 
 
 def _fold(weight: Tensor, vectors: Sequence[Tensor]) -> Tuple[Tensor, Tensor]:

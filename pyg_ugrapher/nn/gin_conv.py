@@ -8,7 +8,7 @@ from torch_geometric.typing import SparseTensor
 
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
-from ._dense import sequential
+from ._dense import network
 from ._graph import (adjacency, aggregate, eager_with_torch_sparse, edge_tensor, gather_op, is_sparse, named,
                      node_sizes, padded_looped_graph, pair, run, sparse_tensor_graph)
 
@@ -36,9 +36,9 @@ class GINConv(MessagePassing):
     is **one** ``copy_u_sum`` op (``u_mul_e_sum`` for a ``torch.sparse`` adjacency, as PyG's ``spmm``
     multiplies by its values; PyG drops a ``SparseTensor``'s values, and so does this layer); with a
     fixed :math:`\epsilon = 0` (the default) that op also adds :math:`\mathbf{x}_i`, summing over the
-    graph with a self loop added to every node. A plain ``torch.nn.Sequential`` network without
-    hooks runs child by child, its ``Linear`` maps with the bias gradient as a matrix-vector product
-    (``nn._dense.sequential``: the same values, faster than ATen's eager reduction).
+    graph with a self loop added to every node. The network's torch and PyG ``Linear`` submodules (a
+    ``Sequential``'s, PyG's ``MLP``'s, any module's) compute their bias gradient as a matrix-vector
+    product (``nn._dense.network``: the same values, faster than ATen's eager reduction).
 
     Args:
         nn (torch.nn.Module): The network :math:`h_{\mathbf{\Theta}}` mapping ``[-1, in_channels]``
@@ -92,12 +92,12 @@ class GINConv(MessagePassing):
                 # (A + I) X as one sum over the edges and a self loop per node: no [N, F] pass
                 # to add x (on the H100 the sum over 5% more edges cost less than that pass).
                 graph = padded_looped_graph(edge_index, self.flow, num_nodes)
-                return sequential(self.nn, run(graph, named, ("copy_u_sum",), [x_src]))
+                return network(self.nn, run(graph, named, ("copy_u_sum",), [x_src]))
         out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
         if x_dst is not None:
             # One pass over [N, F] instead of a product and a sum.
             out = torch.addcmul(out, x_dst, 1 + self.eps)
-        return sequential(self.nn, out)
+        return network(self.nn, out)
 
     def _with_loops(self, edge_index: Tensor) -> bool:
         """Whether the sum may run on the graph with self loops: sum aggregation of an index (not
@@ -206,7 +206,7 @@ class GINEConv(MessagePassing):
         out = run(graph, relu_sum, (self._gather,), [x_src, edge_attr])
         if x_dst is not None:
             out = torch.addcmul(out, x_dst, 1 + self.eps)
-        return sequential(self.nn, out)
+        return network(self.nn, out)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}(nn={self.nn})"
