@@ -470,13 +470,11 @@ def prepare(op: OpInfo, layout: Layout, operands: Sequence[Tensor], info: Parall
     if layout.width == 0 or _needs_wide(operands):
         return None
     template = template_for(op, info)
-    permutable = _permutable(op, layout, info)
-    in_csr = None if permutable is None or reused is None else tuple(p and r for p, r in zip(permutable, reused))
-    if in_csr is not None and not any(in_csr):
-        in_csr = None
-    kinds = operand_kinds(op, layout, info, in_csr)
+    kinds = operand_kinds(op, layout, info, reused)
+    in_csr = tuple(kind == "edge_csr" for kind in kinds)
     spec = _spec(op, layout, info, any(t.dtype == torch.float64 for t in operands), False, kinds, edge_fields)
-    return Plan(template, _kernel(template, spec, interpreting()), op, layout, info, out_dtype, permutable, in_csr)
+    return Plan(template, _kernel(template, spec, interpreting()), op, layout, info, out_dtype,
+                _permutable(op, layout, info), in_csr if any(in_csr) else None)
 
 
 def prepare_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,

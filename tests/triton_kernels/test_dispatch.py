@@ -120,13 +120,14 @@ def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_fact
                                   ug.ParallelInfo("edge", block_e=8, block_f=4),
                                   ug.ParallelInfo("group", group_size=3, block_v=2, block_e=2, block_f=4)],
                          ids=["vertex", "edge", "group"])
-def test_plan_for_reused_operands_reads_them_in_csr_order(info, device, graph_factory, operand_factory,
+@pytest.mark.parametrize("case", ["hub", "isolated"])
+def test_plan_for_reused_operands_reads_them_in_csr_order(info, case, device, graph_factory, operand_factory,
                                                           check_close):
     """A plan made for a narrow edge operand that comes back (a static weight, every step) reads
     it in CSR order, as ``run`` does, on this graph and on its reverse; a tensor it has not seen
-    yet is left to ``run``, which marks it."""
+    yet is left to ``run``, which marks it, and so is a graph without edges."""
     op = OpInfo.from_name("u_mul_e_sum")
-    graph = graph_factory("hub")
+    graph = graph_factory(case)
     x, weight = operand_factory(graph, op, "row_bcast", device=device)
     layout = infer_layout(op, [x.shape, weight.shape])
     plan = dispatch.prepare(op, layout, [x, weight], info, torch.float32, reused=(False, True))
@@ -143,6 +144,9 @@ def test_plan_for_reused_operands_reads_them_in_csr_order(info, device, graph_fa
                         f"planned in CSR order, seed {seed}")
     permuted = {id(eid): t for eid, _, t in dispatch._PERMUTED[weight]}
     assert len(permuted) == 2 and all(t is not None for t in permuted.values())
+    empty = graph_factory("empty")
+    x_empty, w_empty = operand_factory(empty, op, "row_bcast", device=device)
+    assert plan(_arrays_of(empty, device), [x_empty, w_empty]) is None
 
 
 @pytest.mark.parametrize("name,case,shape,schedule,calls,paths", [
