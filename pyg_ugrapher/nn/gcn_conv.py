@@ -52,17 +52,17 @@ def unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: boo
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     if add_self_loops:
         weight = (src != dst).to(acc)
-        degree = torch.ones(num_nodes, dtype=acc, device=index.device).index_add_(0, dst, weight)
+        factor = torch.ones(num_nodes, dtype=acc, device=index.device).index_add_(0, dst, weight).rsqrt_()
     else:
-        weight = torch.ones(src.numel(), dtype=acc, device=index.device)
-        degree = torch.zeros(num_nodes, dtype=acc, device=index.device).index_add_(0, dst, weight)
-    # A node without edges (no loops added) has degree 0: PyG's gcn_norm maps its inf to 0.
-    factor = degree.rsqrt().masked_fill_(degree == 0, 0.0)
-    norm = factor.index_select(0, src) * factor.index_select(0, dst)
+        degree = torch.zeros(num_nodes, dtype=acc, device=index.device).index_add_(
+            0, dst, torch.ones(src.numel(), dtype=acc, device=index.device))
+        # A node without edges has degree 0 here: PyG's gcn_norm maps its inf to 0.
+        factor = degree.rsqrt().masked_fill_(degree == 0, 0.0)
+    norm = factor.index_select(0, src).mul_(factor.index_select(0, dst))
     if not add_self_loops:
         return norm.to(dtype)
-    norm = norm.index_select(0, kept) if kept is not None else norm * weight
-    return torch.cat([norm, factor * factor]).to(dtype)
+    norm = norm.index_select(0, kept) if kept is not None else norm.mul_(weight)
+    return torch.cat([norm, factor.square()]).to(dtype)
 
 
 def fixed_size_unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str,
