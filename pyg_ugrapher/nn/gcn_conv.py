@@ -7,6 +7,8 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import add_self_loops
+from triton_kernels import unit_norm as unit_norm_kernels
+from triton_kernels import uses_triton
 
 from ..graph import OP_TAGS
 from ..ir import Expr, OpInfo
@@ -43,19 +45,28 @@ def unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: boo
     Without loops the weights are in the index's edge order; with them, stored loops weigh 0 in
     place (the padded and spare-row graphs of :func:`fixed_size_graph`), or only the ``kept`` edges
     are weighted (:func:`looped_graph`'s), then each node's loop :math:`1 / \hat{d}_v`. A sampler's
-    mini-batch is a new graph every step: these dozen elementwise operations cost less host time
-    than two graph operators over the graph. Degrees are summed in float32 (float64 for
-    double weights), exact up to :math:`2^{24}` edges per node whatever ``dtype``."""
+    mini-batch is a new graph every step: where Triton runs, two kernels
+    (:mod:`triton_kernels.unit_norm`), else a dozen torch operations, instead of two graph operators
+    over the graph. Degrees are summed in float32 (float64 for double weights), exact up to
+    :math:`2^{24}` edges per node whatever ``dtype``."""
     index = plain_index(edge_index)
     j, i = endpoints(flow)
     src, dst = index[j], index[i]
+    if kept is None and uses_triton(index.device) and unit_norm_kernels.fits(index.size(1), num_nodes):
+        return unit_norm_kernels.unit_norm_weights(src, dst, num_nodes, add_self_loops, dtype)
+    return unit_norm_torch(src, dst, num_nodes, add_self_loops, dtype, kept)
+
+
+def unit_norm_torch(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: bool, dtype: torch.dtype,
+                    kept: Optional[Tensor] = None) -> Tensor:
+    """:func:`unit_norm` of the edges ``(src, dst)`` with torch operations."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     if add_self_loops:
         weight = (src != dst).to(acc)
-        factor = torch.ones(num_nodes, dtype=acc, device=index.device).index_add_(0, dst, weight).rsqrt_()
+        factor = torch.ones(num_nodes, dtype=acc, device=src.device).index_add_(0, dst, weight).rsqrt_()
     else:
-        degree = torch.zeros(num_nodes, dtype=acc, device=index.device).index_add_(
-            0, dst, torch.ones(src.numel(), dtype=acc, device=index.device))
+        degree = torch.zeros(num_nodes, dtype=acc, device=src.device).index_add_(
+            0, dst, torch.ones(src.numel(), dtype=acc, device=src.device))
         # A node without edges has degree 0 here: PyG's gcn_norm maps its inf to 0.
         factor = degree.rsqrt().masked_fill_(degree == 0, 0.0)
     norm = factor.index_select(0, src).mul_(factor.index_select(0, dst))

@@ -10,7 +10,7 @@ from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
 
 from pyg_ugrapher import ops
 from pyg_ugrapher.nn import GCNConv
-from pyg_ugrapher.nn.gcn_conv import unit_norm
+from pyg_ugrapher.nn.gcn_conv import unit_norm, unit_norm_torch
 
 CONFIGS = [
     {},
@@ -141,7 +141,7 @@ def test_unit_weights_run_no_normalisation_op(small_graph):
 
 @pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
 @pytest.mark.parametrize("add_self_loops", [True, False], ids=["loops", "no_loops"])
-def test_unit_norm_matches_gcn_norm(small_graph, flow, add_self_loops):
+def test_unit_norm_matches_gcn_norm(interpret, small_graph, flow, add_self_loops):
     """The weights of PyG's gcn_norm on a graph with repeated stored loops and isolated nodes: with
     loops, in the looped graph's order (the kept edges, then one loop per node), and in the padded
     graph's (stored loops in place at weight 0, then the loops)."""
@@ -150,32 +150,38 @@ def test_unit_norm_matches_gcn_norm(small_graph, flow, add_self_loops):
     loops = torch.tensor([[3, 3, 3, 5], [3, 3, 3, 5]])
     edge_index = torch.cat([loops[:, :2], edge_index, loops[:, 2:]], dim=1)
     _, theirs = gcn_norm(edge_index, None, num_nodes, add_self_loops=add_self_loops, flow=flow)
+    src, dst = (edge_index[1], edge_index[0]) if flow == "target_to_source" else edge_index
     if not add_self_loops:
         torch.testing.assert_close(unit_norm(edge_index, flow, num_nodes, False, torch.float32), theirs)
+        torch.testing.assert_close(unit_norm_torch(src, dst, num_nodes, False, torch.float32), theirs)
         return
     is_loop = edge_index[0] == edge_index[1]
     kept = (~is_loop).nonzero().view(-1)
     torch.testing.assert_close(unit_norm(edge_index, flow, num_nodes, True, torch.float32, kept), theirs)
-    padded = unit_norm(edge_index, flow, num_nodes, True, torch.float32)
     num_edges = edge_index.size(1)
-    assert padded.shape == (num_edges + num_nodes,)
-    torch.testing.assert_close(padded[:num_edges][kept], theirs[:kept.numel()])
-    assert padded[:num_edges][is_loop].eq(0).all()
-    torch.testing.assert_close(padded[num_edges:], theirs[kept.numel():])
+    # The kernels (here through Triton's interpreter), and the torch operations.
+    for padded in (unit_norm(edge_index, flow, num_nodes, True, torch.float32),
+                   unit_norm_torch(src, dst, num_nodes, True, torch.float32)):
+        assert padded.shape == (num_edges + num_nodes,)
+        torch.testing.assert_close(padded[:num_edges][kept], theirs[:kept.numel()])
+        assert padded[:num_edges][is_loop].eq(0).all()
+        torch.testing.assert_close(padded[num_edges:], theirs[kept.numel():])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
-def test_unit_norm_hub_degree(dtype):
-    """Degrees are summed in float32 whatever the weights' dtype: a hub's 70 000 edges overflow
-    float16 (largest value 65504) and are not exact in bfloat16."""
+def test_unit_norm_hub_degree(interpret, dtype):
+    """Degrees are summed in float32 whatever the weights' dtype, by the kernels and by the torch
+    operations: a hub's 70 000 edges overflow float16 (largest value 65504) and are not exact in
+    bfloat16."""
     num_leaves = 70_000
     leaves = torch.arange(1, num_leaves + 1)
     edge_index = torch.stack([leaves, torch.zeros_like(leaves)])
-    ours = unit_norm(edge_index, "source_to_target", num_leaves + 1, True, dtype)
-    expected = unit_norm(edge_index, "source_to_target", num_leaves + 1, True, torch.float64)
-    assert ours.dtype == dtype and ours.isfinite().all()
-    torch.testing.assert_close(ours.double(), expected, rtol=1e-2 if dtype != torch.float64 else 1e-12, atol=0)
+    expected = unit_norm_torch(edge_index[0], edge_index[1], num_leaves + 1, True, torch.float64)
     assert expected[num_leaves] == pytest.approx(1 / (num_leaves + 1))  # the hub's own loop
+    for ours in (unit_norm(edge_index, "source_to_target", num_leaves + 1, True, dtype),
+                 unit_norm_torch(edge_index[0], edge_index[1], num_leaves + 1, True, dtype)):
+        assert ours.dtype == dtype and ours.isfinite().all()
+        torch.testing.assert_close(ours.double(), expected, rtol=1e-2 if dtype != torch.float64 else 1e-12, atol=0)
 
 
 def test_graph_built_once_and_released(small_graph):
