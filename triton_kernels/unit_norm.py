@@ -45,7 +45,7 @@ def weight_kernel(src_ptr, dst_ptr, degree_ptr, out_ptr, num_edges, num_nodes, L
     v = tl.load(dst_ptr + i, mask=is_edge, other=0)
     degree_u = tl.load(degree_ptr + u, mask=is_edge, other=1.0)
     degree_v = tl.load(degree_ptr + v, mask=is_edge, other=1.0)
-    # Correctly rounded square roots, as torch's: float32 has its own (the default is approximate).
+    # Correctly rounded square roots: Triton's default one is approximate in float32.
     if DOUBLE:
         root_u, root_v = tl.sqrt(degree_u), tl.sqrt(degree_v)
     else:
@@ -69,8 +69,8 @@ def weight_kernel(src_ptr, dst_ptr, degree_ptr, out_ptr, num_edges, num_nodes, L
 @functools.lru_cache(maxsize=None)
 def _kernels(interpreted: bool):
     """Both kernels, decorated when first used in each mode (see :mod:`triton_kernels.csr_pair`)."""
-    kernels = tuple(triton.jit(do_not_specialize=["num_edges", "num_nodes"])(fn)
-                    for fn in (degree_kernel, weight_kernel))
+    kernels = (triton.jit(do_not_specialize=["num_edges"])(degree_kernel),
+               triton.jit(do_not_specialize=["num_edges", "num_nodes"])(weight_kernel))
     return kernels if interpreted else tuple(DirectKernel(k) for k in kernels)
 
 
