@@ -70,6 +70,7 @@ class AttentionOps(NamedTuple):
     output: OpInfo  #: the weighted sum of the source features
     grad_x: OpInfo  #: the gradient of the source features, on the reversed graph
     grad_scores: Tuple[GradStep, ...]  #: the gradient of each operand of the score
+    score_kinds: Tuple[str, ...]  #: the kind of each operand of the score
 
 
 def _exp_shifted(logit: Expr, shift: int) -> Expr:
@@ -101,7 +102,7 @@ def attention_ops(score: str, dropout: bool) -> AttentionOps:
     grad_scores = tuple(grad_step(grad_logit * logit.grad(i), grad_kinds, sources,
                                   None if kind == "edge" else "sum", False, kind == "src_v")
                         for i, kind in enumerate(kinds))
-    return AttentionOps(shift, denominator, output, grad_x, grad_scores)
+    return AttentionOps(shift, denominator, output, grad_x, grad_scores, kinds)
 
 
 _DOT = OpInfo.from_name("u_dot_v")
@@ -113,15 +114,22 @@ def _run(structure: List[Tensor], op: OpInfo, operands: List[Tensor]) -> Tensor:
 
 
 def _column(tensor: Tensor) -> Tensor:
-    """``tensor`` as ``[rows, H, 1]``, a new view per operator: the dispatcher permutes a narrow
-    edge operand into CSR order when the same tensor object comes back (static edge weights,
-    reused every step); logits used by three operators of one step would pay that permutation
-    (2.8 ms for ``[4e6, 4]`` on the H100, more than the operator) and never see it again."""
+    """``tensor`` (``[rows, H]``) as ``[rows, H, 1]``, the operators' shape for per-head values."""
     return tensor.unsqueeze(-1)
 
 
-def _columns(tensors: Sequence[Tensor]) -> List[Tensor]:
-    return [_column(t) for t in tensors]
+def _operand(column: Tensor, kind: str) -> Tensor:
+    """``column`` as one operator's operand of ``kind``: an edge operand as a new view per operator.
+    The dispatcher permutes a narrow edge operand into CSR order when the same tensor object comes
+    back (static edge weights, reused every step); edge logits used by three operators of one step
+    would pay that permutation (2.8 ms for ``[4e6, 4]`` on the H100, more than the operator) and
+    never see it again. Node operands are read as they are: one view serves a whole pass (each view
+    costs a dispatcher call, and a layer's pass took 21 of them)."""
+    return column.view_as(column) if kind == "edge" else column
+
+
+def _operands(columns: Sequence[Tensor], kinds: Sequence[str]) -> List[Tensor]:
+    return [_operand(column, kind) for column, kind in zip(columns, kinds)]
 
 
 def _forward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor, keep: Optional[Tensor],
@@ -135,10 +143,11 @@ def _forward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: T
             notify(graph, op, operands)
         return _run(structure, op, operands)
 
-    shift = run(ops.shift, _columns(scores))
-    normaliser = shift + (run(ops.denominator, _columns(scores) + [shift]) + EPSILON).log()
+    columns, kinds = [_column(t) for t in scores], ops.score_kinds
+    shift = run(ops.shift, _operands(columns, kinds))
+    normaliser = shift + (run(ops.denominator, _operands(columns, kinds) + [shift]) + EPSILON).log()
     extra = [] if keep is None else [_column(keep)]
-    return run(ops.output, [x] + _columns(scores) + [normaliser] + extra), normaliser
+    return run(ops.output, [x] + _operands(columns, kinds) + [normaliser] + extra), normaliser
 
 
 def _backward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor, keep: Optional[Tensor],
@@ -147,11 +156,13 @@ def _backward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: 
     """``(gradient of each score operand, grad_x)`` of the closed form (``None`` where not needed)."""
     ops = attention_ops(score, keep is not None)
     grad = grad.contiguous()
-    extra = [] if keep is None else [_column(keep)]
+    keep_column = None if keep is None else _column(keep)
+    extra = [] if keep_column is None else [keep_column]
+    columns, kinds = [_column(t) for t in scores], ops.score_kinds
     reversed_ = reversed_structure(structure)
     needs_logits = any(needs_scores)
     grad_x = None
-    grad_x_operands = [grad] + _columns(scores) + [normaliser] + extra
+    grad_x_operands = [grad] + _operands(columns, kinds) + [normaliser] + extra
     if needs_x and needs_logits:
         grad_x, products = run_gather_with_edge_output(
             reversed_, grad_x_operands, serialized(ops.grad_x), [x, grad], _DOT_REVERSED, AUTO, AUTO)
@@ -161,14 +172,14 @@ def _backward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: 
         products = _run(structure, _DOT, [x, grad])
     grads: List[Optional[Tensor]] = [None] * len(scores)
     if needs_logits:
-        if keep is not None:
-            products = products * _column(keep)
-        # [rows, H] each, so that every step reads them through a view of its own (see _column)
-        values = {"normaliser": normaliser.squeeze(-1), "products": products.squeeze(-1),
-                  "total": (out * grad).sum(dim=-1)}
+        if keep_column is not None:
+            products = products * keep_column
+        # [rows, H, 1] each, as the operators read them
+        values = {"normaliser": normaliser, "products": products, "total": (out * grad).sum(dim=-1, keepdim=True)}
         for i, step in enumerate(ops.grad_scores):
             if needs_scores[i]:
-                inputs = [_column(scores[s] if isinstance(s, int) else values[s]) for s in step.sources]
+                inputs = [_operand(columns[s] if isinstance(s, int) else values[s], kind)
+                          for s, kind in zip(step.sources, step.op.inputs)]
                 grads[i] = _run(reversed_ if step.reverse else structure, step.op, inputs).squeeze(-1)
     return grads, grad_x
 

@@ -171,6 +171,29 @@ def test_the_score_is_never_an_edge_tensor(graph_factory):
     assert [call.op for call in calls] == [ops.shift, ops.denominator, attention_ops(SCORE.serialize(), False).output]
 
 
+@pytest.mark.parametrize("form", FORMS)
+def test_edge_operands_are_never_permuted(device, graph_factory, monkeypatch, form):
+    """The edge logits (or the score's edge term), the dropout scale and the products each feed
+    several operators of a pass: each gets a view of its own per operator, so none is taken for a
+    reused static weight and permuted into CSR order (an ``[E, H]`` gather per step, which costs
+    more than the operators on large graphs), over two steps."""
+    from triton_kernels import dispatch
+    permuted = []
+    permute = dispatch.in_csr_order
+    monkeypatch.setattr(dispatch, "in_csr_order", lambda t, eid: permuted.append(t.shape) or permute(t, eid))
+    graph = graph_factory("mixed")
+    logits, x, keep = (_to(t, device) for t in _inputs(graph, form, dropout=True))
+    # Gradients for the node terms (two steps read the products), none for the edge term: a tensor
+    # that requires grad is never taken for a reused one.
+    trained = [logits] if isinstance(logits, torch.Tensor) else logits[:2]
+    for t in trained + [x]:
+        t.requires_grad_()
+    for _ in range(2):
+        out = _ours(graph, logits, x, keep)
+        out.backward(torch.ones_like(out))
+    assert permuted == []
+
+
 def test_isolated_destinations_get_zero(graph_factory, isolated):
     graph = graph_factory("isolated")
     for form in FORMS:
