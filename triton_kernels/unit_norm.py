@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from . import dispatch
 from .codegen import interpreting
 from .launch import DirectKernel
 
@@ -74,11 +75,6 @@ def _kernels(interpreted: bool):
     return kernels if interpreted else tuple(DirectKernel(k) for k in kernels)
 
 
-def _allocate(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """The weights, uninitialised: the weight kernel writes every element."""
-    return torch.empty(size, dtype=dtype, device=device)
-
-
 def fits(num_edges: int, num_nodes: int) -> bool:
     """Whether every position (edges, then loops) fits the kernels' int32 offsets."""
     return num_edges + num_nodes < 2**31
@@ -102,7 +98,8 @@ def unit_norm_weights(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: 
     src, dst = src.contiguous(), dst.contiguous()
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     degree = (torch.ones if add_self_loops else torch.zeros)(num_nodes, dtype=acc, device=src.device)
-    out = _allocate(num_edges + (num_nodes if add_self_loops else 0), dtype, src.device)
+    # Uninitialised, as the generated kernels' outputs: the weight kernel writes every element.
+    out = dispatch._uninitialised((num_edges + (num_nodes if add_self_loops else 0),), dtype, src.device)
     degree_fn, weight_fn = _kernels(interpreting())
     if num_edges:
         degree_fn[(triton.cdiv(num_edges, BLOCK),)](src, dst, degree, num_edges, LOOPS=add_self_loops, BLOCK=BLOCK)

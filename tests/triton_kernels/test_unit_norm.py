@@ -1,5 +1,5 @@
 """GCN's unit-weight normalisation kernels (``triton_kernels.unit_norm``) against the torch
-formulation, on every graph case, with their outputs poisoned first."""
+formulation, on every graph case, with their outputs poisoned first (the ``poison`` fixture)."""
 import pytest
 import torch
 
@@ -7,18 +7,10 @@ from pyg_ugrapher.nn.gcn_conv import unit_norm_torch
 from triton_kernels import unit_norm
 
 
-@pytest.fixture
-def poisoned_outputs(monkeypatch):
-    """Weights filled with NaN before the kernels run: each one must be written."""
-    allocate = unit_norm._allocate
-    monkeypatch.setattr(unit_norm, "_allocate", lambda size, dtype, device: allocate(size, dtype, device).fill_(
-        float("nan")))
-
-
 @pytest.mark.parametrize("add_self_loops", [True, False], ids=["loops", "no_loops"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
-def test_kernels_match_torch(graph_case, graph_factory, device, poisoned_outputs, add_self_loops, dtype,
+def test_kernels_match_torch(graph_case, graph_factory, device, poison, add_self_loops, dtype,
                              index_dtype):
     g = graph_factory(graph_case)
     if g.num_src != g.num_dst:
