@@ -75,6 +75,12 @@ def _kernels(interpreted: bool):
     return kernels if interpreted else tuple(DirectKernel(k) for k in kernels)
 
 
+def degree_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Where the degrees of weights in ``dtype`` are summed: float64 for double weights, else
+    float32 (exact counts up to 2**24, where float16 overflows at 65504)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def fits(num_edges: int, num_nodes: int) -> bool:
     """Whether every position (edges, then loops) fits the kernels' int32 offsets."""
     return num_edges + num_nodes < 2**31
@@ -96,7 +102,7 @@ def unit_norm_weights(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: 
     if not fits(num_edges, num_nodes):
         raise ValueError(f"src: {num_edges} edges and {num_nodes} loops overflow the kernels' int32 offsets")
     src, dst = src.contiguous(), dst.contiguous()
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    acc = degree_dtype(dtype)
     degree = (torch.ones if add_self_loops else torch.zeros)(num_nodes, dtype=acc, device=src.device)
     # Uninitialised, as the generated kernels' outputs: the weight kernel writes every element.
     out = dispatch._uninitialised((num_edges + (num_nodes if add_self_loops else 0),), dtype, src.device)

@@ -60,7 +60,7 @@ def unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: boo
 def unit_norm_torch(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: bool, dtype: torch.dtype,
                     kept: Optional[Tensor] = None) -> Tensor:
     """:func:`unit_norm` of the edges ``(src, dst)`` with torch operations."""
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    acc = unit_norm_kernels.degree_dtype(dtype)
     if add_self_loops:
         weight = (src != dst).to(acc)
         factor = torch.ones(num_nodes, dtype=acc, device=src.device).index_add_(0, dst, weight).rsqrt_()
