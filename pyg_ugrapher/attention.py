@@ -13,11 +13,14 @@ from its own operands (GAT's :math:`\mathrm{LeakyReLU}(a^s_u + a^t_v)`). A score
 inside every pass that needs it, so no ``[E, H]`` logit tensor is ever written or read, and its
 gradient goes straight to its operands.
 
-The forward pass is three IR operators, none of which writes an ``[E, ...]`` tensor: a gather-max
-of the score for :math:`m`, a gather-sum of :math:`\exp(s_e - m_v)` for the denominator
-:math:`z`, and a gather-sum of :math:`x_u k_e \exp(s_e - \ell_v)` for the output, with the
-log-normaliser :math:`\ell_v = m_v + \log(z_v + 10^{-16})` (one destination operand instead of
-:math:`m` and :math:`z`: one gather fewer per edge in the output and in the backward).
+The forward pass writes no ``[E, ...]`` tensor. Where the schedule decided for it is vertex-parallel
+with feature tiles of whole heads or inside one, it is one pass over the edges
+(:mod:`triton_kernels.vertex_softmax`: an online softmax, whose running maximum rescales the
+denominator and the weighted sum). Elsewhere it is three IR operators: a gather-max of the score
+for :math:`m`, a gather-sum of :math:`\exp(s_e - m_v)` for the denominator :math:`z`, and a
+gather-sum of :math:`x_u k_e \exp(s_e - \ell_v)` for the output. Both give the log-normaliser
+:math:`\ell_v = m_v + \log(z_v + 10^{-16})`, which the backward reads (one destination operand
+instead of :math:`m` and :math:`z`: one gather fewer per edge).
 
 The automatic backward of :mod:`pyg_ugrapher.backward` would differentiate those three operators
 one by one. Softmax has a shorter closed form: with upstream gradient :math:`G_v`,
@@ -46,11 +49,16 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+import triton_kernels
+from triton_kernels import packed_rows, uses_triton
+
+from . import reference
 from .backward import GradStep, Source, canonical, grad_step, on_reversed
 from .graph import OP_TAGS, GraphTensor
 from .ir import Expr, OpInfo
-from .ops import (AUTO, notify, reversed_structure, rows_by_kind, run_gather_with_edge_output, run_graph_op,
-                  serialized)
+from .ops import (AUTO, cached_decision, graph_arrays, layout_of, notify, observed, reversed_structure, rows_by_kind,
+                  run_gather_with_edge_output, run_graph_op, schedule_for, serialized)
+from .parallel import ParallelInfo
 
 #: PyG's softmax adds this to the denominator: destinations without edges stay finite.
 EPSILON = 1e-16
@@ -71,6 +79,11 @@ class AttentionOps(NamedTuple):
     grad_x: OpInfo  #: the gradient of the source features, on the reversed graph
     grad_scores: Tuple[GradStep, ...]  #: the gradient of each operand of the score
     score_kinds: Tuple[str, ...]  #: the kind of each operand of the score
+    #: The forward in one pass, as the op whose layout and schedule it takes: the sum of
+    #: ``x_u * exp(logit) [* k]`` over slots ``x``, the score's operands[, ``k``].
+    one_pass: OpInfo
+    value: Expr  #: what the one pass weights by the softmax: ``x_u [* k]`` over ``one_pass``'s slots
+    logit: Expr  #: the logit over ``one_pass``'s slots
 
 
 def _exp_shifted(logit: Expr, shift: int) -> Expr:
@@ -87,12 +100,17 @@ def attention_ops(score: str, dropout: bool) -> AttentionOps:
     shift = canonical(logit, kinds, "max", False)
     denominator = OpInfo(_exp_shifted(logit, n), "sum", operands=kinds + ("dst_v",))
     # slots: x (src), the score's operands, log-normaliser (dst)[, k (edge)]
-    weight = _exp_shifted(logit.remap({i: i + 1 for i in range(n)}), n + 1)
+    shifted_logit = logit.remap({i: i + 1 for i in range(n)})
+    weight = _exp_shifted(shifted_logit, n + 1)
     output_kinds = ("src_v",) + kinds + ("dst_v",)
+    # slots: x (src), the score's operands[, k (edge)]
+    value, one_pass_kinds = Expr.input(0), ("src_v",) + kinds
     if dropout:
         weight = weight * Expr.input(n + 2)
         output_kinds += ("edge",)
+        value, one_pass_kinds = value * Expr.input(n + 1), one_pass_kinds + ("edge",)
     output = OpInfo(Expr.input(0) * weight, "sum", operands=output_kinds)
+    one_pass = OpInfo(value * Expr.apply("exp", shifted_logit), "sum", operands=one_pass_kinds)
     # On the reversed graph the destination's tensors are read as sources; G takes x's slot.
     grad_x = OpInfo(output.expr, "sum", operands=("src_v",) + tuple(_SWAP[kind] for kind in output_kinds[1:]))
     # slots: the score's operands, log-normaliser (dst), k * <x_u, G_v> (edge), t (dst)
@@ -102,15 +120,15 @@ def attention_ops(score: str, dropout: bool) -> AttentionOps:
     grad_scores = tuple(grad_step(grad_logit * logit.grad(i), grad_kinds, sources,
                                   None if kind == "edge" else "sum", False, kind == "src_v")
                         for i, kind in enumerate(kinds))
-    return AttentionOps(shift, denominator, output, grad_x, grad_scores, kinds)
+    return AttentionOps(shift, denominator, output, grad_x, grad_scores, kinds, one_pass, value, shifted_logit)
 
 
 _DOT = OpInfo.from_name("u_dot_v")
 _DOT_REVERSED = on_reversed(_DOT).serialize()
 
 
-def _run(structure: List[Tensor], op: OpInfo, operands: List[Tensor]) -> Tensor:
-    return run_graph_op(structure, operands, serialized(op), AUTO)
+def _run(structure: List[Tensor], op: OpInfo, operands: List[Tensor], schedule: str = AUTO) -> Tensor:
+    return run_graph_op(structure, operands, serialized(op), schedule)
 
 
 def _column(tensor: Tensor) -> Tensor:
@@ -132,22 +150,75 @@ def _operands(columns: Sequence[Tensor], kinds: Sequence[str]) -> List[Tensor]:
     return [_operand(column, kind) for column, kind in zip(columns, kinds)]
 
 
-def _forward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor, keep: Optional[Tensor],
-             graph: Optional[GraphTensor] = None) -> Tuple[Tensor, Tensor]:
-    """``(out, log-normaliser)``: the three forward operators (observers of ``ug.plan`` are told
-    about each one when the ``graph`` is given)."""
-    ops = attention_ops(score, keep is not None)
-
-    def run(op: OpInfo, operands: List[Tensor]) -> Tensor:
+def _three_passes(structure: List[Tensor], ops: AttentionOps, columns: List[Tensor], x: Tensor,
+                  extra: List[Tensor], graph: Optional[GraphTensor] = None, output_schedule: str = AUTO
+                  ) -> Tuple[Tensor, Tensor]:
+    """``(out, log-normaliser)`` from the three forward operators (observers of ``ug.plan`` are
+    told about each one when the ``graph`` is given), the output's under ``output_schedule``."""
+    def run(op: OpInfo, operands: List[Tensor], schedule: str = AUTO) -> Tensor:
         if graph is not None:
             notify(graph, op, operands)
-        return _run(structure, op, operands)
+        return _run(structure, op, operands, schedule)
 
-    columns, kinds = [_column(t) for t in scores], ops.score_kinds
+    kinds = ops.score_kinds
     shift = run(ops.shift, _operands(columns, kinds))
     normaliser = shift + (run(ops.denominator, _operands(columns, kinds) + [shift]) + EPSILON).log()
+    return run(ops.output, [x] + _operands(columns, kinds) + [normaliser] + extra, output_schedule), normaliser
+
+
+def _one_pass_decision(structure: List[Tensor], ops: AttentionOps, operands: List[Tensor], columns: List[Tensor],
+                       x: Tensor, extra: List[Tensor]) -> Tuple:
+    """``(arrays, layout, schedule, dtypes, plan, one pass)``: the graph's arrays, the one pass's
+    layout and schedule, the dtypes of the output and the log-normaliser, the launch plan for
+    packed operands (``None`` where there is none) and whether the schedule runs the one pass;
+    decided as every operator is (:func:`~pyg_ugrapher.ops.cached_decision`). A measured decision
+    times each candidate as it would run: in one pass where it can, else as the three operators
+    with the candidate for the output's."""
+    arrays = graph_arrays(structure)
+    device = x.device
+    text = serialized(ops.one_pass)
+
+    def decide() -> Tuple:
+        layout = layout_of(text, operands)
+        dtypes = (reference.result_dtype(operands), reference.result_dtype(columns))
+
+        def run(candidate: ParallelInfo) -> object:
+            both = triton_kernels.run_softmax(ops.value, ops.logit, ops.one_pass.inputs, layout, arrays, operands,
+                                              candidate, dtypes)
+            return both if both is not None else _three_passes(structure, ops, columns, x, extra,
+                                                               output_schedule=candidate.serialize())
+
+        chosen = schedule_for(ops.one_pass, layout, arrays.csr, dtypes[0], device, AUTO, run, "one pass")
+        plan = triton_kernels.prepare_softmax(ops.value, ops.logit, ops.one_pass.inputs, layout, operands, chosen,
+                                              dtypes)
+        return layout, chosen, dtypes, plan, triton_kernels.runs_softmax(layout, chosen)
+
+    key = ("one pass", text, device) + tuple((t.dtype, t.shape[1:]) for t in operands)
+    return (arrays,) + cached_decision(arrays.csr, device, AUTO, key, decide)
+
+
+def _forward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor, keep: Optional[Tensor],
+             graph: Optional[GraphTensor] = None) -> Tuple[Tensor, Tensor]:
+    """``(out, log-normaliser)``: in one pass over the edges where the schedule decided for it
+    runs one (:mod:`triton_kernels.vertex_softmax`), else by the three forward operators
+    (observers of ``ug.plan`` are told about what runs when the ``graph`` is given)."""
+    ops = attention_ops(score, keep is not None)
+    columns = [_column(t) for t in scores]
     extra = [] if keep is None else [_column(keep)]
-    return run(ops.output, [x] + _operands(columns, kinds) + [normaliser] + extra), normaliser
+    if not uses_triton(x.device):
+        return _three_passes(structure, ops, columns, x, extra, graph)
+    operands = [x] + columns + extra
+    arrays, layout, chosen, dtypes, plan, one_pass = _one_pass_decision(structure, ops, operands, columns, x, extra)
+    if not one_pass:
+        return _three_passes(structure, ops, columns, x, extra, graph)
+    if graph is not None and observed():  # the source is generated text: ~60 us, only for observers
+        notify(graph, ops.one_pass, operands, layout, chosen, triton_kernels.softmax_source(
+            ops.value, ops.logit, ops.one_pass.inputs, layout, chosen, dtypes[0] == torch.float64))
+    both = plan(arrays, operands) if plan is not None and all(map(packed_rows, operands)) else None
+    if both is None:
+        both = triton_kernels.run_softmax(ops.value, ops.logit, ops.one_pass.inputs, layout, arrays, operands,
+                                          chosen, dtypes)
+    return both
 
 
 def _backward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor, keep: Optional[Tensor],

@@ -107,8 +107,8 @@ def plan(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Plan:
         dtype = result_dtype(call.operands)
         info = call.parallel_info or schedule_for(call.op, call.layout, call.graph.csr(device), dtype, device)
         acc64 = any(t.dtype == torch.float64 for t in call.operands)
-        entries.append(PlanEntry(*where(running[-1] if running else None), call.op, None, info,
-                                 kernel_source(call.op, call.layout, info, acc64=acc64), call.layout,
+        source = call.source or kernel_source(call.op, call.layout, info, acc64=acc64)
+        entries.append(PlanEntry(*where(running[-1] if running else None), call.op, None, info, source, call.layout,
                                  tuple(tuple(t.shape) for t in call.operands), dtype))
 
     def on_fallback(submodule: torch.nn.Module, reason: str) -> None:

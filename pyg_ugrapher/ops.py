@@ -61,13 +61,13 @@ def _layout(op_text: str, shapes: Tuple[Tuple[int, ...], ...]) -> Layout:
     return infer_layout(_op(op_text), shapes)
 
 
-def _layout_of(op_text: str, operands: Sequence[Tensor]) -> Layout:
+def layout_of(op_text: str, operands: Sequence[Tensor]) -> Layout:
     """The layout of ``operands``, cached by their feature shapes: row counts are symbolic under
     ``torch.compile(dynamic=True)`` (and unhashable), and the layout does not depend on them."""
     return _layout(op_text, tuple((0,) + tuple(int(d) for d in t.shape[1:]) for t in operands))
 
 
-def _arrays(structure: Sequence[Tensor]) -> GraphArrays:
+def graph_arrays(structure: Sequence[Tensor]) -> GraphArrays:
     """The forward graph's arrays from a structure list (see :meth:`GraphTensor.structure`)."""
     rowptr, col, eid, rows, csc_rowptr = structure[:5]
     src, dst = structure[8], structure[9]
@@ -113,7 +113,7 @@ def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, sched
         graph = GraphTensor(structure[8], structure[9], structure[4].numel() - 1,
                             structure[0].numel() - 1, validate=False)
         return reference.execute(graph, _op(op), operands)
-    arrays = _arrays(structure)
+    arrays = graph_arrays(structure)
     info, layout, chosen, dtype, plan = _decision(arrays, operands, op, schedule)
     if plan is not None and all(triton_kernels.packed_rows(t) for t in operands):
         out = plan(arrays, operands)
@@ -181,15 +181,10 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
     if reused is not None:  # read in CSR order: timed (and decided) apart from first calls
         context = ("reused", reused, context)
     device = operands[0].device
-    key = (op, schedule, device, context) + _signature(operands)
-    selection = _selection()
-    decisions = _SHARED_DECISIONS if schedule != AUTO or selection.graph_independent(csr, device) else \
-        derived_cache(csr.rowptr).setdefault("decisions", {})
-    decision = decisions.get(key)
-    generation = selection.generation
-    if decision is None or decision[-1] != generation:
+
+    def decide() -> Tuple:
         info = _op(op)
-        layout = _layout_of(op, operands)
+        layout = layout_of(op, operands)
         dtype = reference.result_dtype(operands)
 
         def run(candidate: ParallelInfo) -> object:
@@ -197,7 +192,7 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
             if pair is None:
                 return triton_kernels.run(info, layout, arrays, _for_timing(operands, reused, views), candidate,
                                           dtype)
-            both = triton_kernels.run_with_edge_output(info, layout, _op(pair[0]), _layout_of(*pair),
+            both = triton_kernels.run_with_edge_output(info, layout, _op(pair[0]), layout_of(*pair),
                                                        arrays, _for_timing(operands, reused, views),
                                                        _for_timing(pair[1], pair_reused, views), candidate,
                                                        (dtype, reference.result_dtype(pair[1])))
@@ -208,16 +203,32 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
         def adapt(candidate: ParallelInfo) -> ParallelInfo:
             if pair is None:
                 return candidate
-            return triton_kernels.pair_schedule(candidate, layout.message_width, _layout_of(*pair).reduce_size)
+            return triton_kernels.pair_schedule(candidate, layout.message_width, layout_of(*pair).reduce_size)
 
         chosen = schedule_for(info, layout, csr, dtype, device, schedule, run, context, adapt)
         if pair is None:
             plan = triton_kernels.prepare(info, layout, operands, chosen, dtype, reused=reused)
         else:
-            plan = triton_kernels.prepare_with_edge_output(info, layout, _op(pair[0]), _layout_of(*pair), operands,
+            plan = triton_kernels.prepare_with_edge_output(info, layout, _op(pair[0]), layout_of(*pair), operands,
                                                            pair[1], chosen, (dtype, reference.result_dtype(pair[1])))
-        decision = decisions[key] = (info, layout, chosen, dtype, plan, generation)
-    return decision[:5]
+        return info, layout, chosen, dtype, plan
+
+    return cached_decision(csr, device, schedule, (op, schedule, device, context) + _signature(operands), decide)
+
+
+def cached_decision(csr: CSR, device: torch.device, schedule: str, key: Hashable, decide: Callable[[], Tuple]
+                    ) -> Tuple:
+    """``decide()``, made once per ``key`` and graph structure (shared by every graph where the
+    schedule does not depend on the graph: a named ``schedule``, or
+    :func:`autotune.selection.graph_independent`) and :data:`autotune.selection.generation`."""
+    selection = _selection()
+    decisions = _SHARED_DECISIONS if schedule != AUTO or selection.graph_independent(csr, device) else \
+        derived_cache(csr.rowptr).setdefault("decisions", {})
+    decision = decisions.get(key)
+    generation = selection.generation
+    if decision is None or decision[-1] != generation:
+        decision = decisions[key] = decide() + (generation,)
+    return decision[:-1]
 
 
 @torch.library.custom_op("pyg_ugrapher::graph_op", mutates_args=(), tags=OP_TAGS)
@@ -233,7 +244,7 @@ def _(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -
 
 def _empty_result(structure: List[Tensor], operands: List[Tensor], op: str) -> Tensor:
     info = _op(op)
-    layout = _layout_of(op, operands)
+    layout = layout_of(op, operands)
     rows = structure[0].shape[0] - 1 if info.gather_op else structure[1].shape[0]
     return operands[0].new_empty((rows,) + layout.out_shape, dtype=reference.result_dtype(operands))
 
@@ -242,7 +253,7 @@ def decided_schedule(graph: GraphTensor, op: OpInfo, operands: Sequence[Tensor])
     """The schedule :func:`compute` (``parallel_info=None``) runs ``op`` on ``operands`` with now:
     its decision for their current reuse state (a weight that came back is read in CSR order and
     decided apart from its first call), made as that call would make it if not made yet."""
-    arrays = _arrays(graph.structure(operands[0].device))
+    arrays = graph_arrays(graph.structure(operands[0].device))
     return _decision(arrays, list(operands), serialized(op), AUTO)[2]
 
 
@@ -252,14 +263,14 @@ def run_gather_with_edge_output(structure: List[Tensor], gather_operands: List[T
     """``[run_graph_op(gather), run_graph_op(message)]`` on one graph, in one kernel when the
     gather's schedule allows it (see :func:`triton_kernels.run_with_edge_output`)."""
     if uses_triton(gather_operands[0].device):
-        arrays = _arrays(structure)
+        arrays = graph_arrays(structure)
         gather_info, gather_layout, chosen, gather_dtype, plan = _decision(arrays, gather_operands, gather,
                                                                            gather_schedule, (message, message_operands))
         if plan is not None and all(triton_kernels.packed_rows(t) for t in gather_operands + message_operands):
             both = plan(arrays, gather_operands, message_operands)
             if both is not None:
                 return list(both)
-        message_layout = _layout_of(message, message_operands)
+        message_layout = layout_of(message, message_operands)
         both = triton_kernels.run_with_edge_output(gather_info, gather_layout, _op(message), message_layout, arrays,
                                                    gather_operands, message_operands, chosen,
                                                    (gather_dtype, reference.result_dtype(message_operands)))
@@ -296,7 +307,7 @@ def _save(ctx, structure: Sequence[Tensor], operands: Sequence[Tensor], out: Ten
     ctx.shapes = tuple(t.shape for t in operands)
     if needed is not None:
         half = out.dtype in (torch.float16, torch.bfloat16)
-        kept, keep_out = _kept(op, _layout_of(op, operands), tuple(bool(n) for n in needed), half)
+        kept, keep_out = _kept(op, layout_of(op, operands), tuple(bool(n) for n in needed), half)
         operands = [t if keep else None for t, keep in zip(operands, kept)]
         out = out if keep_out else None
     ctx.save_for_backward(*structure, *operands, out)
@@ -495,6 +506,8 @@ class Call:
     operands: Tuple[Tensor, ...]
     layout: Layout
     parallel_info: Optional[ParallelInfo]
+    #: The kernel's Triton source where it is not the op's own under ``parallel_info`` (a fused pass).
+    source: Optional[str] = None
 
 
 _OBSERVERS: List[Callable[[Call], None]] = []
@@ -511,8 +524,13 @@ def observe(callback: Callable[[Call], None]) -> Iterator[None]:
 
 
 
+def observed() -> bool:
+    """Whether :func:`observe` has observers now (what a call tells them may cost host time)."""
+    return bool(_OBSERVERS)
+
+
 def notify(graph: GraphTensor, op: OpInfo, tensors: Sequence[Tensor], layout: Optional[Layout] = None,
-           parallel_info: Optional[ParallelInfo] = None) -> None:
+           parallel_info: Optional[ParallelInfo] = None, source: Optional[str] = None) -> None:
     """Tell the observers of :func:`observe` about one operator call (``compute`` does; so do the
     fused functions that run IR ops themselves)."""
     if not _OBSERVERS:
@@ -520,7 +538,7 @@ def notify(graph: GraphTensor, op: OpInfo, tensors: Sequence[Tensor], layout: Op
     if layout is None:
         layout = infer_layout(op, [t.shape for t in tensors])
     for callback in _OBSERVERS:
-        callback(Call(graph, op, tuple(tensors), layout, parallel_info))
+        callback(Call(graph, op, tuple(tensors), layout, parallel_info, source))
 
 
 def _slot_tensors(op: OpInfo, lhs: Optional[Tensor], rhs: Optional[Tensor],
@@ -573,7 +591,7 @@ def _validate(graph: GraphTensor, op: OpInfo, text: str, tensors: Sequence[Tenso
             raise ValueError(f"{name}: on {tensor.device}, but {names[0]} is on {device}")
     if torch.compiler.is_compiling():
         return infer_layout(op, [t.shape for t in tensors])  # traced once; the parse cache is not traceable
-    return _layout_of(text, tensors)
+    return layout_of(text, tensors)
 
 
 def compute(graph: Union[GraphTensor, Tensor], op: Union[OpInfo, str], lhs: Optional[Tensor] = None,

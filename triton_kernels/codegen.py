@@ -91,6 +91,9 @@ class KernelSpec:
     edge_expr: str = ""
     edge_group: int = 1  #: features of ``edge_expr`` summed into one edge output (1: none)
     edge_mode: str = ""  #: how a feature tile maps onto edge outputs (see :func:`edge_mode`)
+    #: :meth:`Expr.serialize` of the edge logits whose softmax per destination weights ``expr``
+    #: (``vertex_softmax``), or ``""``.
+    logit_expr: str = ""
 
     @property
     def name(self) -> str:
@@ -101,7 +104,8 @@ class KernelSpec:
         def letter(text: str) -> str:
             return re.sub(r"\$(\d+)", lambda m: letters.get(self.kinds[int(m.group(1))], "e"), text)
         edge = f" edge {letter(self.edge_expr)}" if self.edge_expr else ""
-        name = f"{self.template} {self.gather_op or 'message'} {letter(self.expr)}{edge}"
+        logit = f" softmax {letter(self.logit_expr)}" if self.logit_expr else ""
+        name = f"{self.template} {self.gather_op or 'message'} {letter(self.expr)}{edge}{logit}"
         return re.sub(r"\W+", "_", name).strip("_")[:96]
 
 
@@ -245,7 +249,7 @@ class Snippets:
 
     def _head_load(self, pointer: str, valid: str) -> str:
         """A per-head edge operand of a tile inside one head: one value per edge (tiles of whole
-        heads load through :meth:`_split_load`)."""
+        heads load through :meth:`split_load`)."""
         c = self.spec.head_size
         return f"tl.load({pointer} + (tl.program_id(1) * BLOCK_F) // {c}, mask={valid}, other=0.0).to({self.acc})"
 
@@ -265,7 +269,7 @@ class Snippets:
                 f"fs = hs[:, None] * {c} + tl.arange(0, {c})[None, :]",
                 "fsmask = fs < F"]
 
-    def _split_load(self, k: int) -> str:
+    def split_load(self, k: int) -> str:
         """Load operand ``k`` as a tile broadcastable to ``[edge axes, BLOCK_F // C, C]``."""
         kind, pattern = self.spec.kinds[k], self.spec.patterns[k]
         place = self.row_axes if kind in self.row_kinds else self.edge_axes
@@ -289,7 +293,7 @@ class Snippets:
             return _indent([], indent)
         slots = [k for k, kind in enumerate(self.spec.kinds) if kind in self.row_kinds]
         if self.spec.head_split:
-            return _indent(self.split_axes() + [f"x{k} = {self._split_load(k)}" for k in slots] if slots else [],
+            return _indent(self.split_axes() + [f"x{k} = {self.split_load(k)}" for k in slots] if slots else [],
                            indent)
         return _indent([f"x{k} = {self._load(k, 'f', 'fmask', 1)}" for k in slots], indent)
 
@@ -300,7 +304,7 @@ class Snippets:
         slots = [k for k, kind in enumerate(self.spec.kinds) if kind not in self.row_kinds]
         if self.spec.head_split:
             hoisted = any(kind in self.row_kinds for kind in self.spec.kinds)  # then hoisted() defined the axes
-            lines = ([] if hoisted else self.split_axes()) + [f"x{k} = {self._split_load(k)}" for k in slots]
+            lines = ([] if hoisted else self.split_axes()) + [f"x{k} = {self.split_load(k)}" for k in slots]
             lines.append(f"msg = {self.merge_heads(render_expr(self.expr, names, self.acc))}")
             return _indent(lines, indent)
         if not self.spec.reduce:
@@ -425,7 +429,9 @@ class Snippets:
                 f"gather {spec.gather_op}, reduce={spec.reduce}, acc={self.acc}, wide={spec.wide}, "
                 f"head_size={spec.head_size}, head_split={spec.head_split}"
                 + (f"; also writes {spec.edge_expr} per edge ({spec.edge_mode}, groups of {spec.edge_group})"
-                   if spec.edge_expr else "") + ".\n"
+                   if spec.edge_expr else "")
+                + (f"; weighted by the softmax of {spec.logit_expr} per destination" if spec.logit_expr else "")
+                + ".\n"
                 "import triton\nimport triton.language as tl\n")
 
 

@@ -18,7 +18,8 @@ from pyg_ugrapher.ir import Expr, OpInfo
 from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
 
-from . import edge_message, edge_parallel, group_message, neighbor_group, vertex_message, vertex_parallel
+from . import (edge_message, edge_parallel, group_message, neighbor_group, vertex_message, vertex_parallel,
+               vertex_softmax)
 from .codegen import GraphArrays, KernelSpec, edge_mode, head_tiling, interpreting, load_kernel
 from .launch import DirectKernel
 
@@ -494,6 +495,94 @@ def prepare_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpI
     return PairPlan(fused, plan, message_layout.width, message_layout.out_shape, out_dtypes[1], mode == "partial")
 
 
+@functools.lru_cache(maxsize=None)
+def _softmax_spec(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, info: ParallelInfo,
+                  acc64: bool, wide: bool) -> Optional[KernelSpec]:
+    split = vertex_softmax.tiling(layout, info)
+    if split is None:
+        return None
+    return KernelSpec(template="vertex_softmax", expr=value.serialize(), kinds=kinds, patterns=layout.patterns,
+                      gather_op="sum", reduce=False, acc64=acc64, wide=wide, head_size=layout.inner,
+                      head_split=split, logit_expr=logit.serialize())
+
+
+@dataclass(frozen=True)
+class SoftmaxPlan:
+    """What :func:`run_softmax` works out for one call, kept for the calls like it
+    (:func:`prepare_softmax`), on any graph."""
+
+    kernel: Any
+    layout: Layout
+    info: ParallelInfo
+    out_dtypes: Tuple[torch.dtype, torch.dtype]
+
+    def __call__(self, graph: GraphArrays, operands: Sequence[Tensor]) -> Optional[Tuple[Tensor, Tensor]]:
+        """``(out, log-normaliser)`` for operands like the plan's (packed rows); ``None`` where the
+        call needs :func:`run_softmax`: no rows or features, or offsets beyond int32."""
+        rows, width = graph.csr.num_rows, self.layout.message_width
+        if not rows or not width or (rows + 1) * width > _INT32_LIMIT or _needs_wide(operands):
+            return None
+        return _softmax_launch(self.kernel, self.layout, graph, operands, self.info, self.out_dtypes)
+
+
+def _softmax_launch(kernel, layout: Layout, graph: GraphArrays, operands: Sequence[Tensor], info: ParallelInfo,
+                    out_dtypes: Tuple[torch.dtype, torch.dtype]) -> Tuple[Tensor, Tensor]:
+    rows, device = graph.csr.num_rows, graph.csr.device
+    heads = layout.message_width // layout.inner
+    out = _uninitialised((rows, layout.message_width), out_dtypes[0], device)
+    normaliser = _uninitialised((rows, heads), out_dtypes[1], device)
+    vertex_softmax.launch(kernel, graph, _tensor_args(operands), out, normaliser, layout, info)
+    return out.view((rows,) + layout.message_shape), normaliser.view(rows, heads, 1)
+
+
+def run_softmax(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, graph: GraphArrays,
+                operands: Sequence[Tensor], info: ParallelInfo, out_dtypes: Tuple[torch.dtype, torch.dtype]
+                ) -> Optional[Tuple[Tensor, Tensor]]:
+    """Softmax aggregation in one pass (:mod:`~triton_kernels.vertex_softmax`): per destination
+    and head, ``(sum of softmax(logit) * value, log-normaliser)``, shaped ``[rows, *message_shape]``
+    and ``[rows, heads, 1]``, with ``value`` and ``logit`` expressions over the operand slots of
+    ``kinds`` (every operand of edge kind read through the edge ids); ``None`` where ``info``
+    cannot run it (:func:`vertex_softmax.tiling`)."""
+    info.validate_for(layout.message_width)
+    flat = [_as_rows(t) for t in operands]
+    spec = _softmax_spec(value, logit, kinds, layout, info, any(t.dtype == torch.float64 for t in flat),
+                         _needs_wide(flat) or (graph.csr.num_rows + 1) * layout.message_width > _INT32_LIMIT)
+    if spec is None:
+        return None
+    rows, device = graph.csr.num_rows, graph.csr.device
+    if not rows or not layout.message_width:
+        heads = layout.message_width // max(layout.inner, 1)
+        return (torch.zeros((rows,) + layout.message_shape, dtype=out_dtypes[0], device=device),
+                torch.zeros((rows, heads, 1), dtype=out_dtypes[1], device=device))
+    return _softmax_launch(_kernel(vertex_softmax, spec, interpreting()), layout, graph, flat, info, out_dtypes)
+
+
+def runs_softmax(layout: Layout, info: ParallelInfo) -> bool:
+    """Whether :func:`run_softmax` can run under ``info`` (:func:`vertex_softmax.tiling`)."""
+    return vertex_softmax.tiling(layout, info) is not None
+
+
+def softmax_source(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, info: ParallelInfo,
+                   acc64: bool = False) -> Optional[str]:
+    """The generated Triton source of :func:`run_softmax` under ``info`` (``None``: it cannot run it)."""
+    spec = _softmax_spec(value, logit, kinds, layout, info, acc64, False)
+    return None if spec is None else vertex_softmax.source(spec)
+
+
+def prepare_softmax(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, operands: Sequence[Tensor],
+                    info: ParallelInfo, out_dtypes: Tuple[torch.dtype, torch.dtype]) -> Optional[SoftmaxPlan]:
+    """A :class:`SoftmaxPlan` for calls of :func:`run_softmax` with operands of the dtypes and
+    feature shapes of ``operands``; ``None`` where ``info`` cannot run it or offsets of these
+    operands exceed int32."""
+    info.validate_for(layout.message_width)
+    if not layout.message_width or _needs_wide(operands):
+        return None
+    spec = _softmax_spec(value, logit, kinds, layout, info, any(t.dtype == torch.float64 for t in operands), False)
+    if spec is None:
+        return None
+    return SoftmaxPlan(_kernel(vertex_softmax, spec, interpreting()), layout, info, out_dtypes)
+
+
 def _atomic_dtype(dtype: torch.dtype) -> torch.dtype:
     """Where atomics accumulate partial results: half types would lose precision across many
     partials, so they accumulate in float32."""
@@ -533,4 +622,5 @@ def _allocate(op: OpInfo, graph: GraphArrays, template, info: ParallelInfo, rows
 
 
 __all__: Tuple[str, ...] = ("run", "prepare", "Plan", "prepare_with_edge_output", "PairPlan", "packed_rows",
-                            "run_with_edge_output", "kernel_source", "kernel_spec", "TEMPLATES", "GraphArrays")
+                            "run_with_edge_output", "run_softmax", "prepare_softmax", "SoftmaxPlan", "runs_softmax",
+                            "softmax_source", "kernel_source", "kernel_spec", "TEMPLATES", "GraphArrays")

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.utils import softmax
 
+import pyg_ugrapher as ug
+from pyg_ugrapher import attention
 from pyg_ugrapher import ops as ug_ops
 from pyg_ugrapher.attention import GIVEN_LOGITS, attention_ops, softmax_aggregate, softmax_aggregate_op
 from pyg_ugrapher.ir import Expr, OpInfo
@@ -93,13 +95,104 @@ def _to(value, device):
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
-def test_kernels_match_pyg(device, graph_factory, graph_case, check_close, dropout, form):
+def test_kernels_match_pyg(device, graph_factory, graph_case, poison, check_close, dropout, form):
     """The same through the Triton kernels (the interpreter on a CPU), outputs poisoned first."""
     graph = graph_factory(graph_case)
     inputs = _inputs(graph, form, seed=2, dropout=dropout)
     moved = [_to(t, device) for t in inputs]
     for ours, theirs in zip(_forward_backward(_ours, graph, *moved), _forward_backward(_pyg, graph, *inputs)):
         check_close(ours.cpu(), theirs)
+
+
+#: Schedules the forward's decision may pick for ``HEADS`` x ``CHANNELS``: tiles inside one head
+#: (one pass), tiles straddling heads and neighbour groups (three operators).
+FORWARD_SCHEDULES = {"one_pass": ug.ParallelInfo("vertex", block_f=1, block_v=4, block_e=2, num_warps=1),
+                     "straddling": ug.ParallelInfo("vertex", block_f=8, block_v=4, block_e=2, num_warps=1),
+                     "group": ug.ParallelInfo("group", block_f=8, group_size=4, block_v=2, block_e=2, num_warps=1)}
+
+
+@pytest.fixture
+def forward_schedule(request, monkeypatch):
+    """The forward's decision takes ``FORWARD_SCHEDULES[request.param]``; counts one-pass launches."""
+    from autotune import selection
+    from triton_kernels import vertex_softmax
+    monkeypatch.setattr(selection, "generation", object())  # decisions made before this test are stale
+    monkeypatch.setattr(attention, "schedule_for", lambda *args, **kwargs: FORWARD_SCHEDULES[request.param])
+    launches = []
+    launch = vertex_softmax.launch
+    monkeypatch.setattr(vertex_softmax, "launch", lambda *args: launches.append(args[-1]) or launch(*args))
+    return request.param, launches
+
+
+@pytest.mark.parametrize("forward_schedule", list(FORWARD_SCHEDULES), indirect=True)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
+def test_forward_in_one_pass_or_three(device, graph_factory, graph_case, poison, check_close, forward_schedule,
+                                      dropout, form):
+    """The forward runs in one pass exactly where the decided schedule can run it, and both routes
+    give PyG's output and gradients, as eager Function and as custom op."""
+    name, launches = forward_schedule
+    graph = graph_factory(graph_case)
+    inputs = _inputs(graph, form, seed=6, dropout=dropout)
+    moved = [_to(t, device) for t in inputs]
+    theirs = _forward_backward(_pyg, graph, *inputs)
+    for fn in (_ours, _custom_op):
+        for ours, expected in zip(_forward_backward(fn, graph, *moved), theirs):
+            check_close(ours.cpu(), expected, context=f"{fn.__name__} {name}")
+    assert len(launches) == (2 if name == "one_pass" else 0)
+
+
+@pytest.mark.parametrize("forward_schedule", ["one_pass"], indirect=True)
+def test_plan_lists_the_one_pass(device, graph_factory, forward_schedule):
+    """``ug.plan`` observers see the one pass as one operator, with its own kernel's source."""
+    graph = graph_factory("mixed")
+    logits, x, keep = (_to(t, device) for t in _inputs(graph, "score", dropout=True))
+    calls = []
+    with ug_ops.observe(calls.append):
+        softmax_aggregate(graph, logits, x, keep, score=SCORE)
+    ops = attention_ops(SCORE.serialize(), True)
+    assert [call.op for call in calls] == [ops.one_pass]
+    assert calls[0].parallel_info == FORWARD_SCHEDULES["one_pass"]
+    assert "def vertex_softmax_" in calls[0].source
+
+
+def test_measured_decision_times_each_route(device, graph_factory, monkeypatch):
+    """A measured decision times each candidate as it would run (one pass, or three operators
+    under it), and the fastest decides the route."""
+    from autotune import selection
+    graph = graph_factory("mixed")
+    logits, x, keep = (_to(t, device) for t in _inputs(graph, "score", dropout=True))
+    candidates = [FORWARD_SCHEDULES["straddling"], FORWARD_SCHEDULES["one_pass"]]
+    timed = []
+
+    def timer(call, repeats):
+        calls = []
+        with ug_ops.observe(calls.append):
+            call()
+        timed.append(len(calls))
+        return float(len(timed))  # the first candidate timed is the fastest
+
+    monkeypatch.setattr(selection, "generation", object())
+    monkeypatch.setattr(selection, "measures", lambda graph, device: True)
+    one_pass = attention_ops(SCORE.serialize(), True).one_pass
+    shortlist = selection.shortlist
+    monkeypatch.setattr(selection, "shortlist", lambda graph, op, *args, **kwargs: candidates if op == one_pass
+                        else shortlist(graph, op, *args, **kwargs)[:1])
+    monkeypatch.setattr(selection, "_MEASURED", {})
+    monkeypatch.setattr(selection, "fastest", lambda schedules, run, **kwargs: schedules[0] if schedules != candidates
+                        else min(schedules, key=lambda schedule: timer(lambda: run(schedule), 1)))
+    for order in (candidates, candidates[::-1]):
+        candidates[:] = order
+        timed.clear()
+        selection._MEASURED.clear()
+        monkeypatch.setattr(selection, "generation", object())
+        out = softmax_aggregate(graph, logits, x, keep, score=SCORE)
+        calls = []
+        with ug_ops.observe(calls.append):
+            softmax_aggregate(graph, logits, x, keep, score=SCORE)
+        assert timed == [0, 0]  # timing runs are not observed: the three operators run unobserved too
+        assert len(calls) == (3 if order[0] is FORWARD_SCHEDULES["straddling"] else 1)
+        assert torch.isfinite(out).all()
 
 
 def _custom_op(graph, logits, x, keep):

@@ -7,7 +7,7 @@ import pyg_ugrapher as ug
 from pyg_ugrapher import reference
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.layout import infer_layout
-from pyg_ugrapher.ops import _arrays, reversed_structure
+from pyg_ugrapher.ops import graph_arrays, reversed_structure
 from triton_kernels import dispatch
 
 pytestmark = pytest.mark.usefixtures("poison")
@@ -23,7 +23,7 @@ CASES = [  # op, operand layout, dtype, schedule
 
 
 def _arrays_of(graph, device):
-    return _arrays(graph.structure(device))
+    return graph_arrays(graph.structure(device))
 
 
 @pytest.mark.parametrize("name,shape,dtype,info", CASES, ids=[c[0] for c in CASES])
@@ -133,7 +133,7 @@ def test_plan_for_reused_operands_reads_them_in_csr_order(info, case, device, gr
     plan = dispatch.prepare(op, layout, [x, weight], info, torch.float32, reused=(False, True))
     assert plan.in_csr == (False, True)
     structure = graph.structure(device)
-    for on, arrays in ((graph, _arrays(structure)), (graph.reverse(), _arrays(reversed_structure(structure)))):
+    for on, arrays in ((graph, graph_arrays(structure)), (graph.reverse(), graph_arrays(reversed_structure(structure)))):
         x_on, _ = operand_factory(on, op, "row_bcast", device=device)
         assert plan(arrays, [x_on, weight]) is None  # not seen on this graph yet
         check_close(dispatch.run(op, layout, arrays, [x_on, weight], info), reference.execute(on, op, [x_on, weight]))

@@ -12,7 +12,7 @@ import pyg_ugrapher as ug
 from pyg_ugrapher import reference
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.layout import infer_layout
-from pyg_ugrapher.ops import _arrays
+from pyg_ugrapher.ops import graph_arrays
 from triton_kernels import dispatch, run_with_edge_output
 from triton_kernels.codegen import edge_mode
 
@@ -52,7 +52,7 @@ class Pair:
                     tensors[kind] = (torch.rand(shape, generator=generator) + 0.5).to(device, dtype)
             self.operands.append([tensors[kind] for kind in op.inputs])
         self.layouts = [infer_layout(op, [t.shape for t in operands]) for op, operands in zip(self.ops, self.operands)]
-        self.arrays = _arrays(graph.structure(device))
+        self.arrays = graph_arrays(graph.structure(device))
 
     def run(self, info: ug.ParallelInfo, dtype: torch.dtype = torch.float32):
         """``run_with_edge_output`` on the pair: (gather output, edge output), or None."""

@@ -216,7 +216,7 @@ def test_a_weight_on_a_graph_and_its_reverse_keeps_both_orders(graph_case, devic
     """A static weight read on a graph and (as a backward does) on the reversed graph is read in
     the CSR order of each once it came back there, permuted once per graph, right every time; a
     write to it drops its copies; a third graph evicts the oldest."""
-    from pyg_ugrapher.ops import _arrays, reversed_structure
+    from pyg_ugrapher.ops import graph_arrays, reversed_structure
 
     graph = graph_factory(graph_case)
     reverse = ug.GraphTensor(graph.dst, graph.src, graph.num_dst, graph.num_src)
@@ -227,7 +227,7 @@ def test_a_weight_on_a_graph_and_its_reverse_keeps_both_orders(graph_case, devic
     weight = torch.rand(graph.num_edges, 1, generator=gen).to(device)
     x = {"forward": torch.randn(graph.num_src, 4, generator=gen).to(device),
          "reverse": torch.randn(graph.num_dst, 4, generator=gen).to(device)}
-    arrays = {"forward": _arrays(structure), "reverse": _arrays(reversed_structure(structure))}
+    arrays = {"forward": graph_arrays(structure), "reverse": graph_arrays(reversed_structure(structure))}
     oracle = {"forward": graph, "reverse": reverse}
 
     def read(way):
@@ -254,7 +254,7 @@ def test_a_weight_on_a_graph_and_its_reverse_keeps_both_orders(graph_case, devic
     read("forward")
     read("reverse")
     third = ug.GraphTensor(graph.src, graph.dst, graph.num_src, graph.num_dst)
-    third_arrays = _arrays(third.structure(device))
+    third_arrays = graph_arrays(third.structure(device))
     dispatch.is_reused(weight, third_arrays.csr.eid)
     assert len(dispatch._PERMUTED[weight]) == 2
     assert dispatch._PERMUTED[weight][-1][0] is third_arrays.csr.eid
