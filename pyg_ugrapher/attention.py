@@ -15,8 +15,8 @@ gradient goes straight to its operands.
 
 The forward pass writes no ``[E, ...]`` tensor. Where the schedule decided for it is vertex-parallel
 with feature tiles of whole heads or inside one, it is one pass over the edges
-(:mod:`triton_kernels.vertex_softmax`: an online softmax, whose running maximum rescales the
-denominator and the weighted sum). Elsewhere it is three IR operators: a gather-max of the score
+(:mod:`triton_kernels.vertex_softmax`: each row's largest logit, then the denominator and the
+weighted sum). Elsewhere it is three IR operators: a gather-max of the score
 for :math:`m`, a gather-sum of :math:`\exp(s_e - m_v)` for the denominator :math:`z`, and a
 gather-sum of :math:`x_u k_e \exp(s_e - \ell_v)` for the output. Both give the log-normaliser
 :math:`\ell_v = m_v + \log(z_v + 10^{-16})`, which the backward reads (one destination operand

@@ -1,17 +1,21 @@
-"""Vertex-parallel softmax aggregation: GAT's whole forward pass in one pass over the edges.
+"""Vertex-parallel softmax aggregation: GAT's whole forward pass as one kernel (the "one pass").
 
 One program walks ``BLOCK_V`` destination rows side by side, ``BLOCK_E`` edges of each row per step,
-as :mod:`~triton_kernels.vertex_parallel` does, and computes per head the online softmax of the
-edge logits (the spec's ``logit_expr``) weighting the edge values (its ``expr``, e.g. ``x_u * k_e``).
-Each of a row's ``BLOCK_E`` edge lanes keeps its own running maximum ``m``, denominator ``z`` of
-``exp(logit - m)`` and weighted sum, rescaled by ``exp(m_old - m_new)`` when an edge raises the
-maximum: one exponential per edge and head, as in the output gather of the three-operator form,
-and no exchange between lanes inside the loop (a per-step maximum over the lanes made the kernel
-slower than the three operators together: 0.60 against 0.50 ms on an H200, uniform 4e6 edges,
-``benchmarks/results/h200-one-pass``). The lanes meet once, at the row's largest logit. The kernel
-writes the output ``sum / (z + 1e-16)`` and the log-normaliser ``m + log(z + 1e-16)`` per head
-(``m = 0`` for a row without edges), which the backward reads. The three-operator form takes a
-gather-max, a gather-sum and the output gather for the same result.
+as :mod:`~triton_kernels.vertex_parallel` does, and computes per head the softmax of the edge logits
+(the spec's ``logit_expr``) weighting the edge values (its ``expr``, e.g. ``x_u * k_e``), in two loops
+over the row's edges: the first reads only what the logit reads and finds the row's largest logit
+``m``; the second sums ``exp(logit - m)`` and the weighted values, one exponential per edge and
+head, as the output gather of the three-operator form does. It writes the output
+``sum / (z + 1e-16)`` and the log-normaliser ``m + log(z + 1e-16)`` per head (``m = 0`` for a row
+without edges), which the backward reads. The three-operator form takes a gather-max, a gather-sum
+and the output gather (and three torch operations for the log-normaliser) for the same result.
+
+An online softmax in one loop, rescaling the sums whenever an edge raises the maximum, was no
+faster on an H200 (uniform 4e6 edges, 4 heads of 32, ``benchmarks/results/h200-one-pass``, probes
+85-89): with a maximum over the edge lanes taken at every step it ran 0.60 ms against 0.50 ms for
+the three operators' kernels; with a maximum per lane, 0.458 ms under its best schedule, as this
+kernel does under its own (the output gather alone: 0.368 ms). The rescaling doubles the work per
+element; the first loop here re-reads only the column index and the logit's operands.
 
 The feature tile is viewed as ``[heads, features per head]`` (``split``: ``BLOCK_F // C`` whole
 heads; ``inner``: the tile lies inside one head), so the logit and its exponential are computed
@@ -42,30 +46,24 @@ def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, normaliser_ptr
     end = tl.load(rowptr_ptr + v + 1, mask=live, other=0)
 {axes}
 {hoisted}
-    shift = tl.full([BLOCK_V, BLOCK_E, {heads}, 1], float("-inf"), {acc})
+    lane_max = tl.full([BLOCK_V, BLOCK_E, {heads}, 1], float("-inf"), {acc})
+{edge_loop}
+{logit_edge_loads}
+{logit_loads}
+        lane_max = tl.maximum(lane_max, tl.where(emask[:, :, None, None], {logit}, float("-inf")))
+    # The row's largest logit (0 for a row without edges): no exponent below exceeds 0.
+    largest = tl.max(lane_max, axis=1)
+    base = tl.where(largest == float("-inf"), 0.0, largest)
     denominator = tl.zeros([BLOCK_V, BLOCK_E, {heads}, 1], {acc})
     acc = tl.zeros([BLOCK_V, BLOCK_E, {heads}, {width}], {acc})
 {edge_loop}
 {edge_loads}
 {loads}
-        logit = tl.broadcast_to({logit}, [BLOCK_V, BLOCK_E, {heads}, 1])
-        rise = tl.where(emask[:, :, None, None], logit - shift, float("-inf"))
-        # One exponential per lane and head: exp(-|rise|) rescales the lane's sums where the logit
-        # raises its maximum (to exp(0) = 1 for the new edge), else weights the new edge.
-        scaled = tl.exp(-tl.abs(rise))
-        raised = rise > 0
-        rescale = tl.where(raised, scaled, 1.0)
-        weight = tl.where(raised, 1.0, scaled)
-        denominator = denominator * rescale + weight
-        acc = acc * rescale + {value} * weight
-        shift = tl.where(raised, logit, shift)
-    # The lanes' maxima, sums and weighted sums meet once, at the row's largest logit (0 for a row
-    # without edges, whose lanes all keep -inf).
-    largest = tl.max(shift, axis=1)
-    base = tl.where(largest == float("-inf"), 0.0, largest)
-    lane_scale = tl.exp(shift - base[:, None, :, :])
-    total = tl.sum(denominator * lane_scale, axis=1) + 1e-16
-    res = tl.sum(acc * lane_scale, axis=1) / total
+        weight = tl.where(emask[:, :, None, None], tl.exp({logit} - base[:, None, :, :]), 0.0)
+        denominator += weight
+        acc += {value} * weight
+    total = tl.sum(denominator, axis=1) + 1e-16
+    res = tl.sum(acc, axis=1) / total
     tl.store(out_ptr + {out_row}[:, None, None] * F + fs[None, :, :], res.to(out_ptr.dtype.element_ty),
              mask=live[:, None, None] & fsmask[None, :, :])
     # Every tile of a head computes its normaliser; the head's first tile writes it.
@@ -107,11 +105,13 @@ def source(spec: KernelSpec) -> str:
     heads, width = (f"BLOCK_F // {c}", str(c)) if spec.head_split else ("1", "BLOCK_F")
     row_slots = [k for k, kind in enumerate(spec.kinds) if kind == "dst_v"]
     edge_slots = [k for k, kind in enumerate(spec.kinds) if kind != "dst_v"]
-    edge_loads = []
-    if s.needs("src_v"):
-        edge_loads.append("u = tl.load(col_ptr + e, mask=emask, other=0)")
-    if s.needs("edge"):
-        edge_loads.append("ei = tl.load(eid_ptr + e, mask=emask, other=0)")
+    logit = parse_expr(spec.logit_expr)
+    logit_slots = [k for k in edge_slots if k in logit.inputs()]
+
+    def edge_loads(slots: list) -> list:
+        kinds = {spec.kinds[k] for k in slots}
+        return (["u = tl.load(col_ptr + e, mask=emask, other=0)"] if "src_v" in kinds else []) + \
+            (["ei = tl.load(eid_ptr + e, mask=emask, other=0)"] if "edge" in kinds else [])
 
     def lines(items: list, indent: int) -> str:
         pad = " " * indent
@@ -120,9 +120,11 @@ def source(spec: KernelSpec) -> str:
     return TEMPLATE.format(
         header=s.header(), name=spec.name, operand_params=s.operand_params, acc=s.acc,
         axes=lines(axes, 4), hoisted=lines([f"x{k} = {s.split_load(k)}" for k in row_slots], 4),
-        heads=heads, width=width, edge_loop=s.edge_loop(4), edge_loads=lines(edge_loads, 8),
+        heads=heads, width=width, edge_loop=s.edge_loop(4), edge_loads=lines(edge_loads(edge_slots), 8),
         loads=lines([f"x{k} = {s.split_load(k)}" for k in edge_slots], 8),
-        logit=render_expr(parse_expr(spec.logit_expr), names, s.acc),
+        logit_edge_loads=lines(edge_loads(logit_slots), 8),
+        logit_loads=lines([f"x{k} = {s.split_load(k)}" for k in logit_slots], 8),
+        logit=render_expr(logit, names, s.acc),
         value=render_expr(parse_expr(spec.expr), names, s.acc), out_row=s.row("v"))
 
 

@@ -92,7 +92,7 @@ def test_dtypes(graph_factory, device, poison, check_close, dtype):
 
 
 def test_rows_blocked_side_by_side_and_long_rows(graph_factory, device, poison, check_close):
-    """Many rows per program, one edge per step: a row's maximum is raised over many steps."""
+    """Many rows per program, one edge per step: both loops run over many steps of a hub's row."""
     case = Case(graph_factory("hub"), 2, 16, True, torch.float32, device, seed=3)
     want_out, _ = case.expected()
     for block_v, block_e in ((8, 1), (1, 2), (16, 8)):
