@@ -254,6 +254,17 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("graph_case", list(GRAPH_CASES))
 
 
+@pytest.fixture
+def hub_graph(device) -> ug.GraphTensor:
+    """20k vertices and 150k random edges on ``device``, 100k of them into vertex 0: a row of 100k
+    edges (a column too, on the reversed graph)."""
+    gen = torch.Generator().manual_seed(0)
+    num_nodes = 20_000
+    edges = torch.randint(0, num_nodes, (2, 150_000), generator=gen)
+    edges[1, :100_000] = 0
+    return ug.GraphTensor.from_edge_index(edges.to(device), num_nodes)
+
+
 @pytest.fixture(scope="session")
 def graph_factory() -> Callable[..., ug.GraphTensor]:
     """``graph_factory(case, seed=0, index_dtype=None)``, see :func:`make_graph`."""

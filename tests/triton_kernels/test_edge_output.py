@@ -192,13 +192,9 @@ def test_kernel_is_named_after_both_functions(device, graph_factory, monkeypatch
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("strategy", ["vertex", "group"])
-def test_hub_of_100k_edges(strategy, device, check_close):
+def test_hub_of_100k_edges(strategy, device, hub_graph, check_close):
     """A source with 100k out-edges: on the reversed graph, one row of 100k edges."""
-    gen = torch.Generator().manual_seed(0)
-    n = 20_000
-    edges = torch.randint(0, n, (2, 150_000), generator=gen)
-    edges[1, :100_000] = 0
-    graph = ug.GraphTensor.from_edge_index(edges.to(device), n)
+    graph = hub_graph
     for heads, inner, block_f in ((4, 32, 128), (4, 32, 16), (1, 128, 64)):
         pair = Pair(graph, "u_mul_e_sum", "v_dot_u", heads, inner, True, 1, device)
         knobs = dict(group_size=128, block_v=4, block_e=4) if strategy == "group" else dict(block_v=1, block_e=16)

@@ -1,8 +1,6 @@
 """The one-pass softmax aggregation kernel (``triton_kernels.vertex_softmax``) against PyG's softmax
 and an ``index_add`` in float64, on every graph case, for tiles of whole heads, tiles inside one head
 and a single head, with and without a dropout scale, outputs poisoned first (the ``poison`` fixture)."""
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -141,15 +139,12 @@ def test_source_is_named_and_readable(graph_factory, device):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_hub_of_100k_edges(device, check_close, dtype):
-    gen = torch.Generator().manual_seed(0)
-    n = 20_000
-    edges = torch.randint(0, n, (2, 150_000), generator=gen)
-    edges[1, :100_000] = 0
-    graph = ug.GraphTensor.from_edge_index(edges.to(device), n)
-    case = Case(graph, 4, 32, True, dtype, device)
+def test_hub_of_100k_edges(device, hub_graph, check_close, dtype):
+    """One program walks the hub's row of 100k edges, twice."""
+    case = Case(hub_graph, 4, 32, True, dtype, device)
     want_out, want_normaliser = case.expected()
     for block_f, block_v, block_e in ((128, 2, 4), (16, 1, 16)):
         out, normaliser = case.run(_schedule(block_f, block_v, block_e))
         check_close(out.cpu(), want_out.to(dtype), context=f"block_f={block_f}")
-        assert not math.isnan(normaliser.float().sum().item())
+        error = (normaliser.cpu().double() - want_normaliser).abs().max().item()
+        assert error <= (1e-5 if dtype == torch.float32 else 0.1), f"log-normaliser: {error:.2e}"
