@@ -193,8 +193,7 @@ def _one_pass_decision(structure: List[Tensor], ops: AttentionOps, operands: Lis
                                               dtypes)
         return layout, chosen, dtypes, plan, triton_kernels.runs_softmax(layout, chosen)
 
-    key = ("one pass", text, device) + tuple((t.dtype, t.shape[1:]) for t in operands)
-    return (arrays,) + cached_decision(arrays.csr, device, AUTO, key, decide)
+    return (arrays,) + cached_decision(arrays.csr, device, AUTO, ("one pass", text, device), operands, decide)
 
 
 def _forward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor, keep: Optional[Tensor],

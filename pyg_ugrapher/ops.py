@@ -213,17 +213,19 @@ def _decision(arrays: GraphArrays, operands: Sequence[Tensor], op: str, schedule
                                                            pair[1], chosen, (dtype, reference.result_dtype(pair[1])))
         return info, layout, chosen, dtype, plan
 
-    return cached_decision(csr, device, schedule, (op, schedule, device, context) + _signature(operands), decide)
+    return cached_decision(csr, device, schedule, (op, schedule, device, context), operands, decide)
 
 
-def cached_decision(csr: CSR, device: torch.device, schedule: str, key: Hashable, decide: Callable[[], Tuple]
-                    ) -> Tuple:
-    """``decide()``, made once per ``key`` and graph structure (shared by every graph where the
-    schedule does not depend on the graph: a named ``schedule``, or
-    :func:`autotune.selection.graph_independent`) and :data:`autotune.selection.generation`."""
+def cached_decision(csr: CSR, device: torch.device, schedule: str, key: Hashable, operands: Sequence[Tensor],
+                    decide: Callable[[], Tuple]) -> Tuple:
+    """``decide()``, made once per ``key``, dtypes and feature shapes of ``operands``, and graph
+    structure (shared by every graph where the schedule does not depend on the graph: a named
+    ``schedule``, or :func:`autotune.selection.graph_independent`) and
+    :data:`autotune.selection.generation`."""
     selection = _selection()
     decisions = _SHARED_DECISIONS if schedule != AUTO or selection.graph_independent(csr, device) else \
         derived_cache(csr.rowptr).setdefault("decisions", {})
+    key = (key,) + _signature(operands)
     decision = decisions.get(key)
     generation = selection.generation
     if decision is None or decision[-1] != generation:
