@@ -1,6 +1,7 @@
 """The one-pass softmax aggregation kernel (``triton_kernels.vertex_softmax``) against PyG's softmax
-and an ``index_add`` in float64, on every graph case, for tiles of whole heads, tiles inside one head
-and a single head, with and without a dropout scale, outputs poisoned first (the ``poison`` fixture)."""
+and an ``index_add`` in float64 and against the three forward operators on the reference executor,
+on every graph case, for tiles of whole heads, tiles inside one head and a single head, with and
+without a dropout scale, outputs poisoned first (the ``poison`` fixture)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,7 +9,8 @@ from torch_geometric.utils import softmax
 
 import pyg_ugrapher as ug
 import triton_kernels
-from pyg_ugrapher.attention import attention_ops
+from pyg_ugrapher import reference
+from pyg_ugrapher.attention import EPSILON, attention_ops
 from pyg_ugrapher.ir import Expr, OpInfo
 from pyg_ugrapher.ops import graph_arrays, layout_of, serialized
 from triton_kernels import vertex_softmax
@@ -62,6 +64,18 @@ class Case:
         return out, (shift + (total + 1e-16).log()).unsqueeze(-1)
 
 
+    def by_reference_executor(self):
+        """``(out, log-normaliser)`` of the three forward operators, each run by the reference
+        executor on the CPU (``graph_factory``'s graphs keep their edges there)."""
+        graph = self.graph
+        columns = [t.cpu().unsqueeze(-1) for t in self.scores]
+        extra = [] if self.keep is None else [self.keep.cpu().unsqueeze(-1)]
+        shift = reference.execute(graph, self.ops.shift, columns)
+        total = reference.execute(graph, self.ops.denominator, columns + [shift])
+        normaliser = shift + (total + EPSILON).log()
+        return reference.execute(graph, self.ops.output, [self.x.cpu()] + columns + [normaliser] + extra), normaliser
+
+
 def _schedule(block_f, block_v=4, block_e=4):
     return ug.ParallelInfo("vertex", block_f=block_f, block_v=block_v, block_e=block_e, num_warps=1)
 
@@ -76,6 +90,16 @@ def test_matches_pyg(graph_case, graph_factory, device, poison, check_close, hea
     assert normaliser.shape == want_normaliser.shape and normaliser.dtype == torch.float32
     # Absolute: a log-normaliser is a logit, of order one whatever the row's size.
     assert (normaliser.cpu().double() - want_normaliser).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("heads,channels,block_f", TILINGS, ids=[f"H{h}C{c}F{f}" for h, c, f in TILINGS])
+def test_matches_reference_executor(graph_case, graph_factory, device, poison, check_close, heads, channels, block_f):
+    """Against the three forward operators on the reference executor, with random inputs of a new seed."""
+    case = Case(graph_factory(graph_case, seed=5), heads, channels, True, torch.float32, device, seed=7)
+    out, normaliser = case.run(_schedule(block_f))
+    want_out, want_normaliser = case.by_reference_executor()
+    check_close(out.cpu(), want_out, context="out")
+    assert (normaliser.cpu() - want_normaliser).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
