@@ -263,6 +263,15 @@ def graph_independent(graph: Union[CSR, GraphStats, GraphTensor], device: Union[
         not measures(graph, device)
 
 
+def reads_user_order(num_edges: int, device: Union[str, torch.device]) -> bool:
+    """Whether the automatic schedules on a graph of ``num_edges`` edges on ``device`` read its
+    edges in the user's order: on a GPU, a graph of :func:`select`'s small-graph schedules, which
+    are edge-parallel and combine every row by atomics, so its structure skips the sort
+    (:meth:`~pyg_ugrapher.GraphTensor.structure`; both sorted directions took 207 us of a new COLLAB
+    batch graph on an H200 host, ``benchmarks/results/h200-host-path``, probe 76)."""
+    return torch.device(device).type == "cuda" and num_edges <= SMALL_GRAPH_EDGES
+
+
 def measures(graph: Union[CSR, GraphStats, GraphTensor], device: Union[str, torch.device]) -> bool:
     """Whether a call on ``graph`` on ``device`` has its schedule picked by :func:`select_measured`:
     a GPU graph of at least :data:`MEASURE_EDGES` edges, unless ``$PYG_UGRAPHER_MEASURE`` is ``0``

@@ -39,6 +39,9 @@ class CSR:
     eid: Tensor  #: ``[E]`` the user's edge id at each position
     rows: Tensor  #: ``[E]`` the row of each position (``rowptr`` expanded), for edge-parallel work
     num_cols: int
+    #: The edges in the user's order instead of by row (:func:`build_user_order_pair`): ``col``,
+    #: ``rows`` and ``eid`` are per edge id, and ``rowptr`` only gives each row's degree.
+    user_order: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -277,6 +280,48 @@ def build_csr_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int, dtype: 
     return csr, csc
 
 
+#: The ``rowptr`` of every structure built by :func:`build_user_order_pair`, which says so (weakly).
+_USER_ORDER = IdentityMap()
+
+
+def build_user_order_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> Tuple[CSR, CSR]:
+    """Both directions of the edges ``(src, dst)`` (in the index dtype) kept in the user's order
+    (:attr:`CSR.user_order`), with each direction's row offsets: what an edge-parallel kernel that
+    combines every row by atomics reads (:func:`autotune.selection.reads_user_order`). No sort:
+    on a GPU, a zeroed buffer, one kernel counting both directions' degrees
+    (:mod:`triton_kernels.row_offsets`), two running sums and the edge ids, against
+    :func:`build_csr_pair`'s sort and its kernel with eight outputs. Every array but the offsets
+    and the edge ids is ``src`` or ``dst`` itself."""
+    from triton_kernels import row_offsets, uses_triton  # here: triton_kernels imports this module
+    if uses_triton(src.device):
+        rowptr, csc_rowptr = row_offsets.row_offsets(src, dst, num_src, num_dst)
+    else:
+        counts = [torch.bincount(index.to(torch.int64), minlength=n) for index, n in ((dst, num_dst), (src, num_src))]
+        rowptr, csc_rowptr = (torch.cat([c.new_zeros(1), c.cumsum(0)]).to(src.dtype) for c in counts)
+    eid = torch.arange(src.numel(), dtype=src.dtype, device=src.device)
+    for offsets in (rowptr, csc_rowptr):
+        _USER_ORDER[offsets] = True
+    return CSR(rowptr, src, eid, dst, num_src, True), CSR(csc_rowptr, dst, eid, src, num_dst, True)
+
+
+def in_user_order(rowptr: Tensor) -> bool:
+    """Whether ``rowptr`` is the row offsets of a structure of :func:`build_user_order_pair`."""
+    return _USER_ORDER.get(rowptr, False)
+
+
+def grouped(csr: CSR) -> CSR:
+    """``csr`` with its edges grouped by row (stably: each row's edges in the user's order), as
+    :func:`build_csr_pair` builds it; a user-order structure's (:attr:`CSR.user_order`), sorted
+    once and cached with it, for a kernel that walks rows (a schedule the user named on a small
+    graph); ``csr`` itself otherwise."""
+    if not csr.user_order:
+        return csr
+    cache = derived_cache(csr.rowptr)
+    if "grouped" not in cache:
+        cache["grouped"] = build_csr_pair(csr.col, csr.rows, csr.num_cols, csr.num_rows, csr.col.dtype)[0]
+    return cache["grouped"]
+
+
 @torch.library.custom_op("pyg_ugrapher::graph_structure", mutates_args=(), tags=OP_TAGS)
 def graph_structure(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> List[Tensor]:
     """:meth:`GraphTensor.structure` of the graph ``(src, dst)`` (same index dtype), uncached."""
@@ -436,27 +481,44 @@ class GraphTensor:
                                        self.dst.to(device, self.index_dtype))
         return self._coo_cache[device]
 
-    def structure(self, device: Union[None, str, torch.device] = None) -> List[Tensor]:
+    def structure(self, device: Union[None, str, torch.device] = None, *, sort: Optional[bool] = None
+                  ) -> List[Tensor]:
         """The index arrays the custom op takes: CSR (rowptr, col, eid, rows), then the CSC, then
         ``src`` and ``dst`` in user order, all in the index dtype.
+
+        ``sort=False`` keeps both directions' edges in the user's order
+        (:func:`build_user_order_pair`); the default does so where the automatic schedules read
+        them so (:func:`autotune.selection.reads_user_order`: small GPU graphs, a sampler's
+        mini-batches, which then pay no sort), and sorts elsewhere and under ``torch.compile``.
+        A custom op that returns a structure asks for a sorted one: a user-order structure
+        repeats ``src`` and ``dst``, and a custom op's outputs may not alias one another.
 
         Under ``torch.compile`` a structure not built yet is built by one opaque op inside the
         compiled graph (no graph break, but no caching either: build it once outside to reuse it).
         """
+        compiling = torch.compiler.is_compiling()
+        if compiling:
+            sort = True
         # Looked up per operator call, which passes a tensor's (resolved) device: no resolving then.
-        built = self._structure_cache.get(device)
+        key = device if sort is None else (device, sort)
+        built = self._structure_cache.get(key)
         if built is None:
             device = self._resolve(device)
-            built = self._structure_cache.get(device)
+            key = device if sort is None else (device, sort)
+            built = self._structure_cache.get(key)
         if built is not None:
             return built
-        if torch.compiler.is_compiling() and device not in self._csr_cache:
+        if sort is None:
+            from autotune.selection import reads_user_order  # here: autotune imports this package
+            sort = not reads_user_order(self.num_edges, device)
+        if compiling and device not in self._csr_cache:
             return graph_structure(self.src.to(device, self.index_dtype), self.dst.to(device, self.index_dtype),
                                    self.num_src, self.num_dst)
-        csr, csc = self.csr(device), self.csc(device)
         src, dst = self.coo(device)
+        csr, csc = (self.csr(device), self.csc(device)) if sort else \
+            build_user_order_pair(src, dst, self.num_src, self.num_dst)
         built = [csr.rowptr, csr.col, csr.eid, csr.rows, csc.rowptr, csc.col, csc.eid, csc.rows, src, dst]
-        self._structure_cache[device] = built
+        self._structure_cache[key] = built
         return built
 
     def reverse(self) -> "GraphTensor":
@@ -600,5 +662,5 @@ def as_graph(graph: Union["GraphTensor", Tensor], num_nodes: NumNodes = None) ->
 
 
 __all__: Sequence[str] = ["GraphTensor", "CSR", "GraphStats", "DegreeStats", "chunk_table", "split_rows",
-                          "csr_stats", "derived_cache", "build_csr", "build_csr_pair", "index_dtype_for",
-                          "as_graph", "validate_endpoints"]
+                          "csr_stats", "derived_cache", "build_csr", "build_csr_pair", "build_user_order_pair",
+                          "grouped", "in_user_order", "index_dtype_for", "as_graph", "validate_endpoints"]

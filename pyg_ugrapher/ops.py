@@ -26,7 +26,7 @@ from triton_kernels import GraphArrays, uses_triton
 
 from . import reference
 from .backward import Backward, GradStep, derive, on_reversed
-from .graph import CSR, OP_TAGS, GraphTensor, NumNodes, as_graph, capturing, derived_cache
+from .graph import CSR, OP_TAGS, GraphTensor, NumNodes, as_graph, capturing, derived_cache, in_user_order
 from .ir import OpInfo
 from .layout import Layout, infer_layout, slot_names
 from .parallel import ParallelInfo
@@ -71,7 +71,7 @@ def graph_arrays(structure: Sequence[Tensor]) -> GraphArrays:
     """The forward graph's arrays from a structure list (see :meth:`GraphTensor.structure`)."""
     rowptr, col, eid, rows, csc_rowptr = structure[:5]
     src, dst = structure[8], structure[9]
-    return GraphArrays(CSR(rowptr, col, eid, rows, csc_rowptr.numel() - 1), src, dst)
+    return GraphArrays(CSR(rowptr, col, eid, rows, csc_rowptr.numel() - 1, in_user_order(rowptr)), src, dst)
 
 
 def reversed_structure(structure: Sequence[Tensor]) -> List[Tensor]:

@@ -66,6 +66,7 @@ _import_triton_interpretable()
 import pyg_ugrapher as ug  # noqa: E402  (before triton_kernels: that order avoids a circular import)
 import triton_kernels  # noqa: E402
 from torch_geometric.typing import SparseTensor  # noqa: E402  (PyG imports Triton)
+from autotune import selection  # noqa: E402
 from triton_kernels import dispatch  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -115,6 +116,46 @@ def _interpreter_importable() -> bool:
 
 
 INTERPRETER_IN_PROCESS = _interpreter_importable()
+
+
+# -- structures in the user's order ----------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def sorted_structures(monkeypatch):
+    """Graphs built in a test get sorted structures on every device, as graphs past
+    :data:`autotune.selection.SMALL_GRAPH_EDGES` edges do on a GPU, unless the test asks for
+    ``user_order``: the kernel tests' small graphs then run the same path on a GPU as through the
+    interpreter (reads in CSR order, permuted edge operands), and the user-order path has tests of
+    its own on every device."""
+    monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: False)
+
+
+@pytest.fixture
+def user_order(monkeypatch):
+    """Graphs built in this test keep their structures' edges in the user's order
+    (:func:`~pyg_ugrapher.graph.build_user_order_pair`), as a small GPU graph's do by default, on
+    any device."""
+    monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: True)
+
+
+@pytest.fixture(params=["sorted", "user"])
+def edge_order(request) -> str:
+    """The test runs twice: on sorted structures and on structures in the user's order."""
+    if request.param == "user":
+        request.getfixturevalue("user_order")
+    return request.param
+
+
+@pytest.fixture
+def small_graph_mode(monkeypatch, user_order):
+    """What a small GPU graph runs, on any device: structures in the user's order, the
+    edge-parallel schedules of :func:`autotune.heuristic.small_graph_schedule` for every automatic
+    decision, each made once for every graph."""
+    from autotune.heuristic import small_graph_schedule
+    from pyg_ugrapher import ops
+
+    monkeypatch.setattr(selection, "select", lambda graph, op, F, *args, **kwargs: small_graph_schedule(op, F))
+    monkeypatch.setattr(selection, "graph_independent", lambda graph, device: True)
+    monkeypatch.setattr(ops, "_SHARED_DECISIONS", {})
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from pyg_ugrapher.graph import IdentityMap, capturing
+from pyg_ugrapher.graph import CSR, IdentityMap, capturing, grouped
 from pyg_ugrapher.ir import Expr, OpInfo
 from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
@@ -127,6 +127,23 @@ def reuse_state(operands: Sequence[Tensor], eid: Tensor, edge_slots: Sequence[bo
         return None
     state = tuple(edge and seen(t, eid) for t, edge in zip(operands, edge_slots))
     return state if any(state) else None
+
+
+def _walked_by(template, graph: GraphArrays) -> GraphArrays:
+    """``graph`` as ``template`` reads it: a structure in the user's order
+    (:attr:`~pyg_ugrapher.graph.CSR.user_order`, a small GPU graph's) grouped by row for a template
+    that walks rows (:func:`~pyg_ugrapher.graph.grouped`: sorted once per structure)."""
+    if not graph.csr.user_order or template.READS_USER_ORDER:
+        return graph
+    return GraphArrays(grouped(graph.csr), graph.src, graph.dst)
+
+
+def _in_kernel_order(tensor: Tensor, kind: str, csr: CSR) -> Tensor:
+    """An operand as a kernel reads it: an ``edge_csr`` one in the CSR order of ``csr``, which on
+    a structure in the user's order is the edge ids' own."""
+    if kind == "edge_csr" and not csr.user_order:
+        return in_csr_order(tensor, csr.eid)
+    return _as_rows(tensor)
 
 
 def kernel_spec(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = False,
@@ -326,13 +343,14 @@ def _launch(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[T
             out_dtype: Optional[torch.dtype], edge_fields: Tuple[Tuple[str, Any], ...] = (),
             edge_out: Optional[Tensor] = None) -> Tensor:
     template = template_for(op, info)
+    graph = _walked_by(template, graph)
     eid = graph.csr.eid
     permutable = _permutable(op, layout, info)
     # Only slots that could be read in CSR order ask whether their tensor came back.
     reused = None if permutable is None else \
         tuple(again and is_reused(t, eid) for t, again in zip(operands, permutable))
     kinds = operand_kinds(op, layout, info, reused)
-    flat = [in_csr_order(t, eid) if kind == "edge_csr" else _as_rows(t) for t, kind in zip(operands, kinds)]
+    flat = [_in_kernel_order(t, kind, graph.csr) for t, kind in zip(operands, kinds)]
     if out_dtype is None:
         out_dtype = flat[0].dtype
         for t in flat[1:]:
@@ -403,6 +421,7 @@ class Plan:
         ``None`` where the call needs :func:`run`: the operands of the permutable slots come back
         where the plan expects them new or the other way round, no edges or no rows to compute, or
         element offsets beyond int32."""
+        graph = _walked_by(self.template, graph)
         csr = graph.csr
         rows = _rows(self.op, graph)
         width = self.layout.width
@@ -419,7 +438,7 @@ class Plan:
             for t, slot, back in zip(operands, self.permutable, again):
                 if slot and not back:  # first seen now: marked, so that a call that brings it back permutes it
                     is_reused(t, eid)
-            if self.in_csr is not None:
+            if self.in_csr is not None and not csr.user_order:
                 operands = [in_csr_order(t, eid) if back else t for t, back in zip(operands, self.in_csr)]
         out = _allocate(self.op, graph, self.template, self.info, rows, width, self.out_dtype)
         self.template.launch(self.kernel, graph, _tensor_args(operands) + extra, out, width, self.layout, self.info)
@@ -527,6 +546,7 @@ class SoftmaxPlan:
 
 def _softmax_launch(kernel, layout: Layout, graph: GraphArrays, operands: Sequence[Tensor], info: ParallelInfo,
                     out_dtypes: Tuple[torch.dtype, torch.dtype]) -> Tuple[Tensor, Tensor]:
+    graph = _walked_by(vertex_softmax, graph)
     rows, device = graph.csr.num_rows, graph.csr.device
     heads = layout.message_width // layout.inner
     out = _uninitialised((rows, layout.message_width), out_dtypes[0], device)

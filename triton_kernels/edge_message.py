@@ -27,6 +27,8 @@ def {name}(src_ptr, dst_ptr, {operand_params}out_ptr, num_edges, F, C, R,
 
 #: Every output element is written once.
 ATOMIC = False
+#: Edges are read by user id, whatever the structure's order.
+READS_USER_ORDER = True
 
 
 def source(spec: KernelSpec) -> str:

@@ -4,6 +4,11 @@ Work is perfectly balanced whatever the degrees. The edges of a block are sorted
 so a segmented scan reduces each run of equal destinations inside the block first; a row that lies
 wholly inside the block is stored directly, and only the (at most two) runs that cross a block
 boundary are combined with atomics into an initialised output.
+
+On a structure in the user's order (``GROUPED`` false, :attr:`~pyg_ugrapher.graph.CSR.user_order`)
+a row's edges may lie anywhere: the scan still reduces each run of equal consecutive destinations
+(its segments start wherever the destination changes, whatever comes back later), and every run
+is combined with atomics (a mean adds each run's sum over the row's degree).
 """
 from __future__ import annotations
 
@@ -14,14 +19,16 @@ from .codegen import KernelSpec, Snippets
 TEMPLATE = '''{header}
 
 @triton.jit
-def _combine_runs(key_a, val_a, key_b, val_b):
-    # Associative for sorted keys: a run restarts wherever the key changes.
-    return key_b, tl.where(key_a == key_b, {combine}, val_b)
+def _combine_runs(start_a, val_a, start_b, val_b):
+    # A segmented scan over run starts: associative in any order of the keys. Comparing the keys
+    # themselves is associative only where a key never comes back after another (sorted rows): on
+    # a GPU's tree-shaped scan, runs of one row on either side of another row's were merged.
+    return start_a | start_b, tl.where(start_b != 0, val_b, {combine})
 
 
 @triton.jit(do_not_specialize=["num_edges"])
 def {name}(rows_ptr, col_ptr, eid_ptr, rowptr_ptr, {operand_params}out_ptr, num_edges, F, C,
-           BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+           BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, GROUPED: tl.constexpr):
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < F
     block_start = tl.program_id(0) * BLOCK_E
@@ -32,14 +39,16 @@ def {name}(rows_ptr, col_ptr, eid_ptr, rowptr_ptr, {operand_params}out_ptr, num_
 {edge_loads}
 {message}
     msg = tl.where(emask[:, None], msg, {identity})
-    _, res = tl.associative_scan((tl.broadcast_to(v[:, None], [BLOCK_E, BLOCK_F]), msg), 0, _combine_runs)
+    prev_v = tl.load(rows_ptr + e - 1, mask=emask & (e > block_start), other=-1)
+    starts = tl.broadcast_to((v != prev_v).to(tl.int32)[:, None], [BLOCK_E, BLOCK_F])
+    _, res = tl.associative_scan((starts, msg), 0, _combine_runs)
     next_v = tl.load(rows_ptr + e + 1, mask=e + 1 < block_end, other=-1)
     run_end = emask & (next_v != v)
     row_start = tl.load(rowptr_ptr + v, mask=run_end, other=0)
     row_end = tl.load(rowptr_ptr + v + 1, mask=run_end, other=0)
     degree = row_end - row_start
 {finalize}
-    owned = (row_start >= block_start) & (row_end <= block_end)
+    owned = (row_start >= block_start) & (row_end <= block_end) & GROUPED
     dest = out_ptr + {out_row}[:, None] * F + f[None, :]
     res = res.to(out_ptr.dtype.element_ty)
     tl.store(dest, res, mask=(run_end & owned)[:, None] & fmask[None, :])
@@ -48,6 +57,8 @@ def {name}(rows_ptr, col_ptr, eid_ptr, rowptr_ptr, {operand_params}out_ptr, num_
 
 #: Runs that cross a block boundary are combined with atomics into an initialised output.
 ATOMIC = True
+#: A structure in the user's order is read as it is: every run is then combined with atomics.
+READS_USER_ORDER = True
 
 
 def atomic_rows(graph, info) -> None:
@@ -69,4 +80,5 @@ def launch(kernel, graph, operand_args, out, width, layout, info) -> None:
     csr = graph.csr
     grid = (triton.cdiv(csr.num_edges, info.block_e), triton.cdiv(width, info.block_f))
     kernel[grid](csr.rows, csr.col, csr.eid, csr.rowptr, *operand_args, out, csr.num_edges, width,
-                 layout.inner, BLOCK_E=info.block_e, BLOCK_F=info.block_f, num_warps=info.num_warps)
+                 layout.inner, BLOCK_E=info.block_e, BLOCK_F=info.block_f, GROUPED=not csr.user_order,
+                 num_warps=info.num_warps)

@@ -35,6 +35,8 @@ def {name}(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operan
 
 #: Every output element is written once.
 ATOMIC = False
+#: Rows are walked edge by edge: a structure in the user's order is grouped by row first.
+READS_USER_ORDER = False
 
 
 def source(spec: KernelSpec) -> str:

@@ -38,6 +38,8 @@ def {name}(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operan
 
 #: Split rows are combined with atomics into an initialised output.
 ATOMIC = True
+#: Rows are walked edge by edge: a structure in the user's order is grouped by row first.
+READS_USER_ORDER = False
 
 
 def atomic_rows(graph, info):

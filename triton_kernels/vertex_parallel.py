@@ -32,6 +32,8 @@ def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C
 
 #: Whether the output must be initialised before launch (for atomics).
 ATOMIC = False
+#: Rows are walked edge by edge: a structure in the user's order is grouped by row first.
+READS_USER_ORDER = False
 
 
 def source(spec: KernelSpec) -> str:

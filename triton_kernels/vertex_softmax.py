@@ -75,6 +75,10 @@ def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, normaliser_ptr
 '''
 
 
+#: Rows are walked edge by edge: a structure in the user's order is grouped by row first.
+READS_USER_ORDER = False
+
+
 def tiling(layout: Layout, info: ParallelInfo) -> Optional[bool]:
     """Whether ``info``'s feature tiles hold whole heads (``True``) or lie inside one head
     (``False``) of ``layout``'s messages; ``None`` where this template cannot run ``info`` (not

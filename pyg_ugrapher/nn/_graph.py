@@ -361,7 +361,7 @@ def _unaliased(tensors: Sequence[Tensor], edge_index: Tensor) -> List[Tensor]:
 def _layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> List[Tensor]:
     """The structure arrays of the graph of ``edge_index``, from (or into) its cache."""
     graph = _cached(edge_index, flow, num_src, num_dst)
-    return _unaliased(graph.structure(edge_index.device), edge_index)
+    return _unaliased(graph.structure(edge_index.device, sort=True), edge_index)
 
 
 def _structure_like(edge_index: Tensor, num_src: int, num_dst: int, num_edges: int, bound: int) -> List[Tensor]:
@@ -386,7 +386,7 @@ def _looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num
     """The structure arrays of the looped graph (see :class:`Looped`), then its kept edge ids, loop
     ids, loop nodes and edge index."""
     graph, *extra = _cached_looped(edge_index, flow, num_src, num_dst, num_loops)
-    return _unaliased(graph.structure(edge_index.device) + extra, edge_index)
+    return _unaliased(graph.structure(edge_index.device, sort=True) + extra, edge_index)
 
 
 @_looped_graph.register_fake
@@ -419,7 +419,7 @@ def _spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst
                             ) -> List[Tensor]:
     """The structure arrays of :func:`spare_row_looped_graph`, from (or into) its cache."""
     graph = _cached_spare_row(edge_index, flow, num_src, num_dst, num_loops)
-    return _unaliased(graph.structure(edge_index.device), edge_index)
+    return _unaliased(graph.structure(edge_index.device, sort=True), edge_index)
 
 
 @_spare_row_looped_graph.register_fake
@@ -469,7 +469,7 @@ def _cached_padded(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor
 @torch.library.custom_op("pyg_ugrapher::padded_looped_graph", mutates_args=(), tags=OP_TAGS)
 def _padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> List[Tensor]:
     """The structure arrays of :func:`padded_looped_graph`, from (or into) its cache."""
-    return _unaliased(_cached_padded(edge_index, flow, num_nodes).structure(edge_index.device), edge_index)
+    return _unaliased(_cached_padded(edge_index, flow, num_nodes).structure(edge_index.device, sort=True), edge_index)
 
 
 @_padded_looped_graph.register_fake

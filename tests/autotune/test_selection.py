@@ -23,6 +23,8 @@ CONVERT = selection._forest
 
 
 SMALL_GRAPH_EDGES = selection.SMALL_GRAPH_EDGES
+#: The rule itself: the suite's conftest replaces the module's function in every test.
+READS_USER_ORDER = selection.reads_user_order
 
 
 @pytest.fixture(autouse=True)
@@ -170,6 +172,19 @@ def test_small_gpu_graphs_need_no_statistics(name, F, monkeypatch):
     monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", graph.num_edges - 1)
     monkeypatch.setattr(selection, "load_booster", lambda: None)
     assert selection.select(graph.csr(), op, F, device="cuda") == heuristic(selection.bucket(graph.stats()), op, F, True)
+
+
+def test_small_gpu_graphs_read_the_user_order(monkeypatch):
+    """The graphs whose structures skip the sort are those of the small-graph rule, whose every
+    automatic schedule is edge-parallel (test_small_gpu_graphs_need_no_statistics): on a GPU only,
+    up to the rule's limit, which follows the module's value."""
+    monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", SMALL_GRAPH_EDGES)
+    for num_edges in (0, 1, 4000, SMALL_GRAPH_EDGES):
+        assert READS_USER_ORDER(num_edges, "cuda") and READS_USER_ORDER(num_edges, torch.device("cuda", 0))
+        assert not READS_USER_ORDER(num_edges, "cpu")
+    assert not READS_USER_ORDER(SMALL_GRAPH_EDGES + 1, "cuda")
+    monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", 100)
+    assert READS_USER_ORDER(100, "cuda") and not READS_USER_ORDER(101, "cuda")
 
 
 def test_bad_width():

@@ -135,6 +135,54 @@ def test_structure_op_outputs_share_no_memory(graph_case, graph_factory):
     assert all(t._base is None for t in g.structure())
 
 
+@pytest.mark.parametrize("on", ["torch", "kernel"])
+def test_user_order_structure(graph_case, graph_factory, on, request):
+    """``structure(sort=False)``: both directions' edges stay in the user's order, with the sorted
+    structures' row offsets, and are grouped by row, as the sorted build does, on demand. The row
+    offsets come from torch operations on the CPU and from the degree-count kernel where kernels run."""
+    if on == "kernel":
+        request.getfixturevalue("interpret")
+    g = graph_factory(graph_case)
+    structure = g.structure(sort=False)
+    sorted_structure = g.structure(sort=True)
+    src, dst = g.coo()
+    assert structure[1] is src and structure[3] is dst and structure[5] is dst and structure[7] is src
+    assert structure[8] is src and structure[9] is dst
+    for eid in (structure[2], structure[6]):
+        assert eid.dtype == g.index_dtype and torch.equal(eid.long(), torch.arange(g.num_edges))
+    for got, want in ((structure[0], g.csr().rowptr), (structure[4], g.csc().rowptr)):
+        assert got.dtype == g.index_dtype and torch.equal(got, want)
+        assert graph_module.in_user_order(got) and not graph_module.in_user_order(want)
+    assert sorted_structure[0] is g.csr().rowptr
+    forward, backward = (graph_module.CSR(rowptr, col, eid, rows, num_cols, True)
+                         for rowptr, col, eid, rows, num_cols in (
+                             (*structure[:4], g.num_src), (*structure[4:8], g.num_dst)))
+    for user, expected in ((forward, g.csr()), (backward, g.csc())):
+        grouped = graph_module.grouped(user)
+        assert grouped is graph_module.grouped(user) and not grouped.user_order
+        for field in ("rowptr", "col", "eid", "rows"):
+            assert torch.equal(getattr(grouped, field), getattr(expected, field)), field
+    assert graph_module.grouped(g.csr()) is g.csr()
+
+
+def test_default_structure_order(graph_factory, monkeypatch):
+    """The default order is :func:`autotune.selection.reads_user_order`'s (a small GPU graph's
+    kernels read the user's order), cached apart from an explicitly sorted one; a compiled caller
+    gets a sorted one."""
+    from autotune import selection
+
+    g = graph_factory("mixed")
+    assert not graph_module.in_user_order(g.structure()[0])
+    monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: num_edges == g.num_edges)
+    fresh = graph_factory("mixed")
+    default = fresh.structure()
+    assert graph_module.in_user_order(default[0]) and fresh.structure() is default
+    assert not graph_module.in_user_order(fresh.structure(sort=True)[0])
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not graph_module.in_user_order(graph_factory("mixed").structure()[0])
+    assert not graph_module.in_user_order(fresh.structure()[0])
+
+
 def test_index_dtype():
     assert index_dtype_for(2**31 - 1, 2**31 - 1) == torch.int32
     assert index_dtype_for(2**31, 5) == torch.int64

@@ -5,6 +5,7 @@ import torch
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import reference
+from pyg_ugrapher.graph import grouped
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.layout import infer_layout
 from pyg_ugrapher.ops import graph_arrays, reversed_structure
@@ -27,8 +28,8 @@ def _arrays_of(graph, device):
 
 
 @pytest.mark.parametrize("name,shape,dtype,info", CASES, ids=[c[0] for c in CASES])
-def test_plan_matches_run_and_the_reference(name, shape, dtype, info, device, graph_factory, operand_factory,
-                                            check_close):
+def test_plan_matches_run_and_the_reference(name, shape, dtype, info, edge_order, device, graph_factory,
+                                            operand_factory, check_close):
     graph = graph_factory("mixed")
     op = OpInfo.from_name(name)
     arrays = _arrays_of(graph, device)
@@ -147,6 +148,34 @@ def test_plan_for_reused_operands_reads_them_in_csr_order(info, case, device, gr
     empty = graph_factory("empty")
     x_empty, w_empty = operand_factory(empty, op, "row_bcast", device=device)
     assert plan(_arrays_of(empty, device), [x_empty, w_empty]) is None
+
+
+@pytest.mark.parametrize("info", [ug.ParallelInfo("edge", block_e=8, block_f=4),
+                                  ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4)], ids=["edge", "vertex"])
+def test_reused_operands_on_a_user_order_structure(info, user_order, device, graph_factory, operand_factory,
+                                                   check_close, monkeypatch):
+    """On a structure in the user's order a CSR position is an edge id: an edge-parallel kernel
+    reads a reused narrow edge operand as it is, never permuted, through ``run`` and through a
+    plan; a template that walks rows reads it in the order of the structure grouped by row."""
+    op = OpInfo.from_name("u_mul_e_sum")
+    graph = graph_factory("hub")
+    x, weight = operand_factory(graph, op, "row_bcast", device=device)
+    layout = infer_layout(op, [x.shape, weight.shape])
+    arrays = _arrays_of(graph, device)
+    assert arrays.csr.user_order
+    permuted = []
+    permute = dispatch.in_csr_order
+    monkeypatch.setattr(dispatch, "in_csr_order", lambda t, eid: permuted.append(eid) or permute(t, eid))
+    plan = dispatch.prepare(op, layout, [x, weight], info, torch.float32, reused=(False, True))
+    expected = reference.execute(graph, op, [x, weight])
+    check_close(dispatch.run(op, layout, arrays, [x, weight], info), expected, None, "first read")
+    for call in range(2):
+        check_close(plan(arrays, [x, weight]), expected, None, f"planned read {call}")
+        check_close(dispatch.run(op, layout, arrays, [x, weight], info), expected, None, f"read {call}")
+    if info.strategy == "edge":
+        assert not permuted
+    else:
+        assert permuted and all(eid is grouped(arrays.csr).eid for eid in permuted)
 
 
 @pytest.mark.parametrize("name,case,shape,schedule,calls,paths", [

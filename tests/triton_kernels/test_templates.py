@@ -16,6 +16,7 @@ import torch
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import reference
+from pyg_ugrapher.graph import in_user_order
 from pyg_ugrapher.ir import GATHER_OPS, Expr, OpInfo
 from pyg_ugrapher.layout import infer_layout
 from triton_kernels import dispatch
@@ -97,15 +98,35 @@ SWEEP = [(kind, knobs, case) for kind in KNOBS for knobs in range(3) for case in
 
 
 @pytest.mark.parametrize("kind,knobs,case", SWEEP, ids=[f"{k[0]}-{k[1]}-{i}-{c}" for k, i, c in SWEEP])
-def test_every_graph_under_every_knob_set(kind, knobs, case, device, graph_factory, operand_factory,
+def test_every_graph_under_every_knob_set(kind, knobs, case, edge_order, device, graph_factory, operand_factory,
                                           check_close, isolated):
+    """On sorted structures and on structures in the user's order, which the templates that walk
+    rows group by row first."""
     names = ("copy_u_sum", "u_mul_e_max") if kind[0] == "gather" else ("u_dot_v", "e_sub_v")
     graph = graph_factory(case, seed=7)
+    assert in_user_order(graph.structure(device)[0]) == (edge_order == "user")
     for shape, name in zip(("vector", "head_bcast"), names):
         op = OpInfo.from_name(name)
         operands = operand_factory(graph, op, "heads" if op.reduces else shape, seed=3, device=device)
         check(graph, op, operands, schedule(op, kind[1], KNOBS[kind][knobs], operands), check_close,
               isolated, context=f"on {case}")
+
+
+@pytest.mark.parametrize("name", GATHER_NAMES)
+def test_edge_parallel_in_user_order(name, user_order, device, graph_factory, operand_factory, operand_shapes,
+                                     check_close, isolated):
+    """Every gather op, edge-parallel on structures in the user's order (a small GPU graph's), where
+    a row's edges lie anywhere and every run of equal destinations meets the others through
+    atomics; the graph cases, layouts and knob sets in turn."""
+    op = OpInfo.from_name(name)
+    index = GATHER_NAMES.index(name)
+    case = GRAPHS[index % len(GRAPHS)]
+    shapes = operand_shapes(op)
+    knobs = KNOBS[("gather", "edge")][(index // len(GRAPHS)) % 3]
+    graph = graph_factory(case, seed=index)
+    assert in_user_order(graph.structure(device)[0])
+    operands = operand_factory(graph, op, shapes[index % len(shapes)], seed=index, device=device)
+    check(graph, op, operands, schedule(op, "edge", knobs, operands), check_close, isolated, context=f"on {case}")
 
 
 HALF = [(strategy, name, dtype) for strategy in ("vertex", "edge", "group")
@@ -304,7 +325,7 @@ LARGE = [(strategy, name) for strategy in ("vertex", "edge", "group")
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("strategy,name", LARGE, ids=[f"{s}-{n}" for s, n in LARGE])
-def test_large_graphs(strategy, name, device, operand_factory, check_close, isolated):
+def test_large_graphs(strategy, name, edge_order, device, operand_factory, check_close, isolated):
     op = OpInfo.from_name(name)
     for case, graph in _large_graphs(device).items():
         for shape, dtype, block_f in (("vector", torch.float32, 8), ("heads", torch.float32, 8),

@@ -93,8 +93,10 @@ def test_matches_pyg(graph_case, graph_factory, device, poison, check_close, hea
 
 
 @pytest.mark.parametrize("heads,channels,block_f", TILINGS, ids=[f"H{h}C{c}F{f}" for h, c, f in TILINGS])
-def test_matches_reference_executor(graph_case, graph_factory, device, poison, check_close, heads, channels, block_f):
-    """Against the three forward operators on the reference executor, with random inputs of a new seed."""
+def test_matches_reference_executor(graph_case, graph_factory, edge_order, device, poison, check_close, heads,
+                                    channels, block_f):
+    """Against the three forward operators on the reference executor, with random inputs of a new
+    seed; on sorted structures and on structures in the user's order (grouped by row first)."""
     case = Case(graph_factory(graph_case, seed=5), heads, channels, True, torch.float32, device, seed=7)
     out, normaliser = case.run(_schedule(block_f))
     want_out, want_normaliser = case.by_reference_executor()

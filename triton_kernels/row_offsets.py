@@ -1,0 +1,53 @@
+"""Both directions' row offsets of a graph whose edges stay in the user's order, without a sort.
+
+A small graph's operators run edge-parallel kernels that read the edges in the user's order
+(:func:`autotune.selection.reads_user_order`), so its structure needs no sort: only each row's
+degree, for means and for which rows have edges. One program per ``BLOCK`` edges counts both
+endpoints' degrees by atomics into one zeroed buffer, each count one slot after its row, so that
+the running sum of each half is that direction's ``rowptr``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Tuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .codegen import interpreting
+from .launch import DirectKernel
+
+BLOCK = 1024
+
+
+def degree_count_kernel(src_ptr, dst_ptr, counts_ptr, num_edges, num_dst, BLOCK: tl.constexpr):
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = e < num_edges
+    v = tl.load(dst_ptr + e, mask=live, other=0)
+    u = tl.load(src_ptr + e, mask=live, other=0)
+    # Destinations' counts from slot 1, sources' from slot num_dst + 2: slot 0 of each half stays 0.
+    tl.atomic_add(counts_ptr + 1 + v, 1, mask=live)
+    tl.atomic_add(counts_ptr + num_dst + 2 + u, 1, mask=live)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(interpreted: bool):
+    """The kernel, decorated when first used in each mode, as :mod:`triton_kernels.csr_pair`'s."""
+    kernel = triton.jit(do_not_specialize=["num_edges", "num_dst"])(degree_count_kernel)
+    return kernel if interpreted else DirectKernel(kernel)
+
+
+def row_offsets(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> Tuple[Tensor, Tensor]:
+    """``(rowptr, csc_rowptr)``: the offsets of the rows of destinations and of sources, in
+    ``src``'s dtype, for the edges ``(src, dst)`` in any order, on a GPU or through Triton's
+    interpreter (see :func:`interpreting`). Indices must be in range (the graph checked them)."""
+    if src.dtype != dst.dtype or src.device != dst.device or src.numel() != dst.numel():
+        raise ValueError(f"src, dst: expected index tensors of one dtype, device and length, got "
+                         f"{src.dtype} / {dst.dtype}, {src.device} / {dst.device}, {src.numel()} / {dst.numel()}")
+    counts = torch.zeros(num_dst + num_src + 2, dtype=src.dtype, device=src.device)
+    num_edges = src.numel()
+    if num_edges:
+        _kernel(interpreting())[(triton.cdiv(num_edges, BLOCK),)](src, dst, counts, num_edges, num_dst, BLOCK=BLOCK)
+    return counts[:num_dst + 1].cumsum(0, dtype=src.dtype), counts[num_dst + 1:].cumsum(0, dtype=src.dtype)
