@@ -13,13 +13,15 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import reference
 from pyg_ugrapher.graph import in_user_order
 from pyg_ugrapher.ir import GATHER_OPS, Expr, OpInfo
 from pyg_ugrapher.layout import infer_layout
-from triton_kernels import dispatch
+from triton_kernels import dispatch, edge_parallel
 
 pytestmark = pytest.mark.usefixtures("poison")
 
@@ -127,6 +129,43 @@ def test_edge_parallel_in_user_order(name, user_order, device, graph_factory, op
     assert in_user_order(graph.structure(device)[0])
     operands = operand_factory(graph, op, shapes[index % len(shapes)], seed=index, device=device)
     check(graph, op, operands, schedule(op, "edge", knobs, operands), check_close, isolated, context=f"on {case}")
+
+
+@triton.jit
+def _combine_both_ways(combine: tl.constexpr, starts_ptr, values_ptr, left_ptr, right_ptr, N: tl.constexpr):
+    """``(a + b) + c`` and ``a + (b + c)`` under ``combine``, for N triples of (start, value) pairs."""
+    i = tl.arange(0, N)
+    start_a = tl.load(starts_ptr + i)
+    start_b = tl.load(starts_ptr + N + i)
+    start_c = tl.load(starts_ptr + 2 * N + i)
+    value_a = tl.load(values_ptr + i)
+    value_b = tl.load(values_ptr + N + i)
+    value_c = tl.load(values_ptr + 2 * N + i)
+    start_ab, value_ab = combine(start_a, value_a, start_b, value_b)
+    start_left, value_left = combine(start_ab, value_ab, start_c, value_c)
+    start_bc, value_bc = combine(start_b, value_b, start_c, value_c)
+    start_right, value_right = combine(start_a, value_a, start_bc, value_bc)
+    tl.store(left_ptr + i, value_left)
+    tl.store(right_ptr + i, value_right)
+    tl.store(left_ptr + N + i, start_left.to(tl.float32))
+    tl.store(right_ptr + N + i, start_right.to(tl.float32))
+
+
+@pytest.mark.parametrize("gather", GATHER_OPS)
+def test_edge_parallel_scan_is_associative(gather, device):
+    """The edge-parallel scan's combine is associative on any run starts. A GPU scans as a tree,
+    the interpreter left to right, so only this catches a combine that is not: the kernel's first
+    one (comparing destinations, right on sorted rows only) fails it."""
+    op = OpInfo.from_name(f"copy_u_{gather}")
+    spec = dispatch.kernel_spec(op, infer_layout(op, [(4, 8)]), ug.ParallelInfo("edge", block_f=8, block_e=8))
+    combine = dispatch.load_kernel(edge_parallel.source(spec), "_combine_runs")
+    n = 64
+    gen = torch.Generator().manual_seed(0)
+    starts = torch.randint(0, 2, (3 * n,), generator=gen, dtype=torch.int32).to(device)
+    values = torch.randint(-8, 8, (3 * n,), generator=gen).float().to(device)  # integers: exact in any order
+    left, right = (torch.full((2 * n,), math.nan, device=device) for _ in range(2))
+    _combine_both_ways[(1,)](combine, starts, values, left, right, n)
+    assert torch.equal(left, right)
 
 
 HALF = [(strategy, name, dtype) for strategy in ("vertex", "edge", "group")
