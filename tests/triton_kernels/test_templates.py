@@ -131,9 +131,10 @@ def test_edge_parallel_in_user_order(name, user_order, device, graph_factory, op
     check(graph, op, operands, schedule(op, "edge", knobs, operands), check_close, isolated, context=f"on {case}")
 
 
-@triton.jit
 def _combine_both_ways(combine: tl.constexpr, starts_ptr, values_ptr, left_ptr, right_ptr, N: tl.constexpr):
-    """``(a + b) + c`` and ``a + (b + c)`` under ``combine``, for N triples of (start, value) pairs."""
+    """``(a + b) + c`` and ``a + (b + c)`` under ``combine``, for N triples of (start, value) pairs;
+    decorated in the test, once the ``device`` fixture has chosen compiled or interpreted (Triton
+    decides at decoration time)."""
     i = tl.arange(0, N)
     start_a = tl.load(starts_ptr + i)
     start_b = tl.load(starts_ptr + N + i)
@@ -164,7 +165,7 @@ def test_edge_parallel_scan_is_associative(gather, device):
     starts = torch.randint(0, 2, (3 * n,), generator=gen, dtype=torch.int32).to(device)
     values = torch.randint(-8, 8, (3 * n,), generator=gen).float().to(device)  # integers: exact in any order
     left, right = (torch.full((2 * n,), math.nan, device=device) for _ in range(2))
-    _combine_both_ways[(1,)](combine, starts, values, left, right, n)
+    triton.jit(_combine_both_ways)[(1,)](combine, starts, values, left, right, n)
     assert torch.equal(left, right)
 
 
