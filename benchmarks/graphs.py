@@ -3,7 +3,8 @@
 Synthetic graphs are generated on the benchmark device (uniform endpoints, or Chung-Lu power-law
 degrees with weights ``rank^-0.8``), so a graph of 1.6e7 edges takes well under a second on a GPU.
 Edges stay in the generator's (random) order: that is what a user hands to PyG, and our side
-builds its sorted structures from it once, outside the timed calls.
+builds its structures from it once, outside the timed calls (sorted, or kept in that order on the
+small GPU graphs whose kernels read it so).
 """
 from __future__ import annotations
 
