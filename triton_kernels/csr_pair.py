@@ -10,7 +10,6 @@ positions (a binary search over the sorted keys).
 """
 from __future__ import annotations
 
-import functools
 from typing import List, Tuple
 
 import torch
@@ -19,7 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .codegen import interpreting
-from .launch import DirectKernel
+from .launch import jit_kernel
 
 BLOCK = 1024
 
@@ -63,14 +62,6 @@ def csr_pair_kernel(keys_ptr, perm_ptr, src_ptr, dst_ptr,
     tl.store(csc_rowptr_ptr + (i - num_dst), (lo - num_edges).to(out_dtype), mask=is_row & (i >= num_dst))
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(interpreted: bool):
-    """The kernel, decorated when first used in each mode: Triton decides at decoration time
-    whether a function is compiled or interpreted, and a process may run both (the tests)."""
-    kernel = triton.jit(do_not_specialize=["num_edges", "num_src", "num_dst", "search_steps"])(csr_pair_kernel)
-    return kernel if interpreted else DirectKernel(kernel)
-
-
 def _allocate(sizes: List[int], like: Tensor) -> List[Tensor]:
     """The outputs, uninitialised: the kernel writes every element."""
     return [torch.empty(size, dtype=like.dtype, device=like.device) for size in sizes]
@@ -96,7 +87,8 @@ def csr_pair_arrays(sorted_keys: Tensor, perm: Tensor, src: Tensor, dst: Tensor,
     csr_rowptr, csc_rowptr, *edge_arrays = _allocate([num_dst + 1, num_src + 1] + [num_edges] * 6, src)
     positions = max(2 * num_edges, num_src + num_dst + 1)
     search_steps = (2 * num_edges).bit_length() + 1
-    _kernel(interpreting())[(triton.cdiv(positions, BLOCK),)](
+    kernel = jit_kernel(csr_pair_kernel, ("num_edges", "num_src", "num_dst", "search_steps"), interpreting())
+    kernel[(triton.cdiv(positions, BLOCK),)](
         sorted_keys, perm, src, dst, csr_rowptr, *edge_arrays[:3], csc_rowptr, *edge_arrays[3:],
         num_edges, num_src, num_dst, search_steps, BLOCK=BLOCK)
     return (csr_rowptr, *edge_arrays[:3], csc_rowptr, *edge_arrays[3:])

@@ -14,8 +14,10 @@ whose compiled kernels lack the attributes used here) goes through Triton's own 
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, Sequence, Tuple
 
+import triton
 from torch import Tensor
 from triton import knobs
 from triton.runtime.driver import driver
@@ -89,3 +91,12 @@ class DirectKernel:
             self.binaries[key] = compiled
         else:
             self.direct = False
+
+
+@functools.lru_cache(maxsize=None)
+def jit_kernel(fn: Callable, do_not_specialize: Tuple[str, ...], interpreted: bool):
+    """The hand-written kernel ``fn`` (an undecorated function), decorated once per mode: Triton
+    decides at decoration time whether a function is compiled or interpreted, and one process may
+    run both (the tests). Compiled, it launches through :class:`DirectKernel`."""
+    kernel = triton.jit(do_not_specialize=list(do_not_specialize))(fn)
+    return kernel if interpreted else DirectKernel(kernel)

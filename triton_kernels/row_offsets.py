@@ -8,7 +8,6 @@ the running sum of each half is that direction's ``rowptr``.
 """
 from __future__ import annotations
 
-import functools
 from typing import Tuple
 
 import torch
@@ -17,7 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .codegen import interpreting
-from .launch import DirectKernel
+from .launch import jit_kernel
 
 BLOCK = 1024
 
@@ -32,13 +31,6 @@ def degree_count_kernel(src_ptr, dst_ptr, counts_ptr, num_edges, num_dst, BLOCK:
     tl.atomic_add(counts_ptr + num_dst + 2 + u, 1, mask=live)
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(interpreted: bool):
-    """The kernel, decorated when first used in each mode, as :mod:`triton_kernels.csr_pair`'s."""
-    kernel = triton.jit(do_not_specialize=["num_edges", "num_dst"])(degree_count_kernel)
-    return kernel if interpreted else DirectKernel(kernel)
-
-
 def row_offsets(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> Tuple[Tensor, Tensor]:
     """``(rowptr, csc_rowptr)``: the offsets of the rows of destinations and of sources, in
     ``src``'s dtype, for the edges ``(src, dst)`` in any order, on a GPU or through Triton's
@@ -49,5 +41,6 @@ def row_offsets(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> Tuple[T
     counts = torch.zeros(num_dst + num_src + 2, dtype=src.dtype, device=src.device)
     num_edges = src.numel()
     if num_edges:
-        _kernel(interpreting())[(triton.cdiv(num_edges, BLOCK),)](src, dst, counts, num_edges, num_dst, BLOCK=BLOCK)
+        kernel = jit_kernel(degree_count_kernel, ("num_edges", "num_dst"), interpreting())
+        kernel[(triton.cdiv(num_edges, BLOCK),)](src, dst, counts, num_edges, num_dst, BLOCK=BLOCK)
     return counts[:num_dst + 1].cumsum(0, dtype=src.dtype), counts[num_dst + 1:].cumsum(0, dtype=src.dtype)

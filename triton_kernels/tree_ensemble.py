@@ -11,7 +11,6 @@ left; a leaf is its own child, so a row that reached one stays there for the rem
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -20,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .codegen import interpreting
-from .launch import DirectKernel
+from .launch import jit_kernel
 
 #: (row, tree) pairs per program.
 LANES = 1024
@@ -56,14 +55,6 @@ def tree_ensemble_kernel(x_ptr, feature_ptr, threshold_ptr, left_ptr, right_ptr,
         at = live & (node >= 0) & (node < num_nodes)
         total += tl.sum(tl.load(value_ptr + node, mask=at, other=0.0), axis=1)
     tl.store(out_ptr + rows, total + base, mask=row_live)
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel(interpreted: bool):
-    """The kernel, decorated when first used in each mode (see ``csr_pair._kernel``)."""
-    kernel = triton.jit(do_not_specialize=["num_rows", "num_trees", "num_nodes", "num_features", "depth"])(
-        tree_ensemble_kernel)
-    return kernel if interpreted else DirectKernel(kernel)
 
 
 def tree_ensemble_scores(x: Tensor, feature: Tensor, threshold: Tensor, left: Tensor, right: Tensor,
@@ -105,7 +96,9 @@ def tree_ensemble_scores(x: Tensor, feature: Tensor, threshold: Tensor, left: Te
         return out.fill_(base)
     block_t = min(triton.next_power_of_2(num_trees), MAX_BLOCK_T)
     block_r = max(1, LANES // block_t)
-    _kernel(interpreting())[(triton.cdiv(x.shape[0], block_r),)](
+    kernel = jit_kernel(tree_ensemble_kernel, ("num_rows", "num_trees", "num_nodes", "num_features", "depth"),
+                        interpreting())
+    kernel[(triton.cdiv(x.shape[0], block_r),)](
         x, feature, threshold, left, right, default_left, value, roots, out, x.shape[0], num_trees, nodes,
         x.shape[1], depth, float(base), BLOCK_R=block_r, BLOCK_T=block_t)
     return out

@@ -13,7 +13,6 @@ result does not depend on the order of the atomics.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
@@ -22,7 +21,7 @@ from torch import Tensor
 
 from . import dispatch
 from .codegen import interpreting
-from .launch import DirectKernel
+from .launch import jit_kernel
 
 BLOCK = 1024
 
@@ -67,14 +66,6 @@ def weight_kernel(src_ptr, dst_ptr, degree_ptr, out_ptr, num_edges, num_nodes, L
         tl.store(out_ptr + i, (factor * factor).to(out_dtype), mask=is_loop)
 
 
-@functools.lru_cache(maxsize=None)
-def _kernels(interpreted: bool):
-    """Both kernels, decorated when first used in each mode (see :mod:`triton_kernels.csr_pair`)."""
-    kernels = (triton.jit(do_not_specialize=["num_edges"])(degree_kernel),
-               triton.jit(do_not_specialize=["num_edges", "num_nodes"])(weight_kernel))
-    return kernels if interpreted else tuple(DirectKernel(k) for k in kernels)
-
-
 def degree_dtype(dtype: torch.dtype) -> torch.dtype:
     """Where the degrees of weights in ``dtype`` are summed: float64 for double weights, else
     float32 (exact counts up to 2**24, where float16 overflows at 65504)."""
@@ -106,7 +97,9 @@ def unit_norm_weights(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: 
     degree = (torch.ones if add_self_loops else torch.zeros)(num_nodes, dtype=acc, device=src.device)
     # Uninitialised, as the generated kernels' outputs: the weight kernel writes every element.
     out = dispatch._uninitialised((num_edges + (num_nodes if add_self_loops else 0),), dtype, src.device)
-    degree_fn, weight_fn = _kernels(interpreting())
+    interpreted = interpreting()
+    degree_fn = jit_kernel(degree_kernel, ("num_edges",), interpreted)
+    weight_fn = jit_kernel(weight_kernel, ("num_edges", "num_nodes"), interpreted)
     if num_edges:
         degree_fn[(triton.cdiv(num_edges, BLOCK),)](src, dst, degree, num_edges, LOOPS=add_self_loops, BLOCK=BLOCK)
     if out.numel():
