@@ -237,7 +237,7 @@ def select(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
     device = torch.device(device)
     # Statistics alone default to CUDA: on a machine without one, there is no GPU to describe.
     on_gpu = device.type == "cuda"
-    if on_gpu and graph.num_edges <= SMALL_GRAPH_EDGES:  # see graph_independent
+    if _small_gpu_graph(graph.num_edges, device):
         return small_graph_schedule(op, F)
     stats = bucket(_stats(graph))
     key = (stats, op, F, reduce_size, dtype, device)
@@ -259,8 +259,13 @@ def graph_independent(graph: Union[CSR, GraphStats, GraphTensor], device: Union[
     """Whether the automatic schedule of an op on ``graph`` on ``device`` depends only on the op,
     its width and dtype (:func:`select`'s small GPU graphs, none of them measured), so a decision
     made on one such graph holds on all of them."""
-    return torch.device(device).type == "cuda" and graph.num_edges <= SMALL_GRAPH_EDGES and \
-        not measures(graph, device)
+    return _small_gpu_graph(graph.num_edges, device) and not measures(graph, device)
+
+
+def _small_gpu_graph(num_edges: int, device: Union[str, torch.device]) -> bool:
+    """Whether :func:`select` gives a graph of ``num_edges`` edges on ``device`` the small-graph
+    schedules (the one rule that :func:`graph_independent` and :func:`reads_user_order` follow)."""
+    return torch.device(device).type == "cuda" and num_edges <= SMALL_GRAPH_EDGES
 
 
 def reads_user_order(num_edges: int, device: Union[str, torch.device]) -> bool:
@@ -269,7 +274,7 @@ def reads_user_order(num_edges: int, device: Union[str, torch.device]) -> bool:
     are edge-parallel and combine every row by atomics, so its structure skips the sort
     (:meth:`~pyg_ugrapher.GraphTensor.structure`; both sorted directions took 207 us of a new COLLAB
     batch graph on an H200 host, ``benchmarks/results/h200-host-path``, probe 76)."""
-    return torch.device(device).type == "cuda" and num_edges <= SMALL_GRAPH_EDGES
+    return _small_gpu_graph(num_edges, device)
 
 
 def measures(graph: Union[CSR, GraphStats, GraphTensor], device: Union[str, torch.device]) -> bool:
