@@ -14,9 +14,11 @@ inside every pass that needs it, so no ``[E, H]`` logit tensor is ever written o
 gradient goes straight to its operands.
 
 The forward pass writes no ``[E, ...]`` tensor. Where the schedule decided for it is vertex-parallel
-with feature tiles of whole heads or inside one, it is one pass over the edges
+or neighbour groups, with feature tiles of whole heads or inside one, it is one pass over the edges
 (:mod:`triton_kernels.vertex_softmax`: each row's largest logit, then the denominator and the
-weighted sum). Elsewhere it is three IR operators: a gather-max of the score
+weighted sum; :mod:`triton_kernels.group_softmax` does the same per chunk of a row and combines a
+split row's chunks in a second, small kernel). Elsewhere (edge-parallel schedules, tiles
+straddling heads) it is three IR operators: a gather-max of the score
 for :math:`m`, a gather-sum of :math:`\exp(s_e - m_v)` for the denominator :math:`z`, and a
 gather-sum of :math:`x_u k_e \exp(s_e - \ell_v)` for the output. Both give the log-normaliser
 :math:`\ell_v = m_v + \log(z_v + 10^{-16})`, which the backward reads (one destination operand
@@ -32,7 +34,8 @@ one by one. Softmax has a shorter closed form: with upstream gradient :math:`G_v
 
 so :math:`t` is a dense per-node product. The first gradient is a gather-sum on the reversed graph
 and shares its kernel with the per-edge products :math:`\langle x_u, G_v \rangle` (``u_dot_v``
-as the kernel's edge output: both read :math:`G_v` for every edge). Each operand of the score then
+as the kernel's edge output: both read :math:`G_v` for every edge); :math:`t` is one more kernel
+(:mod:`triton_kernels.head_dot`). Each operand of the score then
 gets :math:`\sum_e \partial L / \partial s_e \cdot \partial s_e / \partial \theta` from one
 more IR operator, routed as every IR gradient is (:func:`pyg_ugrapher.backward.grad_step`): a
 gather-sum on the reversed graph for a source operand, on the graph for a destination operand, a
@@ -51,6 +54,7 @@ from torch.autograd.function import once_differentiable
 
 import triton_kernels
 from triton_kernels import packed_rows, uses_triton
+from triton_kernels.head_dot import head_dot
 
 from . import reference
 from .backward import GradStep, Source, canonical, grad_step, on_reversed
@@ -245,7 +249,8 @@ def _backward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: 
         if keep_column is not None:
             products = products * keep_column
         # [rows, H, 1] each, as the operators read them
-        values = {"normaliser": normaliser, "products": products, "total": (out * grad).sum(dim=-1, keepdim=True)}
+        total = head_dot(out, grad) if uses_triton(out.device) else (out * grad).sum(dim=-1, keepdim=True)
+        values = {"normaliser": normaliser, "products": products, "total": total}
         for i, step in enumerate(ops.grad_scores):
             if needs_scores[i]:
                 inputs = [_operand(columns[s] if isinstance(s, int) else values[s], kind)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -200,17 +200,36 @@ def chunk_table(csr: CSR, group_size: int) -> Tuple[Tensor, Tensor]:
     many tiny rows share programs instead of idling next to full chunks. Cached per structure
     and group size.
     """
-    return _chunks(csr, group_size)[0]
+    return _chunks(csr, group_size).table
 
 
 def split_rows(csr: CSR, group_size: int) -> Tensor:
     """The rows of more than ``group_size`` edges (int64, ascending): those :func:`chunk_table`
     splits into several chunks, the only rows whose partial results a neighbour-group kernel
     combines with atomics. Cached with the chunk table."""
-    return _chunks(csr, group_size)[1]
+    return _chunks(csr, group_size).split_rows
 
 
-def _chunks(csr: CSR, group_size: int) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
+def split_chunk_slots(csr: CSR, group_size: int) -> Tuple[Tensor, Tensor, int]:
+    """Where the chunks of split rows (:func:`split_rows`) leave partial results that a second
+    kernel combines: ``(slot, slot_start, num_slots)``. ``slot`` gives each chunk of
+    :func:`chunk_table` its index among the chunks of split rows, numbered row by row and chunk by
+    chunk within a row (-1 for a row of one chunk); ``slot_start`` gives each split row its first
+    slot, so its chunks own ``slot_start[i]`` to ``slot_start[i] + ceil(degree / group_size) - 1``.
+    Cached with the chunk table."""
+    chunks = _chunks(csr, group_size)
+    return chunks.slot, chunks.slot_start, chunks.num_slots
+
+
+class _Chunks(NamedTuple):
+    table: Tuple[Tensor, Tensor]
+    split_rows: Tensor
+    slot: Tensor
+    slot_start: Tensor
+    num_slots: int
+
+
+def _chunks(csr: CSR, group_size: int) -> _Chunks:
     if group_size < 1:
         raise ValueError(f"group_size: must be positive, got {group_size}")
     cache = derived_cache(csr.rowptr)
@@ -220,8 +239,10 @@ def _chunks(csr: CSR, group_size: int) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
         degree = rowptr[1:] - rowptr[:-1]
         counts = torch.clamp((degree + group_size - 1) // group_size, min=1)
         split = counts > 1
-        # One host sync for both sizes: a mini-batch graph pays it once per group size.
-        total, num_split = torch.stack([counts.sum(), split.sum()]).tolist() if counts.numel() else (0, 0)
+        split_counts = torch.where(split, counts, 0)
+        # One host sync for the three sizes: a mini-batch graph pays it once per group size.
+        total, num_split, num_slots = torch.stack([counts.sum(), split.sum(), split_counts.sum()]).tolist() \
+            if counts.numel() else (0, 0, 0)
         rows = torch.repeat_interleave(torch.arange(csr.num_rows, device=csr.device), counts,
                                        output_size=total)
         first = torch.cumsum(counts, 0) - counts
@@ -229,8 +250,12 @@ def _chunks(csr: CSR, group_size: int) -> Tuple[Tuple[Tensor, Tensor], Tensor]:
         start = rowptr[:-1][rows] + within * group_size
         length = torch.minimum(rowptr[1:][rows] - start, torch.full_like(start, group_size))
         order = torch.argsort(length, descending=True, stable=True)
-        cache[key] = ((rows[order].to(csr.rowptr.dtype), start[order].to(csr.rowptr.dtype)),
-                      torch.nonzero_static(split, size=num_split).view(-1))
+        first_slot = torch.cumsum(split_counts, 0) - split_counts
+        slot = torch.where(split[rows], first_slot[rows] + within, -1)
+        split_index = torch.nonzero_static(split, size=num_split).view(-1)
+        dtype = csr.rowptr.dtype
+        cache[key] = _Chunks((rows[order].to(dtype), start[order].to(dtype)), split_index, slot[order].to(dtype),
+                             first_slot[split_index].to(dtype), num_slots)
     return cache[key]
 
 
@@ -662,5 +687,6 @@ def as_graph(graph: Union["GraphTensor", Tensor], num_nodes: NumNodes = None) ->
 
 
 __all__: Sequence[str] = ["GraphTensor", "CSR", "GraphStats", "DegreeStats", "chunk_table", "split_rows",
-                          "csr_stats", "derived_cache", "build_csr", "build_csr_pair", "build_user_order_pair",
-                          "grouped", "in_user_order", "index_dtype_for", "as_graph", "validate_endpoints"]
+                          "split_chunk_slots", "csr_stats", "derived_cache", "build_csr", "build_csr_pair",
+                          "build_user_order_pair", "grouped", "in_user_order", "index_dtype_for", "as_graph",
+                          "validate_endpoints"]

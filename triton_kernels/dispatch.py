@@ -18,8 +18,8 @@ from pyg_ugrapher.ir import Expr, OpInfo
 from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
 
-from . import (edge_message, edge_parallel, group_message, neighbor_group, vertex_message, vertex_parallel,
-               vertex_softmax)
+from . import (edge_message, edge_parallel, group_message, group_softmax, neighbor_group, vertex_message,
+               vertex_parallel, vertex_softmax)
 from .codegen import GraphArrays, KernelSpec, edge_mode, head_tiling, interpreting, load_kernel
 from .launch import DirectKernel
 
@@ -32,6 +32,8 @@ TEMPLATES = {
     ("message", "edge"): edge_message,
     ("message", "group"): group_message,
 }
+#: strategy -> the template of the softmax aggregation's one pass (:func:`run_softmax`).
+SOFTMAX_TEMPLATES = {"vertex": vertex_softmax, "group": group_softmax}
 
 _INT32_LIMIT = 2**31 - 1
 _IDENTITY = {"max": float("-inf"), "min": float("inf")}
@@ -517,12 +519,12 @@ def prepare_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpI
 @functools.lru_cache(maxsize=None)
 def _softmax_spec(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, info: ParallelInfo,
                   acc64: bool, wide: bool) -> Optional[KernelSpec]:
-    split = vertex_softmax.tiling(layout, info)
+    split = vertex_softmax.tiling(layout, info) if info.strategy in SOFTMAX_TEMPLATES else None
     if split is None:
         return None
-    return KernelSpec(template="vertex_softmax", expr=value.serialize(), kinds=kinds, patterns=layout.patterns,
-                      gather_op="sum", reduce=False, acc64=acc64, wide=wide, head_size=layout.inner,
-                      head_split=split, logit_expr=logit.serialize())
+    return KernelSpec(template=SOFTMAX_TEMPLATES[info.strategy].__name__.rsplit(".", 1)[-1], expr=value.serialize(),
+                      kinds=kinds, patterns=layout.patterns, gather_op="sum", reduce=False, acc64=acc64, wide=wide,
+                      head_size=layout.inner, head_split=split, logit_expr=logit.serialize())
 
 
 @dataclass(frozen=True)
@@ -546,23 +548,24 @@ class SoftmaxPlan:
 
 def _softmax_launch(kernel, layout: Layout, graph: GraphArrays, operands: Sequence[Tensor], info: ParallelInfo,
                     out_dtypes: Tuple[torch.dtype, torch.dtype]) -> Tuple[Tensor, Tensor]:
-    graph = _walked_by(vertex_softmax, graph)
+    template = SOFTMAX_TEMPLATES[info.strategy]
+    graph = _walked_by(template, graph)
     rows, device = graph.csr.num_rows, graph.csr.device
     heads = layout.message_width // layout.inner
     out = _uninitialised((rows, layout.message_width), out_dtypes[0], device)
     normaliser = _uninitialised((rows, heads), out_dtypes[1], device)
-    vertex_softmax.launch(kernel, graph, _tensor_args(operands), out, normaliser, layout, info)
+    template.launch(kernel, graph, _tensor_args(operands), out, normaliser, layout, info)
     return out.view((rows,) + layout.message_shape), normaliser.view(rows, heads, 1)
 
 
 def run_softmax(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, graph: GraphArrays,
                 operands: Sequence[Tensor], info: ParallelInfo, out_dtypes: Tuple[torch.dtype, torch.dtype]
                 ) -> Optional[Tuple[Tensor, Tensor]]:
-    """Softmax aggregation in one pass (:mod:`~triton_kernels.vertex_softmax`): per destination
-    and head, ``(sum of softmax(logit) * value, log-normaliser)``, shaped ``[rows, *message_shape]``
-    and ``[rows, heads, 1]``, with ``value`` and ``logit`` expressions over the operand slots of
-    ``kinds`` (every operand of edge kind read through the edge ids); ``None`` where ``info``
-    cannot run it (:func:`vertex_softmax.tiling`)."""
+    """Softmax aggregation in one pass (:data:`SOFTMAX_TEMPLATES`: vertex-parallel or neighbour
+    groups): per destination and head, ``(sum of softmax(logit) * value, log-normaliser)``, shaped
+    ``[rows, *message_shape]`` and ``[rows, heads, 1]``, with ``value`` and ``logit`` expressions
+    over the operand slots of ``kinds`` (every operand of edge kind read through the edge ids);
+    ``None`` where ``info`` cannot run it (another strategy, or :func:`vertex_softmax.tiling`)."""
     info.validate_for(layout.message_width)
     flat = [_as_rows(t) for t in operands]
     spec = _softmax_spec(value, logit, kinds, layout, info, any(t.dtype == torch.float64 for t in flat),
@@ -574,19 +577,21 @@ def run_softmax(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout
         heads = layout.message_width // max(layout.inner, 1)
         return (torch.zeros((rows,) + layout.message_shape, dtype=out_dtypes[0], device=device),
                 torch.zeros((rows, heads, 1), dtype=out_dtypes[1], device=device))
-    return _softmax_launch(_kernel(vertex_softmax, spec, interpreting()), layout, graph, flat, info, out_dtypes)
+    return _softmax_launch(_kernel(SOFTMAX_TEMPLATES[info.strategy], spec, interpreting()), layout, graph, flat, info,
+                           out_dtypes)
 
 
 def runs_softmax(layout: Layout, info: ParallelInfo) -> bool:
-    """Whether :func:`run_softmax` can run under ``info`` (:func:`vertex_softmax.tiling`)."""
-    return vertex_softmax.tiling(layout, info) is not None
+    """Whether :func:`run_softmax` can run under ``info`` (:data:`SOFTMAX_TEMPLATES`,
+    :func:`vertex_softmax.tiling`)."""
+    return info.strategy in SOFTMAX_TEMPLATES and vertex_softmax.tiling(layout, info) is not None
 
 
 def softmax_source(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, info: ParallelInfo,
                    acc64: bool = False) -> Optional[str]:
     """The generated Triton source of :func:`run_softmax` under ``info`` (``None``: it cannot run it)."""
     spec = _softmax_spec(value, logit, kinds, layout, info, acc64, False)
-    return None if spec is None else vertex_softmax.source(spec)
+    return None if spec is None else SOFTMAX_TEMPLATES[info.strategy].source(spec)
 
 
 def prepare_softmax(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, operands: Sequence[Tensor],
@@ -600,7 +605,7 @@ def prepare_softmax(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: La
     spec = _softmax_spec(value, logit, kinds, layout, info, any(t.dtype == torch.float64 for t in operands), False)
     if spec is None:
         return None
-    return SoftmaxPlan(_kernel(vertex_softmax, spec, interpreting()), layout, info, out_dtypes)
+    return SoftmaxPlan(_kernel(SOFTMAX_TEMPLATES[info.strategy], spec, interpreting()), layout, info, out_dtypes)
 
 
 def _atomic_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -21,7 +21,9 @@ The feature tile is viewed as ``[heads, features per head]`` (``split``: ``BLOCK
 heads; ``inner``: the tile lies inside one head), so the logit and its exponential are computed
 once per head, not once per feature. Tilings that straddle heads are not run here
 (:func:`tiling`). Rows are never split, so a hub row is one program's work: the dispatcher runs
-this template only where the schedule chosen for the operator is vertex-parallel.
+this template where the schedule chosen for the operator is vertex-parallel, and
+:mod:`~triton_kernels.group_softmax` (the same passes over chunks of rows) where it is neighbour
+groups.
 """
 from __future__ import annotations
 
@@ -35,23 +37,19 @@ from pyg_ugrapher.parallel import ParallelInfo
 
 from .codegen import KernelSpec, Snippets, render_expr
 
-TEMPLATE = '''{header}
-
-@triton.jit(do_not_specialize=["num_rows"])
-def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, normaliser_ptr, num_rows, F, C, H,
-           BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
-    v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
-    live = v < num_rows
-    start = tl.load(rowptr_ptr + v, mask=live, other=0)
-    end = tl.load(rowptr_ptr + v + 1, mask=live, other=0)
-{axes}
+#: Both passes over a block's edges, for rows (here) or chunks of rows
+#: (:mod:`~triton_kernels.group_softmax`) walked ``BLOCK_V`` side by side between ``start`` and
+#: ``end``: per head the block's largest logit ``base`` (0 without edges), then the sum of
+#: ``exp(logit - base)`` (``summed``) and of the values weighted by it (``weighted``); the output
+#: and log-normaliser of the rows marked ``final`` (whole rows) are written.
+PASSES = '''{axes}
 {hoisted}
     lane_max = tl.full([BLOCK_V, BLOCK_E, {heads}, 1], float("-inf"), {acc})
 {edge_loop}
 {logit_edge_loads}
 {logit_loads}
         lane_max = tl.maximum(lane_max, tl.where(emask[:, :, None, None], {logit}, float("-inf")))
-    # The row's largest logit (0 for a row without edges): no exponent below exceeds 0.
+    # The largest logit (0 without edges): no exponent below exceeds 0.
     largest = tl.max(lane_max, axis=1)
     base = tl.where(largest == float("-inf"), 0.0, largest)
     denominator = tl.zeros([BLOCK_V, BLOCK_E, {heads}, 1], {acc})
@@ -62,16 +60,26 @@ def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, normaliser_ptr
         weight = tl.where(emask[:, :, None, None], tl.exp({logit} - base[:, None, :, :]), 0.0)
         denominator += weight
         acc += {value} * weight
-    total = tl.sum(denominator, axis=1) + 1e-16
-    res = tl.sum(acc, axis=1) / total
-    tl.store(out_ptr + {out_row}[:, None, None] * F + fs[None, :, :], res.to(out_ptr.dtype.element_ty),
-             mask=live[:, None, None] & fsmask[None, :, :])
-    # Every tile of a head computes its normaliser; the head's first tile writes it.
-    first = (tl.program_id(1) * BLOCK_F) % C == 0
-    normaliser = base + tl.log(total)
+    summed = tl.sum(denominator, axis=1)
+    weighted = tl.sum(acc, axis=1)
+    # Every tile of a head computes its sums; the head's first tile writes the per-head values.
+    head_first = tl.where((tl.program_id(1) * BLOCK_F) % C == 0, hsmask, False)[None, :, None]
+    total = summed + 1e-16
+    tl.store(out_ptr + {out_row}[:, None, None] * F + fs[None, :, :], (weighted / total).to(out_ptr.dtype.element_ty),
+             mask={final}[:, None, None] & fsmask[None, :, :])
     tl.store(normaliser_ptr + {out_row}[:, None, None] * H + hs[None, :, None],
-             normaliser.to(normaliser_ptr.dtype.element_ty),
-             mask=live[:, None, None] & tl.where(first, hsmask, False)[None, :, None])
+             (base + tl.log(total)).to(normaliser_ptr.dtype.element_ty), mask={final}[:, None, None] & head_first)'''
+
+TEMPLATE = '''{header}
+
+@triton.jit(do_not_specialize=["num_rows"])
+def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, normaliser_ptr, num_rows, F, C, H,
+           BLOCK_V: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
+    v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    live = v < num_rows
+    start = tl.load(rowptr_ptr + v, mask=live, other=0)
+    end = tl.load(rowptr_ptr + v + 1, mask=live, other=0)
+{passes}
 '''
 
 
@@ -81,10 +89,8 @@ READS_USER_ORDER = False
 
 def tiling(layout: Layout, info: ParallelInfo) -> Optional[bool]:
     """Whether ``info``'s feature tiles hold whole heads (``True``) or lie inside one head
-    (``False``) of ``layout``'s messages; ``None`` where this template cannot run ``info`` (not
-    vertex-parallel, or tiles straddling heads)."""
-    if info.strategy != "vertex":
-        return None
+    (``False``) of ``layout``'s messages; ``None`` where they straddle heads (no softmax pass runs
+    them)."""
     inner, block_f = layout.inner, info.block_f
     if layout.message_width == inner or inner % block_f == 0:
         return False
@@ -101,8 +107,9 @@ def _inner_axes() -> list:
             "fsmask = fs < F"]
 
 
-def source(spec: KernelSpec) -> str:
-    s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
+def passes(spec: KernelSpec, s: Snippets, final: str) -> str:
+    """:data:`PASSES` for ``spec``, writing the rows where the mask ``final`` holds; ``s`` walks
+    the destination rows ``v`` on two edge axes."""
     names = [f"x{k}" for k in range(len(spec.kinds))]
     c = spec.head_size
     axes = s.split_axes() if spec.head_split else _inner_axes()
@@ -121,15 +128,20 @@ def source(spec: KernelSpec) -> str:
         pad = " " * indent
         return "\n".join(pad + item for item in items) if items else f"{pad}pass"
 
-    return TEMPLATE.format(
-        header=s.header(), name=spec.name, operand_params=s.operand_params, acc=s.acc,
-        axes=lines(axes, 4), hoisted=lines([f"x{k} = {s.split_load(k)}" for k in row_slots], 4),
+    return PASSES.format(
+        acc=s.acc, axes=lines(axes, 4), hoisted=lines([f"x{k} = {s.split_load(k)}" for k in row_slots], 4),
         heads=heads, width=width, edge_loop=s.edge_loop(4), edge_loads=lines(edge_loads(edge_slots), 8),
         loads=lines([f"x{k} = {s.split_load(k)}" for k in edge_slots], 8),
         logit_edge_loads=lines(edge_loads(logit_slots), 8),
         logit_loads=lines([f"x{k} = {s.split_load(k)}" for k in logit_slots], 8),
-        logit=render_expr(logit, names, s.acc),
-        value=render_expr(parse_expr(spec.expr), names, s.acc), out_row=s.row("v"))
+        logit=render_expr(logit, names, s.acc), value=render_expr(parse_expr(spec.expr), names, s.acc),
+        final=final, out_row=s.row("v"))
+
+
+def source(spec: KernelSpec) -> str:
+    s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
+    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
+                           passes=passes(spec, s, "live"))
 
 
 def launch(kernel, graph, operand_args, out, normaliser, layout, info) -> None:

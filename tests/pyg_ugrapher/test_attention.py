@@ -104,23 +104,30 @@ def test_kernels_match_pyg(device, graph_factory, graph_case, poison, check_clos
         check_close(ours.cpu(), theirs)
 
 
-#: Schedules the forward's decision may pick for ``HEADS`` x ``CHANNELS``: tiles inside one head
-#: (one pass), tiles straddling heads and neighbour groups (three operators).
+#: Schedules the forward's decision may pick for ``HEADS`` x ``CHANNELS``: tiles inside one head,
+#: vertex-parallel or in neighbour groups (one pass), tiles straddling heads and edge-parallel
+#: schedules (three operators).
 FORWARD_SCHEDULES = {"one_pass": ug.ParallelInfo("vertex", block_f=1, block_v=4, block_e=2, num_warps=1),
+                     "group_one_pass": ug.ParallelInfo("group", block_f=1, group_size=4, block_v=2, block_e=2,
+                                                       num_warps=1),
                      "straddling": ug.ParallelInfo("vertex", block_f=8, block_v=4, block_e=2, num_warps=1),
-                     "group": ug.ParallelInfo("group", block_f=8, group_size=4, block_v=2, block_e=2, num_warps=1)}
+                     "group_straddling": ug.ParallelInfo("group", block_f=8, group_size=4, block_v=2, block_e=2,
+                                                         num_warps=1),
+                     "edge": ug.ParallelInfo("edge", block_f=1, block_e=4, num_warps=1)}
+ONE_PASS = ("one_pass", "group_one_pass")
 
 
 @pytest.fixture
 def forward_schedule(request, monkeypatch):
     """The forward's decision takes ``FORWARD_SCHEDULES[request.param]``; counts one-pass launches."""
     from autotune import selection
-    from triton_kernels import vertex_softmax
+    from triton_kernels import group_softmax, vertex_softmax
     monkeypatch.setattr(selection, "generation", object())  # decisions made before this test are stale
     monkeypatch.setattr(attention, "schedule_for", lambda *args, **kwargs: FORWARD_SCHEDULES[request.param])
     launches = []
-    launch = vertex_softmax.launch
-    monkeypatch.setattr(vertex_softmax, "launch", lambda *args: launches.append(args[-1]) or launch(*args))
+    for template in (vertex_softmax, group_softmax):
+        monkeypatch.setattr(template, "launch", lambda *args, launch=template.launch: launches.append(args[-1]) or
+                            launch(*args))
     return request.param, launches
 
 
@@ -139,7 +146,7 @@ def test_forward_in_one_pass_or_three(device, graph_factory, graph_case, poison,
     for fn in (_ours, _custom_op):
         for ours, expected in zip(_forward_backward(fn, graph, *moved), theirs):
             check_close(ours.cpu(), expected, context=f"{fn.__name__} {name}")
-    assert len(launches) == (2 if name == "one_pass" else 0)
+    assert launches == ([FORWARD_SCHEDULES[name]] * 2 if name in ONE_PASS else [])
 
 
 @pytest.mark.parametrize("forward_schedule", ["one_pass"], indirect=True)

@@ -11,7 +11,7 @@ from torch_geometric.data import Data
 import pyg_ugrapher as ug
 from pyg_ugrapher import reference
 from pyg_ugrapher import graph as graph_module
-from pyg_ugrapher.graph import GraphTensor, index_dtype_for, split_rows
+from pyg_ugrapher.graph import GraphTensor, index_dtype_for, split_chunk_slots, split_rows
 
 
 def _edge_set(src, dst):
@@ -274,6 +274,30 @@ def test_split_rows(case, group_size, graph_factory):
     rows, _ = g.chunks(group_size)
     assert torch.equal(torch.bincount(rows.long(), minlength=g.num_dst)[split] > 1,
                        torch.ones_like(split, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("case", ["hub", "empty", "isolated", "mixed"])
+@pytest.mark.parametrize("group_size", [1, 4, 1000])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_split_chunk_slots(case, group_size, index_dtype, graph_factory):
+    """Each chunk of a split row owns one slot, a row's slots run from its first on in the order of
+    its chunks, and rows of one chunk own none."""
+    g = graph_factory(case, index_dtype=index_dtype)
+    csr = g.csr()
+    rowptr = csr.rowptr.long()
+    rows, starts = (t.long() for t in g.chunks(group_size))
+    slot, slot_start, num_slots = split_chunk_slots(csr, group_size)
+    assert slot.dtype == slot_start.dtype == index_dtype and slot.shape == rows.shape
+    split = split_rows(csr, group_size)
+    assert slot_start.shape == split.shape
+    within = (starts - rowptr[rows]) // group_size
+    is_split = torch.isin(rows, split)
+    assert torch.all(slot[~is_split] == -1)
+    first = torch.full((g.num_dst,), -1, dtype=torch.int64)
+    first[split] = slot_start.long()
+    assert torch.equal(slot[is_split].long(), first[rows[is_split]] + within[is_split])
+    assert torch.equal(torch.sort(slot[is_split].long()).values, torch.arange(num_slots))
+    assert num_slots == int(is_split.sum())
 
 
 @pytest.mark.parametrize("method", ["rcm", "degree"])

@@ -1,7 +1,9 @@
-"""The one-pass softmax aggregation kernel (``triton_kernels.vertex_softmax``) against PyG's softmax
-and an ``index_add`` in float64 and against the three forward operators on the reference executor,
-on every graph case, for tiles of whole heads, tiles inside one head and a single head, with and
-without a dropout scale, outputs poisoned first (the ``poison`` fixture)."""
+"""The one-pass softmax aggregation kernels (``triton_kernels.vertex_softmax``, and
+``triton_kernels.group_softmax`` with ``softmax_combine`` for rows split into neighbour groups)
+against PyG's softmax and an ``index_add`` in float64 and against the three forward operators on
+the reference executor, on every graph case, for tiles of whole heads, tiles inside one head and a
+single head, with and without a dropout scale, outputs and partial results poisoned first (the
+``poison`` fixture)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,15 +78,26 @@ class Case:
         return reference.execute(graph, self.ops.output, [self.x.cpu()] + columns + [normaliser] + extra), normaliser
 
 
-def _schedule(block_f, block_v=4, block_e=4):
+#: Neighbour groups of 2 edges split the hubs and most rows of the small graph cases: both the
+#: rows final in one chunk and the combined ones are tested on each case.
+GROUP_SIZE = 2
+STRATEGIES = ["vertex", "group"]
+
+
+def _schedule(block_f, block_v=4, block_e=4, strategy="vertex", group_size=GROUP_SIZE):
+    if strategy == "group":
+        return ug.ParallelInfo("group", group_size=group_size, block_f=block_f, block_v=block_v,
+                               block_e=min(block_e, group_size), num_warps=1)
     return ug.ParallelInfo("vertex", block_f=block_f, block_v=block_v, block_e=block_e, num_warps=1)
 
 
 @pytest.mark.parametrize("heads,channels,block_f", TILINGS, ids=[f"H{h}C{c}F{f}" for h, c, f in TILINGS])
 @pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
-def test_matches_pyg(graph_case, graph_factory, device, poison, check_close, heads, channels, block_f, dropout):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_matches_pyg(graph_case, graph_factory, device, poison, check_close, heads, channels, block_f, dropout,
+                     strategy):
     case = Case(graph_factory(graph_case), heads, channels, dropout, torch.float32, device)
-    out, normaliser = case.run(_schedule(block_f))
+    out, normaliser = case.run(_schedule(block_f, strategy=strategy))
     want_out, want_normaliser = case.expected()
     check_close(out.cpu(), want_out.float(), context="out")
     assert normaliser.shape == want_normaliser.shape and normaliser.dtype == torch.float32
@@ -93,21 +106,23 @@ def test_matches_pyg(graph_case, graph_factory, device, poison, check_close, hea
 
 
 @pytest.mark.parametrize("heads,channels,block_f", TILINGS, ids=[f"H{h}C{c}F{f}" for h, c, f in TILINGS])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_matches_reference_executor(graph_case, graph_factory, edge_order, device, poison, check_close, heads,
-                                    channels, block_f):
+                                    channels, block_f, strategy):
     """Against the three forward operators on the reference executor, with random inputs of a new
     seed; on sorted structures and on structures in the user's order (grouped by row first)."""
     case = Case(graph_factory(graph_case, seed=5), heads, channels, True, torch.float32, device, seed=7)
-    out, normaliser = case.run(_schedule(block_f))
+    out, normaliser = case.run(_schedule(block_f, strategy=strategy))
     want_out, want_normaliser = case.by_reference_executor()
     check_close(out.cpu(), want_out, context="out")
     assert (normaliser.cpu() - want_normaliser).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
-def test_dtypes(graph_factory, device, poison, check_close, dtype):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_dtypes(graph_factory, device, poison, check_close, dtype, strategy):
     case = Case(graph_factory("mixed"), 4, 8, True, dtype, device)
-    out, normaliser = case.run(_schedule(16))
+    out, normaliser = case.run(_schedule(16, strategy=strategy))
     want_out, want_normaliser = case.expected()
     assert out.dtype == dtype and normaliser.dtype == dtype
     check_close(out.cpu(), want_out.to(dtype), context="out")
@@ -116,61 +131,78 @@ def test_dtypes(graph_factory, device, poison, check_close, dtype):
 
 
 def test_rows_blocked_side_by_side_and_long_rows(graph_factory, device, poison, check_close):
-    """Many rows per program, one edge per step: both loops run over many steps of a hub's row."""
+    """Many rows (or chunks) per program, one edge per step: both loops run over many steps of a
+    hub's row, or of its chunks; a group larger than any row splits none."""
     case = Case(graph_factory("hub"), 2, 16, True, torch.float32, device, seed=3)
-    want_out, _ = case.expected()
-    for block_v, block_e in ((8, 1), (1, 2), (16, 8)):
-        out, _ = case.run(_schedule(32, block_v, block_e))
-        check_close(out.cpu(), want_out.float(), context=f"block_v={block_v} block_e={block_e}")
+    want_out, want_normaliser = case.expected()
+    schedules = [_schedule(32, block_v, block_e) for block_v, block_e in ((8, 1), (1, 2), (16, 8))] + \
+        [_schedule(32, block_v, block_e, "group", group_size) for block_v, block_e, group_size in
+         ((8, 1, 1), (1, 2, 8), (16, 8, 8), (2, 4, 64))]
+    for info in schedules:
+        out, normaliser = case.run(info)
+        check_close(out.cpu(), want_out.float(), context=info.serialize())
+        assert (normaliser.cpu().double() - want_normaliser).abs().max().item() <= 1e-5
 
 
-def test_large_logits_do_not_overflow(graph_factory, device, poison, check_close):
-    """Logits far beyond exp's range: every exponent is taken against the running maximum."""
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_large_logits_do_not_overflow(graph_factory, device, poison, check_close, strategy):
+    """Logits far beyond exp's range: every exponent is taken against the running maximum (a
+    chunk's, then the row's when chunks combine)."""
     case = Case(graph_factory("mixed"), 4, 8, False, torch.float32, device)
     case.scores[0].mul_(300.0)
-    out, normaliser = case.run(_schedule(8, block_e=2))
+    out, normaliser = case.run(_schedule(8, block_e=2, strategy=strategy))
     want_out, want_normaliser = case.expected()
     assert torch.isfinite(out).all() and torch.isfinite(normaliser).all()
     check_close(out.cpu(), want_out.float(), context="out")
     check_close(normaliser.cpu(), want_normaliser.float(), context="log-normaliser")
 
 
-def test_plan_matches_run(graph_factory, device, poison):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_plan_matches_run(graph_factory, device, poison, strategy):
     case = Case(graph_factory("mixed"), 4, 8, True, torch.float32, device)
-    info = _schedule(16)
+    info = _schedule(16, strategy=strategy)
     plan = triton_kernels.prepare_softmax(case.ops.value, case.ops.logit, case.ops.one_pass.inputs, case.layout,
                                           case.operands, info, (torch.float32, torch.float32))
     for got, want in zip(plan(case.arrays, case.operands), case.run(info)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_tilings_it_cannot_run(graph_factory, device):
-    """Other strategies, and tiles that straddle heads, are the three operators' work."""
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_tilings_it_cannot_run(graph_factory, device, strategy):
+    """Edge-parallel schedules, and tiles that straddle heads, are the three operators' work."""
     case = Case(graph_factory("mixed"), 3, 5, False, torch.float32, device)
-    assert case.run(_schedule(8)) is None
-    assert not triton_kernels.runs_softmax(case.layout, _schedule(8))
-    for strategy in ("edge", "group"):
-        assert vertex_softmax.tiling(case.layout, ug.ParallelInfo(strategy, block_f=8)) is None
+    assert vertex_softmax.tiling(case.layout, _schedule(8, strategy=strategy)) is None
+    assert case.run(_schedule(8, strategy=strategy)) is None
+    assert not triton_kernels.runs_softmax(case.layout, _schedule(8, strategy=strategy))
     assert triton_kernels.softmax_source(case.ops.value, case.ops.logit, case.ops.one_pass.inputs, case.layout,
-                                         _schedule(8)) is None
+                                         _schedule(8, strategy=strategy)) is None
+    whole_heads = Case(graph_factory("mixed"), 4, 8, False, torch.float32, device)
+    edge = ug.ParallelInfo("edge", block_f=16)
+    assert vertex_softmax.tiling(whole_heads.layout, edge) is True
+    assert not triton_kernels.runs_softmax(whole_heads.layout, edge) and whole_heads.run(edge) is None
 
 
-def test_source_is_named_and_readable(graph_factory, device):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_source_is_named_and_readable(graph_factory, device, strategy):
     case = Case(graph_factory("mixed"), 4, 8, True, torch.float32, device)
     source = triton_kernels.softmax_source(case.ops.value, case.ops.logit, case.ops.one_pass.inputs, case.layout,
-                                           _schedule(16))
-    assert "def vertex_softmax_sum_mul_u_e_softmax_leaky_relu_add_add_u_v_e" in source
+                                           _schedule(16, strategy=strategy))
+    name = {"vertex": "vertex_softmax", "group": "group_softmax"}[strategy]
+    assert f"def {name}_sum_mul_u_e_softmax_leaky_relu_add_add_u_v_e" in source
     assert "weighted by the softmax of" in source
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_hub_of_100k_edges(device, hub_graph, check_close, dtype):
-    """One program walks the hub's row of 100k edges, twice."""
+    """One program walks the hub's row of 100k edges, twice; or its chunks are combined (782 of
+    128 edges, 25 of 4096)."""
     case = Case(hub_graph, 4, 32, True, dtype, device)
     want_out, want_normaliser = case.expected()
-    for block_f, block_v, block_e in ((128, 2, 4), (16, 1, 16)):
-        out, normaliser = case.run(_schedule(block_f, block_v, block_e))
-        check_close(out.cpu(), want_out.to(dtype), context=f"block_f={block_f}")
+    schedules = [_schedule(128, 2, 4), _schedule(16, 1, 16), _schedule(128, 4, 2, "group", 128),
+                 _schedule(32, 16, 4, "group", 4096)]
+    for info in schedules:
+        out, normaliser = case.run(info)
+        check_close(out.cpu(), want_out.to(dtype), context=info.serialize())
         error = (normaliser.cpu().double() - want_normaliser).abs().max().item()
         assert error <= (1e-5 if dtype == torch.float32 else 0.1), f"log-normaliser: {error:.2e}"
