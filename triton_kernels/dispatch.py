@@ -516,10 +516,16 @@ def prepare_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpI
     return PairPlan(fused, plan, message_layout.width, message_layout.out_shape, out_dtypes[1], mode == "partial")
 
 
+def _softmax_tiling(layout: Layout, info: ParallelInfo) -> Optional[bool]:
+    """:func:`vertex_softmax.tiling` of a schedule a softmax pass runs (:data:`SOFTMAX_TEMPLATES`);
+    ``None`` for any other."""
+    return vertex_softmax.tiling(layout, info) if info.strategy in SOFTMAX_TEMPLATES else None
+
+
 @functools.lru_cache(maxsize=None)
 def _softmax_spec(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, info: ParallelInfo,
                   acc64: bool, wide: bool) -> Optional[KernelSpec]:
-    split = vertex_softmax.tiling(layout, info) if info.strategy in SOFTMAX_TEMPLATES else None
+    split = _softmax_tiling(layout, info)
     if split is None:
         return None
     return KernelSpec(template=SOFTMAX_TEMPLATES[info.strategy].__name__.rsplit(".", 1)[-1], expr=value.serialize(),
@@ -582,9 +588,8 @@ def run_softmax(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout
 
 
 def runs_softmax(layout: Layout, info: ParallelInfo) -> bool:
-    """Whether :func:`run_softmax` can run under ``info`` (:data:`SOFTMAX_TEMPLATES`,
-    :func:`vertex_softmax.tiling`)."""
-    return info.strategy in SOFTMAX_TEMPLATES and vertex_softmax.tiling(layout, info) is not None
+    """Whether :func:`run_softmax` can run under ``info`` (:func:`_softmax_tiling`)."""
+    return _softmax_tiling(layout, info) is not None
 
 
 def softmax_source(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, info: ParallelInfo,
