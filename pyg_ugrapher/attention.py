@@ -53,7 +53,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 import triton_kernels
-from triton_kernels import packed_rows, uses_triton
+from triton_kernels import all_packed, uses_triton
 from triton_kernels.head_dot import head_dot
 
 from . import reference
@@ -217,7 +217,7 @@ def _forward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: T
     if graph is not None and observed():  # the source is generated text: ~60 us, only for observers
         notify(graph, ops.one_pass, operands, layout, chosen, triton_kernels.softmax_source(
             ops.value, ops.logit, ops.one_pass.inputs, layout, chosen, dtypes[0] == torch.float64))
-    both = plan(arrays, operands) if plan is not None and all(map(packed_rows, operands)) else None
+    both = plan(arrays, operands) if plan is not None and all_packed(operands) else None
     if both is None:
         both = triton_kernels.run_softmax(ops.value, ops.logit, ops.one_pass.inputs, layout, arrays, operands,
                                           chosen, dtypes)

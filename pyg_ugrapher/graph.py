@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -142,6 +142,13 @@ def capturing(tensor: Tensor) -> bool:
     ``mode="reduce-overhead"``, ``torch.cuda.graph``): tensors made then live in the graph's
     memory pool, which later replays overwrite, so no cache may keep them."""
     return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def version(tensor: Tensor) -> Hashable:
+    """``tensor._version`` for caches keyed on a tensor until it changes in place; ``None`` for an
+    inference tensor (made under ``torch.inference_mode``), which counts no versions (reading one
+    raises): its in-place changes, possible only in inference mode, are not seen."""
+    return None if tensor.is_inference() else tensor._version
 
 
 def derived_cache(rowptr: Tensor) -> Dict:
@@ -689,4 +696,4 @@ def as_graph(graph: Union["GraphTensor", Tensor], num_nodes: NumNodes = None) ->
 __all__: Sequence[str] = ["GraphTensor", "CSR", "GraphStats", "DegreeStats", "chunk_table", "split_rows",
                           "split_chunk_slots", "csr_stats", "derived_cache", "build_csr", "build_csr_pair",
                           "build_user_order_pair", "grouped", "in_user_order", "index_dtype_for", "as_graph",
-                          "validate_endpoints"]
+                          "validate_endpoints", "version"]

@@ -35,7 +35,7 @@ from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
 
 from .capture import Argument, Capture, CaptureError
 from .capture import capture as trace_message
-from .graph import GraphTensor, IdentityMap
+from .graph import GraphTensor, IdentityMap, version
 from .ir import OpInfo
 from .ops import AUTO, compute, graph_op
 
@@ -570,8 +570,8 @@ def _graph(edge_index: Adj, flow: str, src: Tensor, dst: Tensor, num_src: int, n
     if not isinstance(edge_index, Tensor):
         return _new_graph(src, dst, num_src, num_dst)
     slot = _GRAPHS.get(edge_index)
-    if slot is None or slot[0] != edge_index._version:
-        slot = (edge_index._version, {})
+    if slot is None or slot[0] != version(edge_index):
+        slot = (version(edge_index), {})
         _GRAPHS[edge_index] = slot
     key = (flow, num_src, num_dst)
     if key not in slot[1]:

@@ -115,7 +115,7 @@ def run_graph_op(structure: List[Tensor], operands: List[Tensor], op: str, sched
         return reference.execute(graph, _op(op), operands)
     arrays = graph_arrays(structure)
     info, layout, chosen, dtype, plan = _decision(arrays, operands, op, schedule)
-    if plan is not None and all(triton_kernels.packed_rows(t) for t in operands):
+    if plan is not None and triton_kernels.all_packed(operands):
         out = plan(arrays, operands)
         if out is not None:
             return out
@@ -128,7 +128,7 @@ def _edge_slots(op_text: str) -> Tuple[bool, ...]:
 
 
 def _signature(operands: Sequence[Tensor]) -> Tuple:
-    return tuple((t.dtype, t.shape[1:]) for t in operands)
+    return tuple([(t.dtype, t.shape[1:]) for t in operands])
 
 
 def _for_timing(operands: Sequence[Tensor], reused: Optional[Tuple[bool, ...]], views: Dict[int, Tensor]
@@ -223,8 +223,14 @@ def cached_decision(csr: CSR, device: torch.device, schedule: str, key: Hashable
     ``schedule``, or :func:`autotune.selection.graph_independent`) and
     :data:`autotune.selection.generation`."""
     selection = _selection()
-    decisions = _SHARED_DECISIONS if schedule != AUTO or selection.graph_independent(csr, device) else \
-        derived_cache(csr.rowptr).setdefault("decisions", {})
+    if schedule != AUTO:
+        decisions = _SHARED_DECISIONS
+    else:
+        # Which decisions serve this structure depends on its size and device alone: looked up once.
+        cache = derived_cache(csr.rowptr)
+        decisions = cache.get("decisions")
+        if decisions is None:
+            decisions = cache["decisions"] = _SHARED_DECISIONS if selection.graph_independent(csr, device) else {}
     key = (key,) + _signature(operands)
     decision = decisions.get(key)
     generation = selection.generation
@@ -268,7 +274,8 @@ def run_gather_with_edge_output(structure: List[Tensor], gather_operands: List[T
         arrays = graph_arrays(structure)
         gather_info, gather_layout, chosen, gather_dtype, plan = _decision(arrays, gather_operands, gather,
                                                                            gather_schedule, (message, message_operands))
-        if plan is not None and all(triton_kernels.packed_rows(t) for t in gather_operands + message_operands):
+        if plan is not None and triton_kernels.all_packed(gather_operands) and \
+                triton_kernels.all_packed(message_operands):
             both = plan(arrays, gather_operands, message_operands)
             if both is not None:
                 return list(both)
@@ -622,7 +629,7 @@ def compute(graph: Union[GraphTensor, Tensor], op: Union[OpInfo, str], lhs: Opti
         raise TypeError(f"parallel_info: expected a ParallelInfo or None, got {type(parallel_info).__name__}")
     graph = as_graph(graph, num_nodes)
     tensors = _slot_tensors(op, lhs, rhs, operands)
-    text = op.serialize()
+    text = serialized(op)
     layout = _validate(graph, op, text, tensors)
     schedule = AUTO
     if parallel_info is not None:

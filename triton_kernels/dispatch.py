@@ -99,8 +99,8 @@ def is_reused(tensor: Tensor, eid: Tensor) -> bool:
     grad never count: trainable edge operands change every step anyway, and writes through
     ``.data`` (``gradcheck``'s perturbations, hand-written updates) leave ``_version`` unchanged,
     so a cached copy would go stale silently. Nor does anything during a CUDA graph capture
-    (see :func:`~pyg_ugrapher.graph.capturing`)."""
-    if tensor.requires_grad or capturing(tensor):
+    (see :func:`~pyg_ugrapher.graph.capturing`), or an inference tensor, which counts no versions."""
+    if tensor.requires_grad or tensor.is_inference() or capturing(tensor):
         return False
     if _entry(tensor, eid) is not None:
         return True
@@ -125,10 +125,15 @@ def reuse_state(operands: Sequence[Tensor], eid: Tensor, edge_slots: Sequence[bo
     if none): a decision timed on a first call, which reads them through ``eid``, does not hold
     for later calls reading them in CSR order. Only ``edge_slots`` (the op's edge operands, the
     only ones read in CSR order) are looked up: every call asks, and a lookup costs ~1 us."""
-    if not any(edge_slots):
-        return None
-    state = tuple(edge and seen(t, eid) for t, edge in zip(operands, edge_slots))
-    return state if any(state) else None
+    state = None
+    # Loops, not generator expressions, on this path and the launch plans': each generator step
+    # is a Python call, and an operator's ~100 calls are most of its host time.
+    for i, edge in enumerate(edge_slots):
+        if edge and seen(operands[i], eid):
+            if state is None:
+                state = [False] * len(edge_slots)
+            state[i] = True
+    return None if state is None else tuple(state)
 
 
 def _walked_by(template, graph: GraphArrays) -> GraphArrays:
@@ -303,6 +308,8 @@ def packed_rows(tensor: Tensor) -> bool:
     stride between rows: the kernels read such a tensor as it is (``row * stride(0) + feature``).
     Views of a wider tensor (GAT's two attention halves, unbound from one ``[N, 2, H]`` product) are
     packed rows without being contiguous."""
+    if tensor.is_contiguous():
+        return True
     expected = 1
     for size, stride in zip(reversed(tensor.shape[1:]), reversed(tensor.stride()[1:])):
         if size != 1 and stride != expected:
@@ -323,10 +330,20 @@ def _as_rows(tensor: Tensor) -> Tensor:
     return flat
 
 
+def all_packed(tensors: Sequence[Tensor]) -> bool:
+    """Whether every tensor is :func:`packed_rows` (what a launch plan takes)."""
+    for t in tensors:
+        if not packed_rows(t):
+            return False
+    return True
+
+
 def _needs_wide(tensors: Sequence[Tensor]) -> bool:
     """Whether an element offset (``row * stride(0) + feature``) may exceed int32."""
-    return any(t.numel() and t.shape[0] * max(t.stride(0), 1) + t.numel() // t.shape[0] > _INT32_LIMIT
-               for t in tensors)
+    for t in tensors:
+        if t.numel() and t.shape[0] * max(t.stride(0), 1) + t.numel() // t.shape[0] > _INT32_LIMIT:
+            return True
+    return False
 
 
 def run(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tensor],
@@ -430,13 +447,15 @@ class Plan:
         extra = [] if edge_out is None else [edge_out]
         # The output's offsets reach (rows + 1) * width, as _needs_wide counts them. A tensor read
         # in CSR order is no wider than the operand it comes from.
-        if not csr.num_edges or not rows or (rows + 1) * width > _INT32_LIMIT or _needs_wide(list(operands) + extra):
+        if not csr.num_edges or not rows or (rows + 1) * width > _INT32_LIMIT or _needs_wide(operands) or \
+                (extra and _needs_wide(extra)):
             return None
         if self.permutable is not None:
             eid = csr.eid
             again = self.in_csr or (False,) * len(self.permutable)
-            if any(slot and seen(t, eid) != back for t, slot, back in zip(operands, self.permutable, again)):
-                return None
+            for t, slot, back in zip(operands, self.permutable, again):
+                if slot and seen(t, eid) != back:
+                    return None
             for t, slot, back in zip(operands, self.permutable, again):
                 if slot and not back:  # first seen now: marked, so that a call that brings it back permutes it
                     is_reused(t, eid)
@@ -652,5 +671,6 @@ def _allocate(op: OpInfo, graph: GraphArrays, template, info: ParallelInfo, rows
 
 
 __all__: Tuple[str, ...] = ("run", "prepare", "Plan", "prepare_with_edge_output", "PairPlan", "packed_rows",
-                            "run_with_edge_output", "run_softmax", "prepare_softmax", "SoftmaxPlan", "runs_softmax",
-                            "softmax_source", "kernel_source", "kernel_spec", "TEMPLATES", "GraphArrays")
+                            "all_packed", "run_with_edge_output", "run_softmax", "prepare_softmax", "SoftmaxPlan",
+                            "runs_softmax", "softmax_source", "kernel_source", "kernel_spec", "TEMPLATES",
+                            "GraphArrays")

@@ -8,6 +8,14 @@ reduction kernel whose parallelism is its ``F`` outputs: on an H100 it took 196 
 steps of ~2 ms spent 0.2 ms on each bias. Compiled graphs keep the plain sum: Inductor fuses it
 into a reduction of its own (~35 us there).
 
+Each of these autograd Functions costs host time that native nodes do not (its backward is Python
+on autograd's device thread): on an H200 host a SAGE or GIN step's backward issued 50-150 us faster
+with native nodes, for 0.2-0.3 ms more GPU time on the layer suite's ``2e5 x 128`` outputs
+(``benchmarks/results/h200-host-nodes``, probe 100). The saving of the product grows with the
+bias gradient's elements and the host cost does not, so the Functions apply from
+:data:`MIN_ELEMENTS` on: a sampler's mini-batches (``~5e4 x 64``), whose steps are host time,
+keep the native nodes.
+
 A layer that adds a root term to its aggregation, ``lin(aggr) + root(x)`` (SAGEConv, GraphConv),
 runs as two GEMMs whose epilogues add the bias and the other product (``addmm``): eager, it was two
 GEMMs and two ``[N, F]`` additions (0.15 ms of a 1.3 ms SAGE step on an H200,
@@ -33,8 +41,9 @@ from torch import Tensor
 from torch.nn.parameter import is_lazy
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
-#: Rows from which the matrix-vector product pays for its extra launch and autograd node.
-MIN_ROWS = 1 << 15
+#: Elements of a bias gradient (rows times width) from which the matrix-vector product saves more GPU
+#: time than its autograd Function costs host time (see the module docstring).
+MIN_ELEMENTS = 1 << 23
 
 
 class _AddBias(torch.autograd.Function):
@@ -66,7 +75,7 @@ def add_bias(out: Tensor, bias: Tensor) -> Tensor:
     on large eager outputs."""
     width = out.shape[-1] if out.dim() else 0
     if torch.compiler.is_compiling() or not torch.is_grad_enabled() or not bias.requires_grad or width == 0 \
-            or out.numel() < MIN_ROWS * width or out.dtype != bias.dtype:
+            or out.numel() < MIN_ELEMENTS or out.dtype != bias.dtype:
         return out + bias
     return _AddBias.apply(out, bias)
 
@@ -103,8 +112,8 @@ def _eager(x: Tensor, *maps: torch.nn.Module) -> bool:
 
 def _fused(x: Tensor, *maps: torch.nn.Module) -> bool:
     """Whether :class:`_Linear` applies to ``x`` and :func:`_eager` maps: a two-dimensional input
-    of :data:`MIN_ROWS` rows, one dtype throughout."""
-    if x.dim() != 2 or x.shape[0] < MIN_ROWS:
+    whose products have :data:`MIN_ELEMENTS` elements, one dtype throughout."""
+    if x.dim() != 2 or x.shape[0] * maps[0].weight.shape[0] < MIN_ELEMENTS:
         return False
     dtypes = {x.dtype}.union(p.dtype for m in maps for p in (m.weight, m.bias) if p is not None)
     return len(dtypes) == 1
@@ -162,12 +171,18 @@ def network(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     probe 51). Each such submodule gets an instance ``forward`` for the call's duration, so the
     network's own forward (norms, activations, dropout, residuals) and every hook run as they
     would. Left to ``net(x)``: ``torch.compile`` (Inductor fuses that reduction), JIT tracing and
-    scripted modules, no-grad mode, and submodules whose instance already has a ``forward`` of its
-    own. One network must not run in two threads at once."""
+    scripted modules, no-grad mode, lazy submodules, those whose instance already has a ``forward``
+    of its own, and those whose bias gradient has fewer than :data:`MIN_ELEMENTS` elements for
+    ``x``'s rows (a network that keeps its rows, as GIN's does). One network must not run in two
+    threads at once."""
     if not isinstance(net, torch.nn.Module) or isinstance(net, torch.jit.ScriptModule) or \
             torch.compiler.is_compiling() or not torch.is_grad_enabled() or torch.jit.is_tracing():
         return net(x)
-    routed = [m for m in net.modules() if type(m) in _LINEARS and "forward" not in m.__dict__]
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    routed = [m for m in net.modules() if type(m) in _LINEARS and "forward" not in m.__dict__
+              and not is_lazy(m.weight) and rows * m.weight.shape[0] >= MIN_ELEMENTS]
+    if not routed:
+        return net(x)
     for module in routed:
         # Set on the instance, past Module.__setattr__ (a plain attribute: nothing to register).
         object.__setattr__(module, "forward", _routed(module))

@@ -58,7 +58,7 @@ from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 from torch_geometric.utils.loop import compute_loop_attr
 
 from .. import ops
-from ..graph import OP_TAGS, GraphTensor, IdentityMap, validate_endpoints
+from ..graph import OP_TAGS, GraphTensor, IdentityMap, validate_endpoints, version
 from ..ir import OpInfo
 
 T = TypeVar("T")
@@ -75,9 +75,9 @@ GATHERS = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "min": "min
 
 def _version(graph: Union[Tensor, SparseTensor]) -> Hashable:
     if isinstance(graph, Tensor):
-        return graph._version
+        return version(graph)
     row, col, _ = graph.coo()
-    return row._version, col._version
+    return version(row), version(col)
 
 
 def derived(graph: Union[Tensor, SparseTensor], key: Hashable, build: Callable[[], T]) -> T:
@@ -284,10 +284,14 @@ def sparse_edges(adj_t: Tensor) -> Tuple[Tensor, Tensor]:
     An uncoalesced COO tensor is coalesced first, as PyG's ``spmm`` does when it converts it to
     CSR: duplicate entries are one edge whose value is their sum.
     """
-    if adj_t.layout == torch.sparse_coo and not adj_t.is_coalesced():
+    if adj_t.layout != torch.sparse_coo:
+        index, values = to_edge_index(adj_t)
+        return index.flip(0), values
+    # Not PyG's to_edge_index: it flags the adjacency coalesced in place (``_coalesced_``), which
+    # changed the caller's tensor and has no derivative, so its values got no gradient.
+    if not adj_t.is_coalesced():
         adj_t = adj_t.coalesce()
-    index, values = to_edge_index(adj_t)
-    return index.flip(0), values
+    return adj_t.indices().flip(0), adj_t.values()
 
 
 def graph_of(edge_index: Tensor, flow: str, num_src: int, num_dst: int, validate: bool = True) -> GraphTensor:

@@ -6,6 +6,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import reset
 from torch_geometric.typing import SparseTensor
 
+from ..graph import version
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._dense import network
@@ -65,7 +66,7 @@ class GINConv(MessagePassing):
         self.nn = nn
         self.initial_eps = eps
         #: (the eps buffer, its version, whether it holds 0) when last read.
-        self._eps_read: Optional[Tuple[Tensor, int, bool]] = None
+        self._eps_read: Optional[Tuple[Tensor, Optional[int], bool]] = None
         if train_eps:
             self.eps = torch.nn.Parameter(torch.empty(1))
         else:
@@ -75,7 +76,10 @@ class GINConv(MessagePassing):
     def reset_parameters(self) -> None:
         super().reset_parameters()
         reset(self.nn)
-        self.eps.data.fill_(self.initial_eps)
+        # In place under no_grad, not through ``.data``: the write bumps the buffer's version, which
+        # _with_loops reads.
+        with torch.no_grad():
+            self.eps.fill_(self.initial_eps)
 
     @eager_with_torch_sparse
     def forward(
@@ -102,13 +106,14 @@ class GINConv(MessagePassing):
     def _with_loops(self, edge_index: Tensor) -> bool:
         """Whether the sum may run on the graph with self loops: sum aggregation of an index (not
         a sparse adjacency), eager, and a fixed epsilon of 0 (PyG's default), which is read once per
-        change of the buffer (a device sync), not per call."""
+        change of the buffer (a device sync), not per call. Writes through ``eps.data`` keep its
+        version, and are not seen: assign in place under ``torch.no_grad()`` or load a state dict."""
         if self._gather != "sum" or is_sparse(edge_index) or torch.compiler.is_compiling() or \
                 self.eps.requires_grad:
             return False
         read = self._eps_read
-        if read is None or read[0] is not self.eps or read[1] != self.eps._version:
-            read = self._eps_read = (self.eps, self.eps._version, bool(self.eps.item() == 0))
+        if read is None or read[0] is not self.eps or read[1] != version(self.eps) or read[1] is None:
+            read = self._eps_read = (self.eps, version(self.eps), bool(self.eps.item() == 0))
         return read[2]
 
     def __repr__(self) -> str:

@@ -188,6 +188,20 @@ def test_half_types(strategy, name, dtype, device, graph_factory, operand_factor
         assert out.dtype == dtype
 
 
+@pytest.mark.parametrize("strategy", ["vertex", "edge", "group"])
+def test_float64_constants_keep_float64_precision(strategy, device, graph_factory, check_close, isolated):
+    """Constants that float32 cannot hold, in a float64 kernel, next to a comparison's 0/1 values
+    (GAT's leaky_relu derivative ``0.2 + 0.8 * gt(s, 0)``): as float32 literals they computed in
+    float32 with them, 1.5e-8 off, past float64's tolerance (GAT's float64 gradients)."""
+    graph = graph_factory("mixed")
+    slope = 0.2 + 0.8 * Expr.apply("gt", Expr.input(0) - Expr.input(1), 0.0)
+    op = OpInfo(Expr.input(0) * slope, "sum", operands=("src_v", "dst_v"))
+    generator = torch.Generator().manual_seed(0)
+    operands = [torch.randn(rows, 6, generator=generator, dtype=torch.float64).to(device)
+                for rows in (graph.num_src, graph.num_dst)]
+    check(graph, op, operands, ug.ParallelInfo(strategy, block_f=8), check_close, isolated)
+
+
 def test_mixed_operand_dtypes(device, graph_factory, operand_factory, check_close, isolated):
     graph = graph_factory("mixed")
     op = OpInfo.from_name("u_mul_e_sum")

@@ -13,6 +13,17 @@ import pyg_ugrapher.nn as ug_nn
 from pyg_ugrapher.nn import _dense
 
 
+#: The threshold the tests that compare both paths run under: their tensors are small.
+THRESHOLD = 256
+
+
+@pytest.fixture
+def threshold(monkeypatch):
+    """:data:`_dense.MIN_ELEMENTS` lowered to :data:`THRESHOLD`."""
+    monkeypatch.setattr(_dense, "MIN_ELEMENTS", THRESHOLD)
+    return THRESHOLD
+
+
 def _grads(fn, out, bias):
     out = out.detach().requires_grad_()
     bias = bias.detach().requires_grad_()
@@ -21,8 +32,8 @@ def _grads(fn, out, bias):
     return (result,) + torch.autograd.grad((result * probe).sum(), (out, bias))
 
 
-@pytest.mark.parametrize("shape", [(_dense.MIN_ROWS, 8), (3, _dense.MIN_ROWS // 2, 4)], ids=["2d", "3d"])
-def test_add_bias_gradient_is_the_row_sum(shape, check_close):
+@pytest.mark.parametrize("shape", [(THRESHOLD // 8, 8), (3, THRESHOLD // 8, 4)], ids=["2d", "3d"])
+def test_add_bias_gradient_is_the_row_sum(shape, check_close, threshold):
     generator = torch.Generator().manual_seed(0)
     out, bias = torch.randn(shape, generator=generator), torch.randn(shape[-1], generator=generator)
     ours = _grads(_dense.add_bias, out, bias)
@@ -47,10 +58,12 @@ def test_row_sum_reuses_its_vector_of_ones(check_close, monkeypatch):
     assert _dense._ONES[(rows.device, torch.float64)] is kept and len(_dense._ONES) == 2
 
 
-def test_plain_sum_where_the_product_does_not_pay_or_apply():
-    """Small outputs, a bias without gradient, no grad mode, dtype mismatch: ``out + bias``."""
-    big, small = torch.randn(_dense.MIN_ROWS, 4), torch.randn(8, 4)
+def test_plain_sum_where_the_product_does_not_pay_or_apply(threshold):
+    """Outputs of fewer than the threshold's elements, a bias without gradient, no grad mode, dtype
+    mismatch: ``out + bias``."""
+    big, small = torch.randn(threshold // 4, 4), torch.randn(threshold // 4 - 1, 4)
     bias = torch.randn(4, requires_grad=True)
+    assert _dense.add_bias(big, bias).grad_fn.name().endswith("_AddBiasBackward")
     assert _dense.add_bias(small, bias).grad_fn.name() == "AddBackward0"
     assert _dense.add_bias(big, bias.detach()).grad_fn is None
     with torch.no_grad():
@@ -62,7 +75,7 @@ def test_plain_sum_where_the_product_does_not_pay_or_apply():
 @pytest.mark.parametrize("make", [lambda: torch.nn.Linear(6, 5), lambda: pyg_nn.Linear(6, 5),
                                   lambda: pyg_nn.Linear(6, 5, bias=False)], ids=["torch", "pyg", "no_bias"])
 def test_linear_equals_the_module(make, shape, check_close, monkeypatch):
-    monkeypatch.setattr(_dense, "MIN_ROWS", 1)
+    monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
     torch.manual_seed(0)
     lin = make()
     x = torch.randn(shape, requires_grad=True)
@@ -75,13 +88,13 @@ def test_linear_equals_the_module(make, shape, check_close, monkeypatch):
         check_close(a, b)
 
 
-def test_linear_keeps_the_module_where_the_product_does_not_pay():
-    """Few rows, no grad mode, a frozen bias, a dtype other than the weight's: the module's own
-    ``addmm`` (which raises for the dtype, as PyG's would)."""
+def test_linear_keeps_the_module_where_the_product_does_not_pay(threshold):
+    """Products of fewer than the threshold's elements, no grad mode, a frozen bias, a dtype other
+    than the weight's: the module's own ``addmm`` (which raises for the dtype, as PyG's would)."""
     lin = torch.nn.Linear(4, 3)
-    x = torch.randn(_dense.MIN_ROWS, 4)
+    x = torch.randn(-(-threshold // 3), 4)
     assert _dense.linear(lin, x).grad_fn.name().endswith("_LinearBackward")
-    assert _dense.linear(lin, x[:8]).grad_fn.name() == "AddmmBackward0"
+    assert _dense.linear(lin, x[:-1]).grad_fn.name() == "AddmmBackward0"
     with torch.no_grad():
         assert _dense.linear(lin, x).grad_fn is None
     lin.bias.requires_grad_(False)
@@ -90,14 +103,14 @@ def test_linear_keeps_the_module_where_the_product_does_not_pay():
         _dense.linear(lin, x.double())
 
 
-def test_linear_keeps_lazy_modules_and_autocast():
+def test_linear_keeps_lazy_modules_and_autocast(threshold):
     """A lazy ``Linear`` initialises through its own forward; under autocast the module's dtype
     (bias included) is kept."""
     lazy = pyg_nn.Linear(-1, 5)
-    out = _dense.linear(lazy, torch.randn(7, 3))
-    assert out.shape == (7, 5) and lazy.weight.shape == (5, 3)
+    out = _dense.linear(lazy, torch.randn(threshold, 3))
+    assert out.shape == (threshold, 5) and lazy.weight.shape == (5, 3)
     lin = torch.nn.Linear(4, 3)
-    x = torch.randn(_dense.MIN_ROWS, 4)
+    x = torch.randn(threshold, 4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert _dense.linear(lin, x).dtype == lin(x).dtype == torch.bfloat16
 
@@ -105,7 +118,7 @@ def test_linear_keeps_lazy_modules_and_autocast():
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("make", [torch.nn.Linear, pyg_nn.Linear], ids=["torch", "pyg"])
 def test_linear_sum_equals_the_modules(make, bias, check_close, monkeypatch):
-    monkeypatch.setattr(_dense, "MIN_ROWS", 1)
+    monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
     torch.manual_seed(0)
     lin, root = make(6, 5, bias=bias), make(3, 5, bias=False)
     x, root_x = torch.randn(20, 6, requires_grad=True), torch.randn(20, 3, requires_grad=True)
@@ -122,7 +135,7 @@ def test_linear_sum_equals_the_modules(make, bias, check_close, monkeypatch):
 def test_linear_sum_frees_its_input_before_the_root_gradient(monkeypatch):
     """The backward releases ``x`` (a layer's aggregation) before it computes the root term's
     gradients (the bias's with them): a step's peak then holds one weight gradient, not two."""
-    monkeypatch.setattr(_dense, "MIN_ROWS", 1)
+    monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
     lin, root = torch.nn.Linear(6, 5), torch.nn.Linear(3, 5, bias=False)
     x = torch.randn(20, 6)
     alive = weakref.ref(x)
@@ -135,16 +148,18 @@ def test_linear_sum_frees_its_input_before_the_root_gradient(monkeypatch):
     assert seen == [True] and root.weight.grad is not None and lin.weight.grad is not None
 
 
-def test_linear_sum_keeps_the_modules_where_it_does_not_apply():
-    """Few rows, a root with a bias, a lazy map, autocast: the modules' own sum."""
+def test_linear_sum_keeps_the_modules_where_it_does_not_apply(threshold):
+    """Products of fewer than the threshold's elements, a root with a bias, a lazy map, autocast:
+    the modules' own sum."""
     torch.manual_seed(0)
     lin, root = torch.nn.Linear(6, 5), torch.nn.Linear(3, 5, bias=False)
-    x, root_x = torch.randn(_dense.MIN_ROWS, 6), torch.randn(_dense.MIN_ROWS, 3)
+    rows = -(-threshold // 5)
+    x, root_x = torch.randn(rows, 6), torch.randn(rows, 3)
     assert _dense.linear_sum(lin, x, root, root_x).grad_fn.name().endswith("_LinearBackward")
-    assert _dense.linear_sum(lin, x[:8], root, root_x[:8]).grad_fn.name() == "AddBackward0"
+    assert _dense.linear_sum(lin, x[:-1], root, root_x[:-1]).grad_fn.name() == "AddBackward0"
     assert _dense.linear_sum(lin, x, torch.nn.Linear(3, 5), root_x).grad_fn.name() == "AddBackward0"
     lazy = pyg_nn.Linear(-1, 5, bias=False)
-    assert _dense.linear_sum(lin, x, lazy, root_x).shape == (_dense.MIN_ROWS, 5) and lazy.weight.shape == (5, 3)
+    assert _dense.linear_sum(lin, x, lazy, root_x).shape == (rows, 5) and lazy.weight.shape == (5, 3)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert _dense.linear_sum(lin, x, root, root_x).dtype == torch.bfloat16
 
@@ -243,7 +258,7 @@ def test_network_runs_linear_submodules_as_linear(make, check_close, monkeypatch
     """A ``Sequential``'s ``Linear`` children and PyG ``MLP``'s maps (between its norms) compute
     through ``linear``, with the network's own forward around them; afterwards the modules are
     as they were."""
-    monkeypatch.setattr(_dense, "MIN_ROWS", 1)
+    monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
     torch.manual_seed(0)
     net = make()
     applied = []
@@ -254,11 +269,28 @@ def test_network_runs_linear_submodules_as_linear(make, check_close, monkeypatch
     assert applied and not any("forward" in m.__dict__ for m in net.modules())
 
 
+def test_network_routes_only_maps_whose_bias_gradient_reaches_the_threshold(check_close, monkeypatch, threshold):
+    """With ``x``'s rows, ``Linear(6, 8)`` and ``Linear(8, 8)`` reach the threshold and run as
+    :class:`_dense._Linear`; ``Linear(8, 3)`` does not and stays native; with one row fewer none
+    is routed and the network runs as it is."""
+    torch.manual_seed(0)
+    net = _mlp()
+    applied = []
+    monkeypatch.setattr(_dense._Linear, "apply",
+                        lambda *args, apply=_dense._Linear.apply: applied.append(args[1].shape[0]) or apply(*args))
+    rows = threshold // 8
+    out = _run_both(net, torch.randn(rows, 6, requires_grad=True), check_close)
+    assert applied == [8, 8] and out.grad_fn.name() == "MmBackward0"
+    applied.clear()
+    _run_both(net, torch.randn(rows - 1, 6, requires_grad=True), check_close)
+    assert applied == [] and not any("forward" in m.__dict__ for m in net.modules())
+
+
 def test_network_keeps_hooks_and_the_networks_own_forward(check_close, monkeypatch):
     """A hook on the container, on a child or global runs as in ``net(x)``; a network's own
     forward (a residual) and a bare ``Linear`` run through the routed maps; an error inside leaves
     the modules as they were; under no-grad the modules run as they are."""
-    monkeypatch.setattr(_dense, "MIN_ROWS", 1)
+    monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
     torch.manual_seed(0)
     net = _mlp()
     x = torch.randn(20, 6, requires_grad=True)
@@ -308,7 +340,7 @@ LAYERS = [
 
 @pytest.mark.parametrize("name,make", LAYERS, ids=[name for name, _ in LAYERS])
 def test_layers_with_the_product_match_pyg(name, make, compare, small_graph, monkeypatch):
-    monkeypatch.setattr(_dense, "MIN_ROWS", 1)
+    monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
     applied = []
     for function in (_dense._AddBias, _dense._Linear, _dense._ProjectionAttention):
         monkeypatch.setattr(function, "apply",

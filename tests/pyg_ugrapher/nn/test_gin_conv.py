@@ -78,6 +78,19 @@ def test_gin_epsilon_loaded_or_changed_later_is_read_again(compare, small_graph)
     assert calls[-1].graph.num_edges == edge_index.size(1) + 12
 
 
+def test_gin_epsilon_reset_after_a_forward_is_read_again(small_graph):
+    """``reset_parameters`` after a forward at eps = 0 (the looped sum) sets ``initial_eps``: the
+    next forward uses it, as PyG's layer with the same state does."""
+    x, edge_index = small_graph
+    ours, theirs = _pair(GINConv, pyg_nn.GINConv, 6)
+    ours(x, edge_index)
+    ours.initial_eps = 0.5
+    ours.reset_parameters()
+    assert ours.eps.item() == 0.5
+    theirs.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(ours(x, edge_index), theirs(x, edge_index), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("kwargs", GINE_CONFIGS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "default")
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_gine_matches_pyg(compare, small_graph, kwargs, train):

@@ -48,9 +48,9 @@ def test_is_a_message_passing_with_pyg_state(name, small_graph):
 @pytest.mark.parametrize("name", LAYERS)
 def test_compiled_torch_sparse_adjacency_matches_pyg(compare, compile_ours, small_graph, name, layout):
     """Compiled (without fullgraph), a layer given a ``torch.sparse`` ``adj_t`` with values gives PyG's
-    eager result on it, gradients too: the values' through a CSR adjacency (a COO one's values are a
-    constant: PyG's ``to_edge_index`` flags a COO adjacency coalesced in place, which autograd cannot
-    differentiate, in eager mode too). The layer runs whole as in eager mode: Dynamo cannot trace a
+    eager result on it, gradients too, the values' included (a COO adjacency's were a constant while
+    it was read through PyG's ``to_edge_index``, which flags it coalesced in place, an operation
+    without derivative). The layer runs whole as in eager mode: Dynamo cannot trace a
     frame that holds a sparse tensor, and no helper of the layer is compiled on its own (GCN's and
     GINE's were, in up to ten graphs; SAGE's, GAT's, GIN's and GraphConv's crashed Dynamo)."""
     x, edge_index = small_graph
@@ -67,13 +67,55 @@ def test_compiled_torch_sparse_adjacency_matches_pyg(compare, compile_ours, smal
     call, counter = compile_ours(lambda layer, x, adj_t, *edge_attr: layer(x, adj_t, *edge_attr), ours)
 
     def forward(layer, x, value, edge_attr):
-        # Each adjacency owns its indices: PyG's to_edge_index flags a COO adjacency coalesced in
-        # place, which would bump the version of an index shared with an earlier call's saved tensors.
-        if layout == "coo":
-            adj_t = to_torch_coo_tensor(index.clone(), value.detach(), (12, 12), is_coalesced=True)
-        else:
-            adj_t = to_torch_csr_tensor(index.clone(), value, (12, 12), is_coalesced=True)
+        convert = to_torch_coo_tensor if layout == "coo" else to_torch_csr_tensor
+        # PyG's gcn_norm reads a COO adjacency through to_edge_index (see above): in PyG's GCN its
+        # values cannot get a gradient, so they are a constant there.
+        differentiable = layout == "csr" or name != "GCNConv"
+        adj_t = convert(index, value if differentiable else value.detach(), (12, 12), is_coalesced=True)
         return call(layer, x, adj_t, *([edge_attr] if name == "GINEConv" else []))
 
     compare(ours, theirs, forward, [x, value, edge_attr], train=True)
     assert counter.frame_count == 0
+
+
+@pytest.mark.parametrize("coalesced", [True, False], ids=["coalesced", "uncoalesced"])
+@pytest.mark.parametrize("name", ["GCNConv", "SAGEConv", "GraphConv", "GINConv"])
+def test_coo_adjacency_is_left_as_given(compare, small_graph, name, coalesced):
+    """A COO ``adj_t`` (duplicate entries too) is read, not changed: its version stays, one graph
+    serves every call, and its values get PyG's gradient. PyG's ``to_edge_index`` flagged it
+    coalesced in place: every forward bumped its version (so the graph was built again, and a
+    backward that saved its indices failed) and the values got no gradient."""
+    x, edge_index = small_graph
+    index = coalesce(edge_index.flip(0), num_nodes=12) if coalesced else edge_index.flip(0)
+    value = torch.rand(index.size(1), generator=torch.Generator().manual_seed(3)) + 0.1
+    kwargs = {"normalize": False} if name == "GCNConv" else {}
+    torch.manual_seed(0)
+    theirs = getattr(pyg_nn, name)(*LAYERS[name](), **kwargs)
+    ours = getattr(ug_nn, name)(*LAYERS[name](), **kwargs)
+    def adjacency(values):
+        return torch.sparse_coo_tensor(index, values, (12, 12), is_coalesced=coalesced)
+
+    compare(ours, theirs, lambda layer, x, values: layer(x, adjacency(values)), [x, value], train=True)
+    adj_t = adjacency(value.clone().requires_grad_())
+    versions = (adj_t._version, adj_t._indices()._version)
+    first = ours(x, adj_t)
+    second = ours(x, adj_t)
+    (first + second).sum().backward()
+    assert (adj_t._version, adj_t._indices()._version) == versions
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_graph_made_in_inference_mode(small_graph, name):
+    """An ``edge_index`` made under ``torch.inference_mode`` (it counts no versions) serves a layer
+    in inference mode and later under ``no_grad``, as PyG's."""
+    x, edge_index = small_graph
+    torch.manual_seed(0)
+    theirs = getattr(pyg_nn, name)(*LAYERS[name]())
+    ours = getattr(ug_nn, name)(*LAYERS[name]())
+    ours.load_state_dict(theirs.state_dict())
+    with torch.inference_mode():
+        index = edge_index.clone()
+        inferred = _forward(name, ours, x, index)
+        torch.testing.assert_close(inferred, _forward(name, theirs, x, index), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(_forward(name, ours, x, index), inferred, rtol=1e-5, atol=1e-6)
