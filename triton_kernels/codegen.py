@@ -114,8 +114,8 @@ def render_expr(expr: Expr, names: Sequence[str], acc: str) -> str:
     if expr.fn == "input":
         return names[expr.index]
     if expr.fn == "const":
-        # Triton types a Python float literal float32: in a float64 kernel GAT's slope 0.2 became
-        # 0.2000000030, an error of 1.5e-8 in every gradient through a negative logit.
+        # Triton types a Python float literal float32, as it does a comparison's 0/1 values: in a
+        # float64 kernel GAT's leaky-relu derivative, 0.2 + 0.8 * gt(s, 0), was a float32 sum.
         return f"tl.full([], {expr.value!r}, {acc})" if acc == "tl.float64" else f"{expr.value!r}"
     args = [render_expr(arg, names, acc) for arg in expr.args]
     if expr.fn in _UNARY:
