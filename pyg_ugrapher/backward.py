@@ -127,8 +127,9 @@ def derive(op: OpInfo, reduce_edge_slots: Tuple[bool, ...]) -> Backward:
             steps.append(grad_step(message, kinds, sources, "sum", False, False))
         else:
             steps.append(grad_step(message, kinds, sources, None, reduce_edge_slots[i], False))
-    gathers = [i for i, step in enumerate(steps) if step.reverse]
-    messages = [i for i, step in enumerate(steps) if step.op.gather_op is None]
+    # A step without sources routes a derivative that is identically 0 (``ops`` fills zeros).
+    gathers = [i for i, step in enumerate(steps) if step.reverse and step.sources]
+    messages = [i for i, step in enumerate(steps) if step.op.gather_op is None and step.sources]
     shared = (gathers[0], messages[0]) if gathers and messages else None
     return Backward(count, tuple(steps), shared)
 

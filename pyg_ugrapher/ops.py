@@ -440,10 +440,13 @@ def operand_grads(structure: List[Tensor], operands: List[Optional[Tensor]], out
         if not needed[slot]:
             grads.append(None)
             continue
+        if not step.sources:  # the derivative is identically 0 (an operand only inside gt or eq)
+            grads.append(grad.new_zeros(shape))
+            continue
         result = results.get(slot)
         if result is None:
             result = _run_step(step, structure, reversed_, operands, values, schedule, run)
-        grads.append(_sum_to(result, shape, layout))
+        grads.append(_sum_to(_over_summed(result, layout.patterns[slot], layout), shape, layout))
     return grads
 
 
@@ -494,6 +497,20 @@ def _inherit(schedule: str, op: OpInfo, inputs: Sequence[Tensor]) -> str:
     except ValueError:
         return AUTO
     return schedule
+
+
+def _over_summed(grad: Tensor, pattern: str, layout: Layout) -> Tensor:
+    """The gradient of an operand of a reducing op (``layout.reduce_size`` features summed per
+    output) from a gradient message that does not vary along the summed features (its last size is
+    1: no operand of the derivative has them), computed once instead of once per feature: the same
+    for each of them where the operand has them (``pattern`` full or inner), their sum where it is
+    broadcast along them."""
+    size = layout.reduce_size
+    if size == 1 or grad.shape[-1] != 1:
+        return grad
+    if pattern in ("full", "inner"):
+        return grad.expand(grad.shape[:-1] + (size,))
+    return grad * size
 
 
 def _sum_to(grad: Tensor, shape: torch.Size, layout: Layout) -> Tensor:

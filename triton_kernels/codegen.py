@@ -67,6 +67,7 @@ _BINARY = {
     "eq": "tl.where({0} == {1}, 1.0, 0.0)", "gt": "tl.where({0} > {1}, 1.0, 0.0)",
     "leaky_relu": "tl.where({0} >= 0.0, {0}, {0} * {1})",
 }
+_COMPARISONS = ("eq", "gt")
 
 
 @dataclass(frozen=True)
@@ -114,13 +115,14 @@ def render_expr(expr: Expr, names: Sequence[str], acc: str) -> str:
     if expr.fn == "input":
         return names[expr.index]
     if expr.fn == "const":
-        # Triton types a Python float literal float32, as it does a comparison's 0/1 values: in a
-        # float64 kernel GAT's leaky-relu derivative, 0.2 + 0.8 * gt(s, 0), was a float32 sum.
+        # Triton types a Python float literal float32, as it does a comparison's 0/1 values (below):
+        # in a float64 kernel GAT's leaky-relu derivative, 0.2 + 0.8 * gt(s, 0), was a float32 sum.
         return f"tl.full([], {expr.value!r}, {acc})" if acc == "tl.float64" else f"{expr.value!r}"
     args = [render_expr(arg, names, acc) for arg in expr.args]
     if expr.fn in _UNARY:
         return _UNARY[expr.fn].format(*args)
-    return _BINARY[expr.fn].format(*args)
+    rendered = _BINARY[expr.fn].format(*args)
+    return f"{rendered}.to({acc})" if expr.fn in _COMPARISONS and acc == "tl.float64" else rendered
 
 
 def head_tiling(width: int, inner: int, block_f: int) -> Tuple[int, bool]:

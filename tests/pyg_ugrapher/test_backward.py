@@ -13,7 +13,7 @@ import pyg_ugrapher as ug
 from pyg_ugrapher import reference
 import triton_kernels
 from pyg_ugrapher.backward import backward_table, derive, describe, on_reversed
-from pyg_ugrapher.ir import GATHER_OPS, OpInfo
+from pyg_ugrapher.ir import GATHER_OPS, Expr, OpInfo
 from pyg_ugrapher.parallel import STRATEGIES
 
 TARGETS = ("u", "v", "e")
@@ -149,6 +149,43 @@ def test_mean_gives_isolated_vertices_no_gradient(device, graph_factory, operand
     no_out_edges = torch.bincount(graph.src, minlength=graph.num_src) == 0
     assert no_out_edges.any() and torch.equal(dx[no_out_edges], torch.zeros_like(dx[no_out_edges]))
     assert (dx[~no_out_edges] != 0).all()
+
+
+#: Reducing ops whose gradient messages do not vary along the summed features, for an operand that
+#: has them (spread over them) or is broadcast along them (summed over them), and ops with an operand
+#: whose derivative is identically 0 (only inside ``gt``/``eq``, or ``x - x``): name -> (op, shapes).
+CONSTANT_MESSAGES = {
+    "sum_last(u0)": (OpInfo(Expr.input(0), None, operands=("src_v",), reduce=True), [(6, 4)]),
+    "sum_last(log(|e0| + 0.5) + e1)": (OpInfo(Expr.apply("log", Expr.apply("abs", Expr.input(0)) + 0.5) + Expr.input(1),
+                                              None, operands=("edge", "edge"), reduce=True), [(None, 9), (None,)]),
+    "sum_last(u0 * v1), v1 per head": (OpInfo(Expr.input(0) * Expr.input(1), None, operands=("src_v", "dst_v"),
+                                              reduce=True), [(6, 2, 3), (6, 2, 1)]),
+    "gt(u0, 0) + e1, sum": (OpInfo(Expr.apply("gt", Expr.input(0), 0.0) + Expr.input(1), "sum",
+                                   operands=("src_v", "edge")), [(6, 4), (None, 4)]),
+    "u0 - u0, max": (OpInfo(Expr.input(0) - Expr.input(0), "max", operands=("src_v",)), [(6,)]),
+    "e0 * eq(v1, v1)": (OpInfo(Expr.input(0) * Expr.apply("eq", Expr.input(1), Expr.input(1)), None,
+                               operands=("edge", "dst_v")), [(None, 2), (6, 2)]),
+}
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("name", CONSTANT_MESSAGES)
+def test_gradients_of_constant_messages(name, strategy, device, graph_factory, check_close):
+    """Autograd's gradients through the reference executor, in float64 through the kernels. These
+    backward passes crashed (a message of the wrong width, an op without operands) or, for an
+    operand broadcast along a reducing op's summed features, counted one of them instead of all."""
+    op, shapes = CONSTANT_MESSAGES[name]
+    graph = graph_factory("mixed")
+    rows = [graph.num_edges if shape[0] is None else graph.num_src if kind == "src_v" else graph.num_dst
+            for shape, kind in zip(shapes, op.inputs)]
+    generator = torch.Generator().manual_seed(5)
+    operands = [torch.randn((count,) + tuple(shape[1:]), generator=generator, dtype=torch.float64)
+                for count, shape in zip(rows, shapes)]
+    info = small_schedule(strategy, operands)
+    ours = grads(lambda *xs: ug.compute(graph, op, operands=xs, parallel_info=info), [t.to(device) for t in operands])
+    exact = grads(lambda *xs: reference.execute(graph, op, list(xs)), operands)
+    for a, b in zip(ours, exact):
+        check_close(a.cpu(), b, context=name)
 
 
 def test_backward_ops_follow_the_ir():

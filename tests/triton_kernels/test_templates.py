@@ -188,14 +188,21 @@ def test_half_types(strategy, name, dtype, device, graph_factory, operand_factor
         assert out.dtype == dtype
 
 
+FLOAT64_EXPRESSIONS = {
+    "leaky_relu_derivative": Expr.input(0) * (0.2 + 0.8 * Expr.apply("gt", Expr.input(0) - Expr.input(1), 0.0)),
+    "sigmoid_of_comparison": Expr.input(0) * Expr.apply("sigmoid", Expr.apply("eq", Expr.input(1), Expr.input(1))),
+}
+
+
+@pytest.mark.parametrize("expression", FLOAT64_EXPRESSIONS)
 @pytest.mark.parametrize("strategy", ["vertex", "edge", "group"])
-def test_float64_constants_keep_float64_precision(strategy, device, graph_factory, check_close, isolated):
-    """Constants that float32 cannot hold, in a float64 kernel, next to a comparison's 0/1 values
-    (GAT's leaky_relu derivative ``0.2 + 0.8 * gt(s, 0)``): as float32 literals they computed in
-    float32 with them, 1.5e-8 off, past float64's tolerance (GAT's float64 gradients)."""
+def test_float64_constants_keep_float64_precision(strategy, expression, device, graph_factory, check_close,
+                                                  isolated):
+    """Constants that float32 cannot hold and a comparison's 0/1 values, in a float64 kernel: Triton
+    types both float32, so GAT's leaky_relu derivative ``0.2 + 0.8 * gt(s, 0)`` and a function of a
+    comparison computed in float32, ~1e-8 off, past float64's tolerance (GAT's float64 gradients)."""
     graph = graph_factory("mixed")
-    slope = 0.2 + 0.8 * Expr.apply("gt", Expr.input(0) - Expr.input(1), 0.0)
-    op = OpInfo(Expr.input(0) * slope, "sum", operands=("src_v", "dst_v"))
+    op = OpInfo(FLOAT64_EXPRESSIONS[expression], "sum", operands=("src_v", "dst_v"))
     generator = torch.Generator().manual_seed(0)
     operands = [torch.randn(rows, 6, generator=generator, dtype=torch.float64).to(device)
                 for rows in (graph.num_src, graph.num_dst)]
