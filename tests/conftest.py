@@ -67,7 +67,7 @@ import pyg_ugrapher as ug  # noqa: E402  (before triton_kernels: that order avoi
 import triton_kernels  # noqa: E402
 from torch_geometric.typing import SparseTensor  # noqa: E402  (PyG imports Triton)
 from autotune import selection  # noqa: E402
-from triton_kernels import dispatch, group_softmax  # noqa: E402
+from triton_kernels import dispatch  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 #: Triton's interpreter turns 1-element arrays into Python ints, which NumPy 2.4 refuses (the
@@ -465,7 +465,6 @@ def poison(monkeypatch) -> None:
         return torch.full(shape, math.nan, dtype=dtype, device=device)
 
     monkeypatch.setattr(dispatch, "_uninitialised", poisoned)
-    monkeypatch.setattr(group_softmax, "_scratch", poisoned)
 
 
 def isolated_rows(graph: ug.GraphTensor) -> torch.Tensor:

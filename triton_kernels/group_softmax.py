@@ -12,12 +12,11 @@ across chunks by atomics: each chunk's are taken against its own largest logit.
 """
 from __future__ import annotations
 
-import torch
 import triton
 
 from pyg_ugrapher.graph import chunk_table, split_chunk_slots, split_rows
 
-from . import softmax_combine
+from . import dispatch, softmax_combine
 from .codegen import KernelSpec, Snippets
 from .vertex_softmax import passes
 
@@ -51,22 +50,18 @@ def source(spec: KernelSpec) -> str:
                            chunk_rows=s.chunk_rows(4), passes=passes(spec, s, "whole"))
 
 
-def _scratch(shape, dtype, device) -> torch.Tensor:
-    """Partial results, every slot of which the kernel writes (the tests fill them with NaN)."""
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
 def launch(kernel, graph, operand_args, out, normaliser, layout, info) -> None:
     csr = graph.csr
     chunk_row, chunk_start = chunk_table(csr, info.group_size)
     slot, slot_start, num_slots = split_chunk_slots(csr, info.group_size)
     width, inner = layout.message_width, layout.inner
     heads = width // inner
-    acc = torch.float64 if out.dtype == torch.float64 else torch.float32
-    # One slot at least: a kernel argument is never an empty tensor.
-    part = _scratch((max(num_slots, 1), width), acc, out.device)
-    part_max = _scratch((max(num_slots, 1), heads), acc, out.device)
-    part_sum = _scratch((max(num_slots, 1), heads), acc, out.device)
+    # Partials in the dtype atomics would accumulate in; the kernel writes every slot. One slot at
+    # least: a kernel argument is never an empty tensor.
+    acc = dispatch._atomic_dtype(out.dtype)
+    part = dispatch._uninitialised((max(num_slots, 1), width), acc, out.device)
+    part_max = dispatch._uninitialised((max(num_slots, 1), heads), acc, out.device)
+    part_sum = dispatch._uninitialised((max(num_slots, 1), heads), acc, out.device)
     grid = (triton.cdiv(chunk_row.numel(), info.block_v), triton.cdiv(width, info.block_f))
     kernel[grid](chunk_row, chunk_start, slot, csr.rowptr, csr.col, csr.eid, *operand_args, out, normaliser, part,
                  part_max, part_sum, chunk_row.numel(), info.group_size, width, inner, heads,
