@@ -48,14 +48,48 @@ ROW_VARS = {"src_v": "u", "dst_v": "v", "edge": "ei", "edge_csr": "e"}
 #: ms uniform; ``benchmarks/results/h100-store-hints``).
 WRITE_ONCE = 'eviction_policy="evict_first"'
 
+#: Max and min propagate NaN, as torch does (``scatter_reduce``, so PyG's max aggregation, and
+#: ``torch.maximum``): Triton's default ``maximum``, and with it ``tl.max`` and ``relu``, returns the
+#: other operand of a NaN, so a row whose only message was NaN came out as -inf.
+_NAN = "propagate_nan=tl.PropagateNan.ALL"
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
-_COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "max": "tl.maximum({a}, {b})",
-            "min": "tl.minimum({a}, {b})"}
-_REDUCE = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}
-_ATOMIC = {"sum": "tl.atomic_add", "mean": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
+_COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "max": "_max_combine({a}, {b})",
+            "min": "_min_combine({a}, {b})"}
+_REDUCE = {"sum": "tl.sum", "mean": "tl.sum", "max": "_max_reduce", "min": "_min_reduce"}
+_ATOMIC = {"sum": "tl.atomic_add", "mean": "tl.atomic_add", "max": "_max_atomic", "min": "_min_atomic"}
+#: Integer atomic and NaN bit pattern (32-bit, 64-bit) that write a NaN into a float max / min.
+#: Triton's float atomics compare bit patterns, signed for values of sign 0 and unsigned for the
+#: others, and skip NaN. The largest signed pattern (a NaN) wins a signed max against every
+#: number and keeps winning both halves of every later float atomic max; the largest unsigned
+#: pattern (a NaN too, -1 when signed) does the same for a float atomic min.
+_NAN_BITS = {"max": ("tl.int32", "0x7FFFFFFF", "tl.int64", "0x7FFFFFFFFFFFFFFF"),
+             "min": ("tl.uint32", "0xFFFFFFFF", "tl.uint64", "0xFFFFFFFFFFFFFFFF")}
+_NAN_HELPERS = '''
+
+@triton.jit
+def _{op}_combine(a, b):
+    return tl.{fn}(a, b, {nan})
+
+
+@triton.jit
+def _{op}_reduce(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, _{op}_combine)
+
+
+@triton.jit
+def _{op}_atomic(ptr, value, mask):
+    nan = value != value
+    tl.atomic_{op}(ptr, value, mask=mask & (nan == 0))
+    if ptr.dtype.element_ty == tl.float64:
+        tl.atomic_max(ptr.to(tl.pointer_type({int64}), bitcast=True), tl.full(value.shape, {bits64}, {int64}),
+                      mask=mask & nan)
+    else:
+        tl.atomic_max(ptr.to(tl.pointer_type({int32}), bitcast=True), tl.full(value.shape, {bits32}, {int32}),
+                      mask=mask & nan)
+'''
 
 _UNARY = {
-    "neg": "(-{0})", "exp": "tl.exp({0})", "log": "tl.log({0})", "relu": "tl.maximum({0}, 0.0)",
+    "neg": "(-{0})", "exp": "tl.exp({0})", "log": "tl.log({0})", "relu": f"tl.maximum({{0}}, 0.0, {_NAN})",
     "sigmoid": "tl.sigmoid({0})", "abs": "tl.abs({0})", "sqrt": "tl.sqrt({0})",
     "square": "({0} * {0})", "reciprocal": "(1.0 / {0})",
     # No tanh in triton.language: 1 - 2 / (exp(2x) + 1) saturates correctly at both ends.
@@ -63,7 +97,7 @@ _UNARY = {
 }
 _BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
-    "maximum": "tl.maximum({0}, {1})", "minimum": "tl.minimum({0}, {1})",
+    "maximum": f"tl.maximum({{0}}, {{1}}, {_NAN})", "minimum": f"tl.minimum({{0}}, {{1}}, {_NAN})",
     "eq": "tl.where({0} == {1}, 1.0, 0.0)", "gt": "tl.where({0} > {1}, 1.0, 0.0)",
     "leaky_relu": "tl.where({0} >= 0.0, {0}, {0} * {1})",
 }
@@ -436,7 +470,17 @@ class Snippets:
                    if spec.edge_expr else "")
                 + (f"; weighted by the softmax of {spec.logit_expr} per destination" if spec.logit_expr else "")
                 + ".\n"
-                "import triton\nimport triton.language as tl\n")
+                "import triton\nimport triton.language as tl\n" + self.gather_helpers())
+
+    def gather_helpers(self) -> str:
+        """The NaN-propagating combine, reduction and atomic of a max or min gather (see
+        :data:`_NAN_BITS`); nothing for the others."""
+        op = self.spec.gather_op
+        if op not in _NAN_BITS:
+            return ""
+        int32, bits32, int64, bits64 = _NAN_BITS[op]
+        return _NAN_HELPERS.format(op=op, fn="maximum" if op == "max" else "minimum", nan=_NAN, int32=int32,
+                                   bits32=bits32, int64=int64, bits64=bits64)
 
 
 @dataclass(frozen=True)

@@ -367,6 +367,68 @@ def test_group_initialises_only_split_rows(name, identity, monkeypatch, device, 
     assert (out[split] == identity).all()
 
 
+NAN_CASES = [(gather, strategy, knobs) for gather in ("max", "min") for strategy in ("vertex", "edge", "group")
+             for knobs in range(3)]
+#: One dtype per knob set: float32 and float64 atomics write a NaN through integers of their width,
+#: bfloat16 accumulates in float32.
+NAN_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def _with_nans(x: torch.Tensor, graph: ug.GraphTensor, seed: int) -> torch.Tensor:
+    """``x`` (source features) with about a fifth of its elements NaN, of either sign bit (a float
+    atomic max or min treats the two differently), and every feature of one source NaN whose
+    destination has no other in-edge: that row's only message is NaN."""
+    generator = torch.Generator().manual_seed(seed)
+    nan = torch.tensor(math.nan, dtype=torch.float64)
+    signed = torch.where(torch.rand(x.shape, generator=generator) < 0.5, nan, nan.neg())
+    x = torch.where(torch.rand(x.shape, generator=generator) < 0.2, signed, x.cpu().double())
+    lonely = (torch.bincount(graph.dst, minlength=graph.num_dst) == 1).nonzero().flatten()
+    assert lonely.numel(), "the graph needs a destination of in-degree 1"
+    x[graph.src[(graph.dst == lonely[0]).nonzero().flatten()]] = nan
+    return x
+
+
+@pytest.mark.parametrize("gather,strategy,knobs", NAN_CASES, ids=[f"{g}-{s}-{k}" for g, s, k in NAN_CASES])
+def test_max_and_min_propagate_nan(gather, strategy, knobs, edge_order, device, graph_factory, operand_factory,
+                                   check_close, isolated):
+    """A NaN message makes its row's max or min NaN, as torch's ``scatter_reduce`` (PyG's max
+    aggregation) has it, whichever template, tile and dtype: in registers, in the edge-parallel
+    scan, and through the atomics that combine a split row's or a crossing run's partial results.
+    Triton's maximum dropped NaN: such rows took their other messages' max, a row whose only
+    message was NaN came out -inf."""
+    graph = graph_factory("mixed", seed=knobs)
+    op = OpInfo.from_name(f"copy_u_{gather}")
+    dtype = NAN_DTYPES[knobs]
+    x = _with_nans(operand_factory(graph, op, dtype=torch.float64, seed=knobs)[0], graph, seed=knobs)
+    info = schedule(op, strategy, KNOBS[("gather", strategy)][knobs], [x])
+    out = ug.compute(graph, op, x.to(dtype=dtype, device=device), parallel_info=info).cpu()
+    expected = reference.execute(graph, op, [x.to(dtype).double()]).to(dtype)
+    assert torch.isnan(expected).any() and not torch.isnan(expected).all()
+    assert torch.equal(torch.isnan(out), torch.isnan(expected)), f"NaN elements differ under {info}"
+    check_close(out.nan_to_num(0.0), expected.nan_to_num(0.0), context=f"under {info}")
+    assert torch.equal(out[isolated(graph)], torch.zeros_like(out[isolated(graph)]))
+
+
+@pytest.mark.parametrize("strategy", ["vertex", "edge", "group"])
+def test_elementwise_max_min_and_relu_propagate_nan(strategy, device, graph_factory, check_close):
+    """``maximum``, ``minimum`` and ``relu`` of a NaN are NaN in a message, as in torch."""
+    graph = graph_factory("mixed")
+    u, v = Expr.input(0), Expr.input(1)
+    expr = Expr.apply("maximum", u, v) + Expr.apply("minimum", v, u) + Expr.apply("relu", u)
+    op = OpInfo(expr, None, operands=("src_v", "dst_v"))
+    generator = torch.Generator().manual_seed(0)
+    operands = [torch.randn(rows, 6, generator=generator, dtype=torch.float64)
+                for rows in (graph.num_src, graph.num_dst)]
+    operands[0][::3, 1] = math.nan
+    operands[1][1::4, 4] = math.nan
+    out = ug.compute(graph, op, operands=[t.float().to(device) for t in operands],
+                     parallel_info=ug.ParallelInfo(strategy, block_f=8)).cpu()
+    expected = reference.execute(graph, op, operands).float()
+    assert torch.isnan(expected).any()
+    assert torch.equal(torch.isnan(out), torch.isnan(expected))
+    check_close(out.nan_to_num(0.0), expected.nan_to_num(0.0))
+
+
 # -- large graphs, on the GPU only ---------------------------------------------------------------
 def _large_graphs(device):
     gen = torch.Generator().manual_seed(0)
