@@ -57,11 +57,12 @@ _COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "max": "_max_combine({a}, {
             "min": "_min_combine({a}, {b})"}
 _REDUCE = {"sum": "tl.sum", "mean": "tl.sum", "max": "_max_reduce", "min": "_min_reduce"}
 _ATOMIC = {"sum": "tl.atomic_add", "mean": "tl.atomic_add", "max": "_max_atomic", "min": "_min_atomic"}
-#: Integer atomic and NaN bit pattern (32-bit, 64-bit) that write a NaN into a float max / min.
-#: Triton's float atomics compare bit patterns, signed for values of sign 0 and unsigned for the
-#: others, and skip NaN. The largest signed pattern (a NaN) wins a signed max against every
-#: number and keeps winning both halves of every later float atomic max; the largest unsigned
-#: pattern (a NaN too, -1 when signed) does the same for a float atomic min.
+#: The integer type and bit pattern (32-bit, then 64-bit) through which a max / min gather's atomic
+#: writes a NaN lane, with an integer atomic max. Triton's float atomics compare bit patterns,
+#: signed for values of sign 0 and unsigned for the others, and skip NaN. The largest signed
+#: pattern (a NaN) wins a signed max against every number and keeps winning both halves of every
+#: later float atomic max; the largest unsigned pattern (a NaN too, -1 when signed) does the same
+#: for a float atomic min.
 _NAN_BITS = {"max": ("tl.int32", "0x7FFFFFFF", "tl.int64", "0x7FFFFFFFFFFFFFFF"),
              "min": ("tl.uint32", "0xFFFFFFFF", "tl.uint64", "0xFFFFFFFFFFFFFFFF")}
 _NAN_HELPERS = '''
