@@ -383,7 +383,9 @@ class GraphTensor:
     Build it with :meth:`from_edge_index` (a ``[2, E]`` tensor, source row first as in PyG, or a PyG
     ``EdgeIndex``) or :meth:`from_data` (a PyG ``Data``). The sizes may differ (bipartite message
     passing, PyG's ``size=(N_src, N_dst)``). Structures are built on first use and cached per
-    device and index dtype, so one graph serves the CPU and several GPUs.
+    device and index dtype, so one graph serves the CPU and several GPUs. They are built again,
+    and the indices validated again, when the edges given change in place (their tensor's
+    version; an inference tensor has none, so its in-place changes are not seen).
 
     Args:
         src: ``[E]`` source vertex of each edge.
@@ -417,6 +419,8 @@ class GraphTensor:
         self._coo_cache: Dict[torch.device, Tuple[Tensor, Tensor]] = {}
         self._structure_cache: Dict[torch.device, List[Tensor]] = {}
         self._reverse: Optional[GraphTensor] = None
+        self._validate = validate
+        self._versions = (version(self.src), version(self.dst))
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -490,8 +494,28 @@ class GraphTensor:
             device = torch.device("cuda", torch.cuda.current_device())
         return device
 
+    def _refresh(self) -> None:
+        """Drop this graph's and its reverse's structures if the edges changed in place since
+        they were read (validated again first, as at construction): they were stale, and an
+        index changed out of range would have been read out of bounds."""
+        versions = (version(self.src), version(self.dst))
+        if versions == self._versions:
+            return
+        if self._validate:
+            validate_endpoints(self.src, self.dst, self.num_src, self.num_dst)
+        self._csr_cache.clear()
+        self._csc_cache.clear()
+        for graph in (self, self._reverse):
+            if graph is not None:
+                graph._coo_cache.clear()
+                graph._structure_cache.clear()
+        self._versions = versions
+        if self._reverse is not None:
+            self._reverse._versions = versions[::-1]
+
     def csr(self, device: Union[None, str, torch.device] = None) -> CSR:
         """Destination-sorted CSR: row ``v`` lists the edges into ``v``."""
+        self._refresh()
         device = self._resolve(device)
         if device not in self._csr_cache:
             src, dst = self.coo(device)
@@ -507,6 +531,7 @@ class GraphTensor:
 
     def coo(self, device: Union[None, str, torch.device] = None) -> Tuple[Tensor, Tensor]:
         """``(src, dst)`` in the user's edge order, in the index dtype."""
+        self._refresh()
         device = self._resolve(device)
         if device not in self._coo_cache:
             self._coo_cache[device] = (self.src.to(device, self.index_dtype),
@@ -531,6 +556,8 @@ class GraphTensor:
         compiling = torch.compiler.is_compiling()
         if compiling:
             sort = True
+        else:
+            self._refresh()
         # Looked up per operator call, which passes a tensor's (resolved) device: no resolving then.
         key = device if sort is None else (device, sort)
         built = self._structure_cache.get(key)
@@ -560,6 +587,8 @@ class GraphTensor:
             rev.src, rev.dst = self.dst, self.src
             rev.num_src, rev.num_dst = self.num_dst, self.num_src
             rev.index_dtype = self.index_dtype
+            rev._validate = self._validate
+            rev._versions = self._versions[::-1]
             rev._csr_cache, rev._csc_cache = self._csc_cache, self._csr_cache
             rev._coo_cache = {}
             rev._structure_cache = {}

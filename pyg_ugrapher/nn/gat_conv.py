@@ -371,7 +371,9 @@ class GATConv(MessagePassing):
             loop_attr = compute_loop_attr(looped.index[:, :edge_attr.size(0)], edge_attr, num_loops, False,
                                           self.fill_value)
             edge_attr = torch.cat([edge_attr, loop_attr], dim=0)
-        return looped.graph, looped.index, edge_attr
+        # The looped index is cached with the graph: the caller gets its own, as PyG's are new
+        # every call (one the caller changed in place was the next call's returned index).
+        return looped.graph, looped.index.clone() if return_attention_weights else None, edge_attr
 
     def _looped_sparse(self, adj_t: Tensor, num_src: int, num_dst: int):
         """PyG's own self-loop helpers on the adjacency (their result is what PyG returns), and

@@ -62,6 +62,29 @@ def test_structures_are_cached(graph_factory):
     assert all(a is b for a, b in zip(structure, g.structure()))
 
 
+def test_edges_changed_in_place_rebuild_the_structures(graph_factory):
+    """A graph's structures follow its edge tensor's in-place changes (they were stale: the
+    operators ran on the old edges), on the graph and on its reverse, whose CSR is the graph's CSC;
+    an index changed out of range is refused as at construction."""
+    edge_index = graph_factory("mixed").edge_index.clone()
+    g = GraphTensor.from_edge_index(edge_index, 12)
+    x = torch.randn(12, 3, dtype=torch.float64)
+    ug.compute(g, "copy_u_sum", x)
+    old_csr, old_csc = g.csr(), g.csc()
+    with torch.no_grad():
+        edge_index[1, :5] = torch.tensor([0, 0, 1, 1, 2])
+        edge_index[0, -3:] = 4
+    for graph in (g.reverse(), g):  # the reverse sees the change first: both must drop their caches
+        expected = torch.zeros(12, 3, dtype=torch.float64).index_add_(0, graph.dst, x[graph.src])
+        torch.testing.assert_close(ug.compute(graph, "copy_u_sum", x), expected, rtol=0, atol=1e-12)
+    assert g.csr() is not old_csr and g.csc() is not old_csc and g.csc() is g.reverse().csr()
+    assert _edge_set(*g.coo()) == _edge_set(edge_index[0], edge_index[1])
+    with torch.no_grad():
+        edge_index[0, 0] = 12
+    with pytest.raises(ValueError, match="source index 12 out of range"):
+        g.structure()
+
+
 def test_identity_map_keys_by_identity_and_forgets_dead_keys():
     """Equal tensors are different keys; an entry goes with its key, and an id the allocator
     reuses for a new object does not find the old entry."""

@@ -141,6 +141,21 @@ def test_return_attention_weights(compare, small_graph):
     compare(GATConv(6, 4, heads=2), theirs, forward, [x])
 
 
+def test_returned_index_is_the_callers_own(small_graph):
+    """The looped edge index returned with the coefficients is a new tensor every call, as PyG's:
+    the layer caches its looped graph, and a caller that changed the returned index in place
+    changed what the next call returned."""
+    x, edge_index = small_graph
+    layer = GATConv(6, 4, heads=2)
+    _, (first, _) = layer(x, edge_index, return_attention_weights=True)
+    expected = first.clone()
+    first += 1
+    out, (second, _) = layer(x, edge_index, return_attention_weights=True)
+    assert second is not first
+    torch.testing.assert_close(second, expected, rtol=0, atol=0)
+    torch.testing.assert_close(out, layer(x, edge_index), rtol=1e-6, atol=1e-6)
+
+
 def test_edge_index_type(compare, small_graph):
     x, edge_index = small_graph
     index = EdgeIndex(edge_index, sparse_size=(12, 12))
