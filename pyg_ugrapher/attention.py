@@ -50,7 +50,6 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 import triton_kernels
 from triton_kernels import all_packed, uses_triton
@@ -60,8 +59,9 @@ from . import reference
 from .backward import GradStep, Source, canonical, grad_step, on_reversed
 from .graph import OP_TAGS, GraphTensor
 from .ir import Expr, OpInfo
-from .ops import (AUTO, cached_decision, graph_arrays, layout_of, notify, observed, reversed_structure, rows_by_kind,
-                  run_gather_with_edge_output, run_graph_op, schedule_for, serialized)
+from .ops import (AUTO, cached_decision, differentiable_graph_op, graph_arrays, layout_of, notify, observed,
+                  reversed_structure, rows_by_kind, run_gather_with_edge_output, run_graph_op, schedule_for,
+                  serialized)
 from .parallel import ParallelInfo
 
 #: PyG's softmax adds this to the denominator: destinations without edges stay finite.
@@ -274,14 +274,41 @@ class _SoftmaxAggregate(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad: Tensor):
         saved = ctx.saved_tensors
         k = ctx.num_scores
         first = 4  # graph, score, structure, the count
         needs = ctx.needs_input_grad[first:first + k + 1]
-        grads, grad_x = _backward(ctx.structure, ctx.score, saved[:k], *saved[k:], grad, needs[:k], needs[k])
+        if torch.is_grad_enabled():  # a double backward: the closed form's kernels have no derivative
+            grads, grad_x = _differentiable_backward(ctx.structure, ctx.score, saved[:k], saved[k], saved[k + 1],
+                                                     grad, needs)
+        else:
+            grads, grad_x = _backward(ctx.structure, ctx.score, saved[:k], *saved[k:], grad, needs[:k], needs[k])
         return (None,) * first + tuple(grads) + (grad_x, None)
+
+
+def _differentiable_backward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor,
+                             keep: Optional[Tensor], grad: Tensor, needs: Sequence[bool]
+                             ) -> Tuple[List[Optional[Tensor]], Optional[Tensor]]:
+    """``(gradient of each score operand, grad_x)`` as a graph of differentiable operators: the
+    three forward operators again, each with its own derivative (the shift detached, as softmax is
+    shift-invariant), differentiated by autograd. What a double backward (``create_graph=True``,
+    a gradient penalty) needs: under ``once_differentiable`` the closed form's second-order terms
+    were dropped without an error whenever the upstream gradient needed none."""
+    ops = attention_ops(score, keep is not None)
+    columns, kinds = [_column(t) for t in scores], ops.score_kinds
+    extra = [] if keep is None else [_column(keep)]
+
+    def run(op: OpInfo, operands: List[Tensor]) -> Tensor:
+        return differentiable_graph_op(structure, operands, serialized(op), AUTO)
+
+    shift = run(ops.shift, _operands(columns, kinds)).detach()
+    normaliser = shift + (run(ops.denominator, _operands(columns, kinds) + [shift]) + EPSILON).log()
+    out = run(ops.output, [x] + _operands(columns, kinds) + [normaliser] + extra)
+    wanted = [t for t, need in zip(list(scores) + [x], needs) if need]
+    found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
+    grads = [next(found) if need else None for need in needs]
+    return grads[:-1], grads[-1]
 
 
 # -- the same, as custom ops: what a compiled graph calls (one opaque node each way) ---------------

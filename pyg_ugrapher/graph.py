@@ -497,7 +497,11 @@ class GraphTensor:
     def _refresh(self) -> None:
         """Drop this graph's and its reverse's structures if the edges changed in place since
         they were read (validated again first, as at construction): they were stale, and an
-        index changed out of range would have been read out of bounds."""
+        index changed out of range would have been read out of bounds. Not under ``torch.compile``,
+        which cannot trace a tensor's version (a compiled graph reads the structures it was
+        traced with, or builds them inside)."""
+        if torch.compiler.is_compiling():
+            return
         versions = (version(self.src), version(self.dst))
         if versions == self._versions:
             return
@@ -553,11 +557,10 @@ class GraphTensor:
         Under ``torch.compile`` a structure not built yet is built by one opaque op inside the
         compiled graph (no graph break, but no caching either: build it once outside to reuse it).
         """
+        self._refresh()
         compiling = torch.compiler.is_compiling()
         if compiling:
             sort = True
-        else:
-            self._refresh()
         # Looked up per operator call, which passes a tensor's (resolved) device: no resolving then.
         key = device if sort is None else (device, sort)
         built = self._structure_cache.get(key)

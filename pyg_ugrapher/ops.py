@@ -446,7 +446,10 @@ def operand_grads(structure: List[Tensor], operands: List[Optional[Tensor]], out
         result = results.get(slot)
         if result is None:
             result = _run_step(step, structure, reversed_, operands, values, schedule, run)
-        grads.append(_sum_to(_over_summed(result, layout.patterns[slot], layout), shape, layout))
+        if not (step.op.reduces and layout.reduce_size > 1 and
+                layout_of(serialized(step.op), _inputs(step, operands, values)).reduce_size > 1):
+            result = _over_summed(result, layout.patterns[slot], layout)
+        grads.append(_sum_to(result, shape, layout))
     return grads
 
 
@@ -504,7 +507,9 @@ def _over_summed(grad: Tensor, pattern: str, layout: Layout) -> Tensor:
     output) from a gradient message that does not vary along the summed features (its last size is
     1: no operand of the derivative has them), computed once instead of once per feature: the same
     for each of them where the operand has them (``pattern`` full or inner), their sum where it is
-    broadcast along them."""
+    broadcast along them. A reducing step's result has last size 1 either way: the caller passes
+    it only where that step's message did not span the summed features (a double backward's
+    reducing op, whose gradient steps reduce over them, came out that many times too large)."""
     size = layout.reduce_size
     if size == 1 or grad.shape[-1] != 1:
         return grad

@@ -209,14 +209,17 @@ class _ProjectionAttention(torch.autograd.Function):
         att, folded = _fold(weight, vectors)
         heads, channels = att.shape[1:3]
         alphas = raw.mm(folded.t()).view(-1, len(vectors), heads).unbind(1)
-        ctx.save_for_backward(raw, weight, att, folded)
+        ctx.save_for_backward(raw, weight, *vectors)
         ctx.project = project
         x = raw.mm(weight.t()).view(-1, heads, channels) if project else None
         return (x,) + alphas
 
     @staticmethod
     def backward(ctx, grad_x: Optional[Tensor], *grad_alphas: Tensor):
-        raw, weight, att, folded = ctx.saved_tensors
+        # The fold is recomputed from the saved inputs: folded in the forward, it had no history,
+        # and a double backward lost every second-order term through the weight and the vectors.
+        raw, weight, *vectors = ctx.saved_tensors
+        att, folded = _fold(weight, vectors)
         k, heads, channels = att.shape[:3]
         needs = ctx.needs_input_grad
         grad_rows = torch.stack(grad_alphas, 1).view(-1, k * heads)

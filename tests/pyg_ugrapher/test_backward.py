@@ -188,6 +188,36 @@ def test_gradients_of_constant_messages(name, strategy, device, graph_factory, c
         check_close(a.cpu(), b, context=name)
 
 
+@pytest.mark.parametrize("shape", [(), (1,), (2, 1)], ids=["E", "E,1", "E,H,1"])
+def test_second_derivative_of_a_broadcast_edge_operand(shape, device, graph_factory):
+    """``d2/dw2`` of ``sum(x_u / w_e)`` and of ``sum(x_u * exp(w_e))`` for an edge operand broadcast
+    over the features, against torch's own autograd in float64: the first backward's gradient of
+    ``w`` is a reducing op, whose gradient steps already sum over the features, and the result was
+    multiplied by their count once more."""
+    graph = graph_factory("mixed")
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn((graph.num_src, 2, 3) if len(shape) == 2 else (graph.num_src, 3), generator=generator,
+                    dtype=torch.float64)
+    w = torch.rand((graph.num_edges,) + shape, generator=generator, dtype=torch.float64) + 0.5
+    ops = {"u_div_e_sum": lambda a, b: a / b, "exp": lambda a, b: a * torch.exp(b)}
+    for name, message in ops.items():
+        op = OpInfo(Expr.input(0) / Expr.input(1) if name == "u_div_e_sum" else
+                    Expr.input(0) * Expr.apply("exp", Expr.input(1)), "sum", operands=("src_v", "edge"))
+
+        def second(run):
+            xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+            (first,) = torch.autograd.grad(run(xs, ws).sum(), ws, create_graph=True)
+            return torch.autograd.grad(first.square().sum(), [xs, ws])
+
+        def torch_op(a, b):
+            b = b.reshape(b.shape + (1,) * (a.dim() - b.dim()))
+            return torch.zeros_like(a).index_add(0, graph.dst, message(a[graph.src], b))
+
+        ours = second(lambda a, b: ug.compute(graph, op, operands=[a.to(device), b.to(device)]).cpu())
+        for a, b in zip(ours, second(torch_op)):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
+
+
 def test_backward_ops_follow_the_ir():
     """The structure the issue asks for: vertex gradients of a gather are gathers (source operands
     on the reversed graph), edge gradients are message creation, broadcast edge operands reduce."""

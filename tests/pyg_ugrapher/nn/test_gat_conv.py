@@ -156,6 +156,31 @@ def test_returned_index_is_the_callers_own(small_graph):
     torch.testing.assert_close(out, layer(x, edge_index), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("return_weights", [False, True], ids=["fused", "separate_ops"])
+def test_gradient_penalty_matches_pyg(small_graph, return_weights):
+    """A double backward (a gradient penalty on the input, the upstream gradient a constant) gives
+    PyG's parameter and input gradients on both attention paths: the fused softmax and the
+    projection's attention halves dropped their second-order terms without an error."""
+    x0, edge_index = small_graph
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATConv(6, 4, heads=2).double()
+    ours = GATConv(6, 4, heads=2).double()
+    ours.load_state_dict(theirs.state_dict())
+    weights = torch.randn(x0.size(0), 8, dtype=torch.float64)
+    found = []
+    for layer in (ours, theirs):
+        x = x0.double().clone().requires_grad_()
+        out = layer(x, edge_index, return_attention_weights=True)[0] if return_weights else layer(x, edge_index)
+        (grad,) = torch.autograd.grad((out * weights).sum(), x, create_graph=True)
+        grad.square().sum().backward()
+        found.append([x.grad] + [p.grad for p in layer.parameters()])
+    assert found[0][0] is not None and ours.att_src.grad is not None
+    for a, b in zip(*found):
+        assert (a is None) == (b is None)  # the bias has no second-order term in either
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
 def test_edge_index_type(compare, small_graph):
     x, edge_index = small_graph
     index = EdgeIndex(edge_index, sparse_size=(12, 12))
