@@ -46,7 +46,7 @@ computes, in fewer passes over the edges.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -135,6 +135,12 @@ def _run(structure: List[Tensor], op: OpInfo, operands: List[Tensor], schedule: 
     return run_graph_op(structure, operands, serialized(op), schedule)
 
 
+def _run_differentiable(structure: List[Tensor], op: OpInfo, operands: List[Tensor], schedule: str = AUTO
+                        ) -> Tensor:
+    """:func:`_run` with the operator's own derivative (what a double backward differentiates)."""
+    return differentiable_graph_op(structure, operands, serialized(op), schedule)
+
+
 def _column(tensor: Tensor) -> Tensor:
     """``tensor`` (``[rows, H]``) as ``[rows, H, 1]``, the operators' shape for per-head values."""
     return tensor.unsqueeze(-1)
@@ -155,17 +161,21 @@ def _operands(columns: Sequence[Tensor], kinds: Sequence[str]) -> List[Tensor]:
 
 
 def _three_passes(structure: List[Tensor], ops: AttentionOps, columns: List[Tensor], x: Tensor,
-                  extra: List[Tensor], graph: Optional[GraphTensor] = None, output_schedule: str = AUTO
-                  ) -> Tuple[Tensor, Tensor]:
-    """``(out, log-normaliser)`` from the three forward operators (observers of ``ug.plan`` are
-    told about each one when the ``graph`` is given), the output's under ``output_schedule``."""
+                  extra: List[Tensor], graph: Optional[GraphTensor] = None, output_schedule: str = AUTO,
+                  run_op: Callable[..., Tensor] = _run) -> Tuple[Tensor, Tensor]:
+    """``(out, log-normaliser)`` from the three forward operators run by ``run_op`` (observers of
+    ``ug.plan`` are told about each one when the ``graph`` is given), the output's under
+    ``output_schedule``. The shift carries no gradient: softmax is shift-invariant (PyG detaches
+    its maximum too)."""
     def run(op: OpInfo, operands: List[Tensor], schedule: str = AUTO) -> Tensor:
         if graph is not None:
             notify(graph, op, operands)
-        return _run(structure, op, operands, schedule)
+        return run_op(structure, op, operands, schedule)
 
     kinds = ops.score_kinds
     shift = run(ops.shift, _operands(columns, kinds))
+    if shift.requires_grad:
+        shift = shift.detach()
     normaliser = shift + (run(ops.denominator, _operands(columns, kinds) + [shift]) + EPSILON).log()
     return run(ops.output, [x] + _operands(columns, kinds) + [normaliser] + extra, output_schedule), normaliser
 
@@ -291,20 +301,13 @@ def _differentiable_backward(structure: List[Tensor], score: str, scores: Sequen
                              keep: Optional[Tensor], grad: Tensor, needs: Sequence[bool]
                              ) -> Tuple[List[Optional[Tensor]], Optional[Tensor]]:
     """``(gradient of each score operand, grad_x)`` as a graph of differentiable operators: the
-    three forward operators again, each with its own derivative (the shift detached, as softmax is
-    shift-invariant), differentiated by autograd. What a double backward (``create_graph=True``,
-    a gradient penalty) needs: under ``once_differentiable`` the closed form's second-order terms
-    were dropped without an error whenever the upstream gradient needed none."""
-    ops = attention_ops(score, keep is not None)
-    columns, kinds = [_column(t) for t in scores], ops.score_kinds
+    three forward operators again, each with its own derivative, differentiated by autograd. What
+    a double backward (``create_graph=True``, a gradient penalty) needs: under
+    ``once_differentiable`` the closed form's second-order terms were dropped without an error
+    whenever the upstream gradient needed none."""
     extra = [] if keep is None else [_column(keep)]
-
-    def run(op: OpInfo, operands: List[Tensor]) -> Tensor:
-        return differentiable_graph_op(structure, operands, serialized(op), AUTO)
-
-    shift = run(ops.shift, _operands(columns, kinds)).detach()
-    normaliser = shift + (run(ops.denominator, _operands(columns, kinds) + [shift]) + EPSILON).log()
-    out = run(ops.output, [x] + _operands(columns, kinds) + [normaliser] + extra)
+    out, _ = _three_passes(structure, attention_ops(score, keep is not None), [_column(t) for t in scores], x,
+                           extra, run_op=_run_differentiable)
     wanted = [t for t, need in zip(list(scores) + [x], needs) if need]
     found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
     grads = [next(found) if need else None for need in needs]
