@@ -4,6 +4,7 @@ selection. Imports no frontend code (``pyg_ugrapher.nn``, ``MessagePassing``) an
 Names are imported lazily: ``python -m autotune collect --device cpu`` must be able to turn on
 Triton's interpreter before anything imports Triton.
 """
+
 from importlib import import_module
 from typing import Any
 

@@ -7,7 +7,11 @@ Retrain on your own GPU (two commands)::
 
 ``collect`` is resumable (rerun it to continue), ``train`` writes the model that
 :func:`autotune.select` loads (``PYG_UGRAPHER_MODEL`` names another file).
+
+Each command imports its module when it runs: ``collect`` (which ``train`` and ``evaluate`` import
+too) imports Triton, and ``collect --device cpu`` must set ``TRITON_INTERPRET`` before that.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,14 +31,16 @@ def _names(text: str) -> List[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    main = argparse.ArgumentParser(prog="python -m autotune",
-                                   description="Collect timings, train and evaluate the schedule cost model.")
+    main = argparse.ArgumentParser(
+        prog="python -m autotune", description="Collect timings, train and evaluate the schedule cost model."
+    )
     sub = main.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("collect", help="time sampled schedules on the graph corpus")
     c.add_argument("--out", type=Path, default=Path("autotune/data/raw"), help="output folder")
-    c.add_argument("--graphs", type=_names, default=None,
-                   help="comma-separated corpus names or prefixes (default: all)")
+    c.add_argument(
+        "--graphs", type=_names, default=None, help="comma-separated corpus names or prefixes (default: all)"
+    )
     c.add_argument("--list-graphs", action="store_true", help="print the corpus and exit")
     c.add_argument("--ops", type=_names, default=None, help="forward operators (default: the six)")
     c.add_argument("--no-backward", action="store_true", help="skip the backward steps")
@@ -54,9 +60,13 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--out", type=Path, default=Path("autotune/models/h100.json"))
     t.add_argument("--n-estimators", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--target", choices=("log_time", "relative", "rank"), default="rank",
-                   help="rank the candidates of each case (default, selects best), or regress log time "
-                        "relative to its case's mean, or log time")
+    t.add_argument(
+        "--target",
+        choices=("log_time", "relative", "rank"),
+        default="rank",
+        help="rank the candidates of each case (default, selects best), or regress log time "
+        "relative to its case's mean, or log time",
+    )
 
     e = sub.add_parser("evaluate", help="leave-graphs-out cross-validation")
     e.add_argument("--data", type=Path, nargs="+", required=True, help="collected files or folders")
@@ -82,11 +92,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"{spec.name:32s} {spec.kind:10s} {spec.num_edges or '':>12}")
             return 0
         settings = collect.Settings(
-            out=args.out, graphs=args.graphs, ops=args.ops or collect.FORWARD_OPS,
-            backward=not args.no_backward, features=args.features or collect.FEATURE_SIZES,
-            dtypes=args.dtypes, configs=args.configs, max_edges=args.max_edges,
-            time_budget=args.time_budget, resume=not args.no_resume, workers=args.workers, reps=args.reps,
-            seed=args.seed, device=args.device)
+            out=args.out,
+            graphs=args.graphs,
+            ops=args.ops or collect.FORWARD_OPS,
+            backward=not args.no_backward,
+            features=args.features or collect.FEATURE_SIZES,
+            dtypes=args.dtypes,
+            configs=args.configs,
+            max_edges=args.max_edges,
+            time_budget=args.time_budget,
+            resume=not args.no_resume,
+            workers=args.workers,
+            reps=args.reps,
+            seed=args.seed,
+            device=args.device,
+        )
         collect.collect(settings)
         return 0
     if args.command == "train":
@@ -96,8 +116,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     from .evaluate import evaluate
 
-    evaluate(args.data, args.out, folds=args.folds, n_estimators=args.n_estimators, seed=args.seed,
-             kind=args.target)
+    evaluate(args.data, args.out, folds=args.folds, n_estimators=args.n_estimators, seed=args.seed, kind=args.target)
     return 0
 
 

@@ -19,17 +19,17 @@ A *case* is one (graph, operator, width ``F``, dtype); each case times a sample 
 * **Compilation** first, in ``workers`` processes that launch each (operator, dtype, schedule)
   once on a tiny graph, which fills Triton's on-disk cache: kernels do not specialise on graph
   sizes, so the timed runs only load them.
-* **Timing**: CUDA events around single calls, each preceded by zeroing a 256 MB buffer (the L2
-  cache starts cold, as with ``triton.testing.do_bench``) and a short GPU busy-wait, so that the
-  host has queued the call before the start event fires (the events then time the GPU work, not
-  the launch overhead); the median of ``3..reps`` calls, fewer for slow schedules; the warm-up
-  call is not timed. On a CPU (the Triton interpreter, for smoke
-  tests) wall-clock medians.
+* **Timing** (:func:`autotune.timing.cuda_ms`): CUDA events around single calls, each started
+  with a cold L2 cache and behind a short GPU busy-wait, so that the host has queued the call
+  before the start event fires (the events then time the GPU work, not the launch overhead); the
+  median of ``3..reps`` calls, fewer for slow schedules; the warm-up call is not timed. On a CPU
+  (the Triton interpreter, for smoke tests) wall-clock medians.
 
 Rows go to one gzipped CSV per graph under ``out``, rewritten atomically every 30 seconds and when
 the graph is done or the ``time_budget`` is spent (a killed run loses at most 30 seconds of work);
 ``resume`` skips the cases already written.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,15 +51,20 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+import triton_kernels
+from pyg_ugrapher import datasets
 from pyg_ugrapher.backward import derive
-from pyg_ugrapher.graph import DegreeStats, GraphStats, GraphTensor
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.layout import Layout, infer_layout
 from pyg_ugrapher.parallel import ParallelInfo
+from pyg_ugrapher.structure import DegreeStats, GraphStats, GraphStructure, csr_stats, index_dtype_for
+from triton_kernels import GraphArrays
+from triton_kernels.csr_pair import build_csr_pair
+from triton_kernels.space import space
 
 from .features import GpuInfo, case_columns, gpu_info
 from .heuristic import heuristic
-from .selection import BUSY_CYCLES
+from .timing import cuda_ms, flush_buffer, wall_ms
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +74,6 @@ FEATURE_SIZES = (16, 32, 64, 128, 256, 512)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: A gather of this many features or more holds a schedule's widest tile: the space is cut from it.
 _WIDEST = 512
-_FLUSH_BYTES = 256 << 20
 #: Fraction of free device memory a case may plan to use.
 _MEMORY_FRACTION = 0.6
 #: Seconds between rewrites of a graph's file (each rewrite compresses all its rows again).
@@ -89,31 +93,57 @@ class GraphSpec:
     exponent: float = 0.8
     seed: int = 0
 
-    def load(self, device: torch.device) -> GraphTensor:
-        from pyg_ugrapher import datasets
-
+    def load(self, device: torch.device) -> GraphStructure:
         if self.kind == "real":
             data = datasets.load_dataset(self.name)
-            return GraphTensor.from_edge_index(data.edge_index.to(device), int(data.num_nodes))
+            return structure_of(data.edge_index.to(device), int(data.num_nodes), int(data.num_nodes))
         if self.kind == "rmat":
-            edge_index = datasets.rmat_graph(self.num_nodes.bit_length() - 1, self.num_edges, seed=self.seed,
-                                             device=device)
+            edge_index = datasets.rmat_graph(
+                self.num_nodes.bit_length() - 1, self.num_edges, seed=self.seed, device=device
+            )
         elif self.kind == "power_law":
-            edge_index = datasets.power_law_graph(self.num_nodes, self.num_edges, exponent=self.exponent,
-                                                  seed=self.seed, device=device, num_dst_nodes=self.num_dst)
+            edge_index = datasets.power_law_graph(
+                self.num_nodes,
+                self.num_edges,
+                exponent=self.exponent,
+                seed=self.seed,
+                device=device,
+                num_dst_nodes=self.num_dst,
+            )
         else:
-            edge_index = datasets.uniform_graph(self.num_nodes, self.num_edges, seed=self.seed, device=device,
-                                                num_dst_nodes=self.num_dst)
+            edge_index = datasets.uniform_graph(
+                self.num_nodes, self.num_edges, seed=self.seed, device=device, num_dst_nodes=self.num_dst
+            )
         num_dst = self.num_nodes if self.num_dst is None else self.num_dst
-        return GraphTensor.from_edge_index(edge_index, (self.num_nodes, num_dst), validate=False)
+        return structure_of(edge_index, self.num_nodes, num_dst)
+
+
+def structure_of(edge_index: Tensor, num_src: int, num_dst: int) -> GraphStructure:
+    """Both sorted directions of the ``[2, E]`` edge index (sources first) on its device, in the
+    index dtype, as :meth:`~pyg_ugrapher.GraphTensor.structure` sorts them."""
+    dtype = index_dtype_for(max(num_src, num_dst), edge_index.size(1))
+    src, dst = edge_index[0].to(dtype), edge_index[1].to(dtype)
+    return GraphStructure(*build_csr_pair(src, dst, num_src, num_dst, dtype), src, dst)
 
 
 #: Approximate stored edges of the real graphs (``SOURCES.md``), to order the corpus by size; the
 #: ``--max-edges`` limit is applied to the loaded graph.
-_REAL_EDGES = {"cora": 10_556, "citeseer": 9_104, "pubmed": 88_648, "blogcatalog": 667_966,
-               "amazon-computers": 491_722, "amazon-photo": 238_162, "coauthor-cs": 163_788,
-               "coauthor-physics": 495_924, "tolokers": 1_038_000, "github": 578_006,
-               "facebook": 342_004, "proteins": 162_088, "dd": 1_686_092, "collab": 24_574_995}
+_REAL_EDGES = {
+    "cora": 10_556,
+    "citeseer": 9_104,
+    "pubmed": 88_648,
+    "blogcatalog": 667_966,
+    "amazon-computers": 491_722,
+    "amazon-photo": 238_162,
+    "coauthor-cs": 163_788,
+    "coauthor-physics": 495_924,
+    "tolokers": 1_038_000,
+    "github": 578_006,
+    "facebook": 342_004,
+    "proteins": 162_088,
+    "dd": 1_686_092,
+    "collab": 24_574_995,
+}
 
 
 def _short(count: float) -> str:
@@ -142,18 +172,20 @@ def corpus() -> List[GraphSpec]:
     specs += [_synthetic("uniform", int(e // 2), int(e)) for e in (1e4, 1e6)]
     specs += [_synthetic("uniform", int(e // 100), int(e)) for e in (1e5, 1e7)]
     specs += [_synthetic("power_law", int(e // 10), int(e)) for e in (1e3, 1e4, 1e5, 1e6, 1e7, 1e8)]
-    specs += [_synthetic("power_law", int(e // 10), int(e), exponent=x)
-              for x in (0.5, 1.0, 1.2) for e in (1e5, 1e6, 1e7)]
+    specs += [
+        _synthetic("power_law", int(e // 10), int(e), exponent=x) for x in (0.5, 1.0, 1.2) for e in (1e5, 1e6, 1e7)
+    ]
     specs += [_synthetic("rmat", 1 << s, int(e)) for s, e in ((14, 2e5), (17, 2e6), (20, 1.6e7))]
-    specs += [_synthetic("uniform", 100_000, 1_000_000, num_dst=2_000),
-              _synthetic("uniform", 2_000, 1_000_000, num_dst=100_000),
-              _synthetic("power_law", 200_000, 4_000_000, num_dst=20_000)]
-    from pyg_ugrapher.datasets import available_datasets
-    specs += [GraphSpec(name, "real", _REAL_EDGES.get(name, 0)) for name in available_datasets()]
+    specs += [
+        _synthetic("uniform", 100_000, 1_000_000, num_dst=2_000),
+        _synthetic("uniform", 2_000, 1_000_000, num_dst=100_000),
+        _synthetic("power_law", 200_000, 4_000_000, num_dst=20_000),
+    ]
+    specs += [GraphSpec(name, "real", _REAL_EDGES.get(name, 0)) for name in datasets.available_datasets()]
     return sorted(specs, key=lambda s: s.num_edges)
 
 
-def family(spec: GraphSpec, graph: GraphTensor) -> str:
+def family(spec: GraphSpec, graph: GraphStructure) -> str:
     """``"power_law"`` or ``"uniform"``: synthetic graphs by their generator (exponent 0.5 and up
     is skewed), real graphs by their in-degrees (the largest over 8x the mean, the heuristic's
     criterion)."""
@@ -161,7 +193,7 @@ def family(spec: GraphSpec, graph: GraphTensor) -> str:
         return "power_law"
     if spec.kind == "uniform":
         return "uniform"
-    rows = graph.stats().rows
+    rows = csr_stats(graph.csr).rows
     return "power_law" if rows.max > 8 * max(rows.mean, 1.0) else "uniform"
 
 
@@ -197,8 +229,9 @@ def op_cases(names: Sequence[str], F: int, backward: bool = True) -> List[OpCase
         if not backward:
             continue
         layout = case.layout()
-        reducible = tuple(kind == "edge" and pattern in ("head", "scalar")
-                          for kind, pattern in zip(op.inputs, layout.patterns))
+        reducible = tuple(
+            kind == "edge" and pattern in ("head", "scalar") for kind, pattern in zip(op.inputs, layout.patterns)
+        )
         plan = derive(op, reducible)
         known = {"grad": layout.out_shape, "out": layout.out_shape}
         steps = [("count", plan.count)] if plan.count is not None else []
@@ -213,8 +246,6 @@ def op_cases(names: Sequence[str], F: int, backward: bool = True) -> List[OpCase
 # -- schedules ---------------------------------------------------------------------------------
 @lru_cache(maxsize=None)
 def _permutation(message: bool, seed: int) -> Tuple[ParallelInfo, ...]:
-    from triton_kernels.space import space
-
     op = OpInfo("copy_lhs", None if message else "sum", lhs="src_v")
     infos = list(space(op, _WIDEST))
     random.Random(f"{seed}:{message}").shuffle(infos)
@@ -223,8 +254,9 @@ def _permutation(message: bool, seed: int) -> Tuple[ParallelInfo, ...]:
 
 def _regular(skewed: bool) -> GraphStats:
     """Statistics that send :func:`~autotune.heuristic.heuristic` down its skewed or regular rule."""
-    degrees = DegreeStats(10.0, 30.0 if skewed else 3.0, 1000.0 if skewed else 20.0, 5.0 if skewed else 0.3,
-                          0.2 if skewed else 0.02, 0.0)
+    degrees = DegreeStats(
+        10.0, 30.0 if skewed else 3.0, 1000.0 if skewed else 20.0, 5.0 if skewed else 0.3, 0.2 if skewed else 0.02, 0.0
+    )
     return GraphStats(1000, 1000, 10_000, degrees, degrees)
 
 
@@ -233,16 +265,16 @@ def anchors(op: OpInfo, F: int) -> List[ParallelInfo]:
     graphs, a one-row vertex schedule and an edge schedule."""
     block_f = min(64, 1 << max(F - 1, 0).bit_length())
     fixed = [heuristic(_regular(skewed), op, F, True) for skewed in (False, True)]
-    fixed += [ParallelInfo("vertex", block_v=1, block_e=32, block_f=block_f, num_warps=4),
-              ParallelInfo("edge", block_e=128, block_f=block_f, num_warps=4 if block_f >= 32 else 2)]
+    fixed += [
+        ParallelInfo("vertex", block_v=1, block_e=32, block_f=block_f, num_warps=4),
+        ParallelInfo("edge", block_e=128, block_f=block_f, num_warps=4 if block_f >= 32 else 2),
+    ]
     return list(dict.fromkeys(fixed))
 
 
 def sample_configs(op: OpInfo, F: int, count: int, seed: int = 0) -> List[ParallelInfo]:
     """``count`` schedules of ``op``'s space at width ``F`` (see the module docstring), then the
     :func:`anchors` (valid for ``op`` at ``F``, though not always in the space)."""
-    from triton_kernels.space import space
-
     message = op.gather_op is None
     valid = set(space(op, F))
     chosen = [info for info in _permutation(message, seed) if info in valid][:count]
@@ -253,37 +285,36 @@ def sample_configs(op: OpInfo, F: int, count: int, seed: int = 0) -> List[Parall
 
 
 # -- running one operator ------------------------------------------------------------------------
-def _rows(graph: GraphTensor, kind: str) -> int:
+def _rows(graph: GraphStructure, kind: str) -> int:
     return {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}[kind]
 
 
-def operands(graph: GraphTensor, case: OpCase, dtype: torch.dtype, device: torch.device,
-             seed: int = 0) -> List[Tensor]:
+def operands(
+    graph: GraphStructure, case: OpCase, dtype: torch.dtype, device: torch.device, seed: int = 0
+) -> List[Tensor]:
     """Random operands of ``case`` on ``graph`` (already reversed where the case says so)."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    return [torch.randn((_rows(graph, kind),) + shape, generator=generator, device=device, dtype=dtype)
-            for kind, shape in zip(case.op.inputs, case.shapes)]
+    return [
+        torch.randn((_rows(graph, kind),) + shape, generator=generator, device=device, dtype=dtype)
+        for kind, shape in zip(case.op.inputs, case.shapes)
+    ]
 
 
-def runner(graph: GraphTensor, case: OpCase, tensors: Sequence[Tensor], info: ParallelInfo):
+def runner(graph: GraphStructure, case: OpCase, tensors: Sequence[Tensor], info: ParallelInfo):
     """A callable that runs ``case`` under ``info`` through the kernels, as ``ug.compute`` does."""
-    import triton_kernels
-    from triton_kernels import GraphArrays
-
-    device = tensors[0].device
-    csr = graph.csr(device)
-    src, dst = graph.coo(device)
-    arrays = GraphArrays(csr, src, dst)
+    arrays = GraphArrays(graph.csr, graph.src, graph.dst)
     layout = infer_layout(case.op, [t.shape for t in tensors])
     return lambda: triton_kernels.run(case.op, layout, arrays, tensors, info)
 
 
-def planned_bytes(graph: GraphTensor, case: OpCase, itemsize: int) -> int:
+def planned_bytes(graph: GraphStructure, case: OpCase, itemsize: int) -> int:
     """Device memory a case needs beyond the graph: operands, output, per-edge scratch."""
     layout = case.layout()
     width = max(math.prod(layout.out_shape), 1)
-    operand_bytes = sum(_rows(graph, kind) * max(math.prod(shape), 1) for kind, shape in
-                        zip(case.op.inputs, case.shapes)) * itemsize
+    operand_bytes = (
+        sum(_rows(graph, kind) * max(math.prod(shape), 1) for kind, shape in zip(case.op.inputs, case.shapes))
+        * itemsize
+    )
     out_rows = graph.num_dst if case.op.gather_op else graph.num_edges
     return operand_bytes + out_rows * width * max(itemsize, 4) * 2 + graph.num_edges * 8
 
@@ -296,23 +327,13 @@ class Timer:
         self.reps = max(reps, 1)
         self.target_ms = target_ms
         self.cuda = device.type == "cuda"
-        self._flush = torch.empty(_FLUSH_BYTES // 4, dtype=torch.int32, device=device) if self.cuda else None
+        self._flush = flush_buffer(device) if self.cuda else None
 
     def _once(self, fn) -> float:
-        if not self.cuda:
-            start = time.perf_counter()
-            fn()
-            return (time.perf_counter() - start) * 1e3
-        self._flush.zero_()
-        # Keep the GPU busy while Python launches the call: otherwise a call shorter than its own
-        # launch overhead (tens of microseconds) is timed as that overhead and its jitter.
-        torch.cuda._sleep(BUSY_CYCLES)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+        """One timed call: behind a busy-wait, with a cold L2 (:func:`autotune.timing.cuda_ms`)."""
+        if self.cuda:
+            return cuda_ms(fn, warmup=0, reps=1, flush=self._flush)[0]
+        return wall_ms(fn, warmup=0, reps=1)[0]
 
     def __call__(self, fn) -> Tuple[float, int]:
         """``(median ms, calls timed)``: as many calls as fit in ``target_ms``, between 3 and
@@ -337,7 +358,7 @@ def _failure(error: BaseException) -> Tuple[str, str]:
 def _compile_chunk(jobs: List[Tuple[str, str, str]], device: str) -> List[str]:
     """Launch each (op case name, dtype, schedule) once on a tiny graph; the errors met."""
     device = torch.device(device)
-    graph = GraphTensor.from_edge_index(torch.tensor([[0, 1, 2, 2, 3], [1, 2, 0, 3, 3]], device=device), 4)
+    graph = structure_of(torch.tensor([[0, 1, 2, 2, 3], [1, 2, 0, 3, 3]], device=device), 4, 4)
     errors = []
     for case_text, dtype_name, config in jobs:
         case = _decode_case(case_text)
@@ -353,8 +374,9 @@ def _compile_chunk(jobs: List[Tuple[str, str, str]], device: str) -> List[str]:
 
 
 def _encode_case(case: OpCase) -> str:
-    return "|".join([case.name, case.op.serialize(), str(int(case.reverse)),
-                     ";".join(",".join(map(str, s)) for s in case.shapes)])
+    return "|".join(
+        [case.name, case.op.serialize(), str(int(case.reverse)), ";".join(",".join(map(str, s)) for s in case.shapes)]
+    )
 
 
 def _decode_case(text: str) -> OpCase:
@@ -385,7 +407,7 @@ def compile_all(jobs: List[Tuple[OpCase, str, ParallelInfo]], workers: int, devi
     if not jobs or workers < 1 or device.type != "cuda":
         return
     encoded = kernel_jobs(jobs)
-    chunks = [encoded[k::workers * 4] for k in range(workers * 4)]
+    chunks = [encoded[k :: workers * 4] for k in range(workers * 4)]
     errors: List[str] = []
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(_compile_chunk, chunk, str(device)) for chunk in chunks if chunk]
@@ -446,11 +468,11 @@ def collect(settings: Settings) -> Path:
     device = torch.device(settings.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: CUDA is not available; use --device cpu (the Triton interpreter)")
-    if device.type == "cpu":
-        import triton_kernels
-        if not triton_kernels.interpreting():
-            raise ValueError("device: the CPU runs kernels through Triton's interpreter only; set "
-                             "TRITON_INTERPRET=1 before starting Python")
+    if device.type == "cpu" and not triton_kernels.interpreting():
+        raise ValueError(
+            "device: the CPU runs kernels through Triton's interpreter only; set "
+            "TRITON_INTERPRET=1 before starting Python"
+        )
     for dtype in settings.dtypes:
         if dtype not in DTYPES:
             raise ValueError(f"dtypes: unknown {dtype!r}; expected one of {list(DTYPES)}")
@@ -464,8 +486,13 @@ def collect(settings: Settings) -> Path:
     timer = Timer(device, settings.reps)
 
     plans = {F: op_cases(settings.ops, F, settings.backward) for F in settings.features}
-    jobs = [(case, dtype, info) for F, cases in plans.items() for case in cases for dtype in settings.dtypes
-            for info in sample_configs(case.op, case.layout().message_width, settings.configs, settings.seed)]
+    jobs = [
+        (case, dtype, info)
+        for F, cases in plans.items()
+        for case in cases
+        for dtype in settings.dtypes
+        for info in sample_configs(case.op, case.layout().message_width, settings.configs, settings.seed)
+    ]
     compile_all(jobs, settings.workers, device)
 
     total = len(specs) * sum(len(c) for c in plans.values()) * len(settings.dtypes)
@@ -479,8 +506,13 @@ def collect(settings: Settings) -> Path:
         if settings.resume and path.exists():
             rows = pd.read_csv(path).to_dict("records")
         done = {_case_key(r["op"], r["F"], r["dtype"]) for r in rows}
-        todo = [(case, dtype) for F, cases in plans.items() for case in cases for dtype in settings.dtypes
-                if _case_key(case.name, case.layout().message_width, dtype) not in done]
+        todo = [
+            (case, dtype)
+            for F, cases in plans.items()
+            for case in cases
+            for dtype in settings.dtypes
+            if _case_key(case.name, case.layout().message_width, dtype) not in done
+        ]
         progress.update(sum(len(c) for c in plans.values()) * len(settings.dtypes) - len(todo))
         if not todo:
             continue
@@ -498,8 +530,7 @@ def collect(settings: Settings) -> Path:
         written = len(rows)
         last_write = time.monotonic()
         for case, dtype_name in todo:
-            case_rows = _run_case(spec.name, graph_family, graph, case, dtype_name, gpu, timer, settings,
-                                  deadline)
+            case_rows = _run_case(spec.name, graph_family, graph, case, dtype_name, gpu, timer, settings, deadline)
             if case_rows is None:
                 break
             rows += case_rows
@@ -516,8 +547,17 @@ def collect(settings: Settings) -> Path:
     return out
 
 
-def _run_case(graph_name: str, graph_family: str, graph: GraphTensor, case: OpCase, dtype_name: str,
-              gpu: GpuInfo, timer: Timer, settings: Settings, deadline: float) -> Optional[List[Dict]]:
+def _run_case(
+    graph_name: str,
+    graph_family: str,
+    graph: GraphStructure,
+    case: OpCase,
+    dtype_name: str,
+    gpu: GpuInfo,
+    timer: Timer,
+    settings: Settings,
+    deadline: float,
+) -> Optional[List[Dict]]:
     """The rows of one case, or ``None`` when the ``deadline`` (``time.monotonic``) passed before
     its last schedule was timed."""
     device = timer.device
@@ -525,9 +565,16 @@ def _run_case(graph_name: str, graph_family: str, graph: GraphTensor, case: OpCa
     g = graph.reverse() if case.reverse else graph
     layout = case.layout()
     F, reduce_size = layout.message_width, layout.reduce_size
-    stats = g.stats(device)
-    base = {"graph": graph_name, "family": graph_family, "op": case.name, "op_text": case.op.serialize(),
-            "reverse": int(case.reverse), "dtype": dtype_name, "gpu": gpu.name}
+    stats = csr_stats(g.csr)
+    base = {
+        "graph": graph_name,
+        "family": graph_family,
+        "op": case.name,
+        "op_text": case.op.serialize(),
+        "reverse": int(case.reverse),
+        "dtype": dtype_name,
+        "gpu": gpu.name,
+    }
     base.update(case_columns(stats, case.op, F, reduce_size, dtype, gpu))
     chosen = heuristic(stats, case.op, F, device.type == "cuda")
     configs = sample_configs(case.op, F, settings.configs, settings.seed)
@@ -544,10 +591,18 @@ def _run_case(graph_name: str, graph_family: str, graph: GraphTensor, case: OpCa
     rows = []
     for info in configs:
         row = dict(base)
-        row.update({"config": info.serialize(), "heuristic": int(info == chosen), "strategy": info.strategy,
-                    **{k: getattr(info, k) or 0 for k in ("block_v", "block_e", "block_f", "group_size",
-                                                          "num_warps")},
-                    "time_ms": float("nan"), "reps": 0, "status": "ok", "note": ""})
+        row.update(
+            {
+                "config": info.serialize(),
+                "heuristic": int(info == chosen),
+                "strategy": info.strategy,
+                **{k: getattr(info, k) or 0 for k in ("block_v", "block_e", "block_f", "group_size", "num_warps")},
+                "time_ms": float("nan"),
+                "reps": 0,
+                "status": "ok",
+                "note": "",
+            }
+        )
         if skip_note:
             row.update(status="skipped", note=skip_note)
             rows.append(row)

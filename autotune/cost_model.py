@@ -41,6 +41,7 @@ Example::
     >>> model.save_model("autotune/models/h100.json")
     >>> CostModel.load("autotune/models/h100.json").predict(X)
 """
+
 from __future__ import annotations
 
 import json
@@ -51,9 +52,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-OBJECTIVES = {"regression": "reg:squarederror", "l2": "reg:squarederror",
-              "regression_l1": "reg:absoluteerror", "l1": "reg:absoluteerror", "huber": "reg:pseudohubererror",
-              "lambdarank": "rank:ndcg", "rank_pairwise": "rank:pairwise"}
+OBJECTIVES = {
+    "regression": "reg:squarederror",
+    "l2": "reg:squarederror",
+    "regression_l1": "reg:absoluteerror",
+    "l1": "reg:absoluteerror",
+    "huber": "reg:pseudohubererror",
+    "lambdarank": "rank:ndcg",
+    "rank_pairwise": "rank:pairwise",
+}
 #: Objectives that rank rows within query groups (``fit(..., group=...)``).
 RANKING = ("lambdarank", "rank_pairwise")
 BACKENDS = ("xgboost", "lightgbm")
@@ -111,11 +118,22 @@ class CostModel:
         backend: ``"xgboost"`` or ``"lightgbm"``.
     """
 
-    def __init__(self, n_estimators: int = 100, learning_rate: float = 0.1, num_leaves: int = 31,
-                 max_depth: int = -1, min_child_samples: int = 20, subsample: float = 1.0,
-                 colsample_bytree: float = 1.0, reg_lambda: float = 0.0, reg_alpha: float = 0.0,
-                 objective: str = "regression", random_state: Optional[int] = None,
-                 n_jobs: Optional[int] = None, backend: str = "xgboost") -> None:
+    def __init__(
+        self,
+        n_estimators: int = 100,
+        learning_rate: float = 0.1,
+        num_leaves: int = 31,
+        max_depth: int = -1,
+        min_child_samples: int = 20,
+        subsample: float = 1.0,
+        colsample_bytree: float = 1.0,
+        reg_lambda: float = 0.0,
+        reg_alpha: float = 0.0,
+        objective: str = "regression",
+        random_state: Optional[int] = None,
+        n_jobs: Optional[int] = None,
+        backend: str = "xgboost",
+    ) -> None:
         self.n_estimators = _check_int("n_estimators", n_estimators, 1)
         self.learning_rate = _check_float("learning_rate", learning_rate, 0.0, 1.0, open_low=True)
         self.num_leaves = _check_int("num_leaves", num_leaves, 2)
@@ -139,14 +157,18 @@ class CostModel:
         if backend not in BACKENDS:
             raise ValueError(f"backend: unknown {backend!r}; expected one of {BACKENDS}")
         if backend == "lightgbm" and objective == "rank_pairwise":
-            raise ValueError("objective: 'rank_pairwise' needs the xgboost backend (LightGBM has no pairwise "
-                             "objective; 'lambdarank' runs on both)")
+            raise ValueError(
+                "objective: 'rank_pairwise' needs the xgboost backend (LightGBM has no pairwise "
+                "objective; 'lambdarank' runs on both)"
+            )
         if backend == "lightgbm":
             try:
                 import lightgbm  # noqa: F401
             except ImportError as error:
-                raise ImportError("backend: 'lightgbm' needs the lightgbm package (pip install lightgbm); "
-                                  "the default backend 'xgboost' takes the same arguments") from error
+                raise ImportError(
+                    "backend: 'lightgbm' needs the lightgbm package (pip install lightgbm); "
+                    "the default backend 'xgboost' takes the same arguments"
+                ) from error
         self.backend = backend
         self.feature_names_: Optional[List[str]] = None
         self.evals_result_: Dict[str, Dict[str, List[float]]] = {}
@@ -155,18 +177,40 @@ class CostModel:
     # -- parameters ----------------------------------------------------------------------------
     def get_params(self) -> Dict[str, Any]:
         """The constructor arguments (scikit-learn's convention)."""
-        names = ("n_estimators", "learning_rate", "num_leaves", "max_depth", "min_child_samples", "subsample",
-                 "colsample_bytree", "reg_lambda", "reg_alpha", "objective", "random_state", "n_jobs", "backend")
+        names = (
+            "n_estimators",
+            "learning_rate",
+            "num_leaves",
+            "max_depth",
+            "min_child_samples",
+            "subsample",
+            "colsample_bytree",
+            "reg_lambda",
+            "reg_alpha",
+            "objective",
+            "random_state",
+            "n_jobs",
+            "backend",
+        )
         return {name: getattr(self, name) for name in names}
 
     def xgboost_params(self) -> Dict[str, Any]:
         """The XGBoost training parameters these arguments stand for."""
-        params = {"objective": OBJECTIVES[self.objective], "eta": self.learning_rate, "max_leaves": self.num_leaves,
-                  "grow_policy": "lossguide", "max_depth": 0 if self.max_depth == -1 else self.max_depth,
-                  "min_child_weight": float(self.min_child_samples), "subsample": self.subsample,
-                  "colsample_bytree": self.colsample_bytree, "lambda": self.reg_lambda, "alpha": self.reg_alpha,
-                  "seed": self.random_state or 0, "tree_method": "hist",
-                  "nthread": 0 if self.n_jobs in (None, -1) else self.n_jobs}
+        params = {
+            "objective": OBJECTIVES[self.objective],
+            "eta": self.learning_rate,
+            "max_leaves": self.num_leaves,
+            "grow_policy": "lossguide",
+            "max_depth": 0 if self.max_depth == -1 else self.max_depth,
+            "min_child_weight": float(self.min_child_samples),
+            "subsample": self.subsample,
+            "colsample_bytree": self.colsample_bytree,
+            "lambda": self.reg_lambda,
+            "alpha": self.reg_alpha,
+            "seed": self.random_state or 0,
+            "tree_method": "hist",
+            "nthread": 0 if self.n_jobs in (None, -1) else self.n_jobs,
+        }
         if self.objective == "rank_pairwise":
             # The default metric (NDCG) needs integer relevance; the ranking AUC, the fraction of
             # pairs of a group in the right order, takes any label.
@@ -183,16 +227,32 @@ class CostModel:
 
         estimator = lightgbm.LGBMRanker if self.ranking else lightgbm.LGBMRegressor
         return estimator(
-            n_estimators=self.n_estimators, learning_rate=self.learning_rate, num_leaves=self.num_leaves,
-            max_depth=self.max_depth, min_child_samples=self.min_child_samples, subsample=self.subsample,
-            subsample_freq=1 if self.subsample < 1 else 0, colsample_bytree=self.colsample_bytree,
-            reg_lambda=self.reg_lambda, reg_alpha=self.reg_alpha, objective=self.objective,
-            random_state=self.random_state, n_jobs=self.n_jobs if self.n_jobs is not None else -1, verbose=-1)
+            n_estimators=self.n_estimators,
+            learning_rate=self.learning_rate,
+            num_leaves=self.num_leaves,
+            max_depth=self.max_depth,
+            min_child_samples=self.min_child_samples,
+            subsample=self.subsample,
+            subsample_freq=1 if self.subsample < 1 else 0,
+            colsample_bytree=self.colsample_bytree,
+            reg_lambda=self.reg_lambda,
+            reg_alpha=self.reg_alpha,
+            objective=self.objective,
+            random_state=self.random_state,
+            n_jobs=self.n_jobs if self.n_jobs is not None else -1,
+            verbose=-1,
+        )
 
     # -- training and prediction -----------------------------------------------------------------
-    def fit(self, X: ArrayLike, y: ArrayLike, eval_set: Optional[Sequence[Tuple[ArrayLike, ArrayLike]]] = None,
-            feature_name: Optional[Sequence[str]] = None, group: Optional[ArrayLike] = None,
-            eval_group: Optional[Sequence[ArrayLike]] = None) -> "CostModel":
+    def fit(
+        self,
+        X: ArrayLike,
+        y: ArrayLike,
+        eval_set: Optional[Sequence[Tuple[ArrayLike, ArrayLike]]] = None,
+        feature_name: Optional[Sequence[str]] = None,
+        group: Optional[ArrayLike] = None,
+        eval_group: Optional[Sequence[ArrayLike]] = None,
+    ) -> "CostModel":
         """Fit on ``X`` (``[n, d]``) and targets ``y`` (``[n]``); ``eval_set`` pairs are scored each
         round into :attr:`evals_result_` (``valid_0``, ``valid_1``, ... as LightGBM names them).
 
@@ -209,13 +269,14 @@ class CostModel:
         names = list(feature_name) if feature_name is not None else names
         if names is not None and len(names) != X.shape[1]:
             raise ValueError(f"feature_name: {len(names)} names for {X.shape[1]} columns")
-        evals = [(np.asarray(_matrix(a)[0]), np.asarray(b, dtype=np.float32).reshape(-1))
-                 for a, b in (eval_set or [])]
+        evals = [(np.asarray(_matrix(a)[0]), np.asarray(b, dtype=np.float32).reshape(-1)) for a, b in (eval_set or [])]
         group = self._groups("group", group, X.shape[0])
         if eval_group is not None and len(eval_group) != len(evals):
             raise ValueError(f"eval_group: {len(eval_group)} groupings for {len(evals)} eval_set pairs")
-        eval_groups = [self._groups(f"eval_group[{i}]", None if eval_group is None else eval_group[i], len(b))
-                       for i, (_, b) in enumerate(evals)]
+        eval_groups = [
+            self._groups(f"eval_group[{i}]", None if eval_group is None else eval_group[i], len(b))
+            for i, (_, b) in enumerate(evals)
+        ]
         self.feature_names_ = names
         if self.backend == "lightgbm":
             model = self._lightgbm()
@@ -235,8 +296,14 @@ class CostModel:
         train = matrix(X, y, group)
         watch = [(matrix(a, b, g), f"valid_{i}") for i, ((a, b), g) in enumerate(zip(evals, eval_groups))]
         result: Dict[str, Dict[str, List[float]]] = {}
-        self._booster = xgboost.train(self.xgboost_params(), train, num_boost_round=self.n_estimators,
-                                      evals=watch, evals_result=result, verbose_eval=False)
+        self._booster = xgboost.train(
+            self.xgboost_params(),
+            train,
+            num_boost_round=self.n_estimators,
+            evals=watch,
+            evals_result=result,
+            verbose_eval=False,
+        )
         self.evals_result_ = result
         return self
 
@@ -244,12 +311,10 @@ class CostModel:
         """Checked query-group sizes: required exactly for a ranking objective."""
         if not self.ranking:
             if sizes is not None:
-                raise ValueError(f"{name}: query groups need a ranking objective {RANKING}, "
-                                 f"not {self.objective!r}")
+                raise ValueError(f"{name}: query groups need a ranking objective {RANKING}, not {self.objective!r}")
             return None
         if sizes is None:
-            raise ValueError(f"{name}: the objective {self.objective!r} ranks within query groups; pass "
-                             f"their sizes")
+            raise ValueError(f"{name}: the objective {self.objective!r} ranks within query groups; pass their sizes")
         sizes = np.asarray(sizes).reshape(-1)
         if sizes.size and (not np.issubdtype(sizes.dtype, np.integer) or sizes.min() < 1):
             raise ValueError(f"{name}: group sizes must be positive ints")

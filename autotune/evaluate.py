@@ -24,6 +24,7 @@ Summaries (``summary.csv``): the geometric mean of the ratio and the fraction of
 ``cases.csv`` holds every case; two plots show predictions against measurements and chosen
 against best times.
 """
+
 from __future__ import annotations
 
 import logging
@@ -84,8 +85,9 @@ def static_choices(train: pd.DataFrame, by: Sequence[str] = ("message", "F")) ->
     return choices
 
 
-def cross_validate(table: pd.DataFrame, folds: int = 5, n_estimators: Optional[int] = None,
-                   seed: int = 0, kind: str = "rank") -> pd.DataFrame:
+def cross_validate(
+    table: pd.DataFrame, folds: int = 5, n_estimators: Optional[int] = None, seed: int = 0, kind: str = "rank"
+) -> pd.DataFrame:
     """Held-out predictions: the rows of ``table`` that were timed, with ``target`` and ``pred``
     (the model's target ``kind`` and its held-out prediction), ``static`` and ``single`` (this
     row is its fold's static choice per width, or for every width) columns."""
@@ -121,8 +123,7 @@ def case_table(rows: pd.DataFrame) -> pd.DataFrame:
     out["model"] = picked["ratio"]
     out["model_ms"] = picked["time_ms"]
     out["model_config"] = picked["config"]
-    for method, mask in (("static", rows["static"]), ("single", rows["single"]),
-                         ("heuristic", rows["heuristic"] == 1)):
+    for method, mask in (("static", rows["static"]), ("single", rows["single"]), ("heuristic", rows["heuristic"] == 1)):
         out[method] = rows[mask].groupby("case")["ratio"].min()
     out["candidates"] = rows.groupby("case").size()
     return out.reset_index()
@@ -135,9 +136,15 @@ def summarize(cases: pd.DataFrame) -> pd.DataFrame:
         part = cases if half == "all" else cases[cases["family"] == half]
         for method in METHODS:
             ratio = part[method].dropna()
-            records.append({"half": half, "method": method, "cases": len(ratio),
-                            "geomean": float(np.exp(np.log(ratio).mean())) if len(ratio) else np.nan,
-                            "within_10pct": float((ratio <= 1.1).mean()) if len(ratio) else np.nan})
+            records.append(
+                {
+                    "half": half,
+                    "method": method,
+                    "cases": len(ratio),
+                    "geomean": float(np.exp(np.log(ratio).mean())) if len(ratio) else np.nan,
+                    "within_10pct": float((ratio <= 1.1).mean()) if len(ratio) else np.nan,
+                }
+            )
     return pd.DataFrame(records)
 
 
@@ -170,23 +177,37 @@ def plot(rows: pd.DataFrame, cases: pd.DataFrame, out: Path, kind: str = "rank")
     if kind == "rank":
         # Scores are no times: they only order the candidates of a case.
         ax.scatter(rows["time_ms"] / rows.groupby("case")["time_ms"].transform("min"), rows["pred"], s=3, alpha=0.3)
-        ax.set(xscale="log", xlabel="measured time / best of its case", ylabel="predicted score (lower: faster)",
-               title="Held-out graphs: score vs measured")
+        ax.set(
+            xscale="log",
+            xlabel="measured time / best of its case",
+            ylabel="predicted score (lower: faster)",
+            title="Held-out graphs: score vs measured",
+        )
     else:
         measured, predicted = np.exp(rows["target"]), np.exp(rows["pred"])
         ax.scatter(measured, predicted, s=3, alpha=0.3)
         _diagonal(ax, measured, predicted)
         unit = "time (ms)" if kind == "log_time" else "time / geometric mean of its case"
-        ax.set(xscale="log", yscale="log", xlabel=f"measured {unit}", ylabel=f"predicted {unit}",
-               title="Held-out graphs: predicted vs measured")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel=f"measured {unit}",
+            ylabel=f"predicted {unit}",
+            title="Held-out graphs: predicted vs measured",
+        )
     paths.append(_save(fig, out / "predicted_vs_measured.png"))
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for half, marker in (("power_law", "o"), ("uniform", "s")):
         part = cases[cases["family"] == half]
         ax.scatter(part["best_ms"], part["model_ms"], s=8, alpha=0.5, marker=marker, label=half)
     _diagonal(ax, cases["best_ms"], cases["model_ms"])
-    ax.set(xscale="log", yscale="log", xlabel="best measured time (ms)", ylabel="time of the model's choice (ms)",
-           title="Held-out graphs: chosen vs oracle")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="best measured time (ms)",
+        ylabel="time of the model's choice (ms)",
+        title="Held-out graphs: chosen vs oracle",
+    )
     ax.legend()
     paths.append(_save(fig, out / "chosen_vs_oracle.png"))
     return paths
@@ -206,8 +227,14 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def evaluate(data: Sequence[os.PathLike], out: os.PathLike, folds: int = 5, n_estimators: Optional[int] = None,
-             seed: int = 0, kind: str = "rank") -> pd.DataFrame:
+def evaluate(
+    data: Sequence[os.PathLike],
+    out: os.PathLike,
+    folds: int = 5,
+    n_estimators: Optional[int] = None,
+    seed: int = 0,
+    kind: str = "rank",
+) -> pd.DataFrame:
     """Cross-validate a model of target ``kind`` on the tables under ``data``; write
     ``cases.csv``, ``summary.csv``, ``sizes.csv`` and the plots to ``out``; return the summary."""
     out = Path(out)

@@ -23,19 +23,20 @@ The same function serves the collected table (one row per measurement, every col
 and runtime selection (the case columns are scalars, the knob columns the cached arrays of the
 whole space), so training and selection can never disagree on a feature.
 """
+
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Dict, List, Mapping, Optional, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from pyg_ugrapher.graph import GraphStats
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.parallel import ParallelInfo
+from pyg_ugrapher.structure import GraphStats
 from triton_kernels.space import space
 
 Column = Union[float, np.ndarray]
@@ -43,7 +44,8 @@ Column = Union[float, np.ndarray]
 #: Graph statistics: sizes, then the degree distribution of rows (reduced into) and columns.
 _DEGREE_FIELDS = ("mean", "std", "max", "skew", "top1_fraction", "isolated_fraction")
 GRAPH_COLUMNS: Tuple[str, ...] = ("num_rows", "num_cols", "num_edges") + tuple(
-    f"{side}_{name}" for side in ("row", "col") for name in _DEGREE_FIELDS)
+    f"{side}_{name}" for side in ("row", "col") for name in _DEGREE_FIELDS
+)
 #: Operator fields: gather op (``none`` for message creation), operand kinds, reduction, size of
 #: the edge function's expression tree.
 OP_COLUMNS: Tuple[str, ...] = ("gather", "n_src", "n_dst", "n_edge", "reduces", "expr_size")
@@ -58,19 +60,61 @@ GATHERS = ("none", "sum", "mean", "max", "min")
 #: Columns of the model's matrix, in order.
 FEATURES: Tuple[str, ...] = (
     # graph
-    "log_rows", "log_cols", "log_edges", "log_row_mean", "log_row_std", "log_row_max", "row_skew",
-    "row_top1", "row_isolated", "log_row_max_over_mean", "log_col_mean", "log_col_std", "log_col_max",
-    "col_skew", "col_top1", "col_isolated",
+    "log_rows",
+    "log_cols",
+    "log_edges",
+    "log_row_mean",
+    "log_row_std",
+    "log_row_max",
+    "row_skew",
+    "row_top1",
+    "row_isolated",
+    "log_row_max_over_mean",
+    "log_col_mean",
+    "log_col_std",
+    "log_col_max",
+    "col_skew",
+    "col_top1",
+    "col_isolated",
     # operator, shapes, dtype, GPU
-    "is_message", "gather_sum", "gather_mean", "gather_extreme", "n_src", "n_dst", "n_edge", "reduces",
-    "expr_size", "log_F", "log_reduce_size", "log_out_width", "itemsize", "sm_count", "cc",
+    "is_message",
+    "gather_sum",
+    "gather_mean",
+    "gather_extreme",
+    "n_src",
+    "n_dst",
+    "n_edge",
+    "reduces",
+    "expr_size",
+    "log_F",
+    "log_reduce_size",
+    "log_out_width",
+    "itemsize",
+    "sm_count",
+    "cc",
     "log_work",
     # schedule
-    "s_vertex", "s_edge", "s_group", "log_block_v", "log_block_e", "log_block_f", "log_group_size",
-    "log_num_warps", "log_tile", "log_elems_per_thread",
+    "s_vertex",
+    "s_edge",
+    "s_group",
+    "log_block_v",
+    "log_block_e",
+    "log_block_f",
+    "log_group_size",
+    "log_num_warps",
+    "log_tile",
+    "log_elems_per_thread",
     # schedule on this graph
-    "feature_tiles", "lane_use", "log_programs", "log_waves", "log_items_per_program",
-    "log_max_steps", "log_mean_steps", "waste", "log_atomics", "splits_rows",
+    "feature_tiles",
+    "lane_use",
+    "log_programs",
+    "log_waves",
+    "log_items_per_program",
+    "log_max_steps",
+    "log_mean_steps",
+    "waste",
+    "log_atomics",
+    "splits_rows",
 )
 
 
@@ -97,9 +141,8 @@ def gpu_info(device: Union[str, torch.device]) -> GpuInfo:
 @lru_cache(maxsize=4096)
 def graph_columns(stats: GraphStats) -> Dict[str, float]:
     """Base columns of a graph's statistics, cached per statistics (which are themselves cached on
-    the graph's structure, see :func:`~pyg_ugrapher.graph.csr_stats`). Do not mutate the result."""
-    values = {"num_rows": float(stats.num_rows), "num_cols": float(stats.num_cols),
-              "num_edges": float(stats.num_edges)}
+    the graph's structure, see :func:`~pyg_ugrapher.structure.csr_stats`). Do not mutate the result."""
+    values = {"num_rows": float(stats.num_rows), "num_cols": float(stats.num_cols), "num_edges": float(stats.num_edges)}
     for side, degrees in (("row", stats.rows), ("col", stats.cols)):
         for name in _DEGREE_FIELDS:
             values[f"{side}_{name}"] = float(getattr(degrees, name))
@@ -109,19 +152,31 @@ def graph_columns(stats: GraphStats) -> Dict[str, float]:
 @lru_cache(maxsize=4096)
 def op_columns(op: OpInfo) -> Dict[str, Union[str, float]]:
     """Base columns of an operator."""
-    return {"gather": op.gather_op or "none", "n_src": float(op.inputs.count("src_v")),
-            "n_dst": float(op.inputs.count("dst_v")), "n_edge": float(op.inputs.count("edge")),
-            "reduces": float(op.reduces), "expr_size": float(sum(1 for _ in op.expr.walk()))}
+    return {
+        "gather": op.gather_op or "none",
+        "n_src": float(op.inputs.count("src_v")),
+        "n_dst": float(op.inputs.count("dst_v")),
+        "n_edge": float(op.inputs.count("edge")),
+        "reduces": float(op.reduces),
+        "expr_size": float(sum(1 for _ in op.expr.walk())),
+    }
 
 
-def case_columns(stats: GraphStats, op: OpInfo, F: int, reduce_size: int, dtype: torch.dtype,
-                 gpu: GpuInfo) -> Dict[str, Union[str, float]]:
+def case_columns(
+    stats: GraphStats, op: OpInfo, F: int, reduce_size: int, dtype: torch.dtype, gpu: GpuInfo
+) -> Dict[str, Union[str, float]]:
     """Every base column of a case (everything but the schedule)."""
     columns: Dict[str, Union[str, float]] = dict(graph_columns(stats))
     columns.update(op_columns(op))
-    columns.update({"F": float(F), "reduce_size": float(reduce_size),
-                    "itemsize": float(dtype.itemsize),
-                    "sm_count": float(gpu.sm_count), "cc": float(gpu.cc)})
+    columns.update(
+        {
+            "F": float(F),
+            "reduce_size": float(reduce_size),
+            "itemsize": float(dtype.itemsize),
+            "sm_count": float(gpu.sm_count),
+            "cc": float(gpu.cc),
+        }
+    )
     return columns
 
 
@@ -134,8 +189,7 @@ def knob_columns(infos: List[ParallelInfo]) -> Dict[str, np.ndarray]:
 
 
 @lru_cache(maxsize=1024)
-def candidates(message: bool, F: int) -> Tuple[Tuple[ParallelInfo, ...], Dict[str, np.ndarray],
-                                               Dict[str, Column]]:
+def candidates(message: bool, F: int) -> Tuple[Tuple[ParallelInfo, ...], Dict[str, np.ndarray], Dict[str, Column]]:
     """The design space for message creation (``message``) or a gather at width ``F``, its knob
     columns and their :func:`schedule_terms`; cached, since the space depends on nothing else."""
     op = OpInfo("copy_lhs", None if message else "sum", lhs="src_v")
@@ -165,23 +219,50 @@ def schedule_terms(knobs: Mapping[str, Column]) -> Dict[str, Column]:
     group_size = np.where(group > 0, np.maximum(knobs["group_size"], 1.0), 0.0)
     tile = block_v * block_e * block_f
     return {
-        "block_v": block_v, "block_e": block_e, "block_f": block_f, "group_size": group_size,
+        "block_v": block_v,
+        "block_e": block_e,
+        "block_f": block_f,
+        "group_size": group_size,
         "safe_group": np.maximum(group_size, 1.0),
         "per_program": np.where(edge > 0, block_e, block_v),
         "sqrt_2_ln_block_v": np.sqrt(2 * np.log(block_v)),
-        "s_vertex": vertex, "s_edge": edge, "s_group": group, "log_block_v": np.log2(block_v),
-        "log_block_e": np.log2(block_e), "log_block_f": np.log2(block_f),
-        "log_group_size": _log2(group_size), "log_num_warps": np.log2(warps), "log_tile": np.log2(tile),
+        "s_vertex": vertex,
+        "s_edge": edge,
+        "s_group": group,
+        "log_block_v": np.log2(block_v),
+        "log_block_e": np.log2(block_e),
+        "log_block_f": np.log2(block_f),
+        "log_group_size": _log2(group_size),
+        "log_num_warps": np.log2(warps),
+        "log_tile": np.log2(tile),
         "log_elems_per_thread": np.log2(tile / (32 * warps)),
     }
 
 
 #: Features that are ``log2(1 + column)`` of a graph column.
-_LOGGED_GRAPH_COLUMNS = {"log_rows": "num_rows", "log_cols": "num_cols", "log_edges": "num_edges",
-                         "log_row_mean": "row_mean", "log_row_std": "row_std", "log_row_max": "row_max",
-                         "log_col_mean": "col_mean", "log_col_std": "col_std", "log_col_max": "col_max"}
-_SCHEDULE_FEATURES = ("s_vertex", "s_edge", "s_group", "log_block_v", "log_block_e", "log_block_f",
-                      "log_group_size", "log_num_warps", "log_tile", "log_elems_per_thread")
+_LOGGED_GRAPH_COLUMNS = {
+    "log_rows": "num_rows",
+    "log_cols": "num_cols",
+    "log_edges": "num_edges",
+    "log_row_mean": "row_mean",
+    "log_row_std": "row_std",
+    "log_row_max": "row_max",
+    "log_col_mean": "col_mean",
+    "log_col_std": "col_std",
+    "log_col_max": "col_max",
+}
+_SCHEDULE_FEATURES = (
+    "s_vertex",
+    "s_edge",
+    "s_group",
+    "log_block_v",
+    "log_block_e",
+    "log_block_f",
+    "log_group_size",
+    "log_num_warps",
+    "log_tile",
+    "log_elems_per_thread",
+)
 
 
 def derive(columns: Mapping[str, Column], schedule: Optional[Mapping[str, Column]] = None) -> np.ndarray:
@@ -233,25 +314,39 @@ def derive(columns: Mapping[str, Column], schedule: Optional[Mapping[str, Column
     logs = _log2(np.stack([np.asarray(c[column], dtype=np.float64) for column in _LOGGED_GRAPH_COLUMNS.values()]))
     values = {
         **dict(zip(_LOGGED_GRAPH_COLUMNS, logs)),
-        "row_skew": np.arcsinh(c["row_skew"]), "row_top1": c["row_top1_fraction"],
+        "row_skew": np.arcsinh(c["row_skew"]),
+        "row_top1": c["row_top1_fraction"],
         "row_isolated": c["row_isolated_fraction"],
         "log_row_max_over_mean": np.log2((dmax + 1.0) / (mean + 1.0)),
         "col_skew": np.arcsinh(c["col_skew"]),
-        "col_top1": c["col_top1_fraction"], "col_isolated": c["col_isolated_fraction"],
+        "col_top1": c["col_top1_fraction"],
+        "col_isolated": c["col_isolated_fraction"],
         "is_message": np.asarray(gather == "none", dtype=np.float64),
         "gather_sum": np.asarray(gather == "sum", dtype=np.float64),
         "gather_mean": np.asarray(gather == "mean", dtype=np.float64),
         "gather_extreme": np.asarray((gather == "max") | (gather == "min"), dtype=np.float64),
-        "n_src": c["n_src"], "n_dst": c["n_dst"], "n_edge": c["n_edge"], "reduces": c["reduces"],
-        "expr_size": c["expr_size"], "log_F": np.log2(np.maximum(F, 1.0)),
-        "log_reduce_size": np.log2(reduce_size), "log_out_width": np.log2(width),
-        "itemsize": c["itemsize"], "sm_count": c["sm_count"], "cc": c["cc"],
+        "n_src": c["n_src"],
+        "n_dst": c["n_dst"],
+        "n_edge": c["n_edge"],
+        "reduces": c["reduces"],
+        "expr_size": c["expr_size"],
+        "log_F": np.log2(np.maximum(F, 1.0)),
+        "log_reduce_size": np.log2(reduce_size),
+        "log_out_width": np.log2(width),
+        "itemsize": c["itemsize"],
+        "sm_count": c["sm_count"],
+        "cc": c["cc"],
         "log_work": _log2(E * F * c["itemsize"]),
         **{name: s[name] for name in _SCHEDULE_FEATURES},
-        "feature_tiles": feature_tiles, "lane_use": lane_use, "log_programs": _log2(programs),
+        "feature_tiles": feature_tiles,
+        "lane_use": lane_use,
+        "log_programs": _log2(programs),
         "log_waves": np.log2(programs / np.maximum(c["sm_count"], 1.0) + 1.0),
-        "log_items_per_program": _log2(E / blocks), "log_max_steps": _log2(max_steps),
-        "log_mean_steps": _log2(mean_steps), "waste": waste, "log_atomics": _log2(atomics),
+        "log_items_per_program": _log2(E / blocks),
+        "log_max_steps": _log2(max_steps),
+        "log_mean_steps": _log2(mean_steps),
+        "waste": waste,
+        "log_atomics": _log2(atomics),
         "splits_rows": np.asarray((group > 0) & (dmax > group_size), dtype=np.float64),
     }
     # Filled feature by feature (contiguous rows; the per-case scalars in one assignment), then
@@ -282,10 +377,23 @@ def frame_features(table) -> np.ndarray:
     return derive(columns)
 
 
-def case_features(stats: GraphStats, op: OpInfo, F: int, reduce_size: int, dtype: torch.dtype,
-                  gpu: GpuInfo) -> Tuple[Tuple[ParallelInfo, ...], np.ndarray]:
-    """Every candidate of the design space for one case, and its feature matrix."""
-    infos, knobs, schedule = candidates(op.gather_op is None, F)
+def case_features(
+    stats: GraphStats,
+    op: OpInfo,
+    F: int,
+    reduce_size: int,
+    dtype: torch.dtype,
+    gpu: GpuInfo,
+    infos: Optional[Sequence[ParallelInfo]] = None,
+) -> Tuple[Tuple[ParallelInfo, ...], np.ndarray]:
+    """Every candidate of the design space for one case (or the schedules ``infos``), and its
+    feature matrix."""
+    if infos is None:
+        infos, knobs, schedule = candidates(op.gather_op is None, F)
+    else:
+        infos = tuple(infos)
+        knobs = knob_columns(list(infos))
+        schedule = schedule_terms(knobs)
     columns: Dict[str, Column] = dict(case_columns(stats, op, F, reduce_size, dtype, gpu))
     columns.update(knobs)
     return infos, derive(columns, schedule)

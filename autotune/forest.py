@@ -1,7 +1,7 @@
 """The cost model's trees as flat node arrays, scored on the GPU in one kernel.
 
 Runtime selection scores the whole design space of a case (468-814 schedules) under the shipped
-model. XGBoost does it on the host in 0.8-2.4 ms with four threads on H100 machines; a
+model. XGBoost does it on the host in about a millisecond or more, too slow per decision; a
 :class:`Forest` hands the same trees to :func:`triton_kernels.tree_ensemble.tree_ensemble_scores`,
 which walks every (schedule, tree) pair at once on the GPU. The scores are XGBoost's up to the
 order of float32 additions.
@@ -10,6 +10,7 @@ Only models whose prediction is the plain sum of their trees' leaves plus the ba
 (gradient-boosted trees, numerical splits, one output, an objective without a link function);
 :meth:`Forest.from_booster` refuses others with a ``ValueError``, and they stay on XGBoost.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,14 @@ from torch import Tensor
 from triton_kernels.tree_ensemble import tree_ensemble_scores
 
 #: XGBoost objectives whose prediction is the margin itself (no sigmoid, exponential, softmax).
-IDENTITY_OBJECTIVES = ("reg:squarederror", "reg:absoluteerror", "reg:pseudohubererror", "rank:pairwise",
-                       "rank:ndcg", "rank:map")
+IDENTITY_OBJECTIVES = (
+    "reg:squarederror",
+    "reg:absoluteerror",
+    "reg:pseudohubererror",
+    "rank:pairwise",
+    "rank:ndcg",
+    "rank:map",
+)
 
 
 def _depths(parents: np.ndarray, roots: np.ndarray) -> np.ndarray:
@@ -68,9 +75,18 @@ class Forest:
     ``value`` (0 at splits), each tree's root in ``roots``, and the ``base`` score added to the
     sum of leaves."""
 
-    def __init__(self, feature: np.ndarray, threshold: np.ndarray, left: np.ndarray, right: np.ndarray,
-                 default_left: np.ndarray, value: np.ndarray, roots: np.ndarray, base: float,
-                 num_features: int) -> None:
+    def __init__(
+        self,
+        feature: np.ndarray,
+        threshold: np.ndarray,
+        left: np.ndarray,
+        right: np.ndarray,
+        default_left: np.ndarray,
+        value: np.ndarray,
+        roots: np.ndarray,
+        base: float,
+        num_features: int,
+    ) -> None:
         self.feature = np.asarray(feature, dtype=np.int32)
         self.threshold = np.asarray(threshold, dtype=np.float32)
         self.left = np.asarray(left, dtype=np.int32)
@@ -108,8 +124,9 @@ class Forest:
         learner = model["learner"]
         objective = learner["objective"]["name"]
         if objective not in IDENTITY_OBJECTIVES:
-            raise ValueError(f"booster: objective {objective!r} transforms the sum of leaves; "
-                             f"only {IDENTITY_OBJECTIVES} convert")
+            raise ValueError(
+                f"booster: objective {objective!r} transforms the sum of leaves; only {IDENTITY_OBJECTIVES} convert"
+            )
         gradient_booster = learner["gradient_booster"]
         if gradient_booster["name"] != "gbtree":
             raise ValueError(f"booster: {gradient_booster['name']!r} models weigh their trees; only gbtree converts")
@@ -144,7 +161,8 @@ class Forest:
         if device not in self._tensors:
             self._tensors[device] = tuple(
                 torch.from_numpy(getattr(self, name)).to(device)
-                for name in ("feature", "threshold", "left", "right", "default_left", "value", "roots"))
+                for name in ("feature", "threshold", "left", "right", "default_left", "value", "roots")
+            )
         return self._tensors[device]
 
     def _staging(self, device: torch.device, rows: int) -> _Staging:

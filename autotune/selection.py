@@ -3,21 +3,19 @@
 On a CUDA device with a trained model (``autotune/models/h100.json``, or the file named by the
 environment variable ``PYG_UGRAPHER_MODEL``), every schedule of the design space is scored by the
 cost model and the lowest score wins (a predicted time, or the shipped ranking model's score,
-which grows with time): one feature matrix (:func:`autotune.features.case_features`, 0.15-0.40
-ms on the H100 machines' hosts) and one walk of the model's trees on the GPU itself
-(:mod:`autotune.forest`, 0.14-0.23 ms with the copies; XGBoost's ``inplace_predict`` on four host
-threads took 0.8-2.0 ms), so an uncached selection takes 0.40-0.65 ms on two hosts, 0.59-0.99 ms
-on a slower one (``benchmarks/results/h100-gpu-scoring``). XGBoost scores on the host where the
-forest cannot run: a model that does not convert, or a CUDA graph being captured. A GPU the model
-was not trained on uses it as it is (its SM count and compute capability are features). Graphs of
-up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per operator and width
-(:func:`autotune.heuristic.small_graph_schedule`); larger ones are scored by the model whatever
-their size. From :data:`MEASURE_EDGES` edges on, where one kernel takes about a
-millisecond, the model's shortlist is timed once on the call's own operands, the winner refined
-through its neighbours (:func:`~triton_kernels.space.neighbours`), and the fastest wins (:func:`select_measured`; off with
-``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a CPU, where kernels
-run through Triton's interpreter, whose costs are nothing like a GPU's; no model file; CUDA
-statistics asked for on a machine without CUDA) the documented rules of
+which grows with time): one feature matrix (:func:`autotune.features.case_features`) and one walk
+of the model's trees on the GPU itself (:mod:`autotune.forest`, several times faster than
+XGBoost's ``inplace_predict`` on the host), so an uncached selection takes well under a
+millisecond. XGBoost scores on the host where the forest cannot run: a model that does not
+convert, or a CUDA graph being captured. A GPU the model was not trained on uses it as it is (its
+SM count and compute capability are features). Graphs of up to :data:`SMALL_GRAPH_EDGES` edges on
+a GPU get one schedule per operator and width (:func:`autotune.heuristic.small_graph_schedule`);
+larger ones are scored by the model whatever their size. From :data:`MEASURE_EDGES` edges on,
+where one kernel takes about a millisecond, the model's shortlist is timed once on the call's own
+operands, the winner refined through its neighbours (:func:`~triton_kernels.space.neighbours`),
+and the fastest wins (:func:`select_measured`; off with ``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a
+CPU, where kernels run through Triton's interpreter, whose costs are nothing like a GPU's; no model
+file; CUDA statistics asked for on a machine without CUDA) the documented rules of
 :func:`autotune.heuristic.heuristic` decide.
 
 Decisions are made for, and cached by, the graph's statistics rounded to a grid
@@ -25,13 +23,23 @@ Decisions are made for, and cached by, the graph's statistics rounded to a grid
 graph's structure, so a repeated call costs one dictionary lookup; a new graph of similar shape (the
 next mini-batch of a neighbour sampler) lands in a bucket already decided, so it costs its
 statistics and a lookup, not a scoring of the design space, and runs kernels already compiled.
+
+A partial schedule (``ParallelInfo("vertex")``, ``ParallelInfo("edge", block_f=32)``) is completed
+by :func:`resolve`: the same scoring (or rules, without a model) over the schedules of the design
+space that keep its strategy and the knobs it sets, cached the same way.
+
+Threads share these caches: a scored decision is a pure function of its key (two threads that miss
+at once store equal schedules), while loading a model, converting it and timing a measured
+decision run under one lock (:data:`_LOCK`); see ``docs/caches.md``.
 """
+
 from __future__ import annotations
 
 import functools
 import math
 import os
 import statistics
+import threading
 import warnings
 import weakref
 from pathlib import Path
@@ -40,14 +48,16 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Un
 import numpy as np
 import torch
 
-from pyg_ugrapher.graph import CSR, DegreeStats, GraphStats, GraphTensor, csr_stats
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.parallel import ParallelInfo
-from triton_kernels.space import neighbours
+from pyg_ugrapher.structure import CSR, DegreeStats, GraphStats, HasStats, csr_stats
+from triton_kernels.space import MAX_TILE, neighbours, space
 
+from .cost_model import CostModel
 from .features import GpuInfo, case_features, gpu_info
 from .forest import Forest
 from .heuristic import heuristic, small_graph_schedule
+from .timing import median_ms
 
 #: The model shipped with the package.
 DEFAULT_MODEL = Path(__file__).resolve().parent / "models" / "h100.json"
@@ -60,19 +70,17 @@ SMALL_GRAPH_EDGES = 1 << 18
 
 #: On a GPU, graphs of at least this many edges have the model's few best schedules timed once per
 #: (statistics bucket, op, width, dtype) (:func:`select_measured`): a kernel there takes a
-#: millisecond, and the model's pick can be far off for an op unlike its training data (on the
-#: H100, GAT's fused backward pass on a 4e6-edge uniform graph: the model's pick 1.77 ms, the best
-#: of 48 sampled schedules 1.02 ms; ``benchmarks/results/h100-fused-score``, probe 31).
+#: millisecond, and the model's pick can be far off for an op unlike its training data (GAT's
+#: fused backward pass, whose kernels the data does not hold).
 MEASURE_EDGES = 1 << 21
 #: How many schedules :func:`select_measured` times (see :func:`shortlist`).
 SHORTLIST = 6
 #: Rounds of steps from the shortlist's winner that :func:`select_measured` times (up to 16
-#: schedules a round: :func:`~triton_kernels.space.neighbours`). The shortlist's schedule of each shape is the model's, and its tiles and
-#: warps can be far off (probe 31: GAT's fused backward on the uniform 4e6-edge graph took 1.74 ms
-#: under the best of the shortlist, 1.02 ms under the best of 48 sampled schedules).
+#: schedules a round: :func:`~triton_kernels.space.neighbours`). The shortlist's schedule of each
+#: shape is the model's, and its tiles and warps can be far off for such ops.
 REFINE_ROUNDS = 2
 #: Only a shortlist winner that takes at least this many milliseconds is refined: each schedule
-#: timed costs its compilation (~0.4 s on the H100 machines), and a kernel of less has little
+#: timed costs its compilation (a fraction of a second), and a kernel of less has little
 #: left to win per call.
 REFINE_MS = 0.2
 #: After the search, the (at most) :data:`CONTENDERS` schedules within this fraction of the best
@@ -84,20 +92,22 @@ CONTENDERS = 4
 SETTLE_ROUNDS = 2
 #: Set to ``0`` to keep the model's picks unmeasured (reproducible schedules, no timing runs).
 MEASURE_ENV = "PYG_UGRAPHER_MEASURE"
-#: GPU clock cycles of busy-waiting queued before each timed call (~0.15 ms on an H100): longer
-#: than the host takes to queue one operator call.
-BUSY_CYCLES = 300_000
-#: XGBoost threads scoring a design space on the host (where the GPU forest does not run). On the
-#: H100 machine's 16-core host, the 200 shipped trees scored 468-734 schedules in 4.5-6.6 ms on
-#: one thread, 1.5-2.0 ms on four; ``benchmarks/results/h100-group-message/host_select_200.txt``.
+#: XGBoost threads scoring a design space on the host (where the GPU forest does not run): a few
+#: threads cut a scoring's time to about a third; more add little for a few hundred rows.
 PREDICT_THREADS = min(4, os.cpu_count() or 1)
 
 _CACHE: Dict[Tuple, ParallelInfo] = {}
+_RESOLVED: Dict[Tuple, ParallelInfo] = {}
 _MEASURED: Dict[Tuple, ParallelInfo] = {}
 _BOOSTERS: Dict[Path, object] = {}
 _FORESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: Bumped by :func:`clear_cache`: callers that keep decisions of their own compare it.
 generation = 0
+#: Held while a model is loaded or converted, while a measured decision is timed and while the
+#: caches are cleared: timings from two threads at once would include each other's kernels, and a
+#: thread that asks for a decision being measured waits for it instead of timing it again.
+_LOCK = threading.RLock()
+_MISSING = object()
 
 
 def model_path() -> Path:
@@ -107,7 +117,7 @@ def model_path() -> Path:
 
 @functools.lru_cache(maxsize=64)
 def _path(text: str) -> Path:
-    # Every uncached selection looks its model up: parsing the path each time cost ~15 us.
+    # Every uncached selection looks its model up: parsing the path each time is not free.
     return Path(text)
 
 
@@ -116,22 +126,28 @@ def load_booster(path: Optional[Path] = None):
     :data:`PREDICT_THREADS` threads; ``None`` if there is no such file or xgboost is not installed
     (with a warning)."""
     path = model_path() if path is None else Path(path)
-    if path not in _BOOSTERS:
+    booster = _BOOSTERS.get(path, _MISSING)
+    if booster is not _MISSING:
+        return booster
+    with _LOCK:
+        if path in _BOOSTERS:
+            return _BOOSTERS[path]
         if not path.exists():
             return None
-        from .cost_model import CostModel
-
         try:
             booster = CostModel.load(path).booster_
         except ImportError as error:
             # A GPU machine without xgboost still runs, on the heuristic's schedules.
-            warnings.warn(f"cannot load the cost model {path} ({error}); schedules come from the "
-                          f"heuristic", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"cannot load the cost model {path} ({error}); schedules come from the heuristic",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             booster = None
         else:
             booster.set_param({"nthread": PREDICT_THREADS})
         _BOOSTERS[path] = booster
-    return _BOOSTERS[path]
+        return booster
 
 
 def _gpu_booster(on_gpu: bool):
@@ -143,12 +159,16 @@ def _gpu_booster(on_gpu: bool):
 def _forest(booster) -> Optional[Forest]:
     """``booster``'s trees as a :class:`~autotune.forest.Forest`, converted once; ``None`` for a
     model that does not convert (it is scored by XGBoost)."""
-    if booster not in _FORESTS:
-        try:
-            _FORESTS[booster] = Forest.from_booster(booster)
-        except ValueError:
-            _FORESTS[booster] = None
-    return _FORESTS[booster]
+    forest = _FORESTS.get(booster, _MISSING)
+    if forest is not _MISSING:
+        return forest
+    with _LOCK:
+        if booster not in _FORESTS:
+            try:
+                _FORESTS[booster] = Forest.from_booster(booster)
+            except ValueError:
+                _FORESTS[booster] = None
+        return _FORESTS[booster]
 
 
 def scores(booster, features: np.ndarray, device: Optional[Union[str, torch.device]] = None) -> np.ndarray:
@@ -163,16 +183,33 @@ def scores(booster, features: np.ndarray, device: Optional[Union[str, torch.devi
     return booster.inplace_predict(features, validate_features=False)
 
 
-def predict_best(booster, stats: GraphStats, op: OpInfo, F: int, reduce_size: int, dtype: torch.dtype,
-                 gpu: GpuInfo, device: Optional[Union[str, torch.device]] = None) -> ParallelInfo:
-    """The schedule of the design space with the lowest score ``booster`` predicts (computed on
-    ``device``, see :func:`scores`)."""
-    infos, features = case_features(stats, op, F, reduce_size, dtype, gpu)
+def predict_best(
+    booster,
+    stats: GraphStats,
+    op: OpInfo,
+    F: int,
+    reduce_size: int,
+    dtype: torch.dtype,
+    gpu: GpuInfo,
+    device: Optional[Union[str, torch.device]] = None,
+    candidates: Optional[Sequence[ParallelInfo]] = None,
+) -> ParallelInfo:
+    """The schedule of the design space (or of ``candidates``) with the lowest score ``booster``
+    predicts (computed on ``device``, see :func:`scores`)."""
+    infos, features = case_features(stats, op, F, reduce_size, dtype, gpu, candidates)
     return infos[int(np.argmin(scores(booster, features, device)))]
 
 
-def predict_ranked(booster, stats: GraphStats, op: OpInfo, F: int, reduce_size: int, dtype: torch.dtype,
-                   gpu: GpuInfo, device: Optional[Union[str, torch.device]] = None) -> List[ParallelInfo]:
+def predict_ranked(
+    booster,
+    stats: GraphStats,
+    op: OpInfo,
+    F: int,
+    reduce_size: int,
+    dtype: torch.dtype,
+    gpu: GpuInfo,
+    device: Optional[Union[str, torch.device]] = None,
+) -> List[ParallelInfo]:
     """The schedules of the design space by the score ``booster`` predicts (computed on ``device``,
     see :func:`scores`), best first."""
     infos, features = case_features(stats, op, F, reduce_size, dtype, gpu)
@@ -185,8 +222,14 @@ def _octaves(value: float) -> float:
 
 def _bucket_degrees(degrees: DegreeStats) -> DegreeStats:
     skew = math.copysign(_octaves(1 + abs(degrees.skew)) - 1, degrees.skew)
-    return DegreeStats(_octaves(degrees.mean), _octaves(degrees.std), _octaves(degrees.max),
-                       skew, round(degrees.top1_fraction, 1), round(degrees.isolated_fraction, 1))
+    return DegreeStats(
+        _octaves(degrees.mean),
+        _octaves(degrees.std),
+        _octaves(degrees.max),
+        skew,
+        round(degrees.top1_fraction, 1),
+        round(degrees.isolated_fraction, 1),
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -197,15 +240,18 @@ def bucket(stats: GraphStats) -> GraphStats:
     Mini-batches of one neighbour sampler differ by a few percent in every statistic: 40 batches of
     a two-hop sampler (512 seeds, fan-out 10) over a power-law graph fell into 2 buckets (into 7
     with half-octave steps), so they share one decision and one compiled kernel per bucket instead
-    of one per batch. The price, measured with the shipped model on its own H100 data (graphs of up
-    to 2e6 edges, where the model decided then): chosen / best 1.206 instead of 1.192 with exact
-    statistics (1.198 with half octaves)."""
-    return GraphStats(round(_octaves(stats.num_rows)), round(_octaves(stats.num_cols)),
-                      round(_octaves(stats.num_edges)), _bucket_degrees(stats.rows),
-                      _bucket_degrees(stats.cols))
+    of one per batch. The price, on the model's own training data, is about one percent more time
+    for the chosen schedules against those chosen with exact statistics."""
+    return GraphStats(
+        round(_octaves(stats.num_rows)),
+        round(_octaves(stats.num_cols)),
+        round(_octaves(stats.num_edges)),
+        _bucket_degrees(stats.rows),
+        _bucket_degrees(stats.cols),
+    )
 
 
-def _stats(graph: Union[CSR, GraphStats, GraphTensor]) -> GraphStats:
+def _stats(graph: Union[CSR, GraphStats, HasStats]) -> GraphStats:
     if isinstance(graph, GraphStats):
         return graph
     if isinstance(graph, CSR):
@@ -213,9 +259,15 @@ def _stats(graph: Union[CSR, GraphStats, GraphTensor]) -> GraphStats:
     return graph.stats()
 
 
-def select(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
-           dtype: torch.dtype = torch.float32, *, reduce_size: int = 1,
-           device: Optional[Union[str, torch.device]] = None) -> ParallelInfo:
+def select(
+    graph: Union[CSR, GraphStats, HasStats],
+    op: OpInfo,
+    F: int,
+    dtype: torch.dtype = torch.float32,
+    *,
+    reduce_size: int = 1,
+    device: Optional[Union[str, torch.device]] = None,
+) -> ParallelInfo:
     """The schedule for ``op`` with ``F`` message features (flat) on ``graph``.
 
     Args:
@@ -244,9 +296,8 @@ def select(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
     choice = _CACHE.get(key)
     if choice is None:
         booster = _gpu_booster(on_gpu)
-        # The model decides at every size: on the H100, over the graphs of 4e6 to 2.5e7 edges of
-        # ``benchmarks/results/h100-model-everywhere`` (probe 28: 6 ops, both graph directions),
-        # its choices took 0.949x the time of the heuristic's (geometric mean; 0.885x on COLLAB).
+        # The model decides at every size: on large graphs too its choices run faster than the
+        # heuristic's.
         if booster is None:
             choice = heuristic(stats, op, F, on_gpu)
         else:
@@ -255,7 +306,104 @@ def select(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
     return choice
 
 
-def graph_independent(graph: Union[CSR, GraphStats, GraphTensor], device: Union[str, torch.device]) -> bool:
+def completions(partial: ParallelInfo, op: OpInfo, F: int) -> List[ParallelInfo]:
+    """The schedules of the design space for ``op`` with ``F`` message features that ``partial``
+    admits (its strategy and every knob it sets; a ``block_f`` wider than ``F`` narrowed first).
+    Where none does (a knob off the space's grid, such as ``block_v=128``), the space's schedules
+    of its strategy with its knobs put in, those still valid; the list may then be empty."""
+    partial = partial.narrowed_for(F)[0]
+    own = [info for info in space(op, F) if info.strategy == partial.strategy]
+    admitted = [info for info in own if partial.admits(info)]
+    if admitted:
+        return admitted
+    found: Dict[ParallelInfo, None] = {}
+    for info in own:
+        try:
+            found.setdefault(info.with_knobs(**partial.knobs))
+        except ValueError:  # its tile with the fixed knobs over the register budget
+            continue
+    return list(found)
+
+
+def fill(partial: ParallelInfo, base: ParallelInfo) -> ParallelInfo:
+    """``partial``'s knobs, the unset ones taken from ``base`` (a complete schedule of its strategy),
+    those of them that size the tile halved until it fits the design space's :data:`MAX_TILE`
+    (or cannot shrink more), and a group's unset size or edge block fitted to the other: a
+    complete schedule whenever ``partial`` is valid."""
+    knobs = {**base.knobs, **partial.knobs}
+    free = [name for name in ("block_f", "block_e", "block_v") if name in partial.unset_knobs]
+    while math.prod(knobs.get(name, 1) for name in ("block_v", "block_e", "block_f")) > MAX_TILE:
+        shrinkable = [name for name in free if knobs[name] > 1]
+        if not shrinkable:
+            break
+        largest = max(shrinkable, key=knobs.get)
+        knobs[largest] //= 2
+    if partial.strategy == "group" and knobs["group_size"] < knobs["block_e"]:
+        if partial.group_size is None:
+            knobs["group_size"] = knobs["block_e"]
+        else:  # block_e is unset: ParallelInfo rejects a group smaller than an edge block set with it
+            knobs["block_e"] = 1 << (knobs["group_size"].bit_length() - 1)
+    return ParallelInfo(partial.strategy, **knobs)
+
+
+def resolve(
+    graph: Union[CSR, GraphStats, HasStats],
+    op: OpInfo,
+    F: int,
+    partial: ParallelInfo,
+    dtype: torch.dtype = torch.float32,
+    *,
+    reduce_size: int = 1,
+    device: Optional[Union[str, torch.device]] = None,
+) -> ParallelInfo:
+    """The complete schedule for ``op`` with ``F`` message features on ``graph`` that keeps the
+    strategy and every knob ``partial`` sets: what a user's ``ParallelInfo("vertex", block_f=32)``
+    runs as.
+
+    A ``block_f`` wider than ``F`` is narrowed first (:meth:`ParallelInfo.narrowed_for`; the
+    runtime warns about it). With a model (where :func:`select` would use one) the
+    :func:`completions` are scored as :func:`select` scores the whole space, and the best wins;
+    without one, or where there are no completions, :func:`~autotune.heuristic.heuristic`'s schedule
+    of the strategy, with ``partial``'s knobs put in (:func:`fill`). A complete ``partial`` is
+    returned as it is. Unlike :func:`select`, small GPU graphs are decided from their statistics
+    too (the small-graph rule has one strategy). Cached per statistics bucket, op, width, reduce
+    size, dtype, device and ``partial``.
+    """
+    if isinstance(F, bool) or not isinstance(F, int) or F < 1:
+        raise ValueError(f"F: must be a positive int, got {F!r}")
+    if not isinstance(partial, ParallelInfo):
+        raise TypeError(f"partial: expected a ParallelInfo, got {type(partial).__name__}")
+    partial = partial.narrowed_for(F)[0]
+    if partial.is_complete:
+        return partial
+    device = torch.device(device or getattr(graph, "device", "cuda"))
+    on_gpu = device.type == "cuda"
+    stats = bucket(_stats(graph))
+    key = (stats, op, F, reduce_size, dtype, device, partial)
+    choice = _RESOLVED.get(key)
+    if choice is None:
+        booster = _gpu_booster(on_gpu)
+        candidates = [] if booster is None else completions(partial, op, F)
+        if candidates:
+            choice = predict_best(booster, stats, op, F, reduce_size, dtype, gpu_info(device), device, candidates)
+        else:
+            rule = heuristic(stats, op, F, on_gpu, partial.strategy)
+            choice = rule if partial.admits(rule) else fill(partial, rule)
+        _RESOLVED[key] = choice
+    return choice
+
+
+def chooser(graph: Union[CSR, GraphStats, HasStats], device: Union[str, torch.device], partial: bool = False) -> str:
+    """What picks a schedule of a call on ``graph`` on ``device`` (``partial``: the knobs a partial
+    schedule leaves unset, :func:`resolve`; else the whole schedule, :func:`select`):
+    ``"small-graph rule"``, ``"cost model"`` or ``"heuristic"``."""
+    device = torch.device(device)
+    if not partial and _small_gpu_graph(graph.num_edges, device):
+        return "small-graph rule"
+    return "heuristic" if _gpu_booster(device.type == "cuda") is None else "cost model"
+
+
+def graph_independent(graph: Union[CSR, GraphStats, HasStats], device: Union[str, torch.device]) -> bool:
     """Whether the automatic schedule of an op on ``graph`` on ``device`` depends only on the op,
     its width and dtype (:func:`select`'s small GPU graphs, none of them measured), so a decision
     made on one such graph holds on all of them."""
@@ -272,29 +420,40 @@ def reads_user_order(num_edges: int, device: Union[str, torch.device]) -> bool:
     """Whether the automatic schedules on a graph of ``num_edges`` edges on ``device`` read its
     edges in the user's order: on a GPU, a graph of :func:`select`'s small-graph schedules, which
     are edge-parallel and combine every row by atomics, so its structure skips the sort
-    (:meth:`~pyg_ugrapher.GraphTensor.structure`; both sorted directions took 207 us of a new COLLAB
-    batch graph on an H200 host, ``benchmarks/results/h200-host-path``, probe 76)."""
+    (:meth:`~pyg_ugrapher.GraphTensor.structure`; sorting both directions is a visible share of a
+    new mini-batch graph's host time)."""
     return _small_gpu_graph(num_edges, device)
 
 
-def measures(graph: Union[CSR, GraphStats, GraphTensor], device: Union[str, torch.device]) -> bool:
+def measures(graph: Union[CSR, GraphStats, HasStats], device: Union[str, torch.device]) -> bool:
     """Whether a call on ``graph`` on ``device`` has its schedule picked by :func:`select_measured`:
     a GPU graph of at least :data:`MEASURE_EDGES` edges, unless ``$PYG_UGRAPHER_MEASURE`` is ``0``
     or a CUDA graph is being captured (nothing may be timed then)."""
-    return torch.device(device).type == "cuda" and graph.num_edges >= MEASURE_EDGES and \
-        os.environ.get(MEASURE_ENV, "1") != "0" and torch.cuda.is_available() and \
-        not torch.cuda.is_current_stream_capturing()
+    return (
+        torch.device(device).type == "cuda"
+        and graph.num_edges >= MEASURE_EDGES
+        and os.environ.get(MEASURE_ENV, "1") != "0"
+        and torch.cuda.is_available()
+        and not torch.cuda.is_current_stream_capturing()
+    )
 
 
-def shortlist(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int, dtype: torch.dtype = torch.float32,
-              *, reduce_size: int = 1, device: Optional[Union[str, torch.device]] = None,
-              k: int = SHORTLIST) -> List[ParallelInfo]:
+def shortlist(
+    graph: Union[CSR, GraphStats, HasStats],
+    op: OpInfo,
+    F: int,
+    dtype: torch.dtype = torch.float32,
+    *,
+    reduce_size: int = 1,
+    device: Optional[Union[str, torch.device]] = None,
+    k: int = SHORTLIST,
+) -> List[ParallelInfo]:
     """The schedules worth timing on ``graph``, best-scored first: the cost model's best schedule of
     each program shape (strategy and rows per program) for the ``k`` best shapes, then
     :func:`select`'s heuristic fallback if it is not among them (without a model: that alone).
 
-    One per shape, not the model's ``k`` best: where the model is far off (probe 31: GAT's fused
-    backward on a 4e6-edge uniform graph), its best few schedules differ only in feature tiles and
+    One per shape, not the model's ``k`` best: where the model is far off (GAT's fused backward,
+    unlike its training data), its best few schedules differ only in feature tiles and
     warps and are off together, while the best sampled ones had another program shape."""
     device = torch.device(device or getattr(graph, "device", "cuda"))
     stats = bucket(_stats(graph))
@@ -310,41 +469,21 @@ def shortlist(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int, dt
 
 
 def _cuda_ms(run: Callable[[], object], repeats: int) -> float:
-    """Median milliseconds of ``run`` on the current CUDA stream, after one untimed call (which
-    compiles its kernel).
-
-    Each timed call is queued behind a GPU busy-wait of :data:`BUSY_CYCLES`, so the start event
-    fires after the host has queued the call: back to back, a call shorter than its host overhead
-    is timed as that overhead, and the fastest of a shortlist of such calls is noise (on the H100,
-    GAT's per-head ``u_add_v`` on a power-law 4e6-edge graph ran a 0.157 ms schedule where the
-    edge-parallel ones took 0.073 ms).
-
-    Each call also starts with the L2 cache holding none of its data (a buffer of twice its size is
-    overwritten first), as in a training step, where each operator follows others that stream
-    their own tensors through it. Back to back, a call found part of its operands in the L2 that
-    the previous repeat left: on an H200, GAT's backward gather with edge output (4e6 edges) chose
-    a schedule that ran at 1.02 ms in the step, against 0.79 ms for one that timing with a cold
-    cache puts first (``benchmarks/results/h200-gat-profile``, probes 52 and 53)."""
-    run()
-    device = torch.cuda.current_device()
-    flush = torch.empty(2 * torch.cuda.get_device_properties(device).L2_cache_size, dtype=torch.int8,
-                        device=device)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(repeats)]
-    for start, end in events:
-        flush.zero_()
-        torch.cuda._sleep(BUSY_CYCLES)
-        start.record()
-        run()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    """Median milliseconds of ``repeats`` calls of ``run`` on the current CUDA stream after one
+    untimed call (which compiles its kernel), each behind a GPU busy-wait and with a cold L2 cache:
+    :func:`autotune.timing.cuda_ms`, whose documentation says why a ranking of kernels needs both."""
+    return median_ms(run, warmup=1, reps=repeats)
 
 
-def fastest(candidates: Sequence[ParallelInfo], run: Callable[[ParallelInfo], object], repeats: int = 3,
-            timer: Optional[Callable[[Callable[[], object], int], float]] = None,
-            neighbours_of: Optional[Callable[[ParallelInfo], Sequence[ParallelInfo]]] = None,
-            rounds: int = 0, refine_above: float = 0.0) -> ParallelInfo:
+def fastest(
+    candidates: Sequence[ParallelInfo],
+    run: Callable[[ParallelInfo], object],
+    repeats: int = 3,
+    timer: Optional[Callable[[Callable[[], object], int], float]] = None,
+    neighbours_of: Optional[Callable[[ParallelInfo], Sequence[ParallelInfo]]] = None,
+    rounds: int = 0,
+    refine_above: float = 0.0,
+) -> ParallelInfo:
     """The candidate whose ``run(candidate)`` takes least time (``timer(call, repeats)``, default:
     CUDA events, median of ``repeats`` after a warm-up call), then, if that time is at least
     ``refine_above``, for up to ``rounds`` rounds the fastest of the winner's ``neighbours_of``
@@ -381,8 +520,13 @@ def fastest(candidates: Sequence[ParallelInfo], run: Callable[[ParallelInfo], ob
     return _settled(best, times, run, timer, repeats)
 
 
-def _settled(best: ParallelInfo, times: Dict[ParallelInfo, float], run: Callable[[ParallelInfo], object],
-             timer: Callable[[Callable[[], object], int], float], repeats: int) -> ParallelInfo:
+def _settled(
+    best: ParallelInfo,
+    times: Dict[ParallelInfo, float],
+    run: Callable[[ParallelInfo], object],
+    timer: Callable[[Callable[[], object], int], float],
+    repeats: int,
+) -> ParallelInfo:
     """Of ``best`` and the schedules timed close to it (:data:`CONTEND_MARGIN`), the one with the
     lowest median over its first time and :data:`SETTLE_ROUNDS` more, taken in alternating order
     so that a drift of the GPU's speed during the rounds favours none."""
@@ -392,16 +536,24 @@ def _settled(best: ParallelInfo, times: Dict[ParallelInfo, float], run: Callable
         return best
     samples = {schedule: [times[schedule]] for schedule in contenders}
     for turn in range(SETTLE_ROUNDS):
-        for schedule in (contenders if turn % 2 else contenders[::-1]):
+        for schedule in contenders if turn % 2 else contenders[::-1]:
             samples[schedule].append(timer(lambda: run(schedule), repeats))
     return min(contenders, key=lambda schedule: statistics.median(samples[schedule]))
 
 
-def select_measured(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: int,
-                    run: Callable[[ParallelInfo], object], dtype: torch.dtype = torch.float32, *,
-                    reduce_size: int = 1, device: Optional[Union[str, torch.device]] = None,
-                    context: Hashable = None, adapt: Optional[Callable[[ParallelInfo], ParallelInfo]] = None,
-                    timer: Optional[Callable[[Callable[[], object], int], float]] = None) -> ParallelInfo:
+def select_measured(
+    graph: Union[CSR, GraphStats, HasStats],
+    op: OpInfo,
+    F: int,
+    run: Callable[[ParallelInfo], object],
+    dtype: torch.dtype = torch.float32,
+    *,
+    reduce_size: int = 1,
+    device: Optional[Union[str, torch.device]] = None,
+    context: Hashable = None,
+    adapt: Optional[Callable[[ParallelInfo], ParallelInfo]] = None,
+    timer: Optional[Callable[[Callable[[], object], int], float]] = None,
+) -> ParallelInfo:
     """:func:`select`, refined by measurement: the :func:`shortlist`'s schedules (each passed
     through ``adapt`` if given: the model scores ``op`` alone, ``run`` may run it with more work in
     the same kernel) are run by ``run(candidate)`` (which must have no side effects), and the
@@ -414,15 +566,25 @@ def select_measured(graph: Union[CSR, GraphStats, GraphTensor], op: OpInfo, F: i
     stats = bucket(_stats(graph))
     key = (stats, op, F, reduce_size, dtype, device)
     choice = _MEASURED.get(key + (context,))
-    if choice is None:
-        candidates = shortlist(stats, op, F, dtype, reduce_size=reduce_size, device=device)
-        if adapt is not None:
-            candidates = list(dict.fromkeys(adapt(candidate) for candidate in candidates))
-        choice = fastest(candidates, run, timer=timer, neighbours_of=lambda info: neighbours(info, op, F),
-                         rounds=REFINE_ROUNDS, refine_above=REFINE_MS)
-        _MEASURED[key + (context,)] = choice
-        if context is None:
-            _CACHE[key] = choice
+    if choice is not None:
+        return choice
+    with _LOCK:
+        choice = _MEASURED.get(key + (context,))
+        if choice is None:
+            candidates = shortlist(stats, op, F, dtype, reduce_size=reduce_size, device=device)
+            if adapt is not None:
+                candidates = list(dict.fromkeys(adapt(candidate) for candidate in candidates))
+            choice = fastest(
+                candidates,
+                run,
+                timer=timer,
+                neighbours_of=lambda info: neighbours(info, op, F),
+                rounds=REFINE_ROUNDS,
+                refine_above=REFINE_MS,
+            )
+            _MEASURED[key + (context,)] = choice
+            if context is None:
+                _CACHE[key] = choice
     return choice
 
 
@@ -430,8 +592,10 @@ def clear_cache() -> None:
     """Forget cached decisions, measurements and loaded models (after retraining, or changing the
     model file)."""
     global generation
-    _CACHE.clear()
-    _MEASURED.clear()
-    _BOOSTERS.clear()
-    _FORESTS.clear()
-    generation += 1
+    with _LOCK:
+        _CACHE.clear()
+        _RESOLVED.clear()
+        _MEASURED.clear()
+        _BOOSTERS.clear()
+        _FORESTS.clear()
+        generation += 1

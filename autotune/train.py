@@ -3,43 +3,26 @@ r"""Train the shipped cost model: ``python -m autotune train --data <collected> 
 The features are :func:`autotune.features.frame_features` of the collected base columns of every
 successfully timed row. Selection compares the candidates of one case (graph, operator, ``F``,
 dtype, GPU) only, so the model need not predict times across cases. Three targets
-(``--target``), compared by five-fold leave-graphs-out cross-validation on the H100 data
-(geometric mean of chosen / best measured time, fraction within 10% of the best; figures of the
-2026-11-24 data, before its graphs of up to 4e6 edges were timed again with the busy-wait of
-:class:`autotune.collect.Timer`):
+(``--target``), compared by five-fold leave-graphs-out cross-validation
+(:mod:`autotune.evaluate`: chosen / best measured time, fraction within 10% of the best):
 
 * ``rank`` (the shipped model): pairwise ranking (XGBoost's ``rank:pairwise``, the cases as query
   groups) of the label :math:`\min(\log t - \min_{\text{case}} \log t, \log 3)`: the trees learn
   which of two candidates of a case is faster, and every candidate over 3x the best of its case
   ties with the others, so hopeless schedules do not spend the model on how hopeless they are.
-  Scores grow with the label, so the lowest score is the predicted fastest, as for a time:
-  1.215 and 61% (seeds 1 and 2 of the trees: 1.212, 1.205);
+  Scores grow with the label, so the lowest score is the predicted fastest, as for a time;
 * ``relative``: regression of :math:`\log t - \overline{\log t}_{\text{case}}`, the log time
-  relative to the mean of its case: 1.244 and 54%;
-* ``log_time``: regression of :math:`\log t` (milliseconds), a cost model proper: 1.255.
+  relative to the mean of its case;
+* ``log_time``: regression of :math:`\log t` (milliseconds), a cost model proper.
 
-Clipping the regression target at 3x the best comes close to the ranking (1.211, 58%); sample
-weights favouring large or fast cases, other hyperparameters (trees, leaves, learning rate,
-``min_child_samples``, depth-wise trees) and further derived features (wave quantisation,
-occupancy, work per program) moved the geometric mean by less than the spread between seeds
-(about 0.01) on that data, whose small cases were timed with their launch overhead.
-
-On the re-timed data (2026-11-25) the ranking still wins (60 trees each: ``rank`` 1.059 and 82%,
-``relative`` 1.090, ``log_time`` 1.082), and more trees pay off: 100 trees 1.050 and 85% (1.052
-and 84% with another fold assignment), 200 trees 1.047 and 85%; 31 leaves scored worse (100
-trees: 1.058, 150: 1.052), and a learning rate of 0.3, ``min_child_samples`` 10 or
-``colsample_bytree`` 0.7 changed nothing beyond the folds' spread. After the message cases were
-timed again with neighbour-group schedules (fourteenth session) 100 trees scored 1.056 and 84%,
-150 trees 1.052 and 85%, 200 trees 1.050 and 86% (1.050 and 85% with another fold assignment);
-with the 1e8-edge graphs added in the fifteenth session 200 trees scored 1.043 and 86%, 1.052 and
-85% with another fold assignment. On the complete corpus (sixteenth session, three fold
-assignments, seeds 0 / 1 / 2) 200 trees at learning rate 0.2 scored 1.043 / 1.045 / 1.050 with
-86 / 84 / 87% within 10%, 300 trees 1.040 / 1.046 / 1.048 (87 / 86 / 87%), 127 leaves 1.036 /
-1.040 / 1.051, and 400 trees at learning rate 0.1 1.038 / 1.042 / 1.043 (89 / 86 / 87%): shipped.
-Scoring 200 trees at selection cost XGBoost 0.8-2.4 ms on four host threads;
-:func:`autotune.select` walks the trees on the GPU instead (:mod:`autotune.forest`, 0.14-0.23 ms
-with 200 trees; ``benchmarks/results/h100-gpu-scoring``).
+The ranking chooses better than either regression, clipped at 3x the best or not. Sample weights
+favouring large or fast cases and further derived features (wave quantisation, occupancy, work
+per program) moved the held-out score by less than the spread between fold assignments; more trees
+at a lower learning rate (:data:`PARAMS`) improved it. Scoring hundreds of trees at selection time
+is too slow for XGBoost on the host, so :func:`autotune.select` walks them on the GPU
+(:mod:`autotune.forest`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,9 +47,16 @@ RANK_CLIP = 3.0
 
 #: Hyperparameters of the shipped model (LightGBM names, see :class:`CostModel`); the objective
 #: follows the target (:data:`OBJECTIVE`).
-PARAMS: Dict[str, object] = {"n_estimators": 400, "learning_rate": 0.1, "num_leaves": 63, "max_depth": -1,
-                             "min_child_samples": 5, "subsample": 0.9, "colsample_bytree": 0.9,
-                             "reg_lambda": 1.0}
+PARAMS: Dict[str, object] = {
+    "n_estimators": 400,
+    "learning_rate": 0.1,
+    "num_leaves": 63,
+    "max_depth": -1,
+    "min_child_samples": 5,
+    "subsample": 0.9,
+    "colsample_bytree": 0.9,
+    "reg_lambda": 1.0,
+}
 OBJECTIVE = {"log_time": "regression", "relative": "regression", "rank": "rank_pairwise"}
 
 
@@ -89,8 +79,7 @@ def target(rows: pd.DataFrame, kind: str = "log_time") -> np.ndarray:
     return np.minimum(log_time - per_case.transform("min").to_numpy(), np.log(RANK_CLIP))
 
 
-def fit(table: pd.DataFrame, n_estimators: Optional[int] = None, seed: int = 0,
-        kind: str = "rank") -> CostModel:
+def fit(table: pd.DataFrame, n_estimators: Optional[int] = None, seed: int = 0, kind: str = "rank") -> CostModel:
     """A :class:`CostModel` of the target ``kind`` fitted on the usable rows of ``table``."""
     rows = usable(table)
     if rows.empty:
@@ -112,15 +101,24 @@ def fit(table: pd.DataFrame, n_estimators: Optional[int] = None, seed: int = 0,
     return model
 
 
-def train(data: Sequence[os.PathLike], out: os.PathLike, n_estimators: Optional[int] = None,
-          seed: int = 0, kind: str = "rank") -> Path:
+def train(
+    data: Sequence[os.PathLike], out: os.PathLike, n_estimators: Optional[int] = None, seed: int = 0, kind: str = "rank"
+) -> Path:
     """Fit on every table under ``data`` and save the model to ``out`` (with the target, the data's
     digest and GPUs recorded in the file)."""
     table = read_table(data)
     model = fit(table, n_estimators, seed, kind)
-    model.booster_.set_attr(data_digest=digest(table), data_rows=str(len(usable(table))),
-                            gpus=";".join(sorted(table["gpu"].astype(str).unique())))
+    model.booster_.set_attr(
+        data_digest=digest(table),
+        data_rows=str(len(usable(table))),
+        gpus=";".join(sorted(table["gpu"].astype(str).unique())),
+    )
     path = model.save_model(out)
-    log.info("trained on %d rows of %d graphs: %s (%.0f kB)", len(usable(table)), table["graph"].nunique(),
-             path, path.stat().st_size / 1024)
+    log.info(
+        "trained on %d rows of %d graphs: %s (%.0f kB)",
+        len(usable(table)),
+        table["graph"].nunique(),
+        path,
+        path.stat().st_size / 1024,
+    )
     return path

@@ -6,6 +6,7 @@ message per edge, then scatter-reduces). The message-creation ops have no ``Mess
 Every module is called PyG-style, ``module(x, edge_index, *other_operands)``, with the operands
 in our slot order.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional
@@ -69,8 +70,11 @@ class UAddV(nn.Module):
 
 
 PYG_MODULES: Dict[str, Callable[[], nn.Module]] = {
-    "copy_u_sum": CopyUSum, "u_mul_e_sum": UMulESum, "copy_u_max": CopyUMax,
-    "u_dot_v": UDotV, "u_add_v": UAddV,
+    "copy_u_sum": CopyUSum,
+    "u_mul_e_sum": UMulESum,
+    "copy_u_max": CopyUMax,
+    "u_dot_v": UDotV,
+    "u_add_v": UAddV,
 }
 
 
@@ -90,5 +94,10 @@ def sparse_adjacency(edge_index: Tensor, num_nodes: int, values: Optional[Tensor
     if values is None:
         values = torch.ones(src.numel(), device=src.device)
     # Valid by construction: skip the O(E) invariant check (it would also warn when left implicit).
-    return torch.sparse_csr_tensor(crow.to(index_dtype), src[order].to(index_dtype), values[order],
-                                   size=(num_nodes, num_nodes), check_invariants=False)
+    return torch.sparse_csr_tensor(
+        crow.to(index_dtype),
+        src[order].to(index_dtype),
+        values[order],
+        size=(num_nodes, num_nodes),
+        check_invariants=False,
+    )

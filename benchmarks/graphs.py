@@ -6,6 +6,7 @@ Edges stay in the generator's (random) order: that is what a user hands to PyG, 
 builds its structures from it once, outside the timed calls (sorted, or kept in that order on the
 small GPU graphs whose kernels read it so).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -75,8 +76,12 @@ class LoadedGraph:
         return self._graph
 
     def columns(self) -> dict:
-        return {"graph": self.spec.name, "graph_kind": self.spec.kind, "num_nodes": self.num_nodes,
-                "num_edges": self.num_edges}
+        return {
+            "graph": self.spec.name,
+            "graph_kind": self.spec.kind,
+            "num_nodes": self.num_nodes,
+            "num_edges": self.num_edges,
+        }
 
 
 def _synthetic(num_nodes: int, num_edges: int) -> List[GraphSpec]:

@@ -6,6 +6,7 @@ arguments, each eager and under ``torch.compile(model, dynamic=False)`` (the opt
 eager, as users write it). Every model starts from the PyG model's weights, so the first step's
 output of each is checked against eager PyG's.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -20,7 +21,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .graphs import GraphSpec, LoadedGraph
-from .report import LAYER_KEY, ResultsFile
+from .rows import ResultsFile
 from .timing import Budget, Settings, failure, free_memory, max_rel_err, measure
 
 log = logging.getLogger(__name__)
@@ -40,18 +41,30 @@ LAYERS: Dict[str, Callable[[ModuleType, int], nn.Module]] = {
 SEED = 0
 
 
-def _key(layer: str, graph: str, method: str) -> Tuple[str, ...]:
-    columns = {"layer": layer, "graph": graph, "method": method}
-    return tuple(columns[name] for name in LAYER_KEY)
-
-
-def run(suite: str, specs: Sequence[GraphSpec], layer_names: Sequence[str], ours_module: str,
-        tiny: bool, results: ResultsFile, budget: Budget, settings: Settings, device: torch.device,
-        env: dict, backend: str) -> None:
+def run(
+    suite: str,
+    specs: Sequence[GraphSpec],
+    layer_names: Sequence[str],
+    ours_module: str,
+    tiny: bool,
+    results: ResultsFile,
+    budget: Budget,
+    settings: Settings,
+    device: torch.device,
+    env: dict,
+    backend: str,
+) -> None:
     """Time every (graph, layer, method) not already in ``results``; see :func:`ops.run`."""
     width = TINY_WIDTH if tiny else WIDTH
-    todo = {spec: [(layer, m) for layer in layer_names for m in METHODS
-                   if not results.done(_key(layer, spec.name, m))] for spec in specs}
+    todo = {
+        spec: [
+            (layer, m)
+            for layer in layer_names
+            for m in METHODS
+            if not results.done({"layer": layer, "graph": spec.name, "method": m})
+        ]
+        for spec in specs
+    }
     skipped = 0
     common = {"suite": suite, "F": width, **env}
     with tqdm(total=sum(map(len, todo.values())), desc=suite, mininterval=10, unit="meas") as bar:
@@ -65,23 +78,46 @@ def run(suite: str, specs: Sequence[GraphSpec], layer_names: Sequence[str], ours
                 loaded = spec.load(device)
             except Exception as error:  # noqa: BLE001 - recorded per row, the run goes on
                 for layer, method in items:
-                    results.write({**common, "layer": layer, "graph": spec.name, "graph_kind": spec.kind,
-                                   "method": method, **failure(error)})
+                    results.write(
+                        {
+                            **common,
+                            "layer": layer,
+                            "graph": spec.name,
+                            "graph_kind": spec.kind,
+                            "method": method,
+                            **failure(error),
+                        }
+                    )
                 bar.update(len(items))
                 continue
-            skipped += _run_graph(loaded, items, width, ours_module, common, results, budget, settings,
-                                  device, backend, bar)
+            skipped += _run_graph(
+                loaded, items, width, ours_module, common, results, budget, settings, device, backend, bar
+            )
             del loaded
             torch._dynamo.reset()
             free_memory(device)
     if skipped:
-        log.warning("time budget of %s s exhausted: %d %s measurements skipped; rerun with --resume "
-                    "to measure them", budget.seconds, skipped, suite)
+        log.warning(
+            "time budget of %s s exhausted: %d %s measurements skipped; rerun with --resume to measure them",
+            budget.seconds,
+            skipped,
+            suite,
+        )
 
 
-def _run_graph(loaded: LoadedGraph, items: List[Tuple[str, str]], width: int, ours_module: str,
-               common: dict, results: ResultsFile, budget: Budget, settings: Settings,
-               device: torch.device, backend: str, bar: tqdm) -> int:
+def _run_graph(
+    loaded: LoadedGraph,
+    items: List[Tuple[str, str]],
+    width: int,
+    ours_module: str,
+    common: dict,
+    results: ResultsFile,
+    budget: Budget,
+    settings: Settings,
+    device: torch.device,
+    backend: str,
+    bar: tqdm,
+) -> int:
     """Measure the (layer, method) items of one graph; returns how many the budget skipped."""
     gen = torch.Generator(device=device).manual_seed(SEED)
     x = torch.randn(loaded.num_nodes, width, generator=gen, device=device)
@@ -100,16 +136,16 @@ def _run_graph(loaded: LoadedGraph, items: List[Tuple[str, str]], width: int, ou
                 expected = reference(x, edge_index)
         except Exception as error:  # noqa: BLE001 - without PyG's model no method of it can run
             for method in methods:
-                results.write({**common, **loaded.columns(), "layer": layer, "method": method,
-                               **failure(error)})
+                results.write({**common, **loaded.columns(), "layer": layer, "method": method, **failure(error)})
             bar.update(len(methods))
             continue
         for method in methods:
             if budget.expired:
                 skipped += 1
                 continue
-            row = _measure(layer, method, reference, expected, x, edge_index, target, width, ours_module,
-                           settings, device, backend)
+            row = _measure(
+                layer, method, reference, expected, x, edge_index, target, width, ours_module, settings, device, backend
+            )
             results.write({**common, **loaded.columns(), "layer": layer, "method": method, **row})
             bar.update()
         del reference, expected
@@ -117,9 +153,20 @@ def _run_graph(loaded: LoadedGraph, items: List[Tuple[str, str]], width: int, ou
     return skipped
 
 
-def _measure(layer: str, method: str, reference: nn.Module, expected: torch.Tensor, x: torch.Tensor,
-             edge_index: torch.Tensor, target: torch.Tensor, width: int, ours_module: str,
-             settings: Settings, device: torch.device, backend: str) -> dict:
+def _measure(
+    layer: str,
+    method: str,
+    reference: nn.Module,
+    expected: torch.Tensor,
+    x: torch.Tensor,
+    edge_index: torch.Tensor,
+    target: torch.Tensor,
+    width: int,
+    ours_module: str,
+    settings: Settings,
+    device: torch.device,
+    backend: str,
+) -> dict:
     try:
         # Imported here, per row: a module that is missing or incomplete makes "unavailable" rows.
         namespace = torch_geometric.nn if method.startswith("pyg") else importlib.import_module(ours_module)

@@ -21,6 +21,7 @@ Passes: ``fwd`` (inputs without gradients) and ``fwd+bwd`` (every operand requir
 one forward and ``torch.autograd.grad`` of a random output gradient). Peak memory is measured
 for every timed row.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,13 +37,13 @@ from torch import Tensor
 from tqdm import tqdm
 
 import pyg_ugrapher as ug
-from pyg_ugrapher.ops import decided_schedule, uses_triton
+from pyg_ugrapher.ops import decided_schedule
 from pyg_ugrapher.parallel import STRATEGIES
-from triton_kernels import space
+from triton_kernels import space, uses_triton
 
 from .baselines import PYG_MODULES, sparse_adjacency
 from .graphs import GraphSpec, LoadedGraph
-from .report import OPS_KEY, ResultsFile
+from .rows import ResultsFile
 from .timing import Budget, Settings, copy_bandwidth, failure, free_memory, max_rel_err, measure
 
 log = logging.getLogger(__name__)
@@ -83,18 +84,22 @@ class OpSpec:
         return num_edges if self.name == "u_dot_v" else num_edges * F
 
 
-OPS: Dict[str, OpSpec] = {spec.name: spec for spec in (
-    OpSpec("copy_u_sum", ("x",), spmm=True),
-    OpSpec("u_mul_e_sum", ("x", "w"), spmm=True, grad_reads_inputs=True),
-    OpSpec("copy_u_max", ("x",), grad_reads_inputs=True, grad_reads_out=True),
-    OpSpec("u_dot_v", ("x", "y"), grad_reads_inputs=True),
-    OpSpec("u_add_v", ("x", "y"), backward=False),
-)}
+OPS: Dict[str, OpSpec] = {
+    spec.name: spec
+    for spec in (
+        OpSpec("copy_u_sum", ("x",), spmm=True),
+        OpSpec("u_mul_e_sum", ("x", "w"), spmm=True, grad_reads_inputs=True),
+        OpSpec("copy_u_max", ("x",), grad_reads_inputs=True, grad_reads_out=True),
+        OpSpec("u_dot_v", ("x", "y"), grad_reads_inputs=True),
+        OpSpec("u_add_v", ("x", "y"), backward=False),
+    )
+}
 HEADLINE_OPS = ("copy_u_sum", "u_mul_e_sum", "copy_u_max", "u_dot_v")
 
 
-def floor_bytes(spec: OpSpec, pass_: str, num_nodes: int, num_edges: int, F: int,
-                itemsize: int = 4, index_size: int = 4) -> int:
+def floor_bytes(
+    spec: OpSpec, pass_: str, num_nodes: int, num_edges: int, F: int, itemsize: int = 4, index_size: int = 4
+) -> int:
     """Bytes that must move: every input read once, the output written once, plus the graph
     (CSR ``rowptr`` + ``col`` for a gather, ``src`` + ``dst`` for message creation).
 
@@ -125,9 +130,12 @@ def _seed(*parts: object) -> int:
 #: schedule has (knobs left out, such as ``num_warps``, take the space's first valid value), so
 #: the anchors survive changes to the space and to the knobs' defaults.
 ANCHORS = (
-    ("vertex", {"block_v": 4, "block_e": 16}), ("vertex", {"block_v": 4, "block_e": 32}),
-    ("edge", {"block_e": 64}), ("edge", {"block_e": 128}),
-    ("group", {"group_size": 128, "block_e": 32}), ("group", {"group_size": 512, "block_e": 32}),
+    ("vertex", {"block_v": 4, "block_e": 16}),
+    ("vertex", {"block_v": 4, "block_e": 32}),
+    ("edge", {"block_e": 64}),
+    ("edge", {"block_e": 128}),
+    ("group", {"group_size": 128, "block_e": 32}),
+    ("group", {"group_size": 512, "block_e": 32}),
 )
 
 
@@ -175,16 +183,16 @@ class Item(NamedTuple):
     config: Optional[ug.ParallelInfo] = None
 
     def columns(self) -> dict:
-        return {"op": self.op, "F": self.F, "pass": self.pass_, "method": self.method,
-                "config": self.config.serialize() if self.config else ""}
+        return {
+            "op": self.op,
+            "F": self.F,
+            "pass": self.pass_,
+            "method": self.method,
+            "config": self.config.serialize() if self.config else "",
+        }
 
-    def key(self, graph: str) -> Tuple[str, ...]:
-        columns = {"graph": graph, **self.columns()}
-        return tuple(str(columns[name]) for name in OPS_KEY)
 
-
-def plan(op_names: Sequence[str], features: Sequence[int], methods: Sequence[str],
-         sweep_size: int) -> List[Item]:
+def plan(op_names: Sequence[str], features: Sequence[int], methods: Sequence[str], sweep_size: int) -> List[Item]:
     """Every measurement of one graph, grouped by (op, F) so each case's inputs are made once."""
     items = []
     for name, F in itertools.product(op_names, features):
@@ -205,15 +213,16 @@ def plan(op_names: Sequence[str], features: Sequence[int], methods: Sequence[str
 class Case:
     """One (graph, op, F): seeded random inputs, the PyG module, and PyG's results as reference."""
 
-    def __init__(self, loaded: LoadedGraph, spec: OpSpec, F: int, device: torch.device,
-                 backend: str) -> None:
+    def __init__(self, loaded: LoadedGraph, spec: OpSpec, F: int, device: torch.device, backend: str) -> None:
         self.loaded, self.spec, self.F, self.device, self.backend = loaded, spec, F, device, backend
         self.op = ug.OpInfo.from_name(spec.name)
         gen = torch.Generator(device=device).manual_seed(_seed(loaded.spec.name, spec.name, F))
         N, E = loaded.num_nodes, loaded.num_edges
-        make = {"x": lambda: torch.randn(N, F, generator=gen, device=device),
-                "y": lambda: torch.randn(N, F, generator=gen, device=device),
-                "w": lambda: torch.rand(E, generator=gen, device=device) + 0.5}
+        make = {
+            "x": lambda: torch.randn(N, F, generator=gen, device=device),
+            "y": lambda: torch.randn(N, F, generator=gen, device=device),
+            "w": lambda: torch.rand(E, generator=gen, device=device) + 0.5,
+        }
         self.operands = [make[name]() for name in spec.operands]
         out_shape = (N, F) if spec.gather else ((E, 1) if spec.name == "u_dot_v" else (E, F))
         self.grad_out = torch.randn(out_shape, generator=gen, device=device)
@@ -239,8 +248,7 @@ class Case:
                 module = torch.compile(self.pyg, dynamic=False, backend=self.backend)
                 self._compiled[method] = lambda x, *rest: module(x, edge_index, *rest)
             else:
-                self._compiled[method] = torch.compile(self.forward("ours"), dynamic=False,
-                                                       backend=self.backend)
+                self._compiled[method] = torch.compile(self.forward("ours"), dynamic=False, backend=self.backend)
         return self._compiled[method]
 
     def step(self, fn: Callable[..., Tensor], pass_: str) -> Callable[[], Tuple[Tensor, ...]]:
@@ -252,6 +260,7 @@ class Case:
         def forward_backward() -> Tuple[Tensor, ...]:
             out = fn(*leaves)
             return (out, *torch.autograd.grad(out, leaves, self.grad_out))
+
         return forward_backward
 
     def reference(self, pass_: str) -> Optional[Tuple[Tensor, ...]]:
@@ -260,8 +269,14 @@ class Case:
             try:
                 self._reference[pass_] = tuple(t.detach() for t in self.step(self.forward("pyg"), pass_)())
             except Exception as error:  # noqa: BLE001 - the PyG row of this pass records it
-                log.warning("%s %s F=%d %s: no PyG reference (%s)", self.loaded.spec.name,
-                            self.spec.name, self.F, pass_, failure(error)["note"])
+                log.warning(
+                    "%s %s F=%d %s: no PyG reference (%s)",
+                    self.loaded.spec.name,
+                    self.spec.name,
+                    self.F,
+                    pass_,
+                    failure(error)["note"],
+                )
                 self._reference[pass_] = None
         return self._reference[pass_]
 
@@ -279,16 +294,21 @@ def _measure_item(case: Case, item: Item, settings: Settings) -> dict:
     if item.method == "floor":
         bandwidth = copy_bandwidth(case.device)
         moved = floor_bytes(spec, item.pass_, loaded.num_nodes, loaded.num_edges, case.F)
-        return {**row, "time_ms": moved / bandwidth * 1e3, "status": "ok",
-                "note": f"{moved / 1e6:.1f} MB at {bandwidth / 1e9:.0f} GB/s copy bandwidth"}
+        return {
+            **row,
+            "time_ms": moved / bandwidth * 1e3,
+            "status": "ok",
+            "note": f"{moved / 1e6:.1f} MB at {bandwidth / 1e9:.0f} GB/s copy bandwidth",
+        }
     reference = None if item.method == "pyg" else case.reference(item.pass_)
     try:
         fn = case.forward(item.method, item.config)
     except Exception as error:  # noqa: BLE001 - building a baseline may fail (OOM): record it
         return {**row, **failure(error)}
     compare = None if reference is None else (lambda result: max_rel_err(result, reference))
-    row.update(measure(case.step(fn, item.pass_), case.device, settings, compare=compare,
-                       compiled=item.method in COMPILED))
+    row.update(
+        measure(case.step(fn, item.pass_), case.device, settings, compare=compare, compiled=item.method in COMPILED)
+    )
     if item.config is not None:
         row["schedule"] = row["config"]
     elif item.method in ("ours", "ours_compiled") and row["status"] == "ok":
@@ -299,13 +319,27 @@ def _measure_item(case: Case, item: Item, settings: Settings) -> dict:
     return row
 
 
-def run(suite: str, specs: Sequence[GraphSpec], op_names: Sequence[str], features: Sequence[int],
-        methods: Sequence[str], sweep_size: int, results: ResultsFile, budget: Budget,
-        settings: Settings, device: torch.device, env: dict, backend: str) -> None:
+def run(
+    suite: str,
+    specs: Sequence[GraphSpec],
+    op_names: Sequence[str],
+    features: Sequence[int],
+    methods: Sequence[str],
+    sweep_size: int,
+    results: ResultsFile,
+    budget: Budget,
+    settings: Settings,
+    device: torch.device,
+    env: dict,
+    backend: str,
+) -> None:
     """Measure every planned item of every graph not already in ``results``; rows are written as
     they are measured. Once ``budget`` expires the rest is skipped, with a logged note."""
     items = plan(op_names, features, methods, sweep_size)
-    todo = {spec: [i for i in items if not results.done(i.key(spec.name))] for spec in specs}
+    todo = {
+        spec: [i for i in items if not results.done({"suite": suite, "graph": spec.name, **i.columns()})]
+        for spec in specs
+    }
     skipped: Dict[str, int] = {}
     common = {"suite": suite, "dtype": "float32", **env}
     with tqdm(total=sum(map(len, todo.values())), desc=suite, mininterval=10, unit="meas") as bar:
@@ -321,25 +355,36 @@ def run(suite: str, specs: Sequence[GraphSpec], op_names: Sequence[str], feature
                 status = failure(error)
                 if isinstance(error, FileNotFoundError):
                     status["status"] = "unavailable"
-                results.write({**common, "graph": spec.name, "graph_kind": spec.kind, "method": "load",
-                               **status})
+                results.write({**common, "graph": spec.name, "graph_kind": spec.kind, "method": "load", **status})
                 bar.update(len(graph_items))
                 free_memory(device)
                 continue
-            _run_graph(loaded, graph_items, common, results, budget, settings, device, backend, bar,
-                       skipped)
+            _run_graph(loaded, graph_items, common, results, budget, settings, device, backend, bar, skipped)
             del loaded
             torch._dynamo.reset()  # compiled code holds this graph's tensors and shapes
             free_memory(device)
     if skipped:
-        log.warning("time budget of %s s exhausted: %d %s measurements skipped (%s); rerun with "
-                    "--resume to measure them", budget.seconds, sum(skipped.values()), suite,
-                    ", ".join(f"{name}: {n}" for name, n in skipped.items()))
+        log.warning(
+            "time budget of %s s exhausted: %d %s measurements skipped (%s); rerun with --resume to measure them",
+            budget.seconds,
+            sum(skipped.values()),
+            suite,
+            ", ".join(f"{name}: {n}" for name, n in skipped.items()),
+        )
 
 
-def _run_graph(loaded: LoadedGraph, items: Iterable[Item], common: dict, results: ResultsFile,
-               budget: Budget, settings: Settings, device: torch.device, backend: str, bar: tqdm,
-               skipped: Dict[str, int]) -> None:
+def _run_graph(
+    loaded: LoadedGraph,
+    items: Iterable[Item],
+    common: dict,
+    results: ResultsFile,
+    budget: Budget,
+    settings: Settings,
+    device: torch.device,
+    backend: str,
+    bar: tqdm,
+    skipped: Dict[str, int],
+) -> None:
     name = loaded.spec.name
     for (op_name, F), case_items in itertools.groupby(items, key=lambda i: (i.op, i.F)):
         case_items = list(case_items)

@@ -1,14 +1,15 @@
-"""Results files, markdown tables and plots.
+"""Markdown tables and plots, drawn from the results CSVs alone (:mod:`benchmarks.rows`).
 
-Every suite writes one tidy CSV (one row per measurement) into the output folder, a row as soon
-as it is measured, so a run cut short keeps what it measured and ``--resume`` measures only the
-rest. The report is rebuilt from those CSVs alone::
+Tables and plots show the rows of each file's latest commit (the commit of its last row; of a key
+measured more than once there, the last row)::
 
-    python -m benchmarks.report DIR      # DIR/report.md and DIR/*.png; prints the markdown
+    python -m benchmarks.report benchmarks/results/h100            # report.md and a PNG per CSV
+    python -m benchmarks.report --plot benchmarks/results/h100/ops.csv   # that CSV's PNG only
 
 Cells show the median time, or the row's status where it failed (``oom``, ``error``); a time
 marked ``!`` did not match PyG's result (``max_rel_err`` above the tolerance).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,74 +24,25 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-OPS_COLUMNS = ("suite", "graph", "graph_kind", "num_nodes", "num_edges", "op", "F", "dtype", "pass",
-               "method", "config", "strategy", "schedule", "time_ms", "host_ms", "peak_mib", "first_call_s",
-               "max_rel_err", "graphs", "graph_breaks", "status", "note", "device", "timer", "torch",
-               "triton", "pyg", "date")
-#: What identifies an operator measurement (``config``: the schedule a sweep row asked for).
-OPS_KEY = ("graph", "op", "F", "pass", "method", "config")
-LAYER_COLUMNS = ("suite", "layer", "graph", "graph_kind", "num_nodes", "num_edges", "F", "method",
-                 "time_ms", "host_ms", "peak_mib", "first_call_s", "max_rel_err", "graphs", "graph_breaks",
-                 "status", "note", "device", "timer", "torch", "triton", "pyg", "date")
-LAYER_KEY = ("layer", "graph", "method")
-NUMERIC = ("num_nodes", "num_edges", "time_ms", "host_ms", "peak_mib", "first_call_s", "max_rel_err", "graphs",
-           "graph_breaks")
-#: Suite -> (file, columns, key).
-FILES = {"headline": ("headline.csv", OPS_COLUMNS, OPS_KEY), "ops": ("ops.csv", OPS_COLUMNS, OPS_KEY),
-         "layers": ("layers.csv", LAYER_COLUMNS, LAYER_KEY)}
-TIMED = ("ok", "mismatch")
+from .rows import KINDS, TIMED, kind_of, latest, read  # noqa: E402
+
 #: The headline's columns per pass.
-HEADLINE_METHODS = {"fwd": ("cusparse", "pyg", "pyg_compiled", "ours", "ours_compiled", "floor"),
-                    "fwd+bwd": ("pyg", "pyg_compiled", "ours", "ours_compiled", "floor")}
+HEADLINE_METHODS = {
+    "fwd": ("cusparse", "pyg", "pyg_compiled", "ours", "ours_compiled", "floor"),
+    "fwd+bwd": ("pyg", "pyg_compiled", "ours", "ours_compiled", "floor"),
+}
+#: An operator file's latest rows with up to this many (graph, op, F) cases are plotted as times per
+#: method (the headline's cases); more, as our speed-up over eager PyG per graph.
+FEW_CASES = 12
 
 
-def read(path: Path, columns: Sequence[str]) -> pd.DataFrame:
-    """A results CSV: text columns as str ("" when empty, so keys compare), numbers as floats."""
-    numeric = [c for c in columns if c in NUMERIC]
-    return pd.read_csv(path, dtype={c: str for c in columns if c not in NUMERIC},
-                       keep_default_na=False, na_values={c: [""] for c in numeric})
-
-
-class ResultsFile:
-    """One suite's CSV, appended row by row.
-
-    Without ``resume`` an existing file is replaced; with it, its rows count as done and
-    :meth:`done` tells the suite what to skip.
-    """
-
-    def __init__(self, path: Path, columns: Sequence[str], key: Sequence[str], resume: bool) -> None:
-        self.path, self.columns, self.key = Path(path), tuple(columns), tuple(key)
-        self._done = set()
-        if self.path.exists():
-            if resume:
-                frame = read(self.path, self.columns)
-                if list(frame.columns) != list(self.columns):
-                    # Written by a version with other columns: rewrite it in these before appending.
-                    frame = frame.reindex(columns=list(self.columns))
-                    frame.to_csv(self.path, index=False)
-                self._done = {tuple(r) for r in frame[list(self.key)].itertuples(index=False)}
-            else:
-                self.path.unlink()
-
-    def done(self, key: Tuple[str, ...]) -> bool:
-        return key in self._done
-
-    def write(self, row: dict) -> None:
-        unknown = set(row) - set(self.columns)
-        if unknown:
-            raise ValueError(f"row: unknown columns {sorted(unknown)}")
-        frame = pd.DataFrame([{c: row.get(c, "") for c in self.columns}])
-        frame.to_csv(self.path, mode="a", header=not self.path.exists(), index=False)
-        self._done.add(tuple(str(row.get(c, "")) for c in self.key))
-
-
-def load(out_dir: Path, suite: str) -> Optional[pd.DataFrame]:
-    """A suite's rows, the last one of each key (a resumed run may repeat a key), or ``None``."""
-    name, columns, key = FILES[suite]
-    path = Path(out_dir) / name
+def load(path: Path) -> Optional[pd.DataFrame]:
+    """The latest commit's rows of a results CSV (:func:`benchmarks.rows.latest`), or ``None``
+    when the file is missing or empty."""
+    path = Path(path)
     if not path.exists():
         return None
-    frame = read(path, columns).drop_duplicates(subset=list(key), keep="last")
+    frame = latest(read(path), KINDS[kind_of(path)][1])
     return frame if len(frame) else None
 
 
@@ -139,8 +91,7 @@ def _short_schedule(text: str) -> str:
     if ":" not in text:
         return text
     strategy, _, knobs = text.partition(":")
-    short = {"block_v": "v", "block_e": "e", "block_f": "f", "group_size": "g", "num_warps": "w",
-             "num_stages": "s"}
+    short = {"block_v": "v", "block_e": "e", "block_f": "f", "group_size": "g", "num_warps": "w", "num_stages": "s"}
     parts = [short.get(k, k) + v for k, v in (item.split("=") for item in knobs.split(","))]
     return " ".join([strategy] + parts)
 
@@ -183,24 +134,55 @@ def headline_tables(frame: pd.DataFrame) -> str:
             row += [_cell(get(g, o, pass_, m)) for m in methods]
         times.append(row)
         ours_b = get(g, o, "fwd+bwd", "ours")
-        ratios.append([g, o] + [_cell(get(g, o, "fwd+bwd", m), "peak_mib")
-                                for m in ("pyg", "pyg_compiled", "ours", "ours_compiled")] + [
-            _ratio(_speedup(get(g, o, "fwd", "pyg_compiled"), get(g, o, "fwd", "ours"))),
-            _ratio(_speedup(get(g, o, "fwd+bwd", "pyg_compiled"), ours_b)),
-            _ratio(_speedup(get(g, o, "fwd+bwd", "pyg_compiled"), get(g, o, "fwd+bwd", "ours_compiled"))),
-            _ratio(_speedup(get(g, o, "fwd", "cusparse"), get(g, o, "fwd", "ours"))),
-            _schedule(get(g, o, "fwd", "ours")),
-            _breaks(get(g, o, "fwd+bwd", "ours_compiled")),
-            _err(get(g, o, p, m) for p in ("fwd", "fwd+bwd") for m in ("ours", "ours_compiled"))])
-    time_header = ["graph", "op", "cuSPARSE fwd", "PyG fwd", "PyG comp. fwd", "ours fwd",
-                   "ours comp. fwd", "floor fwd", "PyG f+b", "PyG comp. f+b", "ours f+b",
-                   "ours comp. f+b", "floor f+b"]
-    ratio_header = ["graph", "op", "PyG MiB", "PyG comp. MiB", "ours MiB", "ours comp. MiB",
-                    "ours fwd vs PyG comp.", "ours f+b vs PyG comp.", "ours comp. f+b vs PyG comp.",
-                    "ours fwd vs cuSPARSE", "our schedule", "graph breaks (ours comp. f+b)", "max rel err"]
-    return ("### Operators: time (ms, median)\n\n" + markdown(time_header, times) +
-            "\n\n### Operators: peak memory of fwd+bwd (MiB) and speed-ups (above 1: ours is faster)"
-            "\n\n" + markdown(ratio_header, ratios))
+        ratios.append(
+            [g, o]
+            + [_cell(get(g, o, "fwd+bwd", m), "peak_mib") for m in ("pyg", "pyg_compiled", "ours", "ours_compiled")]
+            + [
+                _ratio(_speedup(get(g, o, "fwd", "pyg_compiled"), get(g, o, "fwd", "ours"))),
+                _ratio(_speedup(get(g, o, "fwd+bwd", "pyg_compiled"), ours_b)),
+                _ratio(_speedup(get(g, o, "fwd+bwd", "pyg_compiled"), get(g, o, "fwd+bwd", "ours_compiled"))),
+                _ratio(_speedup(get(g, o, "fwd", "cusparse"), get(g, o, "fwd", "ours"))),
+                _schedule(get(g, o, "fwd", "ours")),
+                _breaks(get(g, o, "fwd+bwd", "ours_compiled")),
+                _err(get(g, o, p, m) for p in ("fwd", "fwd+bwd") for m in ("ours", "ours_compiled")),
+            ]
+        )
+    time_header = [
+        "graph",
+        "op",
+        "cuSPARSE fwd",
+        "PyG fwd",
+        "PyG comp. fwd",
+        "ours fwd",
+        "ours comp. fwd",
+        "floor fwd",
+        "PyG f+b",
+        "PyG comp. f+b",
+        "ours f+b",
+        "ours comp. f+b",
+        "floor f+b",
+    ]
+    ratio_header = [
+        "graph",
+        "op",
+        "PyG MiB",
+        "PyG comp. MiB",
+        "ours MiB",
+        "ours comp. MiB",
+        "ours fwd vs PyG comp.",
+        "ours f+b vs PyG comp.",
+        "ours comp. f+b vs PyG comp.",
+        "ours fwd vs cuSPARSE",
+        "our schedule",
+        "graph breaks (ours comp. f+b)",
+        "max rel err",
+    ]
+    return (
+        "### Operators: time (ms, median)\n\n"
+        + markdown(time_header, times)
+        + "\n\n### Operators: peak memory of fwd+bwd (MiB) and speed-ups (above 1: ours is faster)"
+        "\n\n" + markdown(ratio_header, ratios)
+    )
 
 
 def layer_table(frame: pd.DataFrame) -> str:
@@ -210,14 +192,33 @@ def layer_table(frame: pd.DataFrame) -> str:
     rows = []
     for layer, graph in _unique(frame, ("layer", "graph")):
         got = {m: at.get((layer, graph, m)) for m in methods}
-        rows.append([layer, graph] + [_cell(got[m]) for m in methods] +
-                    [_cell(got[m], "peak_mib") for m in methods] +
-                    [_ratio(_speedup(got["pyg_compiled"], got["ours"])),
-                     _ratio(_speedup(got["pyg_compiled"], got["ours_compiled"])),
-                     _breaks(got["ours_compiled"]), _err(got[m] for m in methods[1:])])
-    header = ["layer", "graph", "PyG ms", "PyG comp. ms", "ours ms", "ours comp. ms", "PyG MiB",
-              "PyG comp. MiB", "ours MiB", "ours comp. MiB", "ours vs PyG comp.",
-              "ours comp. vs PyG comp.", "graph breaks (ours comp.)", "max rel err"]
+        rows.append(
+            [layer, graph]
+            + [_cell(got[m]) for m in methods]
+            + [_cell(got[m], "peak_mib") for m in methods]
+            + [
+                _ratio(_speedup(got["pyg_compiled"], got["ours"])),
+                _ratio(_speedup(got["pyg_compiled"], got["ours_compiled"])),
+                _breaks(got["ours_compiled"]),
+                _err(got[m] for m in methods[1:]),
+            ]
+        )
+    header = [
+        "layer",
+        "graph",
+        "PyG ms",
+        "PyG comp. ms",
+        "ours ms",
+        "ours comp. ms",
+        "PyG MiB",
+        "PyG comp. MiB",
+        "ours MiB",
+        "ours comp. MiB",
+        "ours vs PyG comp.",
+        "ours comp. vs PyG comp.",
+        "graph breaks (ours comp.)",
+        "max rel err",
+    ]
     return "### Layers: one training step (forward, backward, Adam)\n\n" + markdown(header, rows)
 
 
@@ -250,23 +251,48 @@ def ops_tables(frame: pd.DataFrame) -> Tuple[str, str]:
                 vs_sparse.append(_speedup(get("cusparse"), ours))
                 regrets.append(regret)
                 errors.append(ours)
-                rows.append([graph, F] + [_cell(get(m)) for m in ("floor", "cusparse", "pyg", "pyg_compiled",
-                                                                   "ours", "ours_compiled")] +
-                            [_schedule(ours)] +
-                            [f"{_cell(b)} ({_schedule(b)})" if b is not None else "–" for b in bests] +
-                            [_ratio(speedups[-1]), _ratio(regret), _err([ours, get("ours_compiled")])])
+                rows.append(
+                    [graph, F]
+                    + [_cell(get(m)) for m in ("floor", "cusparse", "pyg", "pyg_compiled", "ours", "ours_compiled")]
+                    + [_schedule(ours)]
+                    + [f"{_cell(b)} ({_schedule(b)})" if b is not None else "–" for b in bests]
+                    + [_ratio(speedups[-1]), _ratio(regret), _err([ours, get("ours_compiled")])]
+                )
             sweep = part[(part.F == F) & (part.method == "sweep")]
-            summary.append([op, pass_, F, str(sum(s is not None for s in speedups)),
-                            _ratio(_geomean(speedups)), _ratio(_extreme(min, speedups)),
-                            _ratio(_extreme(max, speedups)), _ratio(_geomean(vs_sparse)),
-                            _ratio(_geomean(regrets)), _err(errors),
-                            f"{(sweep.status != 'ok').sum()} / {len(sweep)}" if len(sweep) else "–"])
-        header = ["graph", "F", "floor", "cuSPARSE", "PyG", "PyG comp.", "ours", "ours comp.",
-                  "our schedule"] + ([f"best {s}" for s in strategies] if pass_ == "fwd" else []) + \
-                 ["ours vs PyG", "ours / best sweep", "max rel err"]
+            summary.append(
+                [
+                    op,
+                    pass_,
+                    F,
+                    str(sum(s is not None for s in speedups)),
+                    _ratio(_geomean(speedups)),
+                    _ratio(_extreme(min, speedups)),
+                    _ratio(_extreme(max, speedups)),
+                    _ratio(_geomean(vs_sparse)),
+                    _ratio(_geomean(regrets)),
+                    _err(errors),
+                    f"{(sweep.status != 'ok').sum()} / {len(sweep)}" if len(sweep) else "–",
+                ]
+            )
+        header = (
+            ["graph", "F", "floor", "cuSPARSE", "PyG", "PyG comp.", "ours", "ours comp.", "our schedule"]
+            + ([f"best {s}" for s in strategies] if pass_ == "fwd" else [])
+            + ["ours vs PyG", "ours / best sweep", "max rel err"]
+        )
         sections.append(f"### {op}, {pass_} (ms)\n\n" + markdown(header, rows))
-    summary_header = ["op", "pass", "F", "graphs", "ours vs PyG (geo-mean)", "min", "max",
-                      "ours vs cuSPARSE", "ours / best sweep", "max rel err", "sweep rows not ok"]
+    summary_header = [
+        "op",
+        "pass",
+        "F",
+        "graphs",
+        "ours vs PyG (geo-mean)",
+        "min",
+        "max",
+        "ours vs cuSPARSE",
+        "ours / best sweep",
+        "max rel err",
+        "sweep rows not ok",
+    ]
     summary_text = "### Operators over the corpus\n\n" + markdown(summary_header, summary)
     return summary_text, "\n\n".join(sections)
 
@@ -282,52 +308,151 @@ def _extreme(pick: Callable, values: Sequence[Optional[float]]) -> Optional[floa
 
 
 #: PyG's numbers measured for the project's issue (H100, torch 2.11, PyG 2.8.0): the setup check.
-#: (suite, graph, op or layer, pass, method, column) -> value.
+#: (file kind, graph, op or layer, pass, method, column) -> value; operators at F = 128.
 ISSUE_NUMBERS = {
-    ("headline", "uniform-16M", "copy_u_sum", "fwd", "cusparse", "time_ms"): 3.54,
-    ("headline", "uniform-16M", "copy_u_sum", "fwd", "pyg", "time_ms"): 19.5,
-    ("headline", "uniform-16M", "copy_u_sum", "fwd", "pyg_compiled", "time_ms"): 9.69,
-    ("headline", "uniform-16M", "copy_u_sum", "fwd+bwd", "pyg", "time_ms"): 45.5,
-    ("headline", "uniform-16M", "copy_u_sum", "fwd+bwd", "pyg_compiled", "time_ms"): 19.7,
-    ("headline", "uniform-16M", "copy_u_sum", "fwd+bwd", "pyg", "peak_mib"): 8789,
-    ("headline", "uniform-16M", "copy_u_sum", "fwd+bwd", "pyg_compiled", "peak_mib"): 977,
-    ("headline", "uniform-16M", "copy_u_max", "fwd", "pyg_compiled", "time_ms"): 21.1,
-    ("headline", "uniform-16M", "copy_u_max", "fwd+bwd", "pyg_compiled", "time_ms"): 53.2,
+    ("ops", "uniform-16M", "copy_u_sum", "fwd", "cusparse", "time_ms"): 3.54,
+    ("ops", "uniform-16M", "copy_u_sum", "fwd", "pyg", "time_ms"): 19.5,
+    ("ops", "uniform-16M", "copy_u_sum", "fwd", "pyg_compiled", "time_ms"): 9.69,
+    ("ops", "uniform-16M", "copy_u_sum", "fwd+bwd", "pyg", "time_ms"): 45.5,
+    ("ops", "uniform-16M", "copy_u_sum", "fwd+bwd", "pyg_compiled", "time_ms"): 19.7,
+    ("ops", "uniform-16M", "copy_u_sum", "fwd+bwd", "pyg", "peak_mib"): 8789,
+    ("ops", "uniform-16M", "copy_u_sum", "fwd+bwd", "pyg_compiled", "peak_mib"): 977,
+    ("ops", "uniform-16M", "copy_u_max", "fwd", "pyg_compiled", "time_ms"): 21.1,
+    ("ops", "uniform-16M", "copy_u_max", "fwd+bwd", "pyg_compiled", "time_ms"): 53.2,
     ("layers", "uniform-4M", "GCNConv", "step", "pyg", "time_ms"): 17.5,
     ("layers", "uniform-4M", "GCNConv", "step", "pyg_compiled", "time_ms"): 6.27,
 }
 
 
-def setup_check(frames: Dict[str, Optional[pd.DataFrame]]) -> Optional[str]:
-    """Our measurements of PyG next to the issue's, where both exist (the F = 128 settings)."""
+def setup_check(ops: Optional[pd.DataFrame], layers: Optional[pd.DataFrame]) -> Optional[str]:
+    """Our measurements of PyG next to the issue's, where both exist."""
+    frames = {"ops": ops, "layers": layers}
     rows = []
-    for (suite, graph, what, pass_, method, column), expected in ISSUE_NUMBERS.items():
-        frame = frames[suite]
+    for (kind, graph, what, pass_, method, column), expected in ISSUE_NUMBERS.items():
+        frame = frames[kind]
         if frame is None:
             continue
-        if suite == "layers":
+        if kind == "layers":
             match = frame[(frame.graph == graph) & (frame.layer == what) & (frame.method == method)]
         else:
-            match = frame[(frame.graph == graph) & (frame.op == what) & (frame["pass"] == pass_) &
-                          (frame.method == method) & (frame.F == "128")]
+            match = frame[
+                (frame.graph == graph)
+                & (frame.op == what)
+                & (frame["pass"] == pass_)
+                & (frame.method == method)
+                & (frame.F == "128")
+            ]
         if len(match):
             got = _time(match.iloc[-1], column)
-            rows.append([graph, what, pass_, method, column, _number(expected), _cell(match.iloc[-1], column),
-                         _ratio(got / expected if got is not None else None)])
+            rows.append(
+                [
+                    graph,
+                    what,
+                    pass_,
+                    method,
+                    column,
+                    _number(expected),
+                    _cell(match.iloc[-1], column),
+                    _ratio(got / expected if got is not None else None),
+                ]
+            )
     if not rows:
         return None
     return "### Setup check: PyG as measured for the issue\n\n" + markdown(
-        ["graph", "op / layer", "pass", "method", "quantity", "issue", "here", "here / issue"], rows)
+        ["graph", "op / layer", "pass", "method", "quantity", "issue", "here", "here / issue"], rows
+    )
+
+
+def side_by_side(frame: pd.DataFrame) -> pd.DataFrame:
+    """Training rows as one row per (dataset, model, compile mode, batching): accuracy and epoch
+    and step times of both implementations, and our speed-up."""
+    index = ["dataset", "model", "compile_mode", "batch_size", "batch_graphs"]
+    table = frame.pivot_table(
+        index=index, columns="impl", values=["test_acc", "epoch_ms", "step_ms"], aggfunc="first", sort=False
+    )
+    table.columns = [f"{value}_{impl}" for value, impl in table.columns]
+    for column in ("epoch_ms_pyg", "epoch_ms_ours"):
+        if column not in table:
+            table[column] = math.nan
+    table["speedup"] = table["epoch_ms_pyg"] / table["epoch_ms_ours"]
+    return table.reset_index()
+
+
+def _batching(batch_size: float, batch_graphs: str) -> str:
+    if not batch_size or not math.isfinite(batch_size):
+        return "full batch"
+    return f"batches of {int(batch_size)}" + (", one graph" if batch_graphs == "same" else "")
+
+
+def train_table(frame: pd.DataFrame) -> str:
+    """Whole models: ms per step (per epoch for full batch) and test accuracy, ours / eager PyG."""
+    rows = []
+    for row in side_by_side(frame).itertuples(index=False):
+        unit = "step_ms" if row.batch_size else "epoch_ms"
+        rows.append(
+            [
+                row.dataset,
+                row.model,
+                row.compile_mode,
+                _batching(row.batch_size, row.batch_graphs),
+                _number(getattr(row, f"{unit}_ours", math.nan)),
+                _number(getattr(row, f"{unit}_pyg", math.nan)),
+                _ratio(row.speedup),
+                _number(getattr(row, "test_acc_ours", math.nan)),
+                _number(getattr(row, "test_acc_pyg", math.nan)),
+            ]
+        )
+    header = ["dataset", "model", "mode", "batching", "ours ms", "PyG ms", "ours vs PyG", "ours acc.", "PyG acc."]
+    return "### Training: ms per step (mini-batches) or per epoch (full batch)\n\n" + markdown(header, rows)
+
+
+def _distributed_case(row) -> str:
+    compiled = "" if row.compile_mode == "eager" else f" {row.compile_mode}"
+    return f"{row.graph}\n{row.model} {row.mode}{compiled}"
+
+
+def distributed_table(frame: pd.DataFrame) -> str:
+    """Training on several ranks: epoch time, throughput, and the partitioned runs' halo."""
+    rows = []
+    for row in frame.itertuples(index=False):
+        timed = row.status in TIMED
+        rows.append(
+            [
+                row.mode,
+                row.graph,
+                row.model,
+                row.compile_mode,
+                str(int(row.world_size)),
+                _number(row.epoch_ms) if timed else row.status,
+                _number(row.edges_per_s),
+                _number(row.comm_ms_per_layer),
+                _number(row.halo_mib_per_layer),
+                _number(row.peak_mib),
+            ]
+        )
+    header = [
+        "mode",
+        "graph",
+        "model",
+        "compile",
+        "ranks",
+        "epoch ms",
+        "edges/s",
+        "comm ms/layer",
+        "halo MiB/layer",
+        "peak MiB/rank",
+    ]
+    return "### Training on several ranks\n\n" + markdown(header, rows)
 
 
 # -- plots -----------------------------------------------------------------------------------
 #: One colour per method in every plot, whichever methods a panel shows.
-COLORS = {"cusparse": "C0", "pyg": "C1", "pyg_compiled": "C2", "ours": "C3", "ours_compiled": "C4",
-          "floor": "C7"}
+COLORS = {"cusparse": "C0", "pyg": "C1", "pyg_compiled": "C2", "ours": "C3", "ours_compiled": "C4", "floor": "C7"}
 
 
-def _bars(ax, groups: Sequence[str], series: Dict[str, Sequence[Optional[float]]], ylabel: str,
-          log: bool = True) -> None:
+def _bars(
+    ax, groups: Sequence[str], series: Dict[str, Sequence[Optional[float]]], ylabel: str, log: bool = True
+) -> None:
     width = 0.8 / max(len(series), 1)
     for i, (label, values) in enumerate(series.items()):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
@@ -344,16 +469,19 @@ def _bars(ax, groups: Sequence[str], series: Dict[str, Sequence[Optional[float]]
 
 
 def headline_plot(frame: pd.DataFrame, path: Path) -> None:
-    at = _index(frame, ("graph", "op", "pass", "method"))
-    cases = _unique(frame, ("graph", "op"))
-    labels = [f"{o}\n{g}" for g, o in cases]
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    """Median ms per method of each (graph, op, F), a panel per pass."""
+    frame = frame[frame.method != "sweep"]
+    at = _index(frame, ("graph", "op", "F", "pass", "method"))
+    cases = _unique(frame, ("graph", "op", "F"))
+    labels = [f"{o}\n{g}, F={F}" for g, o, F in cases]
+    fig, axes = plt.subplots(1, 2, figsize=(max(14.0, 1.4 * len(cases) + 4), 5))
     for ax, (pass_, methods) in zip(axes, HEADLINE_METHODS.items()):
-        _bars(ax, labels, {m: [_time(at.get((g, o, pass_, m))) for g, o in cases] for m in methods}, "ms")
+        _bars(ax, labels, {m: [_time(at.get((g, o, F, pass_, m))) for g, o, F in cases] for m in methods}, "ms")
         ax.set_title(pass_)
         ax.legend(fontsize=8)
+    fig.suptitle(f"operators, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -363,12 +491,20 @@ def layer_plot(frame: pd.DataFrame, path: Path) -> None:
     layers = list(dict.fromkeys(frame.layer))
     fig, axes = plt.subplots(1, len(graphs), figsize=(7 * len(graphs), 5), squeeze=False)
     for ax, graph in zip(axes[0], graphs):
-        _bars(ax, layers, {m: [_time(at.get((layer, graph, m))) for layer in layers]
-                           for m in ("pyg", "pyg_compiled", "ours", "ours_compiled")}, "ms per step")
+        _bars(
+            ax,
+            layers,
+            {
+                m: [_time(at.get((layer, graph, m))) for layer in layers]
+                for m in ("pyg", "pyg_compiled", "ours", "ours_compiled")
+            },
+            "ms per step",
+        )
         ax.set_title(f"training step, {graph}")
     axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"layers, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -377,8 +513,6 @@ def ops_plot(frame: pd.DataFrame, path: Path) -> None:
     frame = frame[frame.method != "sweep"]
     at = _index(frame, ("graph", "op", "F", "pass", "method"))
     panels = _unique(frame, ("op", "pass"))
-    if not panels:  # only sweep rows so far
-        return
     cols = 3
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
@@ -386,71 +520,168 @@ def ops_plot(frame: pd.DataFrame, path: Path) -> None:
         part = frame[(frame.op == op) & (frame["pass"] == pass_)]
         graphs = list(dict.fromkeys(part.graph))
         features = sorted(part.F.unique(), key=int)
-        speedups = {f"F={F}": [_speedup(at.get((g, op, F, pass_, "pyg")), at.get((g, op, F, pass_, "ours")))
-                               for g in graphs] for F in features}
+        speedups = {
+            f"F={F}": [_speedup(at.get((g, op, F, pass_, "pyg")), at.get((g, op, F, pass_, "ours"))) for g in graphs]
+            for F in features
+        }
         _bars(ax, graphs, speedups, "speed-up vs PyG")
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_title(f"{op} {pass_}")
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
+    fig.suptitle(f"operators, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def train_plot(frame: pd.DataFrame, path: Path) -> None:
+    """Time per step or epoch and test accuracy per (dataset, model, batching), ours next to PyG."""
+    table = side_by_side(frame)
+    labels = [
+        f"{r.dataset}\n{r.model} {r.compile_mode}\n{_batching(r.batch_size, r.batch_graphs)}"
+        for r in table.itertuples(index=False)
+    ]
+    unit = ["step_ms" if b else "epoch_ms" for b in table.batch_size]
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.1 * len(labels) + 2), 8), sharex=True)
+    times = {
+        impl: [getattr(r, f"{u}_{impl}", None) for r, u in zip(table.itertuples(index=False), unit)]
+        for impl in ("pyg", "ours")
+    }
+    _bars(axes[0], labels, times, "ms per step (mini-batches) or epoch")
+    accuracy = {impl: list(table.get(f"test_acc_{impl}", [None] * len(table))) for impl in ("pyg", "ours")}
+    _bars(axes[1], labels, accuracy, "test accuracy", log=False)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"training, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def distributed_plot(frame: pd.DataFrame, path: Path) -> None:
+    """Edges per second of every case per number of ranks; the partitioned cases' epoch split
+    into compute and halo exchanges."""
+    timed = frame[frame.status.isin(TIMED)]
+    cases = _unique(timed, ("mode", "graph", "model", "compile_mode"))
+    sizes = sorted({int(w) for w in timed.world_size})
+    at = {(r.mode, r.graph, r.model, r.compile_mode, int(r.world_size)): r for r in timed.itertuples(index=False)}
+    labels = [_distributed_case(at[case + (next(w for w in sizes if case + (w,) in at),)]) for case in cases]
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.2 * len(labels) + 2), 8))
+    throughput = {
+        f"{w} rank{'s' if w > 1 else ''}": [getattr(at.get(case + (w,)), "edges_per_s", None) for case in cases]
+        for w in sizes
+    }
+    _bars(axes[0], labels, throughput, "edges per second")
+    axes[0].legend(fontsize=8)
+    split = [(case, w) for case in cases if case[0] == "partitioned" for w in sizes if case + (w,) in at]
+    split_labels = [f"{_distributed_case(at[case + (w,)])}\n{w} rank{'s' if w > 1 else ''}" for case, w in split]
+    parts = {
+        "compute": [at[case + (w,)].compute_ms for case, w in split],
+        "halo exchanges": [at[case + (w,)].comm_ms for case, w in split],
+    }
+    _bars(axes[1], split_labels, parts, "ms per epoch (slowest rank)", log=False)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"training on several ranks, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot(csv: Path) -> Optional[Path]:
+    """Draw the PNG beside a results CSV (same name, ``.png``) from its latest commit's rows;
+    returns its path, or ``None`` when the file has no rows to draw."""
+    csv = Path(csv)
+    kind = kind_of(csv)
+    frame = load(csv)
+    if frame is not None and kind == "ops":
+        frame = frame[~frame.method.isin(["load", "sweep"])]
+    if frame is None or frame.empty:
+        return None
+    png = csv.with_name(csv.name.split(".")[0] + ".png")
+    if kind == "layers":
+        layer_plot(frame, png)
+    elif kind == "train_e2e":
+        train_plot(frame, png)
+    elif kind == "distributed":
+        distributed_plot(frame, png)
+    elif len(_unique(frame, ("graph", "op", "F"))) <= FEW_CASES:
+        headline_plot(frame, png)
+    else:
+        ops_plot(frame, png)
+    return png
+
+
 # -- the report ------------------------------------------------------------------------------
-def environment_line(frames: Sequence[pd.DataFrame]) -> str:
-    first = next(f.iloc[0] for f in frames)
-    return (f"Measured on {first['device']} ({first['timer']} timer), torch {first['torch']}, "
-            f"Triton {first['triton']}, PyG {first['pyg']}, {first['date']}.")
+def environment_line(name: str, frame: pd.DataFrame) -> str:
+    first = frame.iloc[-1]
+    return (
+        f"`{name}`: {first['gpu']} ({first['timer']} timer), commit {first['commit']}, torch "
+        f"{first['torch']}, Triton {first['triton']}, PyG {first['torch_geometric']}, {first['date']}."
+    )
 
 
 def write_report(out_dir: Path) -> str:
-    """Tables and plots of every suite found in ``out_dir``; returns the markdown (``report.md``).
+    """Tables of the latest commit's rows of every results CSV in ``out_dir`` and their plots;
+    returns the markdown, also written to ``out_dir/report.md``.
 
-    ``ops.md`` holds the full per-graph operator tables, which are too long for the README.
+    ``ops.md`` holds the ops suite's per-graph tables, too long for the summary.
     """
     out_dir = Path(out_dir)
-    frames = {suite: load(out_dir, suite) for suite in FILES}
-    present = [f for f in frames.values() if f is not None]
-    parts = ["## Benchmarks", environment_line(present) if present else "No results yet."]
-    for suite in ("headline", "ops"):
-        frame = frames[suite]
-        if frame is None:
-            continue
-        failed = frame[frame.method == "load"]
+    frames = {kind: load(out_dir / f"{kind}.csv") for kind in KINDS}
+    parts = ["## Benchmarks"]
+    parts += [environment_line(f"{kind}.csv", f) for kind, f in frames.items() if f is not None] or ["No results yet."]
+    ops = frames["ops"]
+    if ops is not None:
+        failed = ops[ops.method == "load"]
         if len(failed):
-            parts.append(f"Graphs the {suite} suite could not load: " + "; ".join(
-                f"{r.graph} ({r.status}: {r.note})" for r in failed.itertuples()))
-        measured = frame[frame.method != "load"]
-        frames[suite] = measured if len(measured) else None
-    check = setup_check(frames)
+            parts.append(
+                "Graphs that could not load: "
+                + "; ".join(f"{r.graph} ({r.status}: {r.note})" for r in failed.itertuples())
+            )
+        ops = ops[ops.method != "load"]
+        ops = ops if len(ops) else None
+    check = setup_check(ops, frames["layers"])
     if check:
         parts.append(check)
-    if frames["headline"] is not None:
-        parts.append(headline_tables(frames["headline"]))
-        headline_plot(frames["headline"], out_dir / "headline.png")
-        parts.append("![headline](headline.png)")
-    if frames["layers"] is not None:
-        parts.append(layer_table(frames["layers"]))
-        layer_plot(frames["layers"], out_dir / "layers.png")
-        parts.append("![layers](layers.png)")
-    if frames["ops"] is not None:
-        summary, full = ops_tables(frames["ops"])
-        parts.append(summary)
-        (out_dir / "ops.md").write_text(full + "\n")
-        ops_plot(frames["ops"], out_dir / "ops.png")
-        parts.append("Per-graph tables: [ops.md](ops.md)\n\n![ops](ops.png)")
+    for kind in KINDS:
+        png = plot(out_dir / f"{kind}.csv") if frames[kind] is not None else None
+        if kind == "ops" and ops is not None:
+            headline = ops[ops.suite == "headline"]
+            if len(headline):
+                parts.append(headline_tables(headline))
+            corpus = ops[ops.suite == "ops"]
+            if len(corpus):
+                summary, full = ops_tables(corpus)
+                parts.append(summary + "\n\nPer-graph tables: [ops.md](ops.md)")
+                (out_dir / "ops.md").write_text(full + "\n")
+        elif kind == "layers" and frames[kind] is not None:
+            parts.append(layer_table(frames[kind]))
+        elif kind == "train_e2e" and frames[kind] is not None:
+            parts.append(train_table(frames[kind]))
+        elif kind == "distributed" and frames[kind] is not None:
+            parts.append(distributed_table(frames[kind]))
+        if png is not None:
+            parts.append(f"![{kind}]({png.name})")
     text = "\n\n".join(parts) + "\n"
     (out_dir / "report.md").write_text(text)
     return text
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="the folder a benchmark run wrote")
-    print(write_report(parser.parse_args(argv).out))
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, nargs="?", help="a results folder: report.md and every plot")
+    parser.add_argument("--plot", type=Path, nargs="+", metavar="CSV", help="redraw these CSVs' plots only")
+    args = parser.parse_args(argv)
+    if (args.out is None) == (args.plot is None):
+        parser.error("give a results folder or --plot CSV ..., not both")
+    if args.plot:
+        for csv in args.plot:
+            if not csv.exists():
+                parser.error(f"--plot: no file {csv}")
+            print(plot(csv) or f"{csv}: no rows to plot")
+        return
+    print(write_report(args.out))
 
 
 if __name__ == "__main__":

@@ -1,33 +1,33 @@
-"""Timing, memory and failure helpers shared by every suite.
+"""Benchmark-level timing, memory and failure helpers shared by every suite, on top of
+:mod:`autotune.timing`.
 
-On CUDA, times are medians of :func:`triton.testing.do_bench` (CUDA events). ``do_bench`` zeroes
-a 256 MB buffer before every timed call, which evicts the whole L2 cache (50 MB on an H100), so
-every call starts cold: small graphs are not flattered by inputs left in L2 by the previous call,
-and rotating input buffers would add nothing. Warm-up is never timed: :func:`measure` makes the
-first call (compilation, Triton JIT, structure building) and the correctness call itself, and
-``do_bench`` warms up again before its timed calls.
+On CUDA, :func:`bench` times a call as a user's loop runs it: the median of CUDA events around
+each call (:func:`autotune.timing.cuda_ms`) with a cold L2 cache and *no* busy-wait, so that a
+call bound by the host is timed at the host's pace (:func:`host_ms` shows how much of it the host
+takes to issue). Small graphs are not flattered by inputs left in L2 by the previous call.
+Warm-up is never timed: :func:`measure` makes the first call (compilation, Triton JIT, structure
+building) and the correctness call itself, and :func:`bench` warms up again before its timed
+calls. :class:`Stopwatch` times a block of several calls (a training epoch), host included.
 
-On a CPU (tests, ``--tiny``), ``do_bench`` is unavailable; times are wall-clock medians and rows
-say so in their ``timer`` column.
+On a CPU (tests, ``--tiny``), times are wall-clock medians and rows say so in their ``timer``
+column.
 """
+
 from __future__ import annotations
 
 import gc
 import math
-import platform
 import statistics
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
-import torch_geometric
-import triton
 from torch import Tensor
-from triton.testing import do_bench
 from torch._dynamo.utils import counters
+
+from autotune.timing import cuda_ms, wall_ms
 
 #: A result whose normwise relative error to the reference exceeds this is marked ``mismatch``.
 #: float32 sums in another order differ by ~1e-6 relative; a wrong kernel differs by O(1).
@@ -40,8 +40,8 @@ NAN = float("nan")
 class Settings:
     """How long to time each measurement.
 
-    ``do_bench`` picks its repetition count from a time (``rep_ms``); ``min_reps`` keeps slow cases
-    (tens of ms per call) from being timed from one or two calls.
+    The number of timed calls follows from a time (``rep_ms``) and a first estimate of one call;
+    ``min_reps`` keeps slow cases (tens of ms per call) from being timed from one or two calls.
     """
 
     warmup_ms: float = 5.0
@@ -82,34 +82,15 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def environment(device: torch.device) -> Dict[str, str]:
-    """The columns every result row carries: where and with what it was measured."""
-    if is_cuda(device):
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = f"cpu ({platform.processor() or platform.machine()})"
-    return {"device": name, "timer": "cuda_event" if is_cuda(device) else "wall",
-            "torch": torch.__version__, "triton": triton.__version__,
-            "pyg": torch_geometric.__version__,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-
-
-def _wall_ms(fn: Callable[[], Any], device: torch.device) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    fn()
-    synchronize(device)
-    return (time.perf_counter() - start) * 1e3
-
-
 def bench(fn: Callable[[], Any], device: torch.device, settings: Settings) -> float:
-    """Median milliseconds per call of an already warmed-up ``fn``."""
-    estimate = _wall_ms(fn, device)
+    """Median milliseconds per call of an already warmed-up ``fn``: CUDA events, a cold L2 and
+    the host's time included on a GPU (see the module's documentation), wall clock on a CPU."""
+    estimate = max(wall_ms(fn, warmup=0, reps=1, device=device)[0], 1e-3)
+    reps = max(settings.min_reps, math.ceil(settings.rep_ms / estimate))
     if is_cuda(device):
-        rep = max(settings.rep_ms, settings.min_reps * estimate)
-        return float(do_bench(fn, warmup=settings.warmup_ms, rep=rep, return_mode="median"))
-    calls = int(min(settings.max_cpu_reps, max(settings.min_reps, settings.rep_ms / max(estimate, 1e-3))))
-    return statistics.median(_wall_ms(fn, device) for _ in range(calls))
+        warmup = max(1, math.ceil(settings.warmup_ms / estimate))
+        return statistics.median(cuda_ms(fn, warmup=warmup, reps=reps, busy_cycles=0, device=device))
+    return statistics.median(wall_ms(fn, warmup=0, reps=min(settings.max_cpu_reps, reps), device=device))
 
 
 def host_ms(fn: Callable[[], Any], device: torch.device, settings: Settings) -> float:
@@ -134,9 +115,8 @@ def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
     """Peak memory of one call above what was allocated before it, in MiB (NaN on a CPU).
 
     The call starts from an emptied cache: the allocator hands out a cached block larger than a
-    request whole, and counts it whole, so the peak of one and the same step read up to 1.3 MiB
-    above the blocks it asked for, depending on what earlier steps, of any method, left cached
-    (``benchmarks/results/h200-gin-mlp``, probe 71)."""
+    request whole, and counts it whole, so the peak of one and the same step would read above the
+    blocks it asked for, by however much earlier steps, of any method, left cached."""
     if not is_cuda(device):
         return NAN
     torch.cuda.synchronize(device)
@@ -194,8 +174,7 @@ def max_rel_err(got: Sequence[Tensor], want: Sequence[Tensor]) -> float:
 
 
 def _compile_counts() -> Dict[str, int]:
-    return {"graphs": counters["stats"]["unique_graphs"],
-            "graph_breaks": sum(counters["graph_break"].values())}
+    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
 
 
 def _break_reasons(before: Dict[str, int]) -> str:
@@ -218,8 +197,14 @@ def failure(error: BaseException) -> Dict[str, str]:
     return {"status": "oom" if isinstance(error, torch.OutOfMemoryError) else "error", "note": note}
 
 
-def measure(step: Callable[[], Any], device: torch.device, settings: Settings, *,
-            compare: Optional[Callable[[Any], float]] = None, compiled: bool = False) -> Dict[str, Any]:
+def measure(
+    step: Callable[[], Any],
+    device: torch.device,
+    settings: Settings,
+    *,
+    compare: Optional[Callable[[Any], float]] = None,
+    compiled: bool = False,
+) -> Dict[str, Any]:
     """Time one step and check its result; never raises.
 
     1. The first call is timed alone (``first_call_s``: compilation and JIT included). For a
@@ -234,8 +219,17 @@ def measure(step: Callable[[], Any], device: torch.device, settings: Settings, *
     Returns the measurement columns of a row; an exception (out of memory, compile error) gives
     ``status`` ``oom`` / ``error`` and NaN for what was not measured.
     """
-    row: Dict[str, Any] = {"time_ms": NAN, "host_ms": NAN, "peak_mib": NAN, "first_call_s": NAN, "max_rel_err": NAN,
-                           "graphs": NAN, "graph_breaks": NAN, "status": "ok", "note": ""}
+    row: Dict[str, Any] = {
+        "time_ms": NAN,
+        "host_ms": NAN,
+        "peak_mib": NAN,
+        "first_call_s": NAN,
+        "max_rel_err": NAN,
+        "graphs": NAN,
+        "graph_breaks": NAN,
+        "status": "ok",
+        "note": "",
+    }
     try:
         if compiled:
             # Dynamo stops re-tracing code it already failed on, so breaks would only be counted
@@ -266,3 +260,36 @@ def measure(step: Callable[[], Any], device: torch.device, settings: Settings, *
         # Outside the handler: the traceback's frames hold the failed call's tensors until then.
         free_memory(device)
     return row
+
+
+class Stopwatch:
+    """Milliseconds of a block of calls (a training epoch), host included: CUDA events around it
+    on a GPU, ``perf_counter`` on a CPU; ``ms`` once the block is left.
+
+    Example::
+
+        with Stopwatch(device) as watch:
+            for batch in batches:
+                step(batch)
+        epoch_ms = watch.ms
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = is_cuda(device)
+        self.ms = NAN
+
+    def __enter__(self) -> "Stopwatch":
+        if self.cuda:
+            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._begin = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            self._end.record()
+            self._end.synchronize()
+            self.ms = self._start.elapsed_time(self._end)
+        else:
+            self.ms = (time.perf_counter() - self._begin) * 1e3

@@ -4,8 +4,9 @@ For every (dataset, model) both implementations start from the same weights (our
 model's ``state_dict``) and the same seed, train full-batch node classification for ``--epochs``
 epochs, and are compared on test accuracy and mean epoch time (forward + backward + optimizer
 step; CUDA events on a GPU, the first epoch not counted: it builds the graph caches and compiles
-kernels). Results are printed side by side and written to ``<out>/train_e2e.csv`` and
-``<out>/train_e2e.png``.
+kernels). Results are printed side by side, appended to ``<out>/train_e2e.csv`` (default
+``benchmarks/results/<gpu>/``, :mod:`benchmarks.rows`) and ``<out>/train_e2e.png`` is drawn from
+that file's latest commit.
 
     python -m benchmarks.train_e2e --datasets cora --epochs 200 --device cpu
 
@@ -14,7 +15,9 @@ kernels). Results are printed side by side and written to ``<out>/train_e2e.csv`
 (:func:`pyg_ugrapher.datasets.neighbor_sample`, the same batches for both implementations, sampled
 before timing, a fresh set every epoch) and the loss is taken on the seeds. This is where a new
 graph every step must cost little: the first epoch is not counted, later epochs meet new graphs
-of the same sampler.
+of the same sampler. ``--same-graph`` trains on the first batch's graph at every step instead
+(``batch_graphs`` column ``same``, else ``new``): the difference between the two is what a new
+graph costs per step (its structures, decisions and the layers' own graphs).
 
 ``--compile-mode default`` wraps both models in ``torch.compile(model)``: compiled PyG is the
 baseline a user who wants speed would pick (Inductor fuses its gather and scatter). The first
@@ -26,11 +29,11 @@ By default a CPU run trains on Cora; a GPU run also on every node-level graph of
 collections, multi-label BlogCatalog) random labels, graphs without a split a random 60/20/20
 one; their accuracies only show that training runs.
 """
+
 from __future__ import annotations
 
 import argparse
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -46,14 +49,17 @@ from tqdm import tqdm
 import pyg_ugrapher.nn
 from pyg_ugrapher.datasets import available_datasets, load_dataset, neighbor_sample, power_law_graph
 
+from .report import plot, side_by_side
+from .rows import TRAIN_COLUMNS, ResultsFile, default_out, environment
+from .timing import Stopwatch, failure
+
 MODELS = ("gcn", "gat", "sage", "gin")
-IMPLEMENTATIONS = {"ours": pyg_ugrapher.nn, "pyg": torch_geometric.nn}
+#: PyG first: our rows' ``speedup_vs_pyg`` is computed from its row.
+IMPLEMENTATIONS = {"pyg": torch_geometric.nn, "ours": pyg_ugrapher.nn}
 POWER_LAW = "power_law"
 #: The synthetic graph of a GPU run: 1.6e7 edges on 1e6 nodes (mean degree 16).
 POWER_LAW_NODES, POWER_LAW_EDGES = 1_000_000, 16_000_000
 RANDOM_FEATURES, RANDOM_CLASSES = 128, 10
-COLUMNS = ["dataset", "model", "impl", "compile_mode", "device", "num_nodes", "num_edges", "batch_size",
-           "epochs", "steps", "test_acc", "val_acc", "final_loss", "epoch_ms", "step_ms", "status"]
 #: Epochs not timed under ``--compile-mode``: tracing, compiling and Inductor's first runs.
 COMPILED_WARMUP = 3
 
@@ -108,8 +114,9 @@ def make_task(name: str, device: torch.device, seed: int) -> Task:
         masks = _random_split(num_nodes, generator)
     x = x.float()
     num_classes = int(y.max()) + 1
-    return Task(name, x.to(device), edge_index.to(device), y.to(device), *(m.to(device) for m in masks),
-                num_classes=num_classes)
+    return Task(
+        name, x.to(device), edge_index.to(device), y.to(device), *(m.to(device) for m in masks), num_classes=num_classes
+    )
 
 
 # Models ####################################################################################
@@ -118,8 +125,9 @@ def make_task(name: str, device: torch.device, seed: int) -> Task:
 class Net(nn.Module):
     """Two graph layers with an activation and feature dropout between them."""
 
-    def __init__(self, first: nn.Module, second: nn.Module, activation: Callable[[Tensor], Tensor],
-                 dropout: float) -> None:
+    def __init__(
+        self, first: nn.Module, second: nn.Module, activation: Callable[[Tensor], Tensor], dropout: float
+    ) -> None:
         super().__init__()
         self.first, self.second = first, second
         self.activation, self.dropout = activation, dropout
@@ -135,49 +143,39 @@ def _mlp(in_channels: int, out_channels: int, hidden: int) -> nn.Module:
     return nn.Sequential(nn.Linear(in_channels, hidden), nn.ReLU(), nn.Linear(hidden, out_channels))
 
 
-def build_model(model: str, layers: ModuleType, in_channels: int, hidden: int, num_classes: int,
-                full_batch: bool = True) -> Net:
+def build_model(
+    model: str, layers: ModuleType, in_channels: int, hidden: int, num_classes: int, full_batch: bool = True
+) -> Net:
     """The usual two-layer model of each paper, from ``layers`` (our or PyG's namespace); GCN
     caches its normalisation only when every step sees the same graph (``full_batch``)."""
     if model == "gcn":
-        return Net(layers.GCNConv(in_channels, hidden, cached=full_batch),
-                   layers.GCNConv(hidden, num_classes, cached=full_batch), F.relu, 0.5)
+        return Net(
+            layers.GCNConv(in_channels, hidden, cached=full_batch),
+            layers.GCNConv(hidden, num_classes, cached=full_batch),
+            F.relu,
+            0.5,
+        )
     if model == "gat":
         heads = 8
-        return Net(layers.GATConv(in_channels, hidden // heads, heads=heads, dropout=0.6),
-                   layers.GATConv(hidden, num_classes, heads=1, dropout=0.6), F.elu, 0.6)
+        return Net(
+            layers.GATConv(in_channels, hidden // heads, heads=heads, dropout=0.6),
+            layers.GATConv(hidden, num_classes, heads=1, dropout=0.6),
+            F.elu,
+            0.6,
+        )
     if model == "sage":
         return Net(layers.SAGEConv(in_channels, hidden), layers.SAGEConv(hidden, num_classes), F.relu, 0.5)
     if model == "gin":
-        return Net(layers.GINConv(_mlp(in_channels, hidden, hidden), train_eps=True),
-                   layers.GINConv(_mlp(hidden, num_classes, hidden), train_eps=True), F.relu, 0.5)
+        return Net(
+            layers.GINConv(_mlp(in_channels, hidden, hidden), train_eps=True),
+            layers.GINConv(_mlp(hidden, num_classes, hidden), train_eps=True),
+            F.relu,
+            0.5,
+        )
     raise ValueError(f"model: expected one of {MODELS}, got {model!r}")
 
 
 # Training ##################################################################################
-
-
-class Timer:
-    """Wall time of a block: CUDA events on a GPU, ``perf_counter`` on the CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def __enter__(self) -> "Timer":
-        if self.cuda:
-            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.start.record()
-        else:
-            self.begin = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.cuda:
-            self.end.record()
-            torch.cuda.synchronize()
-            self.ms = self.start.elapsed_time(self.end)
-        else:
-            self.ms = (time.perf_counter() - self.begin) * 1e3
 
 
 def accuracy(logits: Tensor, y: Tensor, mask: Tensor) -> float:
@@ -193,10 +191,12 @@ class Batch:
     num_seeds: int
 
 
-def sample_epochs(task: Task, epochs: int, batch_size: int, num_neighbors: Sequence[int], seed: int
-                  ) -> List[List[Batch]]:
+def sample_epochs(
+    task: Task, epochs: int, batch_size: int, num_neighbors: Sequence[int], seed: int, same_graph: bool = False
+) -> List[List[Batch]]:
     """The mini-batches of every epoch: the training nodes shuffled, cut into seed sets of
-    ``batch_size``, and each sampled (``num_neighbors`` edges per node and hop)."""
+    ``batch_size``, and each sampled (``num_neighbors`` edges per node and hop); with
+    ``same_graph``, every step of every epoch is the first batch (one graph object)."""
     train_nodes = task.train_mask.nonzero().flatten()
     generator = torch.Generator().manual_seed(seed)
     out = []
@@ -204,23 +204,41 @@ def sample_epochs(task: Task, epochs: int, batch_size: int, num_neighbors: Seque
         order = train_nodes[torch.randperm(train_nodes.numel(), generator=generator).to(train_nodes.device)]
         batches = []
         for step, start in enumerate(range(0, order.numel(), batch_size)):
-            seeds = order[start:start + batch_size]
-            edge_index, node_ids = neighbor_sample(task.edge_index, task.x.size(0), seeds, num_neighbors,
-                                                   seed=seed + epoch * 100_003 + step)
+            seeds = order[start : start + batch_size]
+            edge_index, node_ids = neighbor_sample(
+                task.edge_index, task.x.size(0), seeds, num_neighbors, seed=seed + epoch * 100_003 + step
+            )
             batches.append(Batch(node_ids, edge_index, seeds.numel()))
         out.append(batches)
+        if same_graph:
+            return [out[0][:1] * len(out[0])] * epochs
     return out
 
 
 def _fresh(epochs: List[List[Batch]]) -> List[List[Batch]]:
     """The same batches as new tensors: a loader hands out new ones every step, and caches kept
-    per ``edge_index`` tensor by an earlier run must not serve this one."""
-    return [[Batch(b.node_ids, b.edge_index.clone(), b.num_seeds) for b in batches] for batches in epochs]
+    per ``edge_index`` tensor by an earlier run must not serve this one. A batch that recurs
+    (``same_graph``) stays one object."""
+    copies: Dict[int, Batch] = {}
+
+    def fresh(batch: Batch) -> Batch:
+        if id(batch) not in copies:
+            copies[id(batch)] = Batch(batch.node_ids, batch.edge_index.clone(), batch.num_seeds)
+        return copies[id(batch)]
+
+    return [[fresh(b) for b in batches] for batches in epochs]
 
 
-def train(model: Net, task: Task, epochs: int, lr: float, weight_decay: float,
-          progress: Callable[[], None], compile_mode: Optional[str] = None,
-          batches: Optional[List[List[Batch]]] = None) -> Dict[str, float]:
+def train(
+    model: Net,
+    task: Task,
+    epochs: int,
+    lr: float,
+    weight_decay: float,
+    progress: Callable[[], None],
+    compile_mode: Optional[str] = None,
+    batches: Optional[List[List[Batch]]] = None,
+) -> Dict[str, float]:
     """Train ``model`` (under ``torch.compile(mode=compile_mode)`` if given), full-batch or on
     ``batches`` (one list per epoch), and return its accuracies, final loss and mean epoch and
     step times."""
@@ -232,15 +250,15 @@ def train(model: Net, task: Task, epochs: int, lr: float, weight_decay: float,
     for epoch in range(epochs):
         model.train()
         steps = batches[epoch] if batches is not None else [None]
-        with Timer(device) as timer:
+        with Stopwatch(device) as timer:
             for batch in steps:
                 optimizer.zero_grad()
                 if batch is None:
                     out = forward(task.x, task.edge_index)
                     loss = F.cross_entropy(out[task.train_mask], task.y[task.train_mask])
                 else:
-                    out = forward(task.x[batch.node_ids], batch.edge_index)[:batch.num_seeds]
-                    loss = F.cross_entropy(out, task.y[batch.node_ids[:batch.num_seeds]])
+                    out = forward(task.x[batch.node_ids], batch.edge_index)[: batch.num_seeds]
+                    loss = F.cross_entropy(out, task.y[batch.node_ids[: batch.num_seeds]])
                 loss.backward()
                 optimizer.step()
         times.append(timer.ms)
@@ -253,91 +271,91 @@ def train(model: Net, task: Task, epochs: int, lr: float, weight_decay: float,
     measured = times[warmup:] if len(times) > warmup else times[-1:]
     epoch_ms = sum(measured) / len(measured)
     steps = len(batches[-1]) if batches is not None else 1
-    return {"test_acc": accuracy(logits, task.y, task.test_mask),
-            "val_acc": accuracy(logits, task.y, task.val_mask),
-            "final_loss": loss.item(), "epoch_ms": epoch_ms, "steps": steps, "step_ms": epoch_ms / steps}
+    return {
+        "test_acc": accuracy(logits, task.y, task.test_mask),
+        "val_acc": accuracy(logits, task.y, task.val_mask),
+        "final_loss": loss.item(),
+        "epoch_ms": epoch_ms,
+        "steps": steps,
+        "step_ms": epoch_ms / steps,
+    }
 
 
-def run(datasets: Sequence[str], models: Sequence[str], epochs: int, device: torch.device, hidden: int,
-        lr: float, weight_decay: float, seed: int, compile_mode: Optional[str] = None,
-        batch_size: int = 0, num_neighbors: Sequence[int] = (10, 10)) -> pd.DataFrame:
+def run(
+    datasets: Sequence[str],
+    models: Sequence[str],
+    epochs: int,
+    device: torch.device,
+    hidden: int,
+    lr: float,
+    weight_decay: float,
+    seed: int,
+    compile_mode: Optional[str] = None,
+    batch_size: int = 0,
+    num_neighbors: Sequence[int] = (10, 10),
+    same_graph: bool = False,
+    results: Optional[ResultsFile] = None,
+) -> pd.DataFrame:
     """Every (dataset, model) with both implementations, full-batch or (``batch_size`` > 0) on
-    sampled mini-batches; failures (e.g. out of memory) become rows whose ``status`` holds the
-    error."""
+    sampled mini-batches (``same_graph``: the first batch every step); each row is appended to
+    ``results`` as soon as it is measured, and the rows are returned. Failures (e.g. out of
+    memory) become rows whose ``status`` and ``note`` say so."""
     rows = []
+    env = environment(device)
+    batch_graphs = ("same" if same_graph else "new") if batch_size else ""
     bar = tqdm(total=len(datasets) * len(models) * len(IMPLEMENTATIONS) * epochs, unit="epoch")
     for name in datasets:
         bar.set_description(f"loading {name}")
         task = make_task(name, device, seed)
-        sampled = sample_epochs(task, epochs, batch_size, num_neighbors, seed) if batch_size else None
+        sampled = sample_epochs(task, epochs, batch_size, num_neighbors, seed, same_graph) if batch_size else None
         for model_name in models:
             torch.manual_seed(seed)
-            reference = build_model(model_name, torch_geometric.nn, task.x.size(1), hidden, task.num_classes,
-                                    full_batch=not batch_size)
+            reference = build_model(
+                model_name, torch_geometric.nn, task.x.size(1), hidden, task.num_classes, full_batch=not batch_size
+            )
             for impl, layers in IMPLEMENTATIONS.items():
                 bar.set_description(f"{name} {model_name} {impl}")
-                row = {"dataset": name, "model": model_name, "impl": impl, "compile_mode": compile_mode or "eager",
-                       "device": str(device), "num_nodes": task.x.size(0), "num_edges": task.edge_index.size(1),
-                       "batch_size": batch_size, "epochs": epochs}
+                row = {
+                    **env,
+                    "dataset": name,
+                    "model": model_name,
+                    "impl": impl,
+                    "compile_mode": compile_mode or "eager",
+                    "num_nodes": task.x.size(0),
+                    "num_edges": task.edge_index.size(1),
+                    "hidden": hidden,
+                    "batch_size": batch_size,
+                    "batch_graphs": batch_graphs,
+                    "epochs": epochs,
+                }
                 done = bar.n
                 try:
-                    net = build_model(model_name, layers, task.x.size(1), hidden, task.num_classes,
-                                      full_batch=not batch_size)
+                    net = build_model(
+                        model_name, layers, task.x.size(1), hidden, task.num_classes, full_batch=not batch_size
+                    )
                     net.load_state_dict(reference.state_dict())
                     torch.manual_seed(seed)  # the same dropout masks where both draw alike
-                    row.update(train(net.to(device), task, epochs, lr, weight_decay, bar.update, compile_mode,
-                                     _fresh(sampled) if sampled else None))
+                    row.update(
+                        train(
+                            net.to(device),
+                            task,
+                            epochs,
+                            lr,
+                            weight_decay,
+                            bar.update,
+                            compile_mode,
+                            _fresh(sampled) if sampled else None,
+                        )
+                    )
                     row["status"] = "ok"
                 except (RuntimeError, ValueError) as error:  # out of memory, unsupported input
-                    row.update({"test_acc": math.nan, "val_acc": math.nan, "final_loss": math.nan,
-                                "epoch_ms": math.nan, "step_ms": math.nan,
-                                "status": f"{type(error).__name__}: {error}"[:200]})
+                    row.update(failure(error))
                     bar.update(done + epochs - bar.n)
-                rows.append(row)
+                rows.append(results.write(row) if results is not None else row)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     bar.close()
-    return pd.DataFrame(rows, columns=COLUMNS)
-
-
-# Report ####################################################################################
-
-
-def side_by_side(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per (dataset, model): accuracy and epoch time of both, and our speed-up."""
-    table = results.pivot_table(index=["dataset", "model"], columns="impl",
-                                values=["test_acc", "epoch_ms", "step_ms"], aggfunc="first")
-    table.columns = [f"{value}_{impl}" for value, impl in table.columns]
-    table["speedup"] = table["epoch_ms_pyg"] / table["epoch_ms_ours"]
-    return table.reset_index()
-
-
-def plot(results: pd.DataFrame, path: Path) -> None:
-    """Bar plots of mean epoch time and test accuracy per (dataset, model), ours next to PyG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    table = side_by_side(results)
-    labels = [f"{d}\n{m}" for d, m in zip(table["dataset"], table["model"])]
-    positions = range(len(labels))
-    width = 0.4
-    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.9 * len(labels) + 2), 7), sharex=True)
-    for axis, value, title in ((axes[0], "epoch_ms", "mean epoch time (ms)"), (axes[1], "test_acc", "test accuracy")):
-        for offset, impl in ((-width / 2, "ours"), (width / 2, "pyg")):
-            axis.bar([p + offset for p in positions], table[f"{value}_{impl}"], width, label=impl)
-        axis.set_ylabel(title)
-    axes[0].set_yscale("log")
-    axes[0].legend()
-    axes[1].set_xticks(list(positions))
-    axes[1].set_xticklabels(labels, fontsize=8)
-    batch_size = int(results["batch_size"].iloc[0])
-    batching = f"mini-batches of {batch_size} seeds" if batch_size else "full batch"
-    fig.suptitle(f"training, {results['device'].iloc[0]}, {results['epochs'].iloc[0]} epochs, "
-                 f"{batching}, {results['compile_mode'].iloc[0]}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return pd.DataFrame(rows).reindex(columns=list(TRAIN_COLUMNS))
 
 
 # Command line ##############################################################################
@@ -350,11 +368,16 @@ def default_datasets(device: torch.device) -> List[str]:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--datasets", nargs="+", default=None,
-                        help=f"datasets ({', '.join(available_datasets())}, {POWER_LAW}); comma-separated "
-                             f"lists work too; default: cora on a CPU, all of them on a GPU")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        default=None,
+        help=f"datasets ({', '.join(available_datasets())}, {POWER_LAW}); comma-separated "
+        f"lists work too; default: cora on a CPU, all of them on a GPU",
+    )
     parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"models among {', '.join(MODELS)}")
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -362,14 +385,36 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--weight-decay", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--compile-mode", default=None, choices=["default", "max-autotune-no-cudagraphs"],
-                        help="torch.compile both models with this mode (default: eager)")
-    parser.add_argument("--batch-size", type=int, default=0,
-                        help="train on sampled mini-batches of this many seed nodes (0: full batch)")
-    parser.add_argument("--num-neighbors", type=int, nargs="+", default=[10, 10],
-                        help="with --batch-size: edges sampled per node and hop")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
-                        help="output folder for the CSV and the plot")
+    parser.add_argument(
+        "--compile-mode",
+        default=None,
+        choices=["default", "max-autotune-no-cudagraphs"],
+        help="torch.compile both models with this mode (default: eager)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=0,
+        help="train on sampled mini-batches of this many seed nodes (0: full batch)",
+    )
+    parser.add_argument(
+        "--num-neighbors",
+        type=int,
+        nargs="+",
+        default=[10, 10],
+        help="with --batch-size: edges sampled per node and hop",
+    )
+    parser.add_argument(
+        "--same-graph",
+        action="store_true",
+        help="with --batch-size: the first batch's graph at every step (what a new graph costs)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder of train_e2e.csv and its plot (default: benchmarks/results/<gpu>/)",
+    )
     args = parser.parse_args(argv)
     args.device = torch.device(args.device)
     if args.device.type == "cuda" and not torch.cuda.is_available():
@@ -388,6 +433,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("--epochs: must be at least 1")
     if args.batch_size < 0:
         parser.error("--batch-size: must be 0 (full batch) or positive")
+    if args.same_graph and not args.batch_size:
+        parser.error("--same-graph: needs --batch-size (full batch is one graph already)")
     if any(k < 1 for k in args.num_neighbors):
         parser.error("--num-neighbors: every hop needs at least 1")
     if args.hidden < 8 or args.hidden % 8:
@@ -396,19 +443,33 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    """Train, append the rows to ``--out``'s ``train_e2e.csv``, redraw its plot; returns this
+    run's rows."""
     args = parse_args(argv)
-    results = run(args.datasets, args.models, args.epochs, args.device, args.hidden, args.lr,
-                  args.weight_decay, args.seed, args.compile_mode, args.batch_size, args.num_neighbors)
-    args.out.mkdir(parents=True, exist_ok=True)
-    results.to_csv(args.out / "train_e2e.csv", index=False)
-    plot(results, args.out / "train_e2e.png")
+    out = args.out or default_out(args.device)
+    results = ResultsFile(out / "train_e2e.csv")
+    rows = run(
+        args.datasets,
+        args.models,
+        args.epochs,
+        args.device,
+        args.hidden,
+        args.lr,
+        args.weight_decay,
+        args.seed,
+        args.compile_mode,
+        args.batch_size,
+        args.num_neighbors,
+        args.same_graph,
+        results,
+    )
+    png = plot(results.path)
     with pd.option_context("display.width", 160, "display.max_columns", 20):
-        print(side_by_side(results).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    failed = results[results["status"] != "ok"]
-    for row in failed.itertuples():
-        print(f"{row.dataset} {row.model} {row.impl}: {row.status}")
-    print(f"wrote {args.out / 'train_e2e.csv'} and {args.out / 'train_e2e.png'}")
-    return results
+        print(side_by_side(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    for row in rows[rows["status"] != "ok"].itertuples():
+        print(f"{row.dataset} {row.model} {row.impl}: {row.status} {row.note}")
+    print(f"appended {len(rows)} rows to {results.path}; drew {png}")
+    return rows
 
 
 if __name__ == "__main__":

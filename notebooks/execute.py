@@ -11,6 +11,7 @@ so nothing is installed into the user's Jupyter configuration. Cells run with th
 as working directory. A cell that raises stops the run and leaves the notebook file untouched.
 The test suite (``tests/notebooks``) runs the same :func:`execute`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,7 @@ def notebooks(names: Sequence[str] = ()) -> List[Path]:
     for name in names:
         stem = Path(name).stem
         if stem not in by_name:
-            raise ValueError(f"names: no notebook {name!r} in {NOTEBOOKS_DIR} "
-                             f"(have {', '.join(sorted(by_name))})")
+            raise ValueError(f"names: no notebook {name!r} in {NOTEBOOKS_DIR} (have {', '.join(sorted(by_name))})")
         paths.append(by_name[stem])
     return paths
 
@@ -53,8 +53,11 @@ def _kernel_manager(kernels_dir: Path) -> KernelManager:
     """A kernel manager whose only kernel is ``sys.executable`` running ipykernel."""
     spec_dir = kernels_dir / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": f"Python ({sys.executable})", "language": "python"}
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"Python ({sys.executable})",
+        "language": "python",
+    }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     specs = KernelSpecManager(kernel_dirs=[str(kernels_dir)], ensure_native_kernel=False)
     return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
@@ -69,10 +72,14 @@ def execute(path: Path, *, timeout: Optional[int] = CELL_TIMEOUT) -> nbformat.No
     """
     nb = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory(prefix="pyg-ugrapher-kernels-") as kernels_dir:
-        client = NotebookClient(nb, km=_kernel_manager(Path(kernels_dir)), timeout=timeout,
-                                # Per-cell timestamps would make every run a diff of the file.
-                                record_timing=False,
-                                resources={"metadata": {"path": str(path.parent)}})
+        client = NotebookClient(
+            nb,
+            km=_kernel_manager(Path(kernels_dir)),
+            timeout=timeout,
+            # Per-cell timestamps would make every run a diff of the file.
+            record_timing=False,
+            resources={"metadata": {"path": str(path.parent)}},
+        )
         # nbclient shuts down only kernels of a manager it made itself; without this each kernel
         # (hundreds of MB, with torch's threads) outlived its notebook until this process ended.
         client.execute(cleanup_kc=True)

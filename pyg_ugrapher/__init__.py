@@ -4,22 +4,31 @@ What is computed (:class:`OpInfo`), on what (:class:`GraphTensor`) and how (:cla
 are kept apart; :func:`compute` runs any operator through Triton kernels, with a learned cost model
 choosing the schedule when none is given.
 
-The PyG-facing frontend (``MessagePassing``, ``plan``, ``nn``, ``datasets``) and ``compute`` are
-imported lazily, so ``triton_kernels`` and ``autotune`` can use the core (``ir``, ``graph``,
-``layout``, ``parallel``) without importing PyG, and without an import cycle.
+Every name that needs the kernels or the tuner (``GraphTensor``, ``compute``, ``MessagePassing``,
+``plan``, ``nn``, ...) is imported on first use (PEP 562), because ``triton_kernels`` and
+``autotune`` import this package's bottom layer (``pyg_ugrapher.ir``, ``layout``, ``parallel``,
+``structure``), and importing any module of a package runs the package's ``__init__.py`` first:
+an eager ``from .graph import GraphTensor`` here would import ``triton_kernels`` while
+``triton_kernels`` is importing ``pyg_ugrapher.ir``. Only the bottom layer's names are eager.
 """
+
 from importlib import import_module
 from typing import Any
 
-from .graph import GraphTensor
 from .ir import Expr, OpInfo
 from .parallel import ParallelInfo
 
-# ``compute`` is lazy too: it needs triton_kernels, which itself imports this package's core.
-_LAZY = {"compute": "ops", "MessagePassing": "message_passing", "plan": "inspect", "Plan": "inspect"}
+_LAZY = {
+    "GraphTensor": "graph",
+    "compute": "ops",
+    "MessagePassing": "message_passing",
+    "plan": "inspect",
+    "Plan": "inspect",
+    "accelerate": "acceleration",
+}
 _SUBMODULES = ("nn", "datasets", "reference", "backward", "layout", "ops")
 
-__all__ = ["GraphTensor", "Expr", "OpInfo", "ParallelInfo", *_LAZY, *_SUBMODULES]
+__all__ = ["Expr", "OpInfo", "ParallelInfo", *_LAZY, *_SUBMODULES]
 __version__ = "0.1.0"
 
 

@@ -43,6 +43,7 @@ message op for an edge operand (the given logits are one). The shift :math:`m` h
 (softmax is shift-invariant). This is what DGL's ``edge_softmax`` followed by ``u_mul_e_sum``
 computes, in fewer passes over the edges.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -59,10 +60,22 @@ from . import reference
 from .backward import GradStep, Source, canonical, grad_step, on_reversed
 from .graph import OP_TAGS, GraphTensor
 from .ir import Expr, OpInfo
-from .ops import (AUTO, cached_decision, differentiable_graph_op, graph_arrays, layout_of, notify, observed,
-                  reversed_structure, rows_by_kind, run_gather_with_edge_output, run_graph_op, schedule_for,
-                  serialized)
+from .ops import (
+    AUTO,
+    cached_decision,
+    differentiable_graph_op,
+    graph_arrays,
+    layout_of,
+    notify,
+    observed,
+    rows_by_kind,
+    run_gather_with_edge_output,
+    run_graph_op,
+    schedule_for,
+    serialized,
+)
 from .parallel import ParallelInfo
+from .structure import GraphStructure
 
 #: PyG's softmax adds this to the denominator: destinations without edges stay finite.
 EPSILON = 1e-16
@@ -121,9 +134,12 @@ def attention_ops(score: str, dropout: bool) -> AttentionOps:
     grad_kinds = kinds + ("dst_v", "edge", "dst_v")
     sources: Tuple[Source, ...] = tuple(range(n)) + ("normaliser", "products", "total")
     grad_logit = _exp_shifted(logit, n) * (Expr.input(n + 1) - Expr.input(n + 2))
-    grad_scores = tuple(grad_step(grad_logit * logit.grad(i), grad_kinds, sources,
-                                  None if kind == "edge" else "sum", False, kind == "src_v")
-                        for i, kind in enumerate(kinds))
+    grad_scores = tuple(
+        grad_step(
+            grad_logit * logit.grad(i), grad_kinds, sources, None if kind == "edge" else "sum", False, kind == "src_v"
+        )
+        for i, kind in enumerate(kinds)
+    )
     return AttentionOps(shift, denominator, output, grad_x, grad_scores, kinds, one_pass, value, shifted_logit)
 
 
@@ -131,12 +147,11 @@ _DOT = OpInfo.from_name("u_dot_v")
 _DOT_REVERSED = on_reversed(_DOT).serialize()
 
 
-def _run(structure: List[Tensor], op: OpInfo, operands: List[Tensor], schedule: str = AUTO) -> Tensor:
+def _run(structure: GraphStructure, op: OpInfo, operands: List[Tensor], schedule: str = AUTO) -> Tensor:
     return run_graph_op(structure, operands, serialized(op), schedule)
 
 
-def _run_differentiable(structure: List[Tensor], op: OpInfo, operands: List[Tensor], schedule: str = AUTO
-                        ) -> Tensor:
+def _run_differentiable(structure: GraphStructure, op: OpInfo, operands: List[Tensor], schedule: str = AUTO) -> Tensor:
     """:func:`_run` with the operator's own derivative (what a double backward differentiates)."""
     return differentiable_graph_op(structure, operands, serialized(op), schedule)
 
@@ -150,9 +165,8 @@ def _operand(column: Tensor, kind: str) -> Tensor:
     """``column`` as one operator's operand of ``kind``: an edge operand as a new view per operator.
     The dispatcher permutes a narrow edge operand into CSR order when the same tensor object comes
     back (static edge weights, reused every step); edge logits used by three operators of one step
-    would pay that permutation (2.8 ms for ``[4e6, 4]`` on the H100, more than the operator) and
-    never see it again. Node operands are read as they are: one view serves a whole pass (each view
-    costs a dispatcher call, and a layer's pass took 21 of them)."""
+    would pay that permutation (costlier than the operator) and never see it again. Node operands
+    are read as they are: one view serves a whole pass (each view costs a dispatcher call)."""
     return column.view_as(column) if kind == "edge" else column
 
 
@@ -160,13 +174,21 @@ def _operands(columns: Sequence[Tensor], kinds: Sequence[str]) -> List[Tensor]:
     return [_operand(column, kind) for column, kind in zip(columns, kinds)]
 
 
-def _three_passes(structure: List[Tensor], ops: AttentionOps, columns: List[Tensor], x: Tensor,
-                  extra: List[Tensor], graph: Optional[GraphTensor] = None, output_schedule: str = AUTO,
-                  run_op: Callable[..., Tensor] = _run) -> Tuple[Tensor, Tensor]:
+def _three_passes(
+    structure: GraphStructure,
+    ops: AttentionOps,
+    columns: List[Tensor],
+    x: Tensor,
+    extra: List[Tensor],
+    graph: Optional[GraphTensor] = None,
+    output_schedule: str = AUTO,
+    run_op: Callable[..., Tensor] = _run,
+) -> Tuple[Tensor, Tensor]:
     """``(out, log-normaliser)`` from the three forward operators run by ``run_op`` (observers of
     ``ug.plan`` are told about each one when the ``graph`` is given), the output's under
     ``output_schedule``. The shift carries no gradient: softmax is shift-invariant (PyG detaches
     its maximum too)."""
+
     def run(op: OpInfo, operands: List[Tensor], schedule: str = AUTO) -> Tensor:
         if graph is not None:
             notify(graph, op, operands)
@@ -180,8 +202,14 @@ def _three_passes(structure: List[Tensor], ops: AttentionOps, columns: List[Tens
     return run(ops.output, [x] + _operands(columns, kinds) + [normaliser] + extra, output_schedule), normaliser
 
 
-def _one_pass_decision(structure: List[Tensor], ops: AttentionOps, operands: List[Tensor], columns: List[Tensor],
-                       x: Tensor, extra: List[Tensor]) -> Tuple:
+def _one_pass_decision(
+    structure: GraphStructure,
+    ops: AttentionOps,
+    operands: List[Tensor],
+    columns: List[Tensor],
+    x: Tensor,
+    extra: List[Tensor],
+) -> Tuple:
     """``(arrays, layout, schedule, dtypes, plan, one pass)``: the graph's arrays, the one pass's
     layout and schedule, the dtypes of the output and the log-normaliser, the launch plan for
     packed operands (``None`` where there is none) and whether the schedule runs the one pass;
@@ -197,21 +225,32 @@ def _one_pass_decision(structure: List[Tensor], ops: AttentionOps, operands: Lis
         dtypes = (reference.result_dtype(operands), reference.result_dtype(columns))
 
         def run(candidate: ParallelInfo) -> object:
-            both = triton_kernels.run_softmax(ops.value, ops.logit, ops.one_pass.inputs, layout, arrays, operands,
-                                              candidate, dtypes)
-            return both if both is not None else _three_passes(structure, ops, columns, x, extra,
-                                                               output_schedule=candidate.serialize())
+            both = triton_kernels.run_softmax(
+                ops.value, ops.logit, ops.one_pass.inputs, layout, arrays, operands, candidate, dtypes
+            )
+            return (
+                both
+                if both is not None
+                else _three_passes(structure, ops, columns, x, extra, output_schedule=candidate.serialize())
+            )
 
         chosen = schedule_for(ops.one_pass, layout, arrays.csr, dtypes[0], device, AUTO, run, "one pass")
-        plan = triton_kernels.prepare_softmax(ops.value, ops.logit, ops.one_pass.inputs, layout, operands, chosen,
-                                              dtypes)
+        plan = triton_kernels.prepare_softmax(
+            ops.value, ops.logit, ops.one_pass.inputs, layout, operands, chosen, dtypes
+        )
         return layout, chosen, dtypes, plan, triton_kernels.runs_softmax(layout, chosen)
 
     return (arrays,) + cached_decision(arrays.csr, device, AUTO, ("one pass", text, device), operands, decide)
 
 
-def _forward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor, keep: Optional[Tensor],
-             graph: Optional[GraphTensor] = None) -> Tuple[Tensor, Tensor]:
+def _forward(
+    structure: GraphStructure,
+    score: str,
+    scores: Sequence[Tensor],
+    x: Tensor,
+    keep: Optional[Tensor],
+    graph: Optional[GraphTensor] = None,
+) -> Tuple[Tensor, Tensor]:
     """``(out, log-normaliser)``: in one pass over the edges where the schedule decided for it
     runs one (:mod:`triton_kernels.vertex_softmax`), else by the three forward operators
     (observers of ``ug.plan`` are told about what runs when the ``graph`` is given)."""
@@ -224,32 +263,51 @@ def _forward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: T
     arrays, layout, chosen, dtypes, plan, one_pass = _one_pass_decision(structure, ops, operands, columns, x, extra)
     if not one_pass:
         return _three_passes(structure, ops, columns, x, extra, graph)
-    if graph is not None and observed():  # the source is generated text: ~60 us, only for observers
-        notify(graph, ops.one_pass, operands, layout, chosen, triton_kernels.softmax_source(
-            ops.value, ops.logit, ops.one_pass.inputs, layout, chosen, dtypes[0] == torch.float64))
+    if graph is not None and observed():  # the source is generated text, rendered only for observers
+        notify(
+            graph,
+            ops.one_pass,
+            operands,
+            layout,
+            chosen,
+            triton_kernels.softmax_source(
+                ops.value, ops.logit, ops.one_pass.inputs, layout, chosen, dtypes[0] == torch.float64
+            ),
+        )
     both = plan(arrays, operands) if plan is not None and all_packed(operands) else None
     if both is None:
-        both = triton_kernels.run_softmax(ops.value, ops.logit, ops.one_pass.inputs, layout, arrays, operands,
-                                          chosen, dtypes)
+        both = triton_kernels.run_softmax(
+            ops.value, ops.logit, ops.one_pass.inputs, layout, arrays, operands, chosen, dtypes
+        )
     return both
 
 
-def _backward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor, keep: Optional[Tensor],
-              normaliser: Tensor, out: Tensor, grad: Tensor, needs_scores: Sequence[bool], needs_x: bool
-              ) -> Tuple[List[Optional[Tensor]], Optional[Tensor]]:
+def _backward(
+    structure: GraphStructure,
+    score: str,
+    scores: Sequence[Tensor],
+    x: Tensor,
+    keep: Optional[Tensor],
+    normaliser: Tensor,
+    out: Tensor,
+    grad: Tensor,
+    needs_scores: Sequence[bool],
+    needs_x: bool,
+) -> Tuple[List[Optional[Tensor]], Optional[Tensor]]:
     """``(gradient of each score operand, grad_x)`` of the closed form (``None`` where not needed)."""
     ops = attention_ops(score, keep is not None)
     grad = grad.contiguous()
     keep_column = None if keep is None else _column(keep)
     extra = [] if keep_column is None else [keep_column]
     columns, kinds = [_column(t) for t in scores], ops.score_kinds
-    reversed_ = reversed_structure(structure)
+    reversed_ = structure.reverse()
     needs_logits = any(needs_scores)
     grad_x = None
     grad_x_operands = [grad] + _operands(columns, kinds) + [normaliser] + extra
     if needs_x and needs_logits:
         grad_x, products = run_gather_with_edge_output(
-            reversed_, grad_x_operands, serialized(ops.grad_x), [x, grad], _DOT_REVERSED, AUTO, AUTO)
+            reversed_, grad_x_operands, serialized(ops.grad_x), [x, grad], _DOT_REVERSED, AUTO, AUTO
+        )
     elif needs_x:
         grad_x = _run(reversed_, ops.grad_x, grad_x_operands)
     elif needs_logits:
@@ -263,19 +321,22 @@ def _backward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: 
         values = {"normaliser": normaliser, "products": products, "total": total}
         for i, step in enumerate(ops.grad_scores):
             if needs_scores[i]:
-                inputs = [_operand(columns[s] if isinstance(s, int) else values[s], kind)
-                          for s, kind in zip(step.sources, step.op.inputs)]
+                inputs = [
+                    _operand(columns[s] if isinstance(s, int) else values[s], kind)
+                    for s, kind in zip(step.sources, step.op.inputs)
+                ]
                 grads[i] = _run(reversed_ if step.reverse else structure, step.op, inputs).squeeze(-1)
     return grads, grad_x
 
 
 class _SoftmaxAggregate(torch.autograd.Function):
     """The eager path: an autograd Function costs less host time per call than a custom op. The
-    structure list is kept as an attribute, as :class:`~pyg_ugrapher.ops._EagerGraphOp` keeps it."""
+    structure record is kept as an attribute, as :class:`~pyg_ugrapher.ops.autograd._EagerGraphOp` keeps it."""
 
     @staticmethod
-    def forward(ctx, graph: GraphTensor, score: str, structure: List[Tensor], num_scores: int, *tensors: Tensor
-                ) -> Tensor:
+    def forward(
+        ctx, graph: GraphTensor, score: str, structure: GraphStructure, num_scores: int, *tensors: Tensor
+    ) -> Tensor:
         scores = list(tensors[:num_scores])
         x, keep = tensors[num_scores:]
         out, normaliser = _forward(structure, score, scores, x, keep, graph)
@@ -288,26 +349,39 @@ class _SoftmaxAggregate(torch.autograd.Function):
         saved = ctx.saved_tensors
         k = ctx.num_scores
         first = 4  # graph, score, structure, the count
-        needs = ctx.needs_input_grad[first:first + k + 1]
+        needs = ctx.needs_input_grad[first : first + k + 1]
         if torch.is_grad_enabled():  # a double backward: the closed form's kernels have no derivative
-            grads, grad_x = _differentiable_backward(ctx.structure, ctx.score, saved[:k], saved[k], saved[k + 1],
-                                                     grad, needs)
+            grads, grad_x = _differentiable_backward(
+                ctx.structure, ctx.score, saved[:k], saved[k], saved[k + 1], grad, needs
+            )
         else:
             grads, grad_x = _backward(ctx.structure, ctx.score, saved[:k], *saved[k:], grad, needs[:k], needs[k])
         return (None,) * first + tuple(grads) + (grad_x, None)
 
 
-def _differentiable_backward(structure: List[Tensor], score: str, scores: Sequence[Tensor], x: Tensor,
-                             keep: Optional[Tensor], grad: Tensor, needs: Sequence[bool]
-                             ) -> Tuple[List[Optional[Tensor]], Optional[Tensor]]:
+def _differentiable_backward(
+    structure: GraphStructure,
+    score: str,
+    scores: Sequence[Tensor],
+    x: Tensor,
+    keep: Optional[Tensor],
+    grad: Tensor,
+    needs: Sequence[bool],
+) -> Tuple[List[Optional[Tensor]], Optional[Tensor]]:
     """``(gradient of each score operand, grad_x)`` as a graph of differentiable operators: the
     three forward operators again, each with its own derivative, differentiated by autograd. What
     a double backward (``create_graph=True``, a gradient penalty) needs: under
     ``once_differentiable`` the closed form's second-order terms were dropped without an error
     whenever the upstream gradient needed none."""
     extra = [] if keep is None else [_column(keep)]
-    out, _ = _three_passes(structure, attention_ops(score, keep is not None), [_column(t) for t in scores], x,
-                           extra, run_op=_run_differentiable)
+    out, _ = _three_passes(
+        structure,
+        attention_ops(score, keep is not None),
+        [_column(t) for t in scores],
+        x,
+        extra,
+        run_op=_run_differentiable,
+    )
     wanted = [t for t, need in zip(list(scores) + [x], needs) if need]
     found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
     grads = [next(found) if need else None for need in needs]
@@ -316,35 +390,59 @@ def _differentiable_backward(structure: List[Tensor], score: str, scores: Sequen
 
 # -- the same, as custom ops: what a compiled graph calls (one opaque node each way) ---------------
 @torch.library.custom_op("pyg_ugrapher::softmax_aggregate", mutates_args=(), tags=OP_TAGS)
-def softmax_aggregate_op(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor],
-                         score: str) -> List[Tensor]:
-    """``[out, log-normaliser]`` of :func:`softmax_aggregate` on a graph given by its structure
-    list, for the serialised score op ``score`` (:data:`GIVEN_LOGITS` for given logits);
-    differentiable with respect to ``scores`` and ``x`` (once)."""
-    return list(_forward(structure, score, scores, x, keep))
+def softmax_aggregate_op(
+    structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor], score: str
+) -> List[Tensor]:
+    """``[out, log-normaliser]`` of :func:`softmax_aggregate` on a graph given by its flattened
+    structure (:meth:`~pyg_ugrapher.structure.GraphStructure.flat`), for the serialised score op
+    ``score`` (:data:`GIVEN_LOGITS` for given logits); differentiable with respect to ``scores`` and
+    ``x`` (once)."""
+    return list(_forward(GraphStructure.from_flat(structure), score, scores, x, keep))
 
 
 @softmax_aggregate_op.register_fake
-def _(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor], score: str
-      ) -> List[Tensor]:
-    rows = structure[0].shape[0] - 1
+def _(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor], score: str) -> List[Tensor]:
+    rows = GraphStructure.from_flat(structure, user_order=False).num_dst
     return [x.new_empty((rows,) + tuple(x.shape[1:])), scores[0].new_empty((rows, scores[0].shape[1], 1))]
 
 
 @torch.library.custom_op("pyg_ugrapher::softmax_aggregate_backward", mutates_args=(), tags=OP_TAGS)
-def _backward_op(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor],
-                 normaliser: Tensor, out: Tensor, grad: Tensor, score: str, needs_scores: List[bool],
-                 needs_x: bool) -> List[Tensor]:
-    grads, grad_x = _backward(structure, score, scores, x, keep, normaliser, out, grad, needs_scores, needs_x)
+def _backward_op(
+    structure: List[Tensor],
+    scores: List[Tensor],
+    x: Tensor,
+    keep: Optional[Tensor],
+    normaliser: Tensor,
+    out: Tensor,
+    grad: Tensor,
+    score: str,
+    needs_scores: List[bool],
+    needs_x: bool,
+) -> List[Tensor]:
+    grads, grad_x = _backward(
+        GraphStructure.from_flat(structure), score, scores, x, keep, normaliser, out, grad, needs_scores, needs_x
+    )
     # A custom op returns tensors: an empty one stands for a gradient not asked for.
     return [g if g is not None else t.new_empty(0) for g, t in zip(grads + [grad_x], list(scores) + [x])]
 
 
 @_backward_op.register_fake
-def _(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor], normaliser: Tensor,
-      out: Tensor, grad: Tensor, score: str, needs_scores: List[bool], needs_x: bool) -> List[Tensor]:
-    return [torch.empty_like(t) if needed else t.new_empty(0)
-            for t, needed in zip(list(scores) + [x], list(needs_scores) + [needs_x])]
+def _(
+    structure: List[Tensor],
+    scores: List[Tensor],
+    x: Tensor,
+    keep: Optional[Tensor],
+    normaliser: Tensor,
+    out: Tensor,
+    grad: Tensor,
+    score: str,
+    needs_scores: List[bool],
+    needs_x: bool,
+) -> List[Tensor]:
+    return [
+        torch.empty_like(t) if needed else t.new_empty(0)
+        for t, needed in zip(list(scores) + [x], list(needs_scores) + [needs_x])
+    ]
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -359,8 +457,9 @@ def _op_backward(ctx, grads: List[Optional[Tensor]]):
     saved = ctx.saved_tensors
     n, k = ctx.num_structure, ctx.num_scores
     needs_scores, needs_x = list(ctx.needs_input_grad[1]), ctx.needs_input_grad[2]
-    results = _backward_op(list(saved[:n]), list(saved[n:n + k]), *saved[n + k:], grad, ctx.score, needs_scores,
-                           needs_x)
+    results = _backward_op(
+        list(saved[:n]), list(saved[n : n + k]), *saved[n + k :], grad, ctx.score, needs_scores, needs_x
+    )
     score_grads = [g if needed else None for g, needed in zip(results[:k], needs_scores)]
     return [None] * n, score_grads, results[k] if needs_x else None, None, None
 
@@ -368,8 +467,9 @@ def _op_backward(ctx, grads: List[Optional[Tensor]]):
 torch.library.register_autograd("pyg_ugrapher::softmax_aggregate", _op_backward, setup_context=_setup_context)
 
 
-def _check_scores(graph: GraphTensor, logits: Union[Tensor, Sequence[Tensor]], score: Optional[OpInfo]
-                  ) -> Tuple[List[Tensor], str]:
+def _check_scores(
+    graph: GraphTensor, logits: Union[Tensor, Sequence[Tensor]], score: Optional[OpInfo]
+) -> Tuple[List[Tensor], str]:
     """The score's operands and the serialised score, checked against ``graph``."""
     if score is None:
         if not isinstance(logits, Tensor) or not logits.is_floating_point():
@@ -389,14 +489,20 @@ def _check_scores(graph: GraphTensor, logits: Union[Tensor, Sequence[Tensor]], s
         name, rows = rows_of[kind]
         heads = tensor.shape[-1] if heads is None else heads
         if tensor.dim() != 2 or tensor.shape != (rows, heads):
-            raise ValueError(f"logits[{i}]: expected shape [{name}={rows}, heads={heads}] ({kind}), "
-                             f"got {list(tensor.shape)}")
+            raise ValueError(
+                f"logits[{i}]: expected shape [{name}={rows}, heads={heads}] ({kind}), got {list(tensor.shape)}"
+            )
     # Dynamo traces through an lru_cache (and warns): a compiled graph serialises once, at trace time.
     return list(logits), score.serialize() if torch.compiler.is_compiling() else serialized(score)
 
 
-def softmax_aggregate(graph: GraphTensor, logits: Union[Tensor, Sequence[Tensor]], x: Tensor,
-                      keep: Optional[Tensor] = None, score: Optional[OpInfo] = None) -> Tensor:
+def softmax_aggregate(
+    graph: GraphTensor,
+    logits: Union[Tensor, Sequence[Tensor]],
+    x: Tensor,
+    keep: Optional[Tensor] = None,
+    score: Optional[OpInfo] = None,
+) -> Tensor:
     r"""``out[v] = sum over edges e = (u, v) of softmax_v(logits)[e] * keep[e] * x[u]``, per head.
 
     Args:
@@ -420,11 +526,10 @@ def softmax_aggregate(graph: GraphTensor, logits: Union[Tensor, Sequence[Tensor]
         if tensor is not None and (not isinstance(tensor, Tensor) or not tensor.is_floating_point()):
             raise TypeError(f"{name}: expected a floating-point tensor")
     if x.dim() != 3 or x.shape[0] != graph.num_src or x.shape[1] != heads:
-        raise ValueError(f"x: expected shape [num_src={graph.num_src}, heads={heads}, channels], "
-                         f"got {list(x.shape)}")
+        raise ValueError(f"x: expected shape [num_src={graph.num_src}, heads={heads}, channels], got {list(x.shape)}")
     if keep is not None and keep.shape != (graph.num_edges, heads):
         raise ValueError(f"keep: expected shape [num_edges={graph.num_edges}, heads={heads}], got {list(keep.shape)}")
     structure = graph.structure(x.device)
     if torch.compiler.is_compiling():
-        return softmax_aggregate_op(structure, scores, x, keep, text)[0]
+        return softmax_aggregate_op(structure.flat(), scores, x, keep, text)[0]
     return _SoftmaxAggregate.apply(graph, text, structure, len(scores), *scores, x, keep)

@@ -23,6 +23,7 @@ needs no stored arg-index and works under every strategy, atomics included.
 
 Only IR is built here (:class:`GradStep`); :mod:`pyg_ugrapher.ops` runs the steps.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -78,16 +79,25 @@ def canonical(expr: Expr, kinds: Tuple[str, ...], gather_op: Optional[str], redu
     backward ops read like the forward ones and share their kernels and cost-model data."""
     if not reduce and expr.fn == "input" and len(kinds) == 1:
         return OpInfo("copy_lhs", gather_op, lhs=kinds[0])
-    binary = expr.fn in ("add", "sub", "mul", "div") and len(kinds) == 2 and \
-        tuple(a.fn for a in expr.args) == ("input", "input") and \
-        tuple(a.index for a in expr.args) == (0, 1)
+    binary = (
+        expr.fn in ("add", "sub", "mul", "div")
+        and len(kinds) == 2
+        and tuple(a.fn for a in expr.args) == ("input", "input")
+        and tuple(a.index for a in expr.args) == (0, 1)
+    )
     if binary and (not reduce or expr.fn == "mul"):
         return OpInfo("dot" if reduce else expr.fn, gather_op, lhs=kinds[0], rhs=kinds[1])
     return OpInfo(expr, gather_op, operands=kinds, reduce=reduce)
 
 
-def grad_step(expr: Expr, kinds: Tuple[str, ...], sources: Tuple[Source, ...], gather_op: Optional[str],
-              reduce: bool, reverse: bool) -> GradStep:
+def grad_step(
+    expr: Expr,
+    kinds: Tuple[str, ...],
+    sources: Tuple[Source, ...],
+    gather_op: Optional[str],
+    reduce: bool,
+    reverse: bool,
+) -> GradStep:
     """The step routing the gradient message ``expr`` (over slots of ``kinds``, fed by ``sources``):
     only the slots ``expr`` reads are kept, renumbered in the order they appear."""
     order = list(expr.inputs())
@@ -149,12 +159,13 @@ def describe(op: OpInfo) -> str:
 
 
 def backward_table() -> str:
-    """The README's backward table (Markdown): for every edge op x gather op of the IR, the IR ops
-    that compute each gradient, with full-shape operands. ``lhs`` reads the source vertex; ``rhs``
-    the edge for a gather op and the destination vertex for message creation.
+    """The backward table of ``docs/backward.md`` (Markdown): for every edge op x gather op of the
+    IR, the IR ops that compute each gradient, with full-shape operands. ``lhs`` reads the source
+    vertex; ``rhs`` the edge for a gather op and the destination vertex for message creation.
 
-    Regenerate the README section with ``python -m pyg_ugrapher.backward``.
+    Regenerate that section with ``python -m pyg_ugrapher.backward``.
     """
+
     def cell(step: Optional[GradStep]) -> str:
         if step is None:
             return "-"
@@ -170,8 +181,9 @@ def backward_table() -> str:
             op = OpInfo(edge_op, gather_op, lhs=lhs, rhs=rhs)
             backward = derive(op, (False,) * len(op.inputs))
             slots = dict(zip([name for name, kind in (("lhs", lhs), ("rhs", rhs)) if kind], backward.slots))
-            lines.append(f"| `{op.name}` | {cell(slots.get('lhs'))} | {cell(slots.get('rhs'))} | "
-                         f"{cell(backward.count)} |")
+            lines.append(
+                f"| `{op.name}` | {cell(slots.get('lhs'))} | {cell(slots.get('rhs'))} | {cell(backward.count)} |"
+            )
     return "\n".join(lines)
 
 

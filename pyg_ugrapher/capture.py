@@ -31,6 +31,7 @@ Anything else raises :class:`CaptureError` with a sentence saying why: ``torch.c
 ``nn.Module`` calls, tensors that are not arguments (parameters, buffers: they would be baked into
 the capture), in-place operations, Python branching on tensor values, tuples of messages.
 """
+
 from __future__ import annotations
 
 import functools
@@ -143,8 +144,7 @@ class Capture:
         return f"Capture of message({inputs}) -> messages {list(self.message_shape)}\n{steps}"
 
 
-def capture(message: Callable[..., Any], arguments: Mapping[str, Any], num_edges: int,
-            gather_op: str) -> Capture:
+def capture(message: Callable[..., Any], arguments: Mapping[str, Any], num_edges: int, gather_op: str) -> Capture:
     """Trace ``message(**arguments)`` into IR operators that aggregate with ``gather_op``.
 
     Args:
@@ -159,15 +159,15 @@ def capture(message: Callable[..., Any], arguments: Mapping[str, Any], num_edges
     """
     trace = _Trace(num_edges)
     try:
-        kwargs = {name: trace.wrap(name, value) if isinstance(value, Argument) else value
-                  for name, value in arguments.items()}
+        kwargs = {
+            name: trace.wrap(name, value) if isinstance(value, Argument) else value for name, value in arguments.items()
+        }
         try:
             result = message(**kwargs)
         except CaptureError:
             raise
         except Exception as error:  # the user's code failed on traced tensors: let PyG run it
-            raise CaptureError(f"message() raised {type(error).__name__} on traced tensors "
-                               f"({error})") from error
+            raise CaptureError(f"message() raised {type(error).__name__} on traced tensors ({error})") from error
         return trace.finish(result, gather_op)
     except CaptureError as error:
         error.num_edges = num_edges if trace.reads_rows else None
@@ -192,11 +192,19 @@ class TracedTensor(Tensor):
     _reduce: bool
 
     @staticmethod
-    def __new__(cls, trace: "_Trace", shape: Shape, dtype: torch.dtype, device: torch.device,
-                requires_grad: bool, expr: Optional[Expr], why: str = "",
-                computed: Optional[Shape] = None, reduce: bool = False) -> "TracedTensor":
-        self = Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device,
-                                             requires_grad=requires_grad)
+    def __new__(
+        cls,
+        trace: "_Trace",
+        shape: Shape,
+        dtype: torch.dtype,
+        device: torch.device,
+        requires_grad: bool,
+        expr: Optional[Expr],
+        why: str = "",
+        computed: Optional[Shape] = None,
+        reduce: bool = False,
+    ) -> "TracedTensor":
+        self = Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device, requires_grad=requires_grad)
         self._trace, self._expr, self._why = trace, expr, why
         self._computed, self._reduce = computed, reduce
         return self
@@ -231,8 +239,9 @@ def _flat(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Iterable[Any]:
 
 # -- the trace ------------------------------------------------------------------------------------
 _SCALARS = (bool, int, float)
-_ELEMENTWISE_HINT = ("only elementwise arithmetic, activations, feature views and a final sum over "
-                     "the last dimension are captured")
+_ELEMENTWISE_HINT = (
+    "only elementwise arithmetic, activations, feature views and a final sum over the last dimension are captured"
+)
 
 
 class _Trace:
@@ -255,19 +264,43 @@ class _Trace:
 
     def wrap(self, name: str, argument: Argument) -> TracedTensor:
         if argument.kind is None:
-            return TracedTensor(self, argument.shape, argument.dtype, argument.device,
-                                argument.requires_grad, None, f"argument {name!r}, {argument.why}")
+            return TracedTensor(
+                self,
+                argument.shape,
+                argument.dtype,
+                argument.device,
+                argument.requires_grad,
+                None,
+                f"argument {name!r}, {argument.why}",
+            )
         if not argument.shape or argument.shape[0] != self.num_edges:
-            raise ValueError(f"arguments: operand {name!r} needs {self.num_edges} rows, got shape "
-                             f"{list(argument.shape)}")
+            raise ValueError(
+                f"arguments: operand {name!r} needs {self.num_edges} rows, got shape {list(argument.shape)}"
+            )
         features = argument.shape[1:]
         expr = Expr.input(self.leaf(Operand(name, argument.kind, features), argument.dtype))
         return self.value(expr, features, argument.dtype, argument.device, argument.requires_grad)
 
-    def value(self, expr: Expr, features: Shape, dtype: torch.dtype, device: torch.device,
-              requires_grad: bool, computed: Optional[Shape] = None, reduce: bool = False) -> TracedTensor:
-        return TracedTensor(self, (self.num_edges,) + tuple(features), dtype, device,
-                            requires_grad and torch.is_grad_enabled(), expr, computed=computed, reduce=reduce)
+    def value(
+        self,
+        expr: Expr,
+        features: Shape,
+        dtype: torch.dtype,
+        device: torch.device,
+        requires_grad: bool,
+        computed: Optional[Shape] = None,
+        reduce: bool = False,
+    ) -> TracedTensor:
+        return TracedTensor(
+            self,
+            (self.num_edges,) + tuple(features),
+            dtype,
+            device,
+            requires_grad and torch.is_grad_enabled(),
+            expr,
+            computed=computed,
+            reduce=reduce,
+        )
 
     # -- dispatch -----------------------------------------------------------------------------
     def call(self, func: Callable, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
@@ -275,15 +308,22 @@ class _Trace:
         if name in _METADATA:
             return self.metadata(name, func, args, kwargs)
         short = name.rsplit(".", 1)[-1]
-        if (short.endswith("_") and not short.endswith("__")) or short in _INPLACE_OPERATORS \
-                or kwargs.get("inplace") or kwargs.get("out") is not None:
-            raise CaptureError(f"message() modifies a tensor in place ({name}); the capture only "
-                               f"models functional code")
+        if (
+            (short.endswith("_") and not short.endswith("__"))
+            or short in _INPLACE_OPERATORS
+            or kwargs.get("inplace")
+            or kwargs.get("out") is not None
+        ):
+            raise CaptureError(
+                f"message() modifies a tensor in place ({name}); the capture only models functional code"
+            )
         handler = _HANDLERS.get(name)
         if handler is None:
             if name in _VALUE_READS:
-                raise CaptureError(f"message() reads tensor values in Python ({name}), e.g. to branch "
-                                   f"on them; a captured message must not depend on the data")
+                raise CaptureError(
+                    f"message() reads tensor values in Python ({name}), e.g. to branch "
+                    f"on them; a captured message must not depend on the data"
+                )
             raise CaptureError(f"message() calls {name}, which the IR cannot express ({_ELEMENTWISE_HINT})")
         return handler(self, name, args, kwargs)
 
@@ -307,11 +347,14 @@ class _Trace:
         if isinstance(x, _SCALARS):
             return Expr.const(float(x)), None, None, False
         if isinstance(x, Tensor):
-            raise CaptureError("message() computes with a tensor that is not an argument of propagate() "
-                               "(a parameter, a buffer or a tensor made inside message()); only "
-                               "propagate()'s arguments can be operands of the fused kernel")
-        raise CaptureError(f"message() computes with a {type(x).__name__} value, which is not a number "
-                           f"or a tensor argument")
+            raise CaptureError(
+                "message() computes with a tensor that is not an argument of propagate() "
+                "(a parameter, a buffer or a tensor made inside message()); only "
+                "propagate()'s arguments can be operands of the fused kernel"
+            )
+        raise CaptureError(
+            f"message() computes with a {type(x).__name__} value, which is not a number or a tensor argument"
+        )
 
     @staticmethod
     def traced(x: TracedTensor) -> TracedTensor:
@@ -319,12 +362,16 @@ class _Trace:
         if x._expr is None:
             raise CaptureError(f"message() computes with {x._why}")
         if x._reduce:
-            raise CaptureError("message() computes with the result of a sum over the last dimension; a "
-                               "dot product is captured only as the last operation of message()")
+            raise CaptureError(
+                "message() computes with the result of a sum over the last dimension; a "
+                "dot product is captured only as the last operation of message()"
+            )
         if x._computed is not None:
-            raise CaptureError(f"message() computes with an intermediate result viewed from "
-                               f"{list(x._computed)} as {list(x.features)}, a view its operands cannot "
-                               f"follow because they broadcast differently; reshape the arguments instead")
+            raise CaptureError(
+                f"message() computes with an intermediate result viewed from "
+                f"{list(x._computed)} as {list(x.features)}, a view its operands cannot "
+                f"follow because they broadcast differently; reshape the arguments instead"
+            )
         return x
 
     def combine(self, fn: str, a: Any, b: Any) -> TracedTensor:
@@ -332,9 +379,11 @@ class _Trace:
         ea, fa, da, ga = self.node(a)
         eb, fb, db, gb = self.node(b)
         if fa is not None and fb is not None and len(fa) != len(fb):
-            raise CaptureError(f"message() combines tensors of {len(fa) + 1} and {len(fb) + 1} dimensions, "
-                               f"which broadcasts the edge dimension of one against a feature dimension "
-                               f"of the other; view the smaller one first (e.g. w.view(-1, 1))")
+            raise CaptureError(
+                f"message() combines tensors of {len(fa) + 1} and {len(fb) + 1} dimensions, "
+                f"which broadcasts the edge dimension of one against a feature dimension "
+                f"of the other; view the smaller one first (e.g. w.view(-1, 1))"
+            )
         if fa is None or fb is None:
             features = fa if fb is None else fb
         else:
@@ -360,8 +409,9 @@ class _Trace:
             raise CaptureError(f"message() reshapes {x._why}")
         current = x.features
         if math.prod(features) != math.prod(current):
-            raise CaptureError(f"message() reshapes features {list(current)} to {list(features)}, which "
-                               f"moves data between edges")
+            raise CaptureError(
+                f"message() reshapes features {list(current)} to {list(features)}, which moves data between edges"
+            )
         if x._computed is not None:
             return self.value(x._expr, features, x.dtype, x.device, x.requires_grad, x._computed, x._reduce)
         mapping = {}
@@ -375,11 +425,16 @@ class _Trace:
     # -- the result -----------------------------------------------------------------------------
     def finish(self, result: Any, gather_op: str) -> Capture:
         if isinstance(result, (tuple, list)):
-            raise CaptureError(f"message() returns a {type(result).__name__} of {len(result)} values; "
-                               f"only a single message tensor is captured")
+            raise CaptureError(
+                f"message() returns a {type(result).__name__} of {len(result)} values; "
+                f"only a single message tensor is captured"
+            )
         if not isinstance(result, TracedTensor):
-            what = "a tensor that does not come from its arguments" if isinstance(result, Tensor) \
+            what = (
+                "a tensor that does not come from its arguments"
+                if isinstance(result, Tensor)
                 else f"a {type(result).__name__}"
+            )
             raise CaptureError(f"message() returns {what}, not a function of its tensor arguments")
         if result._expr is None:
             raise CaptureError(f"message() returns {result._why}")
@@ -392,8 +447,10 @@ class _Trace:
         if not order:
             raise CaptureError("message() returns a constant that does not depend on its tensor arguments")
         if functools.reduce(torch.promote_types, (self.dtypes[i] for i in order)) != result.dtype:
-            raise CaptureError(f"message() returns {result.dtype} while the arguments it depends on promote "
-                               f"to another dtype (an argument was multiplied by 0?)")
+            raise CaptureError(
+                f"message() returns {result.dtype} while the arguments it depends on promote "
+                f"to another dtype (an argument was multiplied by 0?)"
+            )
         expr = result._expr.remap({old: new for new, old in enumerate(order)})
         operands = tuple(self.leaves[i] for i in order)
         op_gather = None if reduced else gather_op
@@ -402,8 +459,9 @@ class _Trace:
         return Capture(op, operands, result.features, gather, self.num_edges if self.reads_rows else None)
 
 
-def _fit(expr: Expr, operands: Tuple[Operand, ...], shape: Shape, gather_op: Optional[str],
-         reduce: bool) -> Tuple[OpInfo, Tuple[Operand, ...]]:
+def _fit(
+    expr: Expr, operands: Tuple[Operand, ...], shape: Shape, gather_op: Optional[str], reduce: bool
+) -> Tuple[OpInfo, Tuple[Operand, ...]]:
     """The op, with operands the kernels can broadcast to the message shape ``shape``.
 
     Kernels read full, per-head, per-channel and scalar operands; other broadcasts (and a dot
@@ -433,12 +491,12 @@ def _reshaped_leaf(leaf: Shape, old: Shape, new: Shape) -> Optional[Shape]:
         return (1,) * len(new)
     if len(new) == len(old) + 1:
         for d in range(len(new)):
-            if new[d] == 1 and new[:d] + new[d + 1:] == old:
+            if new[d] == 1 and new[:d] + new[d + 1 :] == old:
                 return leaf[:d] + (1,) + leaf[d:]
     if len(new) == len(old) - 1:
         for d in range(len(old)):
-            if old[d] == 1 and old[:d] + old[d + 1:] == new:
-                return leaf[:d] + leaf[d + 1:]
+            if old[d] == 1 and old[:d] + old[d + 1 :] == new:
+                return leaf[:d] + leaf[d + 1 :]
     return None
 
 
@@ -464,17 +522,21 @@ def _binary(fn: str, swap: bool = False):
             raise CaptureError(f"message() calls {name} with {len(args)} arguments")
         a, b = (args[1], args[0]) if swap else args
         return trace.combine(fn, a, b)
+
     return handler
 
 
 def _extremum(fn: str):
     """``torch.max(a, b)`` is ``maximum``; ``torch.max(a)`` and ``torch.max(a, dim)`` reduce."""
+
     def handler(trace: _Trace, name: str, args, kwargs):
         _check_kwargs(name, kwargs)
         if len(args) != 2 or not isinstance(args[1], Tensor):
-            raise CaptureError(f"message() calls {name} as a reduction, which the IR cannot express "
-                               f"({_ELEMENTWISE_HINT})")
+            raise CaptureError(
+                f"message() calls {name} as a reduction, which the IR cannot express ({_ELEMENTWISE_HINT})"
+            )
         return trace.combine(fn, args[0], args[1])
+
     return handler
 
 
@@ -484,6 +546,7 @@ def _unary(fn: str, allowed: Sequence[str] = ()):
         if len(args) != 1:
             raise CaptureError(f"message() calls {name} with {len(args)} positional arguments")
         return trace.unary(fn, args[0])
+
     return handler
 
 
@@ -536,9 +599,12 @@ def _cast(dtype: torch.dtype):
     def handler(trace: _Trace, name: str, args, kwargs):
         _check_kwargs(name, kwargs, ("memory_format",))
         if args[0].dtype != dtype:
-            raise CaptureError(f"message() converts {args[0].dtype} to {dtype}; only floating-point "
-                               f"math in the arguments' dtype is captured")
+            raise CaptureError(
+                f"message() converts {args[0].dtype} to {dtype}; only floating-point "
+                f"math in the arguments' dtype is captured"
+            )
         return _same(trace, args[0])
+
     return handler
 
 
@@ -556,8 +622,9 @@ def _to(trace: _Trace, name: str, args, kwargs):
         else:
             same = target is None
         if not same or kwargs.get("copy"):
-            raise CaptureError(f"message() calls {name} with {target!r}; only conversions that change "
-                               f"nothing are captured")
+            raise CaptureError(
+                f"message() calls {name} with {target!r}; only conversions that change nothing are captured"
+            )
     return _same(trace, x)
 
 
@@ -589,8 +656,9 @@ def _resolve_view(trace: _Trace, features: Shape, shape: List[int]) -> Shape:
     if head != -1:
         trace.reads_rows = True
         if head != trace.num_edges:
-            raise CaptureError(f"message() views its {trace.num_edges} edges as {head} rows, which "
-                               f"moves data between edges")
+            raise CaptureError(
+                f"message() views its {trace.num_edges} edges as {head} rows, which moves data between edges"
+            )
     unknown = rest.count(-1)
     if unknown > (0 if head == -1 else 1) or any(d < -1 for d in rest):
         raise CaptureError(f"message() views a tensor as {shape}, an invalid shape")
@@ -601,8 +669,7 @@ def _resolve_view(trace: _Trace, features: Shape, shape: List[int]) -> Shape:
             raise CaptureError(f"message() views features {list(features)} as {shape}")
         rest[rest.index(-1)] = size // known
     if math.prod(rest) != size:
-        raise CaptureError(f"message() views features {list(features)} as {shape}, which moves data "
-                           f"between edges")
+        raise CaptureError(f"message() views features {list(features)} as {shape}, which moves data between edges")
     return tuple(rest)
 
 
@@ -621,7 +688,7 @@ def _unsqueeze(trace: _Trace, name: str, args, kwargs):
     if dim == 0:
         raise CaptureError("message() inserts a dimension before the edge dimension")
     features = x.features
-    return trace.reshape(x, features[:dim - 1] + (1,) + features[dim - 1:])
+    return trace.reshape(x, features[: dim - 1] + (1,) + features[dim - 1 :])
 
 
 def _squeeze(trace: _Trace, name: str, args, kwargs):
@@ -658,7 +725,7 @@ def _flatten(trace: _Trace, name: str, args, kwargs):
     if start == 0:
         raise CaptureError("message() flattens the edge dimension into the features")
     features = x.features
-    merged = features[:start - 1] + (math.prod(features[start - 1:end]),) + features[end:]
+    merged = features[: start - 1] + (math.prod(features[start - 1 : end]),) + features[end:]
     return trace.reshape(x, merged)
 
 
@@ -673,8 +740,10 @@ def _sum(trace: _Trace, name: str, args, kwargs):
         dim = dim[0]
     rank = x.dim()
     if dim is None or not isinstance(dim, int) or rank < 2 or _normalize(dim, rank) != rank - 1:
-        raise CaptureError(f"message() sums over dim={dim!r} of a {rank}-dimensional tensor; only a sum "
-                           f"over the last feature dimension (a dot product) is captured")
+        raise CaptureError(
+            f"message() sums over dim={dim!r} of a {rank}-dimensional tensor; only a sum "
+            f"over the last feature dimension (a dot product) is captured"
+        )
     features = x.features
     kept = features[:-1] + ((1,) if keepdim else ())
     if features[-1] == 1:  # a sum over one element is a view
@@ -690,12 +759,16 @@ def _table() -> Dict[str, Callable]:
             table[name] = handler
 
     for fn, names in {
-        "add": ("add", "__add__"), "sub": ("sub", "subtract", "__sub__"),
-        "mul": ("mul", "multiply", "__mul__"), "div": ("div", "divide", "true_divide", "__truediv__"),
-        "maximum": ("maximum",), "minimum": ("minimum",),
+        "add": ("add", "__add__"),
+        "sub": ("sub", "subtract", "__sub__"),
+        "mul": ("mul", "multiply", "__mul__"),
+        "div": ("div", "divide", "true_divide", "__truediv__"),
+        "maximum": ("maximum",),
+        "minimum": ("minimum",),
     }.items():
-        add(_binary(fn), *(f"torch.{n}" for n in names if not n.startswith("__")),
-            *(f"torch.Tensor.{n}" for n in names))
+        add(
+            _binary(fn), *(f"torch.{n}" for n in names if not n.startswith("__")), *(f"torch.Tensor.{n}" for n in names)
+        )
     add(_binary("add", swap=True), "torch.Tensor.__radd__")
     add(_binary("sub", swap=True), "torch.Tensor.__rsub__", "torch.rsub")
     add(_binary("mul", swap=True), "torch.Tensor.__rmul__")
@@ -712,11 +785,22 @@ def _table() -> Dict[str, Callable]:
     add(_leaky_relu, "torch.nn.functional.leaky_relu")
     add(_rsqrt, "torch.rsqrt", "torch.Tensor.rsqrt")
     add(_pow, "torch.pow", "torch.Tensor.pow", "torch.Tensor.__pow__")
-    add(_identity, "torch.Tensor.contiguous", "torch.Tensor.clone", "torch.clone", "torch.Tensor.positive",
-        "torch.positive", "torch.Tensor.__pos__")
+    add(
+        _identity,
+        "torch.Tensor.contiguous",
+        "torch.Tensor.clone",
+        "torch.clone",
+        "torch.Tensor.positive",
+        "torch.positive",
+        "torch.Tensor.__pos__",
+    )
     add(_dropout, "torch.nn.functional.dropout", "torch.dropout")
-    for method, dtype in (("float", torch.float32), ("double", torch.float64), ("half", torch.float16),
-                          ("bfloat16", torch.bfloat16)):
+    for method, dtype in (
+        ("float", torch.float32),
+        ("double", torch.float64),
+        ("half", torch.float16),
+        ("bfloat16", torch.bfloat16),
+    ):
         add(_cast(dtype), f"torch.Tensor.{method}")
     add(_to, "torch.Tensor.to")
     add(_type_as, "torch.Tensor.type_as")
@@ -732,19 +816,70 @@ def _table() -> Dict[str, Callable]:
 _HANDLERS = _table()
 
 #: Queries answered from the (real) metadata of a traced tensor.
-_METADATA = {f"torch.Tensor.{n}" for n in (
-    "size", "dim", "ndimension", "ndim.__get__", "shape.__get__", "numel", "nelement", "__len__",
-    "dtype.__get__", "device.__get__", "layout.__get__", "is_cuda.__get__", "is_sparse.__get__",
-    "is_floating_point", "is_complex", "requires_grad.__get__", "get_device", "element_size",
-)} | {"torch.numel", "torch.is_floating_point", "torch.is_complex"}
+_METADATA = {
+    f"torch.Tensor.{n}"
+    for n in (
+        "size",
+        "dim",
+        "ndimension",
+        "ndim.__get__",
+        "shape.__get__",
+        "numel",
+        "nelement",
+        "__len__",
+        "dtype.__get__",
+        "device.__get__",
+        "layout.__get__",
+        "is_cuda.__get__",
+        "is_sparse.__get__",
+        "is_floating_point",
+        "is_complex",
+        "requires_grad.__get__",
+        "get_device",
+        "element_size",
+    )
+} | {"torch.numel", "torch.is_floating_point", "torch.is_complex"}
 #: Queries whose answer includes the number of edges.
-_ROW_METADATA = {"torch.Tensor.shape.__get__", "torch.Tensor.numel", "torch.Tensor.nelement",
-                 "torch.Tensor.__len__", "torch.numel"}
+_ROW_METADATA = {
+    "torch.Tensor.shape.__get__",
+    "torch.Tensor.numel",
+    "torch.Tensor.nelement",
+    "torch.Tensor.__len__",
+    "torch.numel",
+}
 #: Python's augmented assignments (``x += y``), when torch does not name them ``add_`` etc.
-_INPLACE_OPERATORS = {f"__i{op}__" for op in (
-    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor", "lshift", "rshift")}
+_INPLACE_OPERATORS = {
+    f"__i{op}__"
+    for op in (
+        "add",
+        "sub",
+        "mul",
+        "truediv",
+        "floordiv",
+        "mod",
+        "pow",
+        "matmul",
+        "and",
+        "or",
+        "xor",
+        "lshift",
+        "rshift",
+    )
+}
 #: Conversions of tensor values to Python values.
-_VALUE_READS = {f"torch.Tensor.{n}" for n in (
-    "__bool__", "__float__", "__int__", "__index__", "item", "tolist", "numpy", "__format__",
-    "__repr__", "__iter__", "__contains__",
-)}
+_VALUE_READS = {
+    f"torch.Tensor.{n}"
+    for n in (
+        "__bool__",
+        "__float__",
+        "__int__",
+        "__index__",
+        "item",
+        "tolist",
+        "numpy",
+        "__format__",
+        "__repr__",
+        "__iter__",
+        "__contains__",
+    )
+}

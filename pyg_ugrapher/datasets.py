@@ -25,6 +25,7 @@ the same graph; CPU and CUDA random streams differ.
     data = load_dataset("cora")
     edge_index = power_law_graph(1_000_000, 100_000_000, device="cuda")
 """
+
 from __future__ import annotations
 
 import io
@@ -41,7 +42,11 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
-from torch_geometric.utils import remove_self_loops, to_undirected
+from torch_geometric.datasets import Planetoid
+from torch_geometric.io.planetoid import edge_index_from_dict, read_file
+from torch_geometric.utils import index_to_mask, remove_self_loops, to_undirected
+
+from .paths import cache_dir
 
 Device = Union[str, torch.device]
 
@@ -67,8 +72,6 @@ __all__ = [
 
 #: Environment variable naming the shared datasets folder.
 DATASETS_ENV = "PYG_UGRAPHER_DATASETS"
-#: Environment variable naming the cache folder (default ``~/.cache/pyg_ugrapher``).
-CACHE_ENV = "PYG_UGRAPHER_CACHE"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _BUNDLED_CORA_RAW = _PACKAGE_DIR / "data" / "Cora" / "raw"
@@ -101,7 +104,8 @@ def datasets_dir() -> Path:
         if not path.is_dir():
             raise FileNotFoundError(
                 f"{DATASETS_ENV}={env!r} is not a folder; set {DATASETS_ENV} to the folder that "
-                f"holds the shared datasets (the one with SOURCES.md)")
+                f"holds the shared datasets (the one with SOURCES.md)"
+            )
         return path.resolve()
     candidates = [_PACKAGE_DIR.parent.parent / "shared" / "datasets", Path("shared") / "datasets"]
     for path in candidates:
@@ -110,7 +114,8 @@ def datasets_dir() -> Path:
             return path.resolve()
     raise FileNotFoundError(
         f"No shared datasets folder found (looked in {', '.join(map(str, candidates))}); set "
-        f"{DATASETS_ENV} to the folder that holds the shared datasets")
+        f"{DATASETS_ENV} to the folder that holds the shared datasets"
+    )
 
 
 def _dataset_file(*parts: str) -> Path:
@@ -118,13 +123,9 @@ def _dataset_file(*parts: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(
             f"Dataset file {str(path)!r} does not exist; set {DATASETS_ENV} to a shared datasets "
-            f"folder that holds '{'/'.join(parts)}'")
+            f"folder that holds '{'/'.join(parts)}'"
+        )
     return path
-
-
-def _cache_dir() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "pyg_ugrapher"
 
 
 def _pick(name: str, choices: Sequence[str]) -> str:
@@ -132,16 +133,13 @@ def _pick(name: str, choices: Sequence[str]) -> str:
     for choice in choices:
         if isinstance(name, str) and name.lower() == choice.lower():
             return choice
-    raise ValueError(
-        f"Argument 'name' must be one of {', '.join(map(repr, choices))} (got {name!r})")
+    raise ValueError(f"Argument 'name' must be one of {', '.join(map(repr, choices))} (got {name!r})")
 
 
 # Planetoid ###################################################################################
 
 
 def _planetoid_from_raw(name: str, raw_src: Path) -> Data:
-    from torch_geometric.datasets import Planetoid
-
     prefix = name.lower()
     sources = [raw_src / f"ind.{prefix}.{suffix}" for suffix in _PLANETOID_FILES]
     missing = [str(path) for path in sources if not path.is_file()]
@@ -149,13 +147,13 @@ def _planetoid_from_raw(name: str, raw_src: Path) -> Data:
         # Planetoid would fall back to downloading them: fail here instead.
         raise FileNotFoundError(
             f"Missing {name} raw files: {', '.join(missing)}; set {DATASETS_ENV} to a shared "
-            f"datasets folder that holds planetoid/{name}/raw")
+            f"datasets folder that holds planetoid/{name}/raw"
+        )
 
     # Planetoid writes `processed/` next to `raw/`, and neither the package folder nor the shared
     # folder may be writable: work on a copy in the cache.
-    root = _cache_dir() / "datasets"
-    raw_dir = root / name / "raw"
-    raw_dir.mkdir(parents=True, exist_ok=True)
+    root = cache_dir("datasets")
+    raw_dir = cache_dir("datasets", name, "raw")
     for src in sources:
         dst = raw_dir / src.name
         if not dst.exists():
@@ -200,9 +198,6 @@ def load_planetoid(name: str) -> Data:
 
 
 def _load_pubmed() -> Data:
-    from torch_geometric.io.planetoid import edge_index_from_dict, read_file
-    from torch_geometric.utils import index_to_mask
-
     suffixes = ("y", "ty", "ally", "graph", "test.index")
     for suffix in suffixes:  # a clear error for a missing file, before PyG's reader opens any
         _dataset_file("planetoid", "PubMed", "raw", f"ind.pubmed.{suffix}")
@@ -243,7 +238,8 @@ def _zip_member(zf: zipfile.ZipFile, suffix: str) -> str:
     if len(names) != 1:
         raise FileNotFoundError(
             f"Expected one member ending in {suffix!r} in {zf.filename!r}, found {names}; set "
-            f"{DATASETS_ENV} to an unmodified shared datasets folder")
+            f"{DATASETS_ENV} to an unmodified shared datasets folder"
+        )
     return names[0]
 
 
@@ -323,8 +319,7 @@ def load_tolokers() -> Data:
         x = torch.from_numpy(f["node_features"])
         y = torch.from_numpy(f["node_labels"]).to(torch.long)
         edges = f["edges"]
-        masks = {k: torch.from_numpy(f[f"{k}s"]).t().contiguous()
-                 for k in ("train_mask", "val_mask", "test_mask")}
+        masks = {k: torch.from_numpy(f[f"{k}s"]).t().contiguous() for k in ("train_mask", "val_mask", "test_mask")}
     num_nodes = x.size(0)
     edge_index = _undirected(edges[:, 0], edges[:, 1], num_nodes)
     return Data(x=x, edge_index=edge_index, y=y, num_nodes=num_nodes, **masks)
@@ -340,10 +335,8 @@ def load_musae(name: str) -> Data:
     """
     name = _pick(name, ["GitHub", "Facebook"])
     key = name.lower()
-    edges = np.loadtxt(_dataset_file("musae", f"{key}_edges.csv"), delimiter=",", skiprows=1,
-                       dtype=np.int64, ndmin=2)
-    target = np.loadtxt(_dataset_file("musae", f"{key}_target.csv"), delimiter=",", skiprows=1,
-                        dtype=np.int64, ndmin=2)
+    edges = np.loadtxt(_dataset_file("musae", f"{key}_edges.csv"), delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
+    target = np.loadtxt(_dataset_file("musae", f"{key}_target.csv"), delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
     num_nodes = target.shape[0]
     if edges.size and (edges.min() < 0 or edges.max() >= num_nodes):
         raise ValueError(f"MUSAE {name} edges reference nodes outside 0..{num_nodes - 1}")
@@ -369,6 +362,7 @@ def load_proteins() -> Data:
     categorical node labels are not included.
     """
     with zipfile.ZipFile(_dataset_file("tu", "PROTEINS_full.zip")) as zf:
+
         def table(suffix: str, dtype: type) -> np.ndarray:
             with zf.open(_zip_member(zf, suffix)) as f:
                 return np.loadtxt(f, delimiter=",", dtype=dtype, ndmin=2)
@@ -380,8 +374,7 @@ def load_proteins() -> Data:
 
     num_nodes = batch.size
     edge_index = _undirected(adj[:, 0], adj[:, 1], num_nodes)
-    return Data(x=x, edge_index=edge_index, y=_graph_labels(label),
-                batch=torch.from_numpy(batch), num_nodes=num_nodes)
+    return Data(x=x, edge_index=edge_index, y=_graph_labels(label), batch=torch.from_numpy(batch), num_nodes=num_nodes)
 
 
 def _read_gin_txt(text: str) -> Data:
@@ -416,8 +409,12 @@ def _read_gin_txt(text: str) -> Data:
     if ((local < 0) | (local >= sizes[graph_of_edge])).any():
         raise ValueError("Malformed GIN text file: a neighbour index is outside its graph")
     col = local + (np.cumsum(sizes) - sizes)[graph_of_edge]  # local id -> block-diagonal id
-    return Data(edge_index=_undirected(row, col, num_nodes), y=_graph_labels(label),
-                batch=torch.from_numpy(batch), num_nodes=num_nodes)
+    return Data(
+        edge_index=_undirected(row, col, num_nodes),
+        y=_graph_labels(label),
+        batch=torch.from_numpy(batch),
+        num_nodes=num_nodes,
+    )
 
 
 def load_tu_gin(name: str) -> Data:
@@ -427,7 +424,7 @@ def load_tu_gin(name: str) -> Data:
     No node features (``x`` is ``None``); ``y`` is the graph label per graph, ``batch`` the graph
     of each node. DD: 1,178 graphs, 334,925 nodes, 1,686,092 directed edges. COLLAB: 5,000
     graphs, 372,474 nodes, 24,574,995 directed edges, 2,837 of them self loops (kept, as in the
-    file); COLLAB takes seconds (~15 s on two CPU cores) and ~2 GB of memory to load.
+    file); COLLAB takes seconds and ~2 GB of memory to load.
     """
     name = _pick(name, ["DD", "COLLAB"])
     with zipfile.ZipFile(_dataset_file("tu_gin", f"{name}.zip")) as zf:
@@ -547,7 +544,7 @@ def _chung_lu_sampler(
 
     def fill(out: Tensor) -> None:
         for start in range(0, out.numel(), _CHUNK):
-            part = out[start:start + _CHUNK]
+            part = out[start : start + _CHUNK]
             u = torch.rand(part.numel(), dtype=torch.float64, generator=generator, device=device)
             # Rounding may leave cdf[-1] a hair below 1; the clamp keeps ids in range.
             rank = torch.searchsorted(cdf, u, right=True).clamp_max_(num_nodes - 1)
@@ -604,8 +601,9 @@ def power_law_graph(
     generator = _generator(seed, device)
 
     fill_src = _chung_lu_sampler(num_nodes, float(exponent), generator, device)
-    fill_dst = fill_src if num_dst_nodes is None else _chung_lu_sampler(
-        num_dst_nodes, float(exponent), generator, device)
+    fill_dst = (
+        fill_src if num_dst_nodes is None else _chung_lu_sampler(num_dst_nodes, float(exponent), generator, device)
+    )
     edge_index = torch.empty(2, num_edges, dtype=torch.long, device=device)
     fill_src(edge_index[0])
     fill_dst(edge_index[1])
@@ -658,8 +656,8 @@ def rmat_graph(
 
     edge_index = torch.zeros(2, num_edges, dtype=torch.long, device=device)
     for start in range(0, num_edges, _CHUNK):
-        src = edge_index[0, start:start + _CHUNK]
-        dst = edge_index[1, start:start + _CHUNK]
+        src = edge_index[0, start : start + _CHUNK]
+        dst = edge_index[1, start : start + _CHUNK]
         for _ in range(scale):
             u = torch.rand(src.numel(), generator=generator, device=device)
             # Quadrants in [0, 1): a = [0, a), b = [a, a+b), c = [a+b, a+b+c), d = the rest.
@@ -680,11 +678,9 @@ def synthetic_graph(kind: str, num_nodes: int, num_edges: int, **kwargs) -> Tens
     if kind == "rmat":
         num_nodes = _check_size("num_nodes", num_nodes)
         if num_nodes & (num_nodes - 1):
-            raise ValueError(
-                f"Argument 'num_nodes' must be a power of two for kind 'rmat' (got {num_nodes})")
+            raise ValueError(f"Argument 'num_nodes' must be a power of two for kind 'rmat' (got {num_nodes})")
         return rmat_graph(num_nodes.bit_length() - 1, num_edges, **kwargs)
-    raise ValueError(
-        f"Argument 'kind' must be one of 'uniform', 'power_law', 'rmat' (got {kind!r})")
+    raise ValueError(f"Argument 'kind' must be one of 'uniform', 'power_law', 'rmat' (got {kind!r})")
 
 
 # Mini-batches ################################################################################

@@ -4,6 +4,7 @@ Run with ``make demo``. On a machine without a GPU it sets ``TRITON_INTERPRET=1`
 kernels run through Triton's CPU interpreter and the timings printed say nothing about GPU speed
 (``benchmarks/`` measures that).
 """
+
 from __future__ import annotations
 
 import time
@@ -68,16 +69,17 @@ def main() -> None:
         mode = "CPU, Triton interpreter (timings are not GPU timings)"
     else:
         mode = "CPU, reference executor (set TRITON_INTERPRET=1 to run the Triton kernels)"
-    print(f"Cora: {graph.num_dst} vertices, {graph.num_edges} edges, in-degree mean {stats.rows.mean:.1f}, "
-          f"max {stats.rows.max:.0f}; features 64; running on {mode}\n")
+    print(
+        f"Cora: {graph.num_dst} vertices, {graph.num_edges} edges, in-degree mean {stats.rows.mean:.1f}, "
+        f"max {stats.rows.max:.0f}; features 64; running on {mode}\n"
+    )
 
     src, dst = edge_index
     cases: List[Tuple[str, Tuple, Callable[[], torch.Tensor]]] = [
         ("copy_u_sum", (x,), lambda: _PyGOperator("sum", lambda xj, xi, w: xj)(x, edge_index)),
         ("copy_u_mean", (x,), lambda: _PyGOperator("mean", lambda xj, xi, w: xj)(x, edge_index)),
         ("copy_u_max", (x,), lambda: _PyGOperator("max", lambda xj, xi, w: xj)(x, edge_index)),
-        ("u_mul_e_sum", (x, w), lambda: _PyGOperator("sum", lambda xj, xi, w: xj * w.view(-1, 1))(
-            x, edge_index, w)),
+        ("u_mul_e_sum", (x, w), lambda: _PyGOperator("sum", lambda xj, xi, w: xj * w.view(-1, 1))(x, edge_index, w)),
         ("u_dot_v", (x, x), lambda: (x[src] * x[dst]).sum(-1, keepdim=True)),
         ("u_add_v", (x, x), lambda: x[src] + x[dst]),
     ]
@@ -106,8 +108,7 @@ def main() -> None:
         print(f"  {entry.op.name}: {entry.parallel_info}")
 
     ok = worst < 1e-5
-    print(f"\n{'All results match PyG' if ok else 'MISMATCH'} (worst relative error {worst:.2e}, "
-          f"tolerance 1e-5)")
+    print(f"\n{'All results match PyG' if ok else 'MISMATCH'} (worst relative error {worst:.2e}, tolerance 1e-5)")
     if not ok:
         raise SystemExit(1)
 

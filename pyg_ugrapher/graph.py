@@ -6,367 +6,64 @@ so a gather op reduces one row), the source-sorted CSC of the reversed graph (th
 the COO in user order (message creation), the neighbour-group chunk tables, and the degree
 statistics the cost model reads. Edge-level tensors stay in the user's edge order at the API; the
 permutation from CSR positions back to edge ids (``eid``) is internal.
+
+One graph may serve several threads at once: two that build a structure at the same time each
+build one and the caches keep either, equal in value (``docs/caches.md``).
 """
+
 from __future__ import annotations
 
-import math
-import weakref
-from dataclasses import dataclass
-from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from autotune import selection
+from triton_kernels.csr_pair import build_csr_pair, grouped
+from triton_kernels.row_offsets import build_user_order_pair
+
+from .structure import (
+    CSR,
+    DegreeStats,
+    GraphStats,
+    GraphStructure,
+    build_csr,
+    chunk_table,
+    csr_stats,
+    derived_cache,
+    in_user_order,
+    index_dtype_for,
+    split_chunk_slots,
+    split_rows,
+    version,
+)
+
 NumNodes = Union[None, int, Tuple[int, int]]
-_INT32_MAX = 2**31 - 1
-
-
-def index_dtype_for(num_nodes: int, num_edges: int) -> torch.dtype:
-    """int32 where every index and offset fits, int64 otherwise."""
-    return torch.int32 if max(num_nodes, num_edges) <= _INT32_MAX else torch.int64
-
-
-@dataclass(frozen=True)
-class CSR:
-    """Compressed rows: the edges of each row are contiguous.
-
-    For a graph's :meth:`GraphTensor.csr` the rows are destination vertices and ``col`` holds
-    sources; for :meth:`GraphTensor.csc` (the reversed graph) it is the other way round.
-    """
-
-    rowptr: Tensor  #: ``[num_rows + 1]`` offsets of each row's edges
-    col: Tensor  #: ``[E]`` the other endpoint of each edge, in row order
-    eid: Tensor  #: ``[E]`` the user's edge id at each position
-    rows: Tensor  #: ``[E]`` the row of each position (``rowptr`` expanded), for edge-parallel work
-    num_cols: int
-    #: The edges in the user's order instead of by row (:func:`build_user_order_pair`): ``col``,
-    #: ``rows`` and ``eid`` are per edge id, and ``rowptr`` only gives each row's degree.
-    user_order: bool = False
-
-    @property
-    def num_rows(self) -> int:
-        return self.rowptr.numel() - 1
-
-    @property
-    def num_edges(self) -> int:
-        return self.col.numel()
-
-    @property
-    def device(self) -> torch.device:
-        return self.col.device
-
-
-@dataclass(frozen=True)
-class DegreeStats:
-    """Distribution of one side's degrees."""
-
-    mean: float
-    std: float
-    max: float
-    skew: float  #: Fisher skewness, 0 for a regular graph
-    top1_fraction: float  #: fraction of all edges held by the 1% highest-degree vertices
-    isolated_fraction: float  #: fraction of vertices with no edge on this side
-
-
-@dataclass(frozen=True)
-class GraphStats:
-    """Size and shape of a graph, as the cost model sees it.
-
-    ``rows`` describes the vertices an operator reduces into (destinations for a graph, sources
-    for its reverse); ``cols`` the vertices it gathers from.
-    """
-
-    num_rows: int
-    num_cols: int
-    num_edges: int
-    rows: DegreeStats
-    cols: DegreeStats
-
-
 #: The tags of every custom op of this package. The ops find a graph's structure, statistics and
 #: schedules in caches keyed by tensor identity and build them, with host syncs, on a miss. In a CUDA
 #: graph that ``torch.compile(mode="reduce-overhead")`` records, their inputs are copies in the
-#: graph's memory pool, so every lookup would miss and the recording fail
-#: (``benchmarks/results/h200-compiled-overhead``, probe 59). Marked unsafe for CUDA graphs, they run
-#: outside the recorded graphs: Inductor partitions the graph around them.
+#: graph's memory pool, so every lookup would miss and the recording fail. Marked unsafe for CUDA
+#: graphs, they run outside the recorded graphs: Inductor partitions the graph around them.
 OP_TAGS = tuple(tag for tag in (getattr(torch.Tag, "cudagraph_unsafe", None),) if tag is not None)
-
-_MISSING = object()
-
-
-class IdentityMap:
-    """A mapping keyed by objects' identity that forgets an entry when its key dies, as
-    ``torch.utils.weak.WeakIdKeyDictionary`` does, at an eighth of its lookup cost (0.10 against
-    0.85 us on the project's CPU machine): an operator call makes several lookups (its graph's
-    caches, its decisions, its reused edge operands). Keys must support weak references."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self) -> None:
-        self._items: Dict[int, Tuple[weakref.ref, Any]] = {}
-
-    def get(self, key: object, default: Any = None) -> Any:
-        item = self._items.get(id(key))
-        # A dead key's entry goes with it; an id reused before that would fail the identity test.
-        if item is None or item[0]() is not key:
-            return default
-        return item[1]
-
-    def __getitem__(self, key: object) -> Any:
-        value = self.get(key, _MISSING)
-        if value is _MISSING:
-            raise KeyError(key)
-        return value
-
-    def __setitem__(self, key: object, value: Any) -> None:
-        items, ident = self._items, id(key)
-
-        def forget(ref: weakref.ref) -> None:
-            if items.get(ident, (None,))[0] is ref:
-                del items[ident]
-
-        items[ident] = (weakref.ref(key, forget), value)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-# Derived structures are cached on the rowptr tensor itself (by identity, weakly): the custom op
-# of the frontend receives only tensors, and this lets it find a graph's chunk tables and
-# statistics again without the GraphTensor and without recomputing them per call.
-_DERIVED = IdentityMap()
-
-
-def capturing(tensor: Tensor) -> bool:
-    """Whether work on ``tensor``'s device is being captured into a CUDA graph (``torch.compile``'s
-    ``mode="reduce-overhead"``, ``torch.cuda.graph``): tensors made then live in the graph's
-    memory pool, which later replays overwrite, so no cache may keep them."""
-    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-def version(tensor: Tensor) -> Hashable:
-    """``tensor._version`` for caches keyed on a tensor until it changes in place; ``None`` for an
-    inference tensor (made under ``torch.inference_mode``), which counts no versions (reading one
-    raises): its in-place changes, possible only in inference mode, are not seen."""
-    return None if tensor.is_inference() else tensor._version
-
-
-def derived_cache(rowptr: Tensor) -> Dict:
-    """The per-structure cache of a CSR, keyed by its ``rowptr`` tensor object."""
-    cache = _DERIVED.get(rowptr)
-    if cache is None:
-        cache = {}
-        _DERIVED[rowptr] = cache
-    return cache
-
-
-def _degree_stats(degree: Tensor, num_edges: int) -> Tensor:
-    n = degree.numel()
-    if n == 0:
-        return torch.zeros(6, dtype=torch.float64, device=degree.device)
-    d = degree.to(torch.float64)
-    mean = d.mean()
-    std = d.std(unbiased=False)
-    skew = torch.where(std > 0, ((d - mean) ** 3).mean() / std.clamp_min(1e-12) ** 3, torch.zeros_like(std))
-    k = max(1, math.ceil(0.01 * n))
-    top = torch.topk(d, k).values.sum() / max(num_edges, 1)
-    isolated = (degree == 0).to(torch.float64).mean()
-    return torch.stack([mean, std, d.max(), skew, top, isolated])
-
-
-#: Degree arrays of up to this many entries are summarised on the host after one copy: on a GPU
-#: the summary is ~25 tiny kernels, which cost more host time than the copy (a sampler's new
-#: mini-batch graph pays it every step).
-HOST_STATS_MAX_DEGREES = 1 << 20
-
-
-def csr_stats(csr: CSR) -> GraphStats:
-    """Degree statistics of a CSR, computed once per structure (one device sync)."""
-    cache = derived_cache(csr.rowptr)
-    if "stats" not in cache:
-        row_degree = (csr.rowptr[1:] - csr.rowptr[:-1]).to(torch.int64)
-        col_degree = torch.bincount(csr.col, minlength=csr.num_cols) if csr.num_edges else \
-            torch.zeros(csr.num_cols, dtype=torch.int64, device=csr.device)
-        if csr.num_rows + csr.num_cols <= HOST_STATS_MAX_DEGREES:
-            row_degree, col_degree = torch.cat([row_degree, col_degree]).cpu().split(
-                [csr.num_rows, csr.num_cols])
-        values = torch.cat([_degree_stats(row_degree, csr.num_edges),
-                            _degree_stats(col_degree, csr.num_edges)]).tolist()
-        cache["stats"] = GraphStats(csr.num_rows, csr.num_cols, csr.num_edges,
-                                    DegreeStats(*values[:6]), DegreeStats(*values[6:]))
-    return cache["stats"]
-
-
-def chunk_table(csr: CSR, group_size: int) -> Tuple[Tensor, Tensor]:
-    """Neighbour groups: every row split into chunks of at most ``group_size`` edges.
-
-    Returns ``(chunk_row, chunk_start)``; a chunk ends at ``min(start + group_size, rowptr[row+1])``.
-    Every row has at least one chunk, so isolated rows are still written by the kernel. Chunks are
-    ordered by decreasing length (stably, so equal lengths keep row order): a kernel that walks
-    several chunks side by side then finds chunks of one length together, and a power-law graph's
-    many tiny rows share programs instead of idling next to full chunks. Cached per structure
-    and group size.
-    """
-    return _chunks(csr, group_size).table
-
-
-def split_rows(csr: CSR, group_size: int) -> Tensor:
-    """The rows of more than ``group_size`` edges (int64, ascending): those :func:`chunk_table`
-    splits into several chunks, the only rows whose partial results a neighbour-group kernel
-    combines with atomics. Cached with the chunk table."""
-    return _chunks(csr, group_size).split_rows
-
-
-def split_chunk_slots(csr: CSR, group_size: int) -> Tuple[Tensor, Tensor, int]:
-    """Where the chunks of split rows (:func:`split_rows`) leave partial results that a second
-    kernel combines: ``(slot, slot_start, num_slots)``. ``slot`` gives each chunk of
-    :func:`chunk_table` its index among the chunks of split rows, numbered row by row and chunk by
-    chunk within a row (-1 for a row of one chunk); ``slot_start`` gives each split row its first
-    slot, so its chunks own ``slot_start[i]`` to ``slot_start[i] + ceil(degree / group_size) - 1``.
-    Cached with the chunk table."""
-    chunks = _chunks(csr, group_size)
-    return chunks.slot, chunks.slot_start, chunks.num_slots
-
-
-class _Chunks(NamedTuple):
-    table: Tuple[Tensor, Tensor]
-    split_rows: Tensor
-    slot: Tensor
-    slot_start: Tensor
-    num_slots: int
-
-
-def _chunks(csr: CSR, group_size: int) -> _Chunks:
-    if group_size < 1:
-        raise ValueError(f"group_size: must be positive, got {group_size}")
-    cache = derived_cache(csr.rowptr)
-    key = ("chunks", group_size)
-    if key not in cache:
-        rowptr = csr.rowptr.to(torch.int64)
-        degree = rowptr[1:] - rowptr[:-1]
-        counts = torch.clamp((degree + group_size - 1) // group_size, min=1)
-        split = counts > 1
-        split_counts = torch.where(split, counts, 0)
-        # One host sync for the three sizes: a mini-batch graph pays it once per group size.
-        total, num_split, num_slots = torch.stack([counts.sum(), split.sum(), split_counts.sum()]).tolist() \
-            if counts.numel() else (0, 0, 0)
-        rows = torch.repeat_interleave(torch.arange(csr.num_rows, device=csr.device), counts,
-                                       output_size=total)
-        first = torch.cumsum(counts, 0) - counts
-        within = torch.arange(total, device=csr.device) - first[rows]
-        start = rowptr[:-1][rows] + within * group_size
-        length = torch.minimum(rowptr[1:][rows] - start, torch.full_like(start, group_size))
-        order = torch.argsort(length, descending=True, stable=True)
-        first_slot = torch.cumsum(split_counts, 0) - split_counts
-        slot = torch.where(split[rows], first_slot[rows] + within, -1)
-        split_index = torch.nonzero_static(split, size=num_split).view(-1)
-        dtype = csr.rowptr.dtype
-        cache[key] = _Chunks((rows[order].to(dtype), start[order].to(dtype)), split_index, slot[order].to(dtype),
-                             first_slot[split_index].to(dtype), num_slots)
-    return cache[key]
-
-
-def build_csr(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, dtype: torch.dtype) -> CSR:
-    """Sort edges by ``rows`` (stable, so equal rows keep the user's edge order)."""
-    num_edges = rows.numel()
-    sorted_rows, perm = torch.sort(rows, stable=True)
-    counts = torch.bincount(sorted_rows, minlength=num_rows) if num_edges else \
-        torch.zeros(num_rows, dtype=torch.int64, device=rows.device)
-    rowptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(counts, 0, out=rowptr[1:])
-    return CSR(rowptr.to(dtype), cols[perm].to(dtype), perm.to(dtype), sorted_rows.to(dtype), num_cols)
-
-
-def build_csr_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int, dtype: torch.dtype
-                   ) -> Tuple[CSR, CSR]:
-    """The destination-sorted CSR and the source-sorted CSC of the edges ``(src, dst)``, by one
-    stable sort of both directions' row keys at once (``dst``, then ``src + num_dst``).
-
-    A sampler's mini-batch is a new graph every step and needs both directions (the backward walks
-    the CSC), so their build is host time every step: one sort and a ``searchsorted`` for the row
-    offsets instead of two of :func:`build_csr`'s sort, ``bincount`` (a device sync) and
-    ``cumsum`` halves the operations and leaves no sync. Where the operators' kernels run, one
-    kernel then writes every array (:mod:`triton_kernels.csr_pair`), instead of about fifteen torch
-    operations. ``src`` and ``dst`` are in ``dtype``.
-    """
-    num_edges = src.numel()
-    key_dtype = dtype if num_src + num_dst <= _INT32_MAX else torch.int64
-    keys = torch.cat([dst.to(key_dtype), src.to(key_dtype) + num_dst])
-    sorted_keys, perm = torch.sort(keys, stable=True)
-    from triton_kernels import csr_pair, uses_triton  # here: triton_kernels imports this module
-    if uses_triton(src.device) and csr_pair.fits(num_edges, num_src, num_dst):
-        arrays = csr_pair.csr_pair_arrays(sorted_keys, perm, src, dst, num_src, num_dst)
-        return CSR(*arrays[:4], num_src), CSR(*arrays[4:], num_dst)
-    bounds = torch.arange(num_dst + num_src + 1, dtype=key_dtype, device=src.device)
-    rowptr = torch.searchsorted(sorted_keys, bounds, out_int32=dtype == torch.int32)
-    csr_perm, csc_perm = perm[:num_edges], perm[num_edges:] - num_edges
-    # Every array has a storage of its own, never a view of a buffer of both directions: the
-    # graph_structure op and the layers' graph ops return both directions, and a custom op's outputs
-    # may not alias one another; and caches keyed by an array's identity (statistics and decisions
-    # by ``rowptr``, permuted edge operands by ``eid``) miss when a compiled graph's backward gets a
-    # saved view back as a new tensor object (a compiled GAT step then recomputed its statistics).
-    csr = CSR(rowptr[:num_dst + 1].clone(), src[csr_perm], csr_perm.to(dtype, copy=True),
-              sorted_keys[:num_edges].to(dtype, copy=True), num_src)
-    csc = CSR(rowptr[num_dst:] - num_edges, dst[csc_perm], csc_perm.to(dtype),
-              (sorted_keys[num_edges:] - num_dst).to(dtype), num_dst)
-    return csr, csc
-
-
-#: The ``rowptr`` of every structure built by :func:`build_user_order_pair`, which says so (weakly).
-_USER_ORDER = IdentityMap()
-
-
-def build_user_order_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> Tuple[CSR, CSR]:
-    """Both directions of the edges ``(src, dst)`` (in the index dtype) kept in the user's order
-    (:attr:`CSR.user_order`), with each direction's row offsets: what an edge-parallel kernel that
-    combines every row by atomics reads (:func:`autotune.selection.reads_user_order`). No sort:
-    on a GPU, a zeroed buffer, one kernel counting both directions' degrees
-    (:mod:`triton_kernels.row_offsets`), two running sums and the edge ids, against
-    :func:`build_csr_pair`'s sort and its kernel with eight outputs. Every array but the offsets
-    and the edge ids is ``src`` or ``dst`` itself."""
-    from triton_kernels import row_offsets, uses_triton  # here: triton_kernels imports this module
-    if uses_triton(src.device):
-        rowptr, csc_rowptr = row_offsets.row_offsets(src, dst, num_src, num_dst)
-    else:
-        counts = [torch.bincount(index.to(torch.int64), minlength=n) for index, n in ((dst, num_dst), (src, num_src))]
-        rowptr, csc_rowptr = (torch.cat([c.new_zeros(1), c.cumsum(0)]).to(src.dtype) for c in counts)
-    eid = torch.arange(src.numel(), dtype=src.dtype, device=src.device)
-    for offsets in (rowptr, csc_rowptr):
-        _USER_ORDER[offsets] = True
-    return CSR(rowptr, src, eid, dst, num_src, True), CSR(csc_rowptr, dst, eid, src, num_dst, True)
-
-
-def in_user_order(rowptr: Tensor) -> bool:
-    """Whether ``rowptr`` is the row offsets of a structure of :func:`build_user_order_pair`."""
-    return _USER_ORDER.get(rowptr, False)
-
-
-def grouped(csr: CSR) -> CSR:
-    """``csr`` with its edges grouped by row (stably: each row's edges in the user's order), as
-    :func:`build_csr_pair` builds it; a user-order structure's (:attr:`CSR.user_order`), sorted
-    once and cached with it, for a kernel that walks rows (a schedule the user named on a small
-    graph); ``csr`` itself otherwise."""
-    if not csr.user_order:
-        return csr
-    cache = derived_cache(csr.rowptr)
-    if "grouped" not in cache:
-        cache["grouped"] = build_csr_pair(csr.col, csr.rows, csr.num_cols, csr.num_rows, csr.col.dtype)[0]
-    return cache["grouped"]
 
 
 @torch.library.custom_op("pyg_ugrapher::graph_structure", mutates_args=(), tags=OP_TAGS)
 def graph_structure(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> List[Tensor]:
-    """:meth:`GraphTensor.structure` of the graph ``(src, dst)`` (same index dtype), uncached."""
+    """:meth:`GraphTensor.structure` of the graph ``(src, dst)`` (same index dtype), uncached and
+    flattened (:meth:`~pyg_ugrapher.structure.GraphStructure.flat`)."""
     csr, csc = build_csr_pair(src, dst, num_src, num_dst, src.dtype)
-    return [csr.rowptr, csr.col, csr.eid, csr.rows, csc.rowptr, csc.col, csc.eid, csc.rows,
-            src.clone(), dst.clone()]
+    return GraphStructure(csr, csc, src.clone(), dst.clone()).flat()
 
 
 @graph_structure.register_fake
 def _(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> List[Tensor]:
-    edges = [src.new_empty(src.shape) for _ in range(3)]
-    return ([src.new_empty(num_dst + 1)] + edges + [src.new_empty(num_src + 1)]
-            + [src.new_empty(src.shape) for _ in range(5)])
+    def empty(size: int) -> Tensor:
+        return src.new_empty(size)
+
+    num_edges = src.shape[0]
+    csr = CSR(empty(num_dst + 1), empty(num_edges), empty(num_edges), empty(num_edges), num_src)
+    csc = CSR(empty(num_src + 1), empty(num_edges), empty(num_edges), empty(num_edges), num_dst)
+    return GraphStructure(csr, csc, empty(num_edges), empty(num_edges)).flat()
 
 
 def _check_num(name: str, value: object) -> int:
@@ -396,8 +93,16 @@ class GraphTensor:
         validate: check dtypes, shapes and index ranges (one device sync).
     """
 
-    def __init__(self, src: Tensor, dst: Tensor, num_src: int, num_dst: int, *,
-                 index_dtype: Optional[torch.dtype] = None, validate: bool = True) -> None:
+    def __init__(
+        self,
+        src: Tensor,
+        dst: Tensor,
+        num_src: int,
+        num_dst: int,
+        *,
+        index_dtype: Optional[torch.dtype] = None,
+        validate: bool = True,
+    ) -> None:
         num_src = _check_num("num_src", num_src)
         num_dst = _check_num("num_dst", num_dst)
         if validate:
@@ -417,23 +122,28 @@ class GraphTensor:
         self._csr_cache: Dict[torch.device, CSR] = {}
         self._csc_cache: Dict[torch.device, CSR] = {}
         self._coo_cache: Dict[torch.device, Tuple[Tensor, Tensor]] = {}
-        self._structure_cache: Dict[torch.device, List[Tensor]] = {}
+        self._structure_cache: Dict[torch.device, GraphStructure] = {}
         self._reverse: Optional[GraphTensor] = None
         self._validate = validate
         self._versions = (version(self.src), version(self.dst))
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def from_edge_index(cls, edge_index: Tensor, num_nodes: NumNodes = None, *,
-                        index_dtype: Optional[torch.dtype] = None, validate: bool = True) -> "GraphTensor":
+    def from_edge_index(
+        cls,
+        edge_index: Tensor,
+        num_nodes: NumNodes = None,
+        *,
+        index_dtype: Optional[torch.dtype] = None,
+        validate: bool = True,
+    ) -> "GraphTensor":
         """From a ``[2, E]`` tensor (row 0 = source) or a PyG ``EdgeIndex``.
 
         ``num_nodes`` is an int (both sides), a ``(num_src, num_dst)`` pair, or ``None`` to infer
         it from the indices (an ``EdgeIndex`` supplies its own sparse size).
         """
         if not isinstance(edge_index, Tensor):
-            raise TypeError(f"edge_index: expected a torch.Tensor of shape [2, E], got "
-                            f"{type(edge_index).__name__}")
+            raise TypeError(f"edge_index: expected a torch.Tensor of shape [2, E], got {type(edge_index).__name__}")
         if num_nodes is None and hasattr(edge_index, "sparse_size"):
             sizes = edge_index.sparse_size()
             if sizes[0] is not None and sizes[1] is not None:
@@ -483,8 +193,9 @@ class GraphTensor:
         return self.num_src != self.num_dst
 
     def __repr__(self) -> str:
-        sizes = f"num_nodes={self.num_src}" if not self.is_bipartite else \
-            f"num_src={self.num_src}, num_dst={self.num_dst}"
+        sizes = (
+            f"num_nodes={self.num_src}" if not self.is_bipartite else f"num_src={self.num_src}, num_dst={self.num_dst}"
+        )
         return f"GraphTensor({sizes}, num_edges={self.num_edges}, device={self.device})"
 
     # -- structures --------------------------------------------------------------------------
@@ -538,19 +249,21 @@ class GraphTensor:
         self._refresh()
         device = self._resolve(device)
         if device not in self._coo_cache:
-            self._coo_cache[device] = (self.src.to(device, self.index_dtype),
-                                       self.dst.to(device, self.index_dtype))
+            self._coo_cache[device] = (self.src.to(device, self.index_dtype), self.dst.to(device, self.index_dtype))
         return self._coo_cache[device]
 
-    def structure(self, device: Union[None, str, torch.device] = None, *, sort: Optional[bool] = None
-                  ) -> List[Tensor]:
-        """The index arrays the custom op takes: CSR (rowptr, col, eid, rows), then the CSC, then
-        ``src`` and ``dst`` in user order, all in the index dtype.
+    def structure(
+        self, device: Union[None, str, torch.device] = None, *, sort: Optional[bool] = None
+    ) -> GraphStructure:
+        """Every index array the operators read, as one record: the CSR, the CSC, and ``src`` and
+        ``dst`` in user order, all in the index dtype (a custom op takes it flattened,
+        :meth:`~pyg_ugrapher.structure.GraphStructure.flat`).
 
         ``sort=False`` keeps both directions' edges in the user's order
-        (:func:`build_user_order_pair`); the default does so where the automatic schedules read
-        them so (:func:`autotune.selection.reads_user_order`: small GPU graphs, a sampler's
-        mini-batches, which then pay no sort), and sorts elsewhere and under ``torch.compile``.
+        (:func:`~triton_kernels.row_offsets.build_user_order_pair`); the default does so where the
+        automatic schedules read them so (:func:`autotune.selection.reads_user_order`: small GPU
+        graphs, a sampler's mini-batches, which then pay no sort), and sorts elsewhere and under
+        ``torch.compile``.
         A custom op that returns a structure asks for a sorted one: a user-order structure
         repeats ``src`` and ``dst``, and a custom op's outputs may not alias one another.
 
@@ -571,15 +284,19 @@ class GraphTensor:
         if built is not None:
             return built
         if sort is None:
-            from autotune.selection import reads_user_order  # here: autotune imports this package
-            sort = not reads_user_order(self.num_edges, device)
+            sort = not selection.reads_user_order(self.num_edges, device)
         if compiling and device not in self._csr_cache:
-            return graph_structure(self.src.to(device, self.index_dtype), self.dst.to(device, self.index_dtype),
-                                   self.num_src, self.num_dst)
+            arrays = graph_structure(
+                self.src.to(device, self.index_dtype), self.dst.to(device, self.index_dtype), self.num_src, self.num_dst
+            )
+            return GraphStructure.from_flat(arrays, user_order=False)
         src, dst = self.coo(device)
-        csr, csc = (self.csr(device), self.csc(device)) if sort else \
-            build_user_order_pair(src, dst, self.num_src, self.num_dst)
-        built = [csr.rowptr, csr.col, csr.eid, csr.rows, csc.rowptr, csc.col, csc.eid, csc.rows, src, dst]
+        csr, csc = (
+            (self.csr(device), self.csc(device))
+            if sort
+            else build_user_order_pair(src, dst, self.num_src, self.num_dst)
+        )
+        built = GraphStructure(csr, csc, src, dst)
         self._structure_cache[key] = built
         return built
 
@@ -625,8 +342,7 @@ class GraphTensor:
         ``inverse[perm] = arange(N)``; edges keep their order.
         """
         if self.is_bipartite:
-            raise ValueError("method: reordering needs the same vertex set on both sides, "
-                             "this graph is bipartite")
+            raise ValueError("method: reordering needs the same vertex set on both sides, this graph is bipartite")
         n = self.num_src
         degree = self.in_degree(self.device) + self.out_degree(self.device)
         if method == "degree":
@@ -637,8 +353,7 @@ class GraphTensor:
             raise ValueError(f"method: unknown reordering {method!r}; expected 'rcm' or 'degree'")
         inverse = torch.empty_like(perm)
         inverse[perm] = torch.arange(n, device=perm.device)
-        graph = GraphTensor(inverse[self.src], inverse[self.dst], n, n,
-                            index_dtype=self.index_dtype, validate=False)
+        graph = GraphTensor(inverse[self.src], inverse[self.dst], n, n, index_dtype=self.index_dtype, validate=False)
         return graph, perm
 
 
@@ -654,15 +369,16 @@ def _reverse_cuthill_mckee(src: Tensor, dst: Tensor, n: int, degree: Tensor) -> 
     while position < n:
         while order[by_degree[cursor]] >= 0:
             cursor += 1
-        frontier = by_degree[cursor:cursor + 1]
+        frontier = by_degree[cursor : cursor + 1]
         order[frontier] = position
         position += 1
         while frontier.numel():
             counts = sym.rowptr[frontier + 1] - sym.rowptr[frontier]
             parents = torch.repeat_interleave(frontier, counts)
             starts = torch.repeat_interleave(sym.rowptr[frontier], counts)
-            offsets = torch.arange(parents.numel(), device=device) - \
-                torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+            offsets = torch.arange(parents.numel(), device=device) - torch.repeat_interleave(
+                torch.cumsum(counts, 0) - counts, counts
+            )
             neighbours = sym.col[starts + offsets]
             fresh = order[neighbours] < 0
             neighbours, parents = neighbours[fresh], parents[fresh]
@@ -686,8 +402,7 @@ def _check_index_dtype(index: Tensor) -> None:
         raise TypeError(f"edge_index: indices must be an integer tensor, got {index.dtype}")
 
 
-def validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int, extra: Sequence[Tensor] = ()
-                       ) -> List[int]:
+def validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int, extra: Sequence[Tensor] = ()) -> List[int]:
     """Check an edge list's endpoint tensors and their index ranges (``edge_index`` errors) in one
     device sync, which also reads the integer scalar tensors ``extra`` (in the index dtype, returned
     as ints): a caller that needs a count from the device pays no second sync."""
@@ -725,7 +440,29 @@ def as_graph(graph: Union["GraphTensor", Tensor], num_nodes: NumNodes = None) ->
     return GraphTensor.from_edge_index(graph, num_nodes)
 
 
-__all__: Sequence[str] = ["GraphTensor", "CSR", "GraphStats", "DegreeStats", "chunk_table", "split_rows",
-                          "split_chunk_slots", "csr_stats", "derived_cache", "build_csr", "build_csr_pair",
-                          "build_user_order_pair", "grouped", "in_user_order", "index_dtype_for", "as_graph",
-                          "validate_endpoints", "version"]
+# Besides this module's own names, the structure records and helpers (:mod:`pyg_ugrapher.structure`)
+# and the structure builders (:mod:`triton_kernels.csr_pair`, :mod:`triton_kernels.row_offsets`) that
+# a graph's structures are made of, for code that imports them from here.
+__all__: Sequence[str] = [
+    "GraphTensor",
+    "as_graph",
+    "validate_endpoints",
+    "graph_structure",
+    "OP_TAGS",
+    "GraphStructure",
+    "CSR",
+    "GraphStats",
+    "DegreeStats",
+    "chunk_table",
+    "split_rows",
+    "split_chunk_slots",
+    "csr_stats",
+    "derived_cache",
+    "build_csr",
+    "index_dtype_for",
+    "in_user_order",
+    "version",
+    "build_csr_pair",
+    "build_user_order_pair",
+    "grouped",
+]

@@ -4,9 +4,11 @@
 :func:`~pyg_ugrapher.compute` call (through :func:`pyg_ugrapher.ops.observe`, so layers that call
 ``compute`` directly are seen too) and every :class:`~pyg_ugrapher.MessagePassing` propagation that
 ran PyG's own path instead of a captured op. Each record says which submodule ran it, the operator
-(its nested loop), the schedule (the explicit one, or what the cost model picks for that call) and
-the generated Triton source.
+(its nested loop), the complete schedule it runs (the explicit one, its unset knobs chosen for that
+call, or what the cost model picks), what chose the strategy and each knob, and the generated Triton
+source.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,14 +16,16 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
+from autotune import selection
 from triton_kernels import kernel_source
 
 from .ir import OpInfo
 from .layout import Layout
 from .message_passing import observe_fallbacks
 from .ops import Call, observe, schedule_for
-from .parallel import ParallelInfo
+from .parallel import FIXED_KNOBS, ParallelInfo
 from .reference import result_dtype
+from .structure import CSR
 
 #: Lines of generated source shown when an entry is printed.
 SOURCE_LINES = 12
@@ -40,6 +44,10 @@ class PlanEntry:
     layout: Optional[Layout] = None  #: its feature layout
     shapes: Tuple[Tuple[int, ...], ...] = ()  #: the operand shapes, in slot order
     dtype: Optional[torch.dtype] = None  #: the result dtype
+    #: what set the strategy and each knob: ``"user"``, ``"narrowed from 64"`` (a user's knob too
+    #: wide for the op), ``"fixed"`` (a knob no selection varies, at its value), or what chose the
+    #: ones left unset (:func:`autotune.selection.chooser`: ``"cost model"``, ``"heuristic"``, ...)
+    chosen_by: Tuple[Tuple[str, str], ...] = ()
 
     def __str__(self) -> str:
         where = "<unknown module>" if self.module is None else (self.module or "<model>")
@@ -52,8 +60,12 @@ class PlanEntry:
         lines = self.source.splitlines()
         shown = "\n".join(f"    | {line}" for line in lines[:SOURCE_LINES])
         more = f" (first {SOURCE_LINES} of {len(lines)} lines)" if len(lines) > SOURCE_LINES else ""
-        return (f"{where}: {self.op.name}\n  {loop}\n  operands: {operands}; result {self.dtype}\n"
-                f"  schedule: {self.parallel_info}\n  source{more}:\n{shown}")
+        chosen = ", ".join(f"{knob}={by}" for knob, by in self.chosen_by)
+        chosen = f"\n  chosen by: {chosen}" if chosen else ""
+        return (
+            f"{where}: {self.op.name}\n  {loop}\n  operands: {operands}; result {self.dtype}\n"
+            f"  schedule: {self.parallel_info}{chosen}\n  source{more}:\n{shown}"
+        )
 
     __repr__ = __str__
 
@@ -105,11 +117,22 @@ def plan(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Plan:
     def on_call(call: Call) -> None:
         device = call.operands[0].device
         dtype = result_dtype(call.operands)
-        info = call.parallel_info or schedule_for(call.op, call.layout, call.graph.csr(device), dtype, device)
+        info, chosen_by = _decided(call, call.graph.csr(device), dtype, device)
         acc64 = any(t.dtype == torch.float64 for t in call.operands)
         source = call.source or kernel_source(call.op, call.layout, info, acc64=acc64)
-        entries.append(PlanEntry(*where(running[-1] if running else None), call.op, None, info, source, call.layout,
-                                 tuple(tuple(t.shape) for t in call.operands), dtype))
+        entries.append(
+            PlanEntry(
+                *where(running[-1] if running else None),
+                call.op,
+                None,
+                info,
+                source,
+                call.layout,
+                tuple(tuple(t.shape) for t in call.operands),
+                dtype,
+                chosen_by,
+            )
+        )
 
     def on_fallback(submodule: torch.nn.Module, reason: str) -> None:
         entries.append(PlanEntry(*where(submodule), None, reason))
@@ -125,6 +148,31 @@ def plan(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Plan:
         pre.remove()
         post.remove()
     return entries
+
+
+def _decided(
+    call: Call, csr: CSR, dtype: torch.dtype, device: torch.device
+) -> Tuple[ParallelInfo, Tuple[Tuple[str, str], ...]]:
+    """The schedule ``call`` runs under and what set its strategy and each knob (see
+    :attr:`PlanEntry.chosen_by`). A fused pass (``call.source``) reports the schedule the runtime
+    decided for it."""
+    user = call.parallel_info
+    if user is None or call.source is not None:
+        info = user or schedule_for(call.op, call.layout, csr, dtype, device)
+        by = selection.chooser(csr, device)
+        return info, (("strategy", by),) + tuple((knob, by) for knob in info.knobs)
+    fitted, narrowed = user.narrowed_for(call.layout.message_width)
+    info = schedule_for(call.op, call.layout, csr, dtype, device, fitted.serialize())
+    by = selection.chooser(csr, device, partial=True)
+
+    def setter(knob: str) -> str:
+        if knob in narrowed:
+            return f"narrowed from {narrowed[knob]}"
+        if knob in FIXED_KNOBS and FIXED_KNOBS[knob] == getattr(user, knob):
+            return "fixed"
+        return "user" if knob in user.knobs else by
+
+    return info, (("strategy", "user"),) + tuple((knob, setter(knob)) for knob in info.knobs)
 
 
 __all__ = ["plan", "Plan", "PlanEntry"]

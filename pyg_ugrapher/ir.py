@@ -17,6 +17,7 @@ Edge ops are data: every edge op, built-in or traced, is an :class:`Expr` tree o
 slots, plus an optional reduction over the last feature dimension (``dot``). The code generator,
 the reference executor and the backward pass all read that tree.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,9 @@ class Expr:
         elif self.fn in _LEAVES:
             arity = 0
         else:
-            raise ValueError(f"Expr.fn: unknown function {self.fn!r}; expected one of "
-                             f"{_LEAVES + UNARY_FNS + BINARY_FNS}")
+            raise ValueError(
+                f"Expr.fn: unknown function {self.fn!r}; expected one of {_LEAVES + UNARY_FNS + BINARY_FNS}"
+            )
         if len(self.args) != arity:
             raise ValueError(f"Expr.args: {self.fn!r} takes {arity} arguments, got {len(self.args)}")
         if self.fn == "input" and (self.value != int(self.value) or self.value < 0):
@@ -243,12 +245,24 @@ def _is_const(node: Expr, value: Optional[float] = None) -> bool:
 
 
 _FOLD = {
-    "neg": lambda x: -x, "exp": math.exp, "log": math.log, "relu": lambda x: max(x, 0.0),
-    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)), "tanh": math.tanh, "abs": abs,
-    "sqrt": math.sqrt, "square": lambda x: x * x, "reciprocal": lambda x: 1.0 / x,
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b, "maximum": max, "minimum": min,
-    "eq": lambda a, b: float(a == b), "gt": lambda a, b: float(a > b),
+    "neg": lambda x: -x,
+    "exp": math.exp,
+    "log": math.log,
+    "relu": lambda x: max(x, 0.0),
+    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)),
+    "tanh": math.tanh,
+    "abs": abs,
+    "sqrt": math.sqrt,
+    "square": lambda x: x * x,
+    "reciprocal": lambda x: 1.0 / x,
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "maximum": max,
+    "minimum": min,
+    "eq": lambda a, b: float(a == b),
+    "gt": lambda a, b: float(a > b),
     "leaky_relu": lambda a, s: a if a >= 0 else a * s,
 }
 
@@ -375,39 +389,43 @@ class OpInfo:
 
     def __post_init__(self) -> None:
         if self.gather_op is not None and self.gather_op not in GATHER_OPS:
-            raise ValueError(f"gather_op: unknown gather op {self.gather_op!r}; expected one of "
-                             f"{GATHER_OPS + (None,)}")
+            raise ValueError(f"gather_op: unknown gather op {self.gather_op!r}; expected one of {GATHER_OPS + (None,)}")
         for name in ("lhs", "rhs"):
             kind = getattr(self, name)
             if kind is not None and kind not in OPERAND_KINDS:
-                raise ValueError(f"{name}: unknown operand kind {kind!r}; expected one of "
-                                 f"{OPERAND_KINDS + (None,)}")
+                raise ValueError(f"{name}: unknown operand kind {kind!r}; expected one of {OPERAND_KINDS + (None,)}")
         inferred = "dst_v" if self.gather_op is not None else "edge"
         if self.out is None:
             object.__setattr__(self, "out", inferred)
         elif self.out not in OUTPUT_KINDS:
             raise ValueError(f"out: unknown output kind {self.out!r}; expected one of {OUTPUT_KINDS}")
         elif self.out != inferred:
-            reason = ("a gather op reduces over edges into vertices" if self.gather_op
-                      else "without a gather op there is one output per edge")
-            raise ValueError(f"out: {self.out!r} does not fit gather_op={self.gather_op!r} ({reason}); "
-                             f"use out={inferred!r}")
+            reason = (
+                "a gather op reduces over edges into vertices"
+                if self.gather_op
+                else "without a gather op there is one output per edge"
+            )
+            raise ValueError(
+                f"out: {self.out!r} does not fit gather_op={self.gather_op!r} ({reason}); use out={inferred!r}"
+            )
         if isinstance(self.edge_op, Expr):
             self._init_expr()
         elif self.edge_op in EDGE_OPS:
             self._init_builtin()
         else:
-            raise ValueError(f"edge_op: unknown edge op {self.edge_op!r}; expected one of {EDGE_OPS} "
-                             f"or an Expr")
+            raise ValueError(f"edge_op: unknown edge op {self.edge_op!r}; expected one of {EDGE_OPS} or an Expr")
         if self._reduce and self.gather_op is not None:
-            raise ValueError(f"gather_op: {self.edge_op if isinstance(self.edge_op, str) else 'a reducing'}"
-                             f" edge op creates messages only (as in DGL); use gather_op=None")
+            raise ValueError(
+                f"gather_op: {self.edge_op if isinstance(self.edge_op, str) else 'a reducing'}"
+                f" edge op creates messages only (as in DGL); use gather_op=None"
+            )
 
     def _init_builtin(self) -> None:
         edge_op, lhs, rhs = self.edge_op, self.lhs, self.rhs
         if self.operands or self.reduce:
-            raise ValueError("operands: `operands` and `reduce` are only for Expr edge ops; "
-                             "built-in ops take `lhs` and `rhs`")
+            raise ValueError(
+                "operands: `operands` and `reduce` are only for Expr edge ops; built-in ops take `lhs` and `rhs`"
+            )
         if edge_op == "copy_lhs":
             if lhs is None:
                 raise ValueError("lhs: copy_lhs needs an lhs operand kind")
@@ -436,8 +454,10 @@ class OpInfo:
                 raise ValueError(f"operands: unknown operand kind {kind!r}; expected one of {OPERAND_KINDS}")
         used = self.edge_op.inputs()
         if used != tuple(range(len(operands))):
-            raise ValueError(f"operands: the expression reads slots {used} but {len(operands)} operand "
-                             f"kinds were given; every slot 0..n-1 must be read exactly by index")
+            raise ValueError(
+                f"operands: the expression reads slots {used} but {len(operands)} operand "
+                f"kinds were given; every slot 0..n-1 must be read exactly by index"
+            )
         object.__setattr__(self, "_expr", self.edge_op)
         object.__setattr__(self, "_reduce", bool(self.reduce))
 
@@ -493,8 +513,12 @@ class OpInfo:
         if not text.startswith("expr|"):
             return OpInfo.from_name(text)
         _, body, kinds, gather, reduce = text.split("|")
-        return OpInfo(parse_expr(body), None if gather == "none" else gather,
-                      operands=tuple(k for k in kinds.split(",") if k), reduce=bool(int(reduce)))
+        return OpInfo(
+            parse_expr(body),
+            None if gather == "none" else gather,
+            operands=tuple(k for k in kinds.split(",") if k),
+            reduce=bool(int(reduce)),
+        )
 
     @staticmethod
     def from_name(name: str) -> "OpInfo":
@@ -520,9 +544,11 @@ class OpInfo:
         if pair:
             lhs, op, rhs = pair.groups()
             return OpInfo(op, gather, lhs=TARGET_TO_KIND[lhs], rhs=TARGET_TO_KIND[rhs])
-        raise ValueError(f"name: cannot parse {name!r}; expected copy_<t>[_<gather>] or "
-                         f"<t>_<op>_<t>[_<gather>] with t in u/v/e, op in "
-                         f"add/sub/mul/div/dot and gather in {'/'.join(GATHER_OPS)}")
+        raise ValueError(
+            f"name: cannot parse {name!r}; expected copy_<t>[_<gather>] or "
+            f"<t>_<op>_<t>[_<gather>] with t in u/v/e, op in "
+            f"add/sub/mul/div/dot and gather in {'/'.join(GATHER_OPS)}"
+        )
 
     @staticmethod
     def names() -> Iterator[str]:

@@ -18,6 +18,7 @@ A reducing op (``dot``) sums the message over the last dimension: the output has
 ``width = prod(S) // C`` features and each output feature ``o`` sums ``f = o * C + r`` for
 ``r < C``.
 """
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,10 @@ def infer_layout(op: OpInfo, shapes: Sequence[Sequence[int]]) -> Layout:
             # sum [N, H, 1]). The kernels load them by their pattern, inside the reduction too.
             constant = not op.is_builtin and bool(message) and (not feat or feat[-1] == 1)
             if not constant and (not feat or feat[-1] != inner or (inner == 1 and not message)):
-                raise ValueError(f"{name}: {op.name} sums over the last feature dimension, so every "
-                                 f"operand needs it in full (size {inner}); got shape {list(shape)}")
+                raise ValueError(
+                    f"{name}: {op.name} sums over the last feature dimension, so every "
+                    f"operand needs it in full (size {inner}); got shape {list(shape)}"
+                )
         out_shape = message[:-1] + (1,)
         reduce_size = inner
     else:
@@ -116,6 +119,8 @@ def _pattern(name: str, feature: Tuple[int, ...], message: Tuple[int, ...], head
         return "head"
     if padded[-1] == inner and size == inner:
         return "inner"
-    raise ValueError(f"{name}: feature shape {list(feature)} broadcasts to {list(message)} in a way the "
-                     f"kernels do not support (only full, per-head, per-channel or scalar operands; "
-                     f"{total} message features)")
+    raise ValueError(
+        f"{name}: feature shape {list(feature)} broadcasts to {list(message)} in a way the "
+        f"kernels do not support (only full, per-head, per-channel or scalar operands; "
+        f"{total} message features)"
+    )

@@ -13,11 +13,14 @@ Here :math:`\phi` (``message()``) is traced once per argument signature into an
 writes the messages; :math:`\gamma` (``update()``) is applied to its result as in PyG. A message
 that is not one elementwise IR op, and every PyG feature that needs the materialised messages,
 runs PyG's own ``propagate()`` instead, with the reason kept in :attr:`MessagePassing.fallback_reason`.
+A module may be called from several threads at once; what it shares between them: ``docs/caches.md``.
 """
+
 from __future__ import annotations
 
 import inspect
 import itertools
+import threading
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -35,9 +38,11 @@ from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
 
 from .capture import Argument, Capture, CaptureError
 from .capture import capture as trace_message
-from .graph import GraphTensor, IdentityMap, version
+from .graph import GraphTensor
+from .graph_argument import layer_graph
 from .ir import OpInfo
-from .ops import AUTO, compute, graph_op
+from .ops import AUTO, call_graph_op, compute
+from .structure import GraphStructure, IdentityMap, version
 
 #: PyG aggregation modules that are IR gather ops (exact types: a subclass may reduce differently).
 GATHER_OPS = {SumAggregation: "sum", MeanAggregation: "mean", MaxAggregation: "max", MinAggregation: "min"}
@@ -46,18 +51,29 @@ GATHER_OPS = {SumAggregation: "sum", MeanAggregation: "mean", MaxAggregation: "m
 MAX_CAPTURES = 64
 
 FallbackObserver = Callable[["MessagePassing", str], None]
-_FALLBACK_OBSERVERS: List[FallbackObserver] = []
+
+
+class _FallbackObservers(threading.local):
+    """This thread's observers of fallbacks."""
+
+    def __init__(self) -> None:
+        self.callbacks: List[FallbackObserver] = []
+
+
+_FALLBACK_OBSERVERS = _FallbackObservers()
 
 
 @contextmanager
 def observe_fallbacks(callback: FallbackObserver) -> Iterator[None]:
     """Call ``callback(module, reason)`` whenever a :class:`MessagePassing` inside the ``with`` block
-    runs PyG's own ``propagate()`` instead of a captured op (``ug.plan`` reports these)."""
-    _FALLBACK_OBSERVERS.append(callback)
+    runs PyG's own ``propagate()`` instead of a captured op (``ug.plan`` reports these), in this
+    thread."""
+    callbacks = _FALLBACK_OBSERVERS.callbacks
+    callbacks.append(callback)
     try:
         yield
     finally:
-        _FALLBACK_OBSERVERS.remove(callback)
+        callbacks.remove(callback)
 
 
 class _Fallback(Exception):
@@ -84,9 +100,21 @@ _MODULES: "weakref.WeakValueDictionary[int, PyGMessagePassing]" = weakref.WeakVa
 _TOKENS = itertools.count()
 
 
+class _Call(threading.local):
+    """What the module's call in this thread is doing: another thread may call the module meanwhile."""
+
+    def __init__(self) -> None:
+        #: PyG's collection of ``message()`` arguments runs for a capture: node tensors stay unindexed.
+        self.collecting = False
+        #: PyG's ``propagate()`` runs a fallback whose propagate pre-hooks already ran: it sees none.
+        self.hooks_ran = False
+
+
 class _State:
     """Everything this class adds to a module, in one attribute: the module's plain-valued attributes
-    key the captures (``message()`` may read them), and this object is not one of them."""
+    key the captures (``message()`` may read them), and this object is not one of them. Captures are
+    shared by every thread (two threads that trace one signature at once store equal captures);
+    :attr:`last` and :attr:`fallback_reason` are those of the module's latest call in any thread."""
 
     def __init__(self, module: Optional[PyGMessagePassing] = None) -> None:
         self.token = next(_TOKENS)  #: the module's key in :data:`_MODULES`
@@ -96,7 +124,7 @@ class _State:
         self.last: Optional[Capture] = None
         self.fallback_reason: Optional[str] = None
         self.trace_count = 0
-        self.collecting = False
+        self.call = _Call()
         self.defaults: Optional[Dict[str, Any]] = None  #: of message()/update() arguments
 
     def __reduce__(self):
@@ -172,6 +200,19 @@ class MessagePassing(PyGMessagePassing):
     @property
     def _ug(self) -> _State:
         return self.__dict__["_ug_state"]
+
+    @property
+    def _propagate_forward_pre_hooks(self) -> "OrderedDict[int, Callable]":
+        # Kept in the instance dictionary under its own name, as PyG keeps it. PyG's propagate()
+        # running a fallback whose pre-hooks already ran (:meth:`_fallback`) finds none, in that
+        # thread only: the module itself is never changed for a call.
+        if self._ug.call.hooks_ran:
+            return OrderedDict()
+        return self.__dict__["_propagate_forward_pre_hooks"]
+
+    @_propagate_forward_pre_hooks.setter
+    def _propagate_forward_pre_hooks(self, hooks: "OrderedDict[int, Callable]") -> None:
+        self.__dict__["_propagate_forward_pre_hooks"] = hooks
 
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
         # PyG installs a generated copy of its own propagate() on every subclass, which would bypass
@@ -249,7 +290,7 @@ class MessagePassing(PyGMessagePassing):
     def _lift(self, src: Tensor, edge_index: Adj, dim: int) -> Any:
         # While message() arguments are collected, node tensors stay unindexed: the fused op reads
         # them at each edge's endpoint, so PyG's [E, F] copy of them is never made.
-        if self._ug.collecting:
+        if self._ug.call.collecting:
             return _Lifted(src, dim, "src_v" if dim == self._source_row else "dst_v")
         return super()._lift(src, edge_index, dim)
 
@@ -263,11 +304,14 @@ class MessagePassing(PyGMessagePassing):
         compiled ``propagate()`` gives them (its generic one, which ours builds on, would pass
         ``inspect.Parameter.empty``)."""
         if self._ug.defaults is None:
-            params = self.inspector.get_flat_param_dict(["message", "aggregate", "update"],
-                                                        exclude=list(self.special_args))
-            self._ug.defaults = {name: param.default for name, param in params.items()
-                                 if param.default is not inspect.Parameter.empty
-                                 and not name.endswith(("_i", "_j"))}
+            params = self.inspector.get_flat_param_dict(
+                ["message", "aggregate", "update"], exclude=list(self.special_args)
+            )
+            self._ug.defaults = {
+                name: param.default
+                for name, param in params.items()
+                if param.default is not inspect.Parameter.empty and not name.endswith(("_i", "_j"))
+            }
         missing = {name: value for name, value in self._ug.defaults.items() if name not in kwargs}
         return {**missing, **kwargs} if missing else kwargs
 
@@ -284,52 +328,67 @@ class MessagePassing(PyGMessagePassing):
         if self.explain:
             return None, "explain mode is on: PyG's explainer masks the materialised per-edge messages"
         if self.decomposed_layers > 1:
-            return None, (f"decomposed_layers={self.decomposed_layers}: PyG slices the features into "
-                          f"several propagations, which the fused op does not need")
+            return None, (
+                f"decomposed_layers={self.decomposed_layers}: PyG slices the features into "
+                f"several propagations, which the fused op does not need"
+            )
         if "aggregate" in vars(self) or type(self).aggregate is not PyGMessagePassing.aggregate:
             return None, "the module overrides aggregate(), which needs the materialised per-edge messages"
-        if (self._message_forward_pre_hooks or self._message_forward_hooks
-                or self._aggregate_forward_pre_hooks or self._aggregate_forward_hooks):
+        if (
+            self._message_forward_pre_hooks
+            or self._message_forward_hooks
+            or self._aggregate_forward_pre_hooks
+            or self._aggregate_forward_hooks
+        ):
             return None, "hooks on message() or aggregate() need the materialised per-edge messages"
         module = self.aggr_module
         gather = GATHER_OPS.get(type(module)) if isinstance(self.aggr, str) else None
         if gather is None:
-            what = "aggr=None (the module aggregates itself)" if module is None else \
-                f"the aggregation {type(module).__name__} ({self.aggr!r})"
-            return None, (f"{what} is not a gather op of the IR; only sum/add, mean, max and min (or "
-                          f"Sum/Mean/Max/MinAggregation) are captured")
+            what = (
+                "aggr=None (the module aggregates itself)"
+                if module is None
+                else f"the aggregation {type(module).__name__} ({self.aggr!r})"
+            )
+            return None, (
+                f"{what} is not a gather op of the IR; only sum/add, mean, max and min (or "
+                f"Sum/Mean/Max/MinAggregation) are captured"
+            )
         if module._forward_hooks or module._forward_pre_hooks:
             return None, "hooks on the aggregation module need the materialised per-edge messages"
         return gather, None
 
-    def _prepare(self, edge_index: Adj, size: List[Optional[int]], kwargs: Dict[str, Any],
-                 gather: str) -> Tuple[Capture, GraphTensor, List[Tensor], Dict[str, Any]]:
+    def _prepare(
+        self, edge_index: Adj, size: List[Optional[int]], kwargs: Dict[str, Any], gather: str
+    ) -> Tuple[Capture, GraphTensor, List[Tensor], Dict[str, Any]]:
         """The capture, graph and operands of this call, and PyG's collected arguments (for
         ``update()``); raises :class:`_Fallback` when the call cannot be captured."""
         if self.fuse and _runs_fused(self, edge_index):
-            raise _Fallback("PyG runs the module's message_and_aggregate() for this graph input, not "
-                            "message()")
+            raise _Fallback("PyG runs the module's message_and_aggregate() for this graph input, not message()")
         num_edges = _num_edges(edge_index)
-        differentiable_coo = (is_torch_sparse_tensor(edge_index) and edge_index.layout == torch.sparse_coo
-                              and edge_index.requires_grad)
+        differentiable_coo = (
+            is_torch_sparse_tensor(edge_index) and edge_index.layout == torch.sparse_coo and edge_index.requires_grad
+        )
         # PyG's own collection, so that sizes, pairs, flows and sparse values mean what they mean in
         # PyG. It flags a COO adjacency coalesced in place, which autograd cannot differentiate (PyG's
         # compiled propagate avoids that): collect from a detached alias, then put the adjacency's
         # differentiable values back.
-        self._ug.collecting = True
+        self._ug.call.collecting = True
         try:
-            collected = self._collect(self._user_args, edge_index.detach() if differentiable_coo else edge_index,
-                                      size, kwargs)
+            collected = self._collect(
+                self._user_args, edge_index.detach() if differentiable_coo else edge_index, size, kwargs
+            )
         finally:
-            self._ug.collecting = False
+            self._ug.call.collecting = False
         if differentiable_coo:
             self._restore_sparse_values(collected, edge_index, kwargs)
         arguments, tensors, signature = self._describe(
-            self.inspector.collect_param_data("message", collected), num_edges)
+            self.inspector.collect_param_data("message", collected), num_edges
+        )
         if torch.compiler.is_compiling():
             return self._prepare_compiled(edge_index, collected, tensors, signature, num_edges, gather)
-        captured = self._lookup((gather, torch.is_grad_enabled(), _settings(self)) + signature, arguments,
-                                num_edges, gather)
+        captured = self._lookup(
+            (gather, torch.is_grad_enabled(), _settings(self)) + signature, arguments, num_edges, gather
+        )
         self._check_node_dim(captured.message_shape)
         src, dst = _endpoints(edge_index, self.flow)
         num_src = collected["size_j"] if collected["size_j"] is not None else _count(src)
@@ -341,24 +400,35 @@ class MessagePassing(PyGMessagePassing):
     def _check_node_dim(self, message_shape: Tuple[int, ...]) -> None:
         rank = 1 + len(message_shape)
         if not -rank <= self.node_dim < rank or self.node_dim % rank != 0:
-            raise _Fallback(f"node_dim={self.node_dim} does not name the first dimension of the "
-                            f"{rank}-dimensional messages, so PyG aggregates along another dimension")
+            raise _Fallback(
+                f"node_dim={self.node_dim} does not name the first dimension of the "
+                f"{rank}-dimensional messages, so PyG aggregates along another dimension"
+            )
 
-    def _prepare_compiled(self, edge_index: Adj, collected: Dict[str, Any], tensors: Dict[str, Tensor],
-                          signature: Tuple[Hashable, ...], num_edges: int, gather: str
-                          ) -> Tuple["_Compiled", List[Tensor], List[Tensor], Dict[str, Any]]:
+    def _prepare_compiled(
+        self,
+        edge_index: Adj,
+        collected: Dict[str, Any],
+        tensors: Dict[str, Tensor],
+        signature: Tuple[Hashable, ...],
+        num_edges: int,
+        gather: str,
+    ) -> Tuple["_Compiled", GraphStructure, List[Tensor], Dict[str, Any]]:
         """:meth:`_prepare` under ``torch.compile``: the capture is looked up (or traced) at trace
         time and enters the compiled graph as constants (:func:`_compiled_capture`); the graph is
         the structure the drop-in layers' custom op returns."""
-        from .nn._graph import layer_graph  # the layers import this module
-
-        if not isinstance(edge_index, Tensor) or is_torch_sparse_tensor(edge_index) \
-                or isinstance(edge_index, EdgeIndex):
+        if (
+            not isinstance(edge_index, Tensor)
+            or is_torch_sparse_tensor(edge_index)
+            or isinstance(edge_index, EdgeIndex)
+        ):
             raise _Fallback("under torch.compile only a plain [2, E] edge_index is captured")
         num_src, num_dst = collected["size_j"], collected["dim_size"]
         if num_src is None or num_dst is None:
-            raise _Fallback("under torch.compile the node counts must come from the node tensors or "
-                            "size=, not from the largest index")
+            raise _Fallback(
+                "under torch.compile the node counts must come from the node tensors or "
+                "size=, not from the largest index"
+            )
         # The signature without its first entry, message() itself, which the constant function
         # reads from the module (a function is not a constant of the trace).
         captured = _compiled_capture(self._ug.token, signature[1:], int(num_edges), gather)
@@ -378,14 +448,18 @@ class MessagePassing(PyGMessagePassing):
         """Where PyG's collection fills arguments from a sparse adjacency's values, use ``adj_t``'s own."""
         values = adj_t.values()
         collected["adj_t"] = adj_t
-        for name, value in (("edge_weight", values), ("edge_attr", None if values.dim() == 1 else values),
-                            ("edge_type", values)):
+        for name, value in (
+            ("edge_weight", values),
+            ("edge_attr", None if values.dim() == 1 else values),
+            ("edge_type", values),
+        ):
             given = kwargs.get(name, inspect.Parameter.empty) if name in self._user_args else None
             if given is None:
                 collected[name] = value
 
-    def _describe(self, message_kwargs: Dict[str, Any], num_edges: int
-                  ) -> Tuple[Dict[str, Any], Dict[str, Tensor], Tuple[Hashable, ...]]:
+    def _describe(
+        self, message_kwargs: Dict[str, Any], num_edges: int
+    ) -> Tuple[Dict[str, Any], Dict[str, Tensor], Tuple[Hashable, ...]]:
         """The trace's view of each ``message()`` argument, the real tensor behind each operand, and
         the argument signature that keys captures."""
         arguments: Dict[str, Any] = {}
@@ -395,37 +469,42 @@ class MessagePassing(PyGMessagePassing):
             if isinstance(value, _Lifted):
                 tensor = value.tensor
                 if self.node_dim % tensor.dim() != 0:
-                    raise _Fallback(f"node_dim={self.node_dim} makes PyG index dimension "
-                                    f"{self.node_dim % tensor.dim()} of the node tensor behind {name!r} "
-                                    f"(shape {list(tensor.shape)}); only the first dimension is captured")
+                    raise _Fallback(
+                        f"node_dim={self.node_dim} makes PyG index dimension "
+                        f"{self.node_dim % tensor.dim()} of the node tensor behind {name!r} "
+                        f"(shape {list(tensor.shape)}); only the first dimension is captured"
+                    )
                 _check_plain(name, tensor)
                 why = _not_an_operand(tensor)
                 argument = Argument.of(tensor, None if why else value.kind, why, rows=num_edges)
             elif isinstance(value, Tensor):
                 _check_plain(name, value)
                 tensor = value
-                why = _not_an_operand(tensor) or ("" if tensor.size(0) == num_edges else
-                                                  f"a tensor of shape {list(tensor.shape)}, which has no "
-                                                  f"row per edge ({num_edges} edges)")
+                why = _not_an_operand(tensor) or (
+                    ""
+                    if tensor.size(0) == num_edges
+                    else f"a tensor of shape {list(tensor.shape)}, which has no row per edge ({num_edges} edges)"
+                )
                 argument = Argument.of(tensor, None if why else "edge", why)
             else:
                 try:
                     signature.append((name, _freeze(value)))
                 except TypeError:
-                    raise _Fallback(f"message() takes argument {name!r} of type {type(value).__name__}, "
-                                    f"which cannot key a capture") from None
+                    raise _Fallback(
+                        f"message() takes argument {name!r} of type {type(value).__name__}, which cannot key a capture"
+                    ) from None
                 arguments[name] = value
                 continue
             arguments[name] = argument
             if argument.kind is not None:
                 tensors[name] = tensor
             shape = argument.shape if argument.kind is None else argument.shape[1:]
-            signature.append((name, argument.kind, shape, argument.dtype, argument.device,
-                              argument.requires_grad, argument.why))
+            signature.append(
+                (name, argument.kind, shape, argument.dtype, argument.device, argument.requires_grad, argument.why)
+            )
         return arguments, tensors, tuple(signature)
 
-    def _lookup(self, key: Tuple[Hashable, ...], arguments: Dict[str, Any], num_edges: int,
-                gather: str) -> Capture:
+    def _lookup(self, key: Tuple[Hashable, ...], arguments: Dict[str, Any], num_edges: int, gather: str) -> Capture:
         """The cached capture of this signature, tracing ``message()`` when there is none."""
         captures = self._ug.captures
         entry = captures.get(key)
@@ -440,7 +519,10 @@ class MessagePassing(PyGMessagePassing):
             if len(captures) > MAX_CAPTURES:
                 captures.popitem(last=False)
         else:
-            captures.move_to_end(key)
+            try:
+                captures.move_to_end(key)
+            except KeyError:  # evicted by another thread's call since the lookup
+                pass
         if isinstance(entry, _Failure):
             raise _Fallback(entry.reason)
         return entry
@@ -448,14 +530,14 @@ class MessagePassing(PyGMessagePassing):
     def _fallback(self, reason: str, edge_index: Adj, size: Size, kwargs: Dict[str, Any]) -> Tensor:
         """PyG's own propagation of inputs the propagate pre-hooks already rewrote."""
         self._ug.fallback_reason, self._ug.last = reason, None
-        for callback in list(_FALLBACK_OBSERVERS):
+        for callback in list(_FALLBACK_OBSERVERS.callbacks):
             callback(self, reason)
-        pre_hooks = self._propagate_forward_pre_hooks
-        self._propagate_forward_pre_hooks = OrderedDict()
+        call = self._ug.call
+        call.hooks_ran = True
         try:
             return _pyg_propagate()(self, edge_index, size, **kwargs)
         finally:
-            self._propagate_forward_pre_hooks = pre_hooks
+            call.hooks_ran = False
 
 
 # -- torch.compile ----------------------------------------------------------------------------------
@@ -467,17 +549,18 @@ class _Compiled(NamedTuple):
     message_shape: Tuple[int, ...]
     operands: Tuple[Tuple[str, Tuple[int, ...], Optional[Tuple[int, ...]]], ...]  #: argument, shape, expand
 
-    def run(self, structure: List[Tensor], operands: List[Tensor]) -> Tensor:
-        out = graph_op(structure, operands, self.op, AUTO)
+    def run(self, structure: GraphStructure, operands: List[Tensor]) -> Tensor:
+        out = call_graph_op(structure, operands, self.op, AUTO)
         out = out.reshape(out.shape[:1] + self.message_shape)
         if self.gather is not None:
-            out = graph_op(structure, [out], self.gather, AUTO)
+            out = call_graph_op(structure, [out], self.gather, AUTO)
         return out
 
 
 @torch.compiler.assume_constant_result
-def _compiled_capture(token: int, signature: Tuple[Hashable, ...], num_edges: int,
-                      gather: str) -> Union[_Compiled, str]:
+def _compiled_capture(
+    token: int, signature: Tuple[Hashable, ...], num_edges: int, gather: str
+) -> Union[_Compiled, str]:
     """The capture of ``message()`` of the module of ``token`` (see :data:`_MODULES`) for an
     argument signature, as constants (or the reason it cannot be captured). Runs in Python while
     ``torch.compile`` traces: the tracing of ``message()`` is not itself traceable. The module's
@@ -498,9 +581,12 @@ def _compiled_capture(token: int, signature: Tuple[Hashable, ...], num_edges: in
         captured = module._lookup(key, arguments, num_edges, gather)
     except _Fallback as fallback:
         return str(fallback)
-    return _Compiled(captured.op.serialize(), None if captured.gather is None else captured.gather.serialize(),
-                     captured.message_shape,
-                     tuple((o.argument, o.shape, o.expand) for o in captured.operands))
+    return _Compiled(
+        captured.op.serialize(),
+        None if captured.gather is None else captured.gather.serialize(),
+        captured.message_shape,
+        tuple((o.argument, o.shape, o.expand) for o in captured.operands),
+    )
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -521,8 +607,7 @@ def _runs_fused(module: PyGMessagePassing, edge_index: Adj) -> bool:
     """Whether PyG's ``propagate()`` calls ``message_and_aggregate()`` for this input (mirrors it)."""
     if is_sparse(edge_index):
         return True
-    return (isinstance(edge_index, EdgeIndex) and module.SUPPORTS_FUSED_EDGE_INDEX
-            and edge_index.is_sorted_by_col)
+    return isinstance(edge_index, EdgeIndex) and module.SUPPORTS_FUSED_EDGE_INDEX and edge_index.is_sorted_by_col
 
 
 def _num_edges(edge_index: Adj) -> int:

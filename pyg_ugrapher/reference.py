@@ -5,6 +5,7 @@ operations and reduces with ``scatter_reduce``. Half-precision inputs are comput
 the result cast back. Isolated destinations get 0 for every gather op, as in PyG. It is the oracle
 of the test suite, differentiable through torch's own autograd, and the CPU execution path.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Sequence
@@ -18,11 +19,22 @@ from .ir import Expr, OpInfo
 from .layout import Layout, infer_layout
 
 TORCH_FNS: Dict[str, Callable[..., Tensor]] = {
-    "neg": torch.neg, "exp": torch.exp, "log": torch.log, "relu": torch.relu,
-    "sigmoid": torch.sigmoid, "tanh": torch.tanh, "abs": torch.abs, "sqrt": torch.sqrt,
-    "square": torch.square, "reciprocal": torch.reciprocal,
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-    "maximum": torch.maximum, "minimum": torch.minimum,
+    "neg": torch.neg,
+    "exp": torch.exp,
+    "log": torch.log,
+    "relu": torch.relu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "abs": torch.abs,
+    "sqrt": torch.sqrt,
+    "square": torch.square,
+    "reciprocal": torch.reciprocal,
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
     "eq": lambda a, b: (a == b).to(torch.result_type(a, b)),
     "gt": lambda a, b: (a > b).to(torch.result_type(a, b)),
 }
@@ -33,8 +45,9 @@ def evaluate(expr: Expr, inputs: Sequence[Tensor]) -> Tensor:
     if expr.fn == "input":
         return inputs[expr.index]
     if expr.fn == "const":
-        return torch.tensor(expr.value, dtype=inputs[0].dtype if inputs else torch.float32,
-                            device=inputs[0].device if inputs else None)
+        return torch.tensor(
+            expr.value, dtype=inputs[0].dtype if inputs else torch.float32, device=inputs[0].device if inputs else None
+        )
     if expr.fn == "leaky_relu":
         return F.leaky_relu(evaluate(expr.args[0], inputs), expr.args[1].value)
     return TORCH_FNS[expr.fn](*(evaluate(arg, inputs) for arg in expr.args))
@@ -52,8 +65,7 @@ def result_dtype(operands: Sequence[Tensor]) -> torch.dtype:
     return dtype
 
 
-def messages(graph: GraphTensor, op: OpInfo, operands: Sequence[Tensor], layout: Layout,
-             dtype: torch.dtype) -> Tensor:
+def messages(graph: GraphTensor, op: OpInfo, operands: Sequence[Tensor], layout: Layout, dtype: torch.dtype) -> Tensor:
     """``[E, *out_shape]`` messages in the user's edge order, in ``dtype``."""
     device = operands[0].device
     rows = {"src_v": graph.src.to(device), "dst_v": graph.dst.to(device)}
@@ -88,6 +100,5 @@ def execute(graph: GraphTensor, op: OpInfo, operands: Sequence[Tensor]) -> Tenso
             degree = torch.bincount(dst, minlength=graph.num_dst).clamp_min(1).to(acc)
             out = out / degree.view((-1,) + (1,) * len(layout.out_shape))
     else:
-        out = out.scatter_reduce(0, index, msg, reduce="amax" if op.gather_op == "max" else "amin",
-                                 include_self=False)
+        out = out.scatter_reduce(0, index, msg, reduce="amax" if op.gather_op == "max" else "amin", include_self=False)
     return out.to(out_dtype)

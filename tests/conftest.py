@@ -11,6 +11,7 @@
 * :class:`FakeSparseTensor`, a stand-in for ``torch_sparse.SparseTensor`` (tests import it:
   ``isinstance`` needs the class itself).
 """
+
 import dataclasses
 import math
 import os
@@ -63,11 +64,13 @@ def _skip_overflow_checks() -> None:
 
 _import_triton_interpretable()
 
-import pyg_ugrapher as ug  # noqa: E402  (before triton_kernels: that order avoids a circular import)
-import triton_kernels  # noqa: E402
 from torch_geometric.typing import SparseTensor  # noqa: E402  (PyG imports Triton)
+
+import pyg_ugrapher as ug  # noqa: E402
+import triton_kernels  # noqa: E402
 from autotune import selection  # noqa: E402
-from triton_kernels import dispatch  # noqa: E402
+from pyg_ugrapher.ops import decisions  # noqa: E402
+from triton_kernels import buffers  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 #: Triton's interpreter turns 1-element arrays into Python ints, which NumPy 2.4 refuses (the
@@ -81,11 +84,19 @@ def pytest_collection_modifyitems(config, items):
     where NumPy is too new for it."""
     skips = []
     if not CUDA:
-        skips.append((lambda item: "cuda" in item.keywords,
-                      pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")))
+        skips.append(
+            (
+                lambda item: "cuda" in item.keywords,
+                pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)"),
+            )
+        )
     if not INTERPRETER_NUMPY_OK:
-        skips.append((_runs_the_interpreter, pytest.mark.skip(
-            reason=f"Triton's interpreter needs numpy<2.4, found {np.__version__}")))
+        skips.append(
+            (
+                _runs_the_interpreter,
+                pytest.mark.skip(reason=f"Triton's interpreter needs numpy<2.4, found {np.__version__}"),
+            )
+        )
     for item in items:
         for applies, skip in skips:
             if applies(item):
@@ -151,11 +162,10 @@ def small_graph_mode(monkeypatch, user_order):
     edge-parallel schedules of :func:`autotune.heuristic.small_graph_schedule` for every automatic
     decision, each made once for every graph."""
     from autotune.heuristic import small_graph_schedule
-    from pyg_ugrapher import ops
 
     monkeypatch.setattr(selection, "select", lambda graph, op, F, *args, **kwargs: small_graph_schedule(op, F))
     monkeypatch.setattr(selection, "graph_independent", lambda graph, device: True)
-    monkeypatch.setattr(ops, "_SHARED_DECISIONS", {})
+    monkeypatch.setattr(decisions, "SHARED_DECISIONS", {})
 
 
 @pytest.fixture
@@ -205,9 +215,14 @@ def pytest_pyfunc_call(pyfuncitem):
     if not _CHILD_OUTCOMES:
         nodeids = [item.nodeid for item in pyfuncitem.session.items if _needs_interpreter(item)]
         env = {**os.environ, "TRITON_INTERPRET": "1"}
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *nodeids],
-                                cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True,
-                                timeout=1800)
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *nodeids],
+            cwd=pyfuncitem.config.rootpath,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         for line in result.stdout.splitlines():
             outcome, _, rest = line.partition(" ")
             if outcome in ("PASSED", "FAILED", "ERROR", "SKIPPED"):
@@ -221,8 +236,12 @@ def pytest_pyfunc_call(pyfuncitem):
 
 # -- graphs --------------------------------------------------------------------------------------
 def _random_edges(generator: torch.Generator, num_src: int, num_dst: int, num_edges: int) -> torch.Tensor:
-    return torch.stack([torch.randint(0, num_src, (num_edges,), generator=generator),
-                        torch.randint(0, num_dst, (num_edges,), generator=generator)])
+    return torch.stack(
+        [
+            torch.randint(0, num_src, (num_edges,), generator=generator),
+            torch.randint(0, num_dst, (num_edges,), generator=generator),
+        ]
+    )
 
 
 def _isolated(g: torch.Generator) -> torch.Tensor:
@@ -264,8 +283,7 @@ def _mixed(g: torch.Generator) -> torch.Tensor:
 
 def _tiny(g: torch.Generator) -> torch.Tensor:
     # For gradcheck: vertex 5 isolated, vertex 0 a hub, a self loop and a duplicate edge.
-    return torch.tensor([[1, 2, 3, 4, 0, 2, 3, 4, 1, 1, 2, 4, 3],
-                         [0, 0, 0, 0, 0, 0, 1, 1, 2, 2, 2, 3, 4]])
+    return torch.tensor([[1, 2, 3, 4, 0, 2, 3, 4, 1, 1, 2, 4, 3], [0, 0, 0, 0, 0, 0, 1, 1, 2, 2, 2, 3, 4]])
 
 
 #: name -> (builder of the ``[2, E]`` edge index, ``(num_src, num_dst)``). Edge counts are primes,
@@ -360,9 +378,14 @@ def shapes_for(op: ug.OpInfo) -> List[str]:
     return list(OPERAND_SHAPES)
 
 
-def make_operands(graph: ug.GraphTensor, op: ug.OpInfo, shape: str = "vector",
-                  dtype: torch.dtype = torch.float32, seed: int = 0,
-                  device: Optional[torch.device] = None) -> List[torch.Tensor]:
+def make_operands(
+    graph: ug.GraphTensor,
+    op: ug.OpInfo,
+    shape: str = "vector",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    device: Optional[torch.device] = None,
+) -> List[torch.Tensor]:
     """Random operands of ``op`` on ``graph`` in slot order, laid out as ``OPERAND_SHAPES[shape]``.
 
     Values are distinct with probability one (so max/min have unique winners) and a divisor lies
@@ -410,8 +433,9 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (actual - expected).abs().max().item() / scale
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: Optional[torch.dtype] = None,
-                 context: str = "") -> None:
+def assert_close(
+    actual: torch.Tensor, expected: torch.Tensor, dtype: Optional[torch.dtype] = None, context: str = ""
+) -> None:
     """Same shape and dtype, and a relative error within :data:`TOLERANCE` of ``dtype`` (default:
     ``expected.dtype``)."""
     assert actual.shape == expected.shape, f"{context}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
@@ -427,8 +451,9 @@ def check_close() -> Callable[..., None]:
     return assert_close
 
 
-def assert_refereed(ours: torch.Tensor, theirs: torch.Tensor, exact: Callable[[], torch.Tensor],
-                    context: str = "") -> None:
+def assert_refereed(
+    ours: torch.Tensor, theirs: torch.Tensor, exact: Callable[[], torch.Tensor], context: str = ""
+) -> None:
     """``ours`` within the float32 tolerance of ``theirs`` (PyG in float32), or, where float32
     rounding alone makes them differ by more (gradients that sum cancelling terms, like GAT's
     attention vectors), no further from ``exact()`` (PyG in float64, computed only then) than 4x
@@ -442,7 +467,8 @@ def assert_refereed(ours: torch.Tensor, theirs: torch.Tensor, exact: Callable[[]
     ours_error, their_error = relative_error(ours, reference), relative_error(theirs, reference)
     assert ours_error <= max(4 * their_error, tolerance), (
         f"{context}: relative error {error:.2e} vs PyG; {ours_error:.2e} vs float64 where PyG's "
-        f"float32 is {their_error:.2e}")
+        f"float32 is {their_error:.2e}"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -456,15 +482,17 @@ def poison(monkeypatch) -> None:
     """Fill every kernel output element that the kernel must write with NaN before the launch.
 
     :func:`triton_kernels.dispatch.run` (and ``run_with_edge_output``, for its edge output too)
-    allocates outputs itself: uninitialised (``dispatch._uninitialised``) where the kernel writes
-    each element once, initialised where partial results accumulate through atomics (all rows
-    for edge-parallel schedules, only the rows split into several chunks for neighbour groups).
-    Poisoning the former turns any element a kernel forgets into a NaN the comparison catches.
-    """
+    allocates outputs itself: uninitialised (:func:`triton_kernels.buffers.uninitialised`) where
+    the kernel writes each element once, initialised where partial results accumulate through
+    atomics (all rows for edge-parallel schedules, only the rows split into several chunks for
+    neighbour groups). Poisoning the former turns any element a kernel forgets into a NaN the
+    comparison catches (the softmax, ``head_dot`` and ``unit_norm`` kernels allocate theirs there
+    too)."""
+
     def poisoned(shape, dtype, device):
         return torch.full(shape, math.nan, dtype=dtype, device=device)
 
-    monkeypatch.setattr(dispatch, "_uninitialised", poisoned)
+    monkeypatch.setattr(buffers, "uninitialised", poisoned)
 
 
 def isolated_rows(graph: ug.GraphTensor) -> torch.Tensor:
@@ -476,4 +504,3 @@ def isolated_rows(graph: ug.GraphTensor) -> torch.Tensor:
 def isolated() -> Callable[[ug.GraphTensor], torch.Tensor]:
     """``isolated(graph)``: mask of the destinations without an in-edge."""
     return isolated_rows
-

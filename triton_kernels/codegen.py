@@ -18,34 +18,37 @@ the reduction. It leaves holes that this module fills from the :class:`~pyg_ugra
 Templates name the row index of each operand kind (``u`` source, ``v`` destination, ``ei`` user
 edge id) and say which of them are scalars. Graph sizes (rows, edges, group size) are marked
 ``do_not_specialize``: one compiled kernel then serves every graph, and kernels compiled on a
-tiny graph are the ones a large graph runs. The generated module is written to a cache folder as a
-real ``.py`` file (Triton compiles from source; a user can read it) and imported once.
+tiny graph are the ones a large graph runs. The generated module is compiled once from its text in
+memory (:func:`load_kernel`) and also written to the cache folder as a ``.py`` file a user can read.
 """
+
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import linecache
 import os
 import re
 import sys
+import tempfile
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-import triton
 import torch
+import triton
 from torch import Tensor
 
-from pyg_ugrapher.graph import CSR
+from pyg_ugrapher import paths
 from pyg_ugrapher.ir import Expr, parse_expr
+from pyg_ugrapher.structure import CSR
 
 #: Row index variable of each operand kind inside every template. ``edge_csr`` is an edge operand
 #: the dispatcher has already permuted into CSR order, read at the CSR position ``e``.
 ROW_VARS = {"src_v": "u", "dst_v": "v", "edge": "ei", "edge_csr": "e"}
 #: Cache policy of the message-creation templates' output stores: ``E x F`` values written once
 #: and never read by the kernel, which otherwise push out of L2 the source rows that the next edges
-#: gather (H100, ``u_add_v`` at F = 128 on 1.6e7 edges: 5.37 -> 5.28 ms power-law, 5.88 -> 5.85
-#: ms uniform; ``benchmarks/results/h100-store-hints``).
+#: gather.
 WRITE_ONCE = 'eviction_policy="evict_first"'
 
 #: Max and min propagate NaN, as torch does (``scatter_reduce``, so PyG's max aggregation, and
@@ -53,8 +56,14 @@ WRITE_ONCE = 'eviction_policy="evict_first"'
 #: other operand of a NaN, so a row whose only message was NaN came out as -inf.
 _NAN = "propagate_nan=tl.PropagateNan.ALL"
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "max": "float('-inf')", "min": "float('inf')"}
-_COMBINE = {"sum": "{a} + {b}", "mean": "{a} + {b}", "max": "_max_combine({a}, {b})",
-            "min": "_min_combine({a}, {b})"}
+#: Combines are written out, not called: Triton's interpreter runs a scan's combine once per
+#: element, and there a call of a ``triton.jit`` helper costs several times the ``maximum`` itself.
+_COMBINE = {
+    "sum": "{a} + {b}",
+    "mean": "{a} + {b}",
+    "max": f"tl.maximum({{a}}, {{b}}, {_NAN})",
+    "min": f"tl.minimum({{a}}, {{b}}, {_NAN})",
+}
 _REDUCE = {"sum": "tl.sum", "mean": "tl.sum", "max": "_max_reduce", "min": "_min_reduce"}
 _ATOMIC = {"sum": "tl.atomic_add", "mean": "tl.atomic_add", "max": "_max_atomic", "min": "_min_atomic"}
 #: The integer type and bit pattern (32-bit, then 64-bit) through which a max / min gather's atomic
@@ -63,18 +72,20 @@ _ATOMIC = {"sum": "tl.atomic_add", "mean": "tl.atomic_add", "max": "_max_atomic"
 #: pattern (a NaN) wins a signed max against every number and keeps winning both halves of every
 #: later float atomic max; the largest unsigned pattern (a NaN too, -1 when signed) does the same
 #: for a float atomic min.
-_NAN_BITS = {"max": ("tl.int32", "0x7FFFFFFF", "tl.int64", "0x7FFFFFFFFFFFFFFF"),
-             "min": ("tl.uint32", "0xFFFFFFFF", "tl.uint64", "0xFFFFFFFFFFFFFFFF")}
-_NAN_HELPERS = '''
-
-@triton.jit
-def _{op}_combine(a, b):
-    return tl.{fn}(a, b, {nan})
-
+_NAN_BITS = {
+    "max": ("tl.int32", "0x7FFFFFFF", "tl.int64", "0x7FFFFFFFFFFFFFFF"),
+    "min": ("tl.uint32", "0xFFFFFFFF", "tl.uint64", "0xFFFFFFFFFFFFFFFF"),
+}
+_NAN_HELPERS = """
 
 @triton.jit
 def _{op}_reduce(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, _{op}_combine)
+    # tl.{op} skips NaN: reduce a NaN flag beside it. Both are built-in reductions, which Triton's
+    # interpreter runs as one NumPy call each (a tl.reduce with a combine of ours: a call per element).
+    # NaN lanes enter tl.{op} as the identity, so no slice is all NaN (NumPy warns of those).
+    isnan = x != x
+    nan = tl.max(isnan.to(tl.int32), axis)
+    return tl.where(nan != 0, float("nan"), tl.{op}(tl.where(isnan, {identity}, x), axis))
 
 
 @triton.jit
@@ -87,19 +98,30 @@ def _{op}_atomic(ptr, value, mask):
     else:
         tl.atomic_max(ptr.to(tl.pointer_type({int32}), bitcast=True), tl.full(value.shape, {bits32}, {int32}),
                       mask=mask & nan)
-'''
+"""
 
 _UNARY = {
-    "neg": "(-{0})", "exp": "tl.exp({0})", "log": "tl.log({0})", "relu": f"tl.maximum({{0}}, 0.0, {_NAN})",
-    "sigmoid": "tl.sigmoid({0})", "abs": "tl.abs({0})", "sqrt": "tl.sqrt({0})",
-    "square": "({0} * {0})", "reciprocal": "(1.0 / {0})",
+    "neg": "(-{0})",
+    "exp": "tl.exp({0})",
+    "log": "tl.log({0})",
+    "relu": f"tl.maximum({{0}}, 0.0, {_NAN})",
+    "sigmoid": "tl.sigmoid({0})",
+    "abs": "tl.abs({0})",
+    "sqrt": "tl.sqrt({0})",
+    "square": "({0} * {0})",
+    "reciprocal": "(1.0 / {0})",
     # No tanh in triton.language: 1 - 2 / (exp(2x) + 1) saturates correctly at both ends.
     "tanh": "(1.0 - 2.0 / (tl.exp(2.0 * {0}) + 1.0))",
 }
 _BINARY = {
-    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
-    "maximum": f"tl.maximum({{0}}, {{1}}, {_NAN})", "minimum": f"tl.minimum({{0}}, {{1}}, {_NAN})",
-    "eq": "tl.where({0} == {1}, 1.0, 0.0)", "gt": "tl.where({0} > {1}, 1.0, 0.0)",
+    "add": "({0} + {1})",
+    "sub": "({0} - {1})",
+    "mul": "({0} * {1})",
+    "div": "({0} / {1})",
+    "maximum": f"tl.maximum({{0}}, {{1}}, {_NAN})",
+    "minimum": f"tl.minimum({{0}}, {{1}}, {_NAN})",
+    "eq": "tl.where({0} == {1}, 1.0, 0.0)",
+    "gt": "tl.where({0} > {1}, 1.0, 0.0)",
     "leaky_relu": "tl.where({0} >= 0.0, {0}, {0} * {1})",
 }
 _COMPARISONS = ("eq", "gt")
@@ -137,8 +159,10 @@ class KernelSpec:
         function over ``u`` (source), ``v`` (destination) and ``e`` (edge) operands, e.g.
         ``vertex_parallel_sum_mul_u_e``."""
         letters = {"src_v": "u", "dst_v": "v"}
+
         def letter(text: str) -> str:
             return re.sub(r"\$(\d+)", lambda m: letters.get(self.kinds[int(m.group(1))], "e"), text)
+
         edge = f" edge {letter(self.edge_expr)}" if self.edge_expr else ""
         logit = f" softmax {letter(self.logit_expr)}" if self.logit_expr else ""
         name = f"{self.template} {self.gather_op or 'message'} {letter(self.expr)}{edge}{logit}"
@@ -164,7 +188,7 @@ def head_tiling(width: int, inner: int, block_f: int) -> Tuple[int, bool]:
     """``(head_size, head_split)`` of :class:`KernelSpec` for messages of ``width`` features in
     heads of ``inner``, tiled by ``block_f``: a tile inside one head reads one value per edge of a
     per-head operand, a tile of whole heads ``block_f // inner`` values; any other tiling reads it
-    per feature (as many loads as a full operand, 2.5x the time of a per-edge scalar on an H100)."""
+    per feature (as many loads as a full operand, several times the cost of a per-edge scalar)."""
     if inner <= 1 or inner >= width:
         return 0, False
     if inner % block_f == 0:
@@ -298,15 +322,15 @@ class Snippets:
         two axes, so a per-head operand keeps one value per head, and so does every part of the edge
         function that reads only such operands (GAT's weight ``exp(leaky_relu(a_u + a_v) - l_v)``,
         computed once per head instead of once per feature); :meth:`merge_heads` flattens the
-        result back to ``BLOCK_F`` features. On an H200 (4e6 edges, 4 heads of 32, probe 52 in
-        ``benchmarks/results/h200-gat-profile``) GAT's forward output took 0.36-0.44 ms this way
-        against 0.74-1.09 ms with the weight broadcast to every feature first, and the backward's
-        gather with edge output 0.79-0.87 ms against 0.87-1.19."""
+        result back to ``BLOCK_F`` features. Broadcasting the weight to every feature first would
+        repeat its exponential ``C`` times per edge and head."""
         c = self.spec.head_size
-        return [f"hs = tl.program_id(1) * (BLOCK_F // {c}) + tl.arange(0, BLOCK_F // {c})",
-                f"hsmask = hs * {c} < F",
-                f"fs = hs[:, None] * {c} + tl.arange(0, {c})[None, :]",
-                "fsmask = fs < F"]
+        return [
+            f"hs = tl.program_id(1) * (BLOCK_F // {c}) + tl.arange(0, BLOCK_F // {c})",
+            f"hsmask = hs * {c} < F",
+            f"fs = hs[:, None] * {c} + tl.arange(0, {c})[None, :]",
+            "fsmask = fs < F",
+        ]
 
     def split_load(self, k: int) -> str:
         """Load operand ``k`` as a tile broadcastable to ``[edge axes, BLOCK_F // C, C]``."""
@@ -323,8 +347,10 @@ class Snippets:
     def merge_heads(self, value: str) -> str:
         """A head-split ``value`` as the ``[edge axes, BLOCK_F]`` tile the templates reduce."""
         c = self.spec.head_size
-        return (f"tl.reshape(tl.broadcast_to({value}, [{self.edge_tile}, BLOCK_F // {c}, {c}]), "
-                f"[{self.edge_tile}, BLOCK_F])")
+        return (
+            f"tl.reshape(tl.broadcast_to({value}, [{self.edge_tile}, BLOCK_F // {c}, {c}]), "
+            f"[{self.edge_tile}, BLOCK_F])"
+        )
 
     def hoisted(self, indent: int) -> str:
         """Loads done once per row (elementwise ops only: a reducing op loads inside its loop)."""
@@ -332,8 +358,7 @@ class Snippets:
             return _indent([], indent)
         slots = [k for k, kind in enumerate(self.spec.kinds) if kind in self.row_kinds]
         if self.spec.head_split:
-            return _indent(self.split_axes() + [f"x{k} = {self.split_load(k)}" for k in slots] if slots else [],
-                           indent)
+            return _indent(self.split_axes() + [f"x{k} = {self.split_load(k)}" for k in slots] if slots else [], indent)
         return _indent([f"x{k} = {self._load(k, 'f', 'fmask', 1)}" for k in slots], indent)
 
     def message(self, indent: int) -> str:
@@ -360,8 +385,10 @@ class Snippets:
         lines += [f"    x{k} = {self._load(k, 'ff', 'ffmask', 2)}" for k in range(len(self.spec.kinds))]
         # Padded lanes load zeros, which an expression can turn into NaN (0 / 0): mask them out.
         body = f"tl.where({self.feature_axes('ffmask', 2)}, {render_expr(self.expr, names, self.acc)}, 0.0)"
-        lines.append(f"    msg += tl.sum(tl.broadcast_to({body}, [{self.edge_tile}, BLOCK_F, BLOCK_R]), "
-                     f"axis={self.edge_rank + 1})")
+        lines.append(
+            f"    msg += tl.sum(tl.broadcast_to({body}, [{self.edge_tile}, BLOCK_F, BLOCK_R]), "
+            f"axis={self.edge_rank + 1})"
+        )
         return _indent(lines, indent)
 
     # -- fragments shared by the CSR-ordered templates -----------------------------------------
@@ -379,23 +406,32 @@ class Snippets:
         step, masked by ``emask``. With two edge axes the rows (or chunks) of a block advance
         together, for as many steps as the block's longest one needs."""
         if self.edge_rank == 1:
-            lines = ["for e0 in range(start, end, BLOCK_E):",
-                     "    e = e0 + tl.arange(0, BLOCK_E)",
-                     "    emask = e < end"]
+            lines = [
+                "for e0 in range(start, end, BLOCK_E):",
+                "    e = e0 + tl.arange(0, BLOCK_E)",
+                "    emask = e < end",
+            ]
         else:
-            lines = ["for step in range(0, tl.max(end - start, axis=0), BLOCK_E):",
-                     "    e = (start + step)[:, None] + tl.arange(0, BLOCK_E)[None, :]",
-                     "    emask = e < end[:, None]"]
+            lines = [
+                "for step in range(0, tl.max(end - start, axis=0), BLOCK_E):",
+                "    e = (start + step)[:, None] + tl.arange(0, BLOCK_E)[None, :]",
+                "    emask = e < end[:, None]",
+            ]
         return _indent(lines, indent)
 
     def chunk_rows(self, indent: int) -> str:
         """The ``BLOCK_V`` neighbour-group chunks of this program: ``live`` mask, row ``v`` and
         first CSR position ``start`` of each (``chunk_row_ptr``, ``chunk_start_ptr``: the chunk
-        table of :func:`~pyg_ugrapher.graph.chunk_table`)."""
-        return _indent(["chunk = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)",
-                        "live = chunk < num_chunks",
-                        "v = tl.load(chunk_row_ptr + chunk, mask=live, other=0)",
-                        "start = tl.load(chunk_start_ptr + chunk, mask=live, other=0)"], indent)
+        table of :func:`~pyg_ugrapher.structure.chunk_table`)."""
+        return _indent(
+            [
+                "chunk = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)",
+                "live = chunk < num_chunks",
+                "v = tl.load(chunk_row_ptr + chunk, mask=live, other=0)",
+                "start = tl.load(chunk_start_ptr + chunk, mask=live, other=0)",
+            ],
+            indent,
+        )
 
     def row_reduction(self, indent: int) -> str:
         """Reduce the CSR edges ``[start, end)`` of the row(s) ``v`` into ``res`` (the loop:
@@ -406,16 +442,18 @@ class Snippets:
         """
         pad = " " * indent
         masked = f"tl.where({self.edge_axes('emask', 1)}, msg, {self.identity})"
-        return "\n".join([
-            self.hoisted(indent),
-            f"{pad}acc = tl.full([{self.edge_tile}, BLOCK_F], {self.identity}, {self.acc})",
-            self.edge_loop(indent),
-            self.csr_edge_loads(indent + 4),
-            self.message(indent + 4),
-            self.edge_output(indent + 4),
-            f"{pad}    acc = {self.combine('acc', masked)}",
-            f"{pad}res = {self.reduce_fn}(acc, axis={self.edge_rank - 1})",
-        ])
+        return "\n".join(
+            [
+                self.hoisted(indent),
+                f"{pad}acc = tl.full([{self.edge_tile}, BLOCK_F], {self.identity}, {self.acc})",
+                self.edge_loop(indent),
+                self.csr_edge_loads(indent + 4),
+                self.message(indent + 4),
+                self.edge_output(indent + 4),
+                f"{pad}    acc = {self.combine('acc', masked)}",
+                f"{pad}res = {self.reduce_fn}(acc, axis={self.edge_rank - 1})",
+            ]
+        )
 
     def edge_output(self, indent: int) -> str:
         """Write ``edge_expr`` of the loaded tiles to ``edge_out_ptr`` at the user edge ids
@@ -434,21 +472,27 @@ class Snippets:
         lines = [f"emsg = tl.where({fmask}, {value}, 0.0)"]
         r = spec.edge_group
         if spec.edge_mode == "elementwise":
-            lines.append(f"tl.store(edge_out_ptr + {self.edge_axes(ei, 1)} * F + {self.feature_axes('f', 1)}, "
-                         f"emsg.to(edge_out_ptr.dtype.element_ty), mask=tl.where({emask}, {fmask}, False))")
+            lines.append(
+                f"tl.store(edge_out_ptr + {self.edge_axes(ei, 1)} * F + {self.feature_axes('f', 1)}, "
+                f"emsg.to(edge_out_ptr.dtype.element_ty), mask=tl.where({emask}, {fmask}, False))"
+            )
         elif spec.edge_mode == "groups":
             g = f"(tl.program_id(1) * (BLOCK_F // {r}) + tl.arange(0, BLOCK_F // {r}))"
-            lines += [f"part = tl.sum(tl.reshape(emsg, [{self.edge_tile}, BLOCK_F // {r}, {r}]), axis={rank})",
-                      f"tl.store(edge_out_ptr + {self.edge_axes(ei, 1)} * (F // {r}) + {self.feature_axes(g, 1)}, "
-                      f"part.to(edge_out_ptr.dtype.element_ty), "
-                      f"mask=tl.where({emask}, {self.feature_axes(f'({g} * {r} < F)', 1)}, False))"]
+            lines += [
+                f"part = tl.sum(tl.reshape(emsg, [{self.edge_tile}, BLOCK_F // {r}, {r}]), axis={rank})",
+                f"tl.store(edge_out_ptr + {self.edge_axes(ei, 1)} * (F // {r}) + {self.feature_axes(g, 1)}, "
+                f"part.to(edge_out_ptr.dtype.element_ty), "
+                f"mask=tl.where({emask}, {self.feature_axes(f'({g} * {r} < F)', 1)}, False))",
+            ]
         else:
             lines.append(f"part = tl.sum(emsg, axis={rank - 1})")
             if spec.edge_mode == "whole":
                 lines.append(f"tl.store(edge_out_ptr + {ei}, part.to(edge_out_ptr.dtype.element_ty), mask=emask)")
             else:
-                lines.append(f"tl.atomic_add(edge_out_ptr + {ei} * (F // {r}) + (tl.program_id(1) * BLOCK_F) // {r}, "
-                             f"part, mask=emask)")
+                lines.append(
+                    f"tl.atomic_add(edge_out_ptr + {ei} * (F // {r}) + (tl.program_id(1) * BLOCK_F) // {r}, "
+                    f"part, mask=emask)"
+                )
         return _indent(lines, indent)
 
     def finalize(self, degree: str, indent: int) -> str:
@@ -463,25 +507,31 @@ class Snippets:
 
     def header(self) -> str:
         spec = self.spec
-        return (f"# Generated by pyg_ugrapher for template {spec.template!r}: edge function "
-                f"{spec.expr} over {', '.join(spec.kinds)} ({', '.join(spec.patterns)}), "
-                f"gather {spec.gather_op}, reduce={spec.reduce}, acc={self.acc}, wide={spec.wide}, "
-                f"head_size={spec.head_size}, head_split={spec.head_split}"
-                + (f"; also writes {spec.edge_expr} per edge ({spec.edge_mode}, groups of {spec.edge_group})"
-                   if spec.edge_expr else "")
-                + (f"; weighted by the softmax of {spec.logit_expr} per destination" if spec.logit_expr else "")
-                + ".\n"
-                "import triton\nimport triton.language as tl\n" + self.gather_helpers())
+        return (
+            f"# Generated by pyg_ugrapher for template {spec.template!r}: edge function "
+            f"{spec.expr} over {', '.join(spec.kinds)} ({', '.join(spec.patterns)}), "
+            f"gather {spec.gather_op}, reduce={spec.reduce}, acc={self.acc}, wide={spec.wide}, "
+            f"head_size={spec.head_size}, head_split={spec.head_split}"
+            + (
+                f"; also writes {spec.edge_expr} per edge ({spec.edge_mode}, groups of {spec.edge_group})"
+                if spec.edge_expr
+                else ""
+            )
+            + (f"; weighted by the softmax of {spec.logit_expr} per destination" if spec.logit_expr else "")
+            + ".\n"
+            "import triton\nimport triton.language as tl\n" + self.gather_helpers()
+        )
 
     def gather_helpers(self) -> str:
-        """The NaN-propagating combine, reduction and atomic of a max or min gather (see
-        :data:`_NAN_BITS`); nothing for the others."""
+        """The NaN-propagating reduction and atomic of a max or min gather (see :data:`_NAN_BITS`);
+        nothing for the others."""
         op = self.spec.gather_op
         if op not in _NAN_BITS:
             return ""
         int32, bits32, int64, bits64 = _NAN_BITS[op]
-        return _NAN_HELPERS.format(op=op, fn="maximum" if op == "max" else "minimum", nan=_NAN, int32=int32,
-                                   bits32=bits32, int64=int64, bits64=bits64)
+        return _NAN_HELPERS.format(
+            op=op, int32=int32, bits32=bits32, int64=int64, bits64=bits64, identity=_IDENTITY[op]
+        )
 
 
 @dataclass(frozen=True)
@@ -519,11 +569,9 @@ def _indent(lines: List[str], width: int) -> str:
 # -- compiling generated modules --------------------------------------------------------------
 def cache_dir() -> Path:
     """Where generated kernels are written: ``$PYG_UGRAPHER_CACHE/kernels`` or
-    ``~/.cache/pyg_ugrapher/kernels``."""
-    root = os.environ.get("PYG_UGRAPHER_CACHE") or os.path.join(Path.home(), ".cache", "pyg_ugrapher")
-    path = Path(root) / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    ``~/.cache/pyg_ugrapher/kernels``, created private and checked by
+    :func:`pyg_ugrapher.paths.cache_dir`."""
+    return paths.cache_dir("kernels")
 
 
 def interpreting() -> bool:
@@ -536,9 +584,12 @@ def interpreting() -> bool:
         return False
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
+
     if not isinstance(tl.standard.max, InterpretedFunction):
-        raise RuntimeError("TRITON_INTERPRET=1 was set after Triton was imported; set it before "
-                           "importing triton, torch_geometric or pyg_ugrapher (e.g. in the shell)")
+        raise RuntimeError(
+            "TRITON_INTERPRET=1 was set after Triton was imported; set it before "
+            "importing triton, torch_geometric or pyg_ugrapher (e.g. in the shell)"
+        )
     return True
 
 
@@ -549,19 +600,38 @@ def uses_triton(device: torch.device) -> bool:
 
 
 def load_kernel(source: str, name: str):
-    """Write ``source`` to the cache folder (named by its hash), import it and return its
-    kernel, the function ``name``. Uncached: the dispatcher keeps one kernel per spec and
-    interpreter mode (Triton decides at decoration time whether a function is compiled or
-    interpreted)."""
+    """Compile the generated module ``source`` and return its kernel, the function ``name``.
+
+    The module is compiled from ``source`` itself, never read back from disk: a file in the cache
+    folder may have been changed by anyone who can write there. The file, named by the hash of
+    ``source`` and written atomically, is for a user to read and names the module's code in
+    tracebacks; ``linecache`` holds ``source`` under its path, so Triton (which reads a kernel's
+    source through :mod:`inspect`) sees the text that was compiled. Uncached: the dispatcher keeps
+    one kernel per spec and interpreter mode (Triton decides at decoration time whether a function
+    is compiled or interpreted).
+    """
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     path = cache_dir() / f"ug_{digest}.py"
-    if not path.exists() or path.read_text() != source:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
+    if not path.is_file() or path.read_text() != source:
+        _write_atomically(path, source)
+    filename = str(path)
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     module_name = f"pyg_ugrapher_generated.ug_{digest}_{int(interpreting())}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
+    module = types.ModuleType(module_name)
+    module.__file__ = filename
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    exec(compile(source, filename, "exec"), module.__dict__)
     return getattr(module, name)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a uniquely named file in the same folder: a concurrent
+    reader sees the old file or the new one, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

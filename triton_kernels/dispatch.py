@@ -1,8 +1,9 @@
 """Run one operator under one schedule: pick the template, generate and compile its kernel, launch.
 
 This is the only entry point the frontend calls; it takes plain tensors and IR values and knows
-nothing of autograd or PyG.
+nothing of autograd or PyG. Its caches (kernels, specs, reused operands) and their guards: ``docs/caches.md``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -13,15 +14,25 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from pyg_ugrapher.graph import CSR, IdentityMap, capturing, grouped
 from pyg_ugrapher.ir import Expr, OpInfo
 from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
+from pyg_ugrapher.structure import CSR, IdentityMap, capturing
 
-from . import (edge_message, edge_parallel, group_message, group_softmax, neighbor_group, vertex_message,
-               vertex_parallel, vertex_softmax)
+from . import (
+    buffers,
+    edge_message,
+    edge_parallel,
+    group_message,
+    group_softmax,
+    neighbor_group,
+    vertex_message,
+    vertex_parallel,
+    vertex_softmax,
+)
 from .codegen import GraphArrays, KernelSpec, edge_mode, head_tiling, interpreting, load_kernel
-from .launch import DirectKernel
+from .csr_pair import grouped
+from .launch import TRITON_LOCK, launcher
 
 #: (gather or message creation, strategy) -> template module.
 TEMPLATES = {
@@ -40,8 +51,8 @@ _IDENTITY = {"max": float("-inf"), "min": float("inf")}
 #: Edge operands with at most this many features per edge are read in CSR order by CSR-ordered
 #: kernels once they are reused: reading one scalar through ``eid`` costs a 32-byte sector per
 #: 4-byte value, while a cached permutation costs a few bytes per edge once. A tensor seen for the
-#: first time is read through ``eid``: permuting it would cost more than it saves (on the H100,
-#: ``index_select`` of a ``[4.2e6, 4]`` tensor took 2.4 ms, longer than GAT's kernels reading it).
+#: first time is read through ``eid``: permuting it would cost more than it saves (an
+#: ``index_select`` of a ``[E, 4]`` tensor takes longer than GAT's kernels reading it).
 NARROW_EDGE = 4
 
 
@@ -50,17 +61,24 @@ def template_for(op: OpInfo, info: ParallelInfo):
 
 
 @functools.lru_cache(maxsize=None)
-def operand_kinds(op: OpInfo, layout: Layout, info: ParallelInfo,
-                  reused: Optional[Tuple[bool, ...]] = None) -> Tuple[str, ...]:
+def operand_kinds(
+    op: OpInfo, layout: Layout, info: ParallelInfo, reused: Optional[Tuple[bool, ...]] = None
+) -> Tuple[str, ...]:
     """The kind each slot is read as: narrow edge operands of CSR-ordered kernels that are
     ``reused`` (default: none) become ``edge_csr`` (the dispatcher permutes them, once)."""
     if template_for(op, info) is edge_message:
         return op.inputs
-    widths = {"full": layout.message_width, "head": layout.message_width // max(layout.inner, 1),
-              "inner": layout.inner, "scalar": 1}
+    widths = {
+        "full": layout.message_width,
+        "head": layout.message_width // max(layout.inner, 1),
+        "inner": layout.inner,
+        "scalar": 1,
+    }
     reused = reused or (False,) * len(op.inputs)
-    return tuple("edge_csr" if kind == "edge" and widths[pattern] <= NARROW_EDGE and again else kind
-                 for kind, pattern, again in zip(op.inputs, layout.patterns, reused))
+    return tuple(
+        "edge_csr" if kind == "edge" and widths[pattern] <= NARROW_EDGE and again else kind
+        for kind, pattern, again in zip(op.inputs, layout.patterns, reused)
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,7 +117,7 @@ def is_reused(tensor: Tensor, eid: Tensor) -> bool:
     grad never count: trainable edge operands change every step anyway, and writes through
     ``.data`` (``gradcheck``'s perturbations, hand-written updates) leave ``_version`` unchanged,
     so a cached copy would go stale silently. Nor does anything during a CUDA graph capture
-    (see :func:`~pyg_ugrapher.graph.capturing`), or an inference tensor, which counts no versions."""
+    (see :func:`~pyg_ugrapher.structure.capturing`), or an inference tensor, which counts no versions."""
     if tensor.requires_grad or tensor.is_inference() or capturing(tensor):
         return False
     if _entry(tensor, eid) is not None:
@@ -124,7 +142,7 @@ def reuse_state(operands: Sequence[Tensor], eid: Tensor, edge_slots: Sequence[bo
     """Which ``operands`` :func:`is_reused` would take for reused on the graph of ``eid`` (``None``
     if none): a decision timed on a first call, which reads them through ``eid``, does not hold
     for later calls reading them in CSR order. Only ``edge_slots`` (the op's edge operands, the
-    only ones read in CSR order) are looked up: every call asks, and a lookup costs ~1 us."""
+    only ones read in CSR order) are looked up: every call asks, so lookups are kept few."""
     state = None
     # Loops, not generator expressions, on this path and the launch plans': each generator step
     # is a Python call, and an operator's ~100 calls are most of its host time.
@@ -138,8 +156,8 @@ def reuse_state(operands: Sequence[Tensor], eid: Tensor, edge_slots: Sequence[bo
 
 def _walked_by(template, graph: GraphArrays) -> GraphArrays:
     """``graph`` as ``template`` reads it: a structure in the user's order
-    (:attr:`~pyg_ugrapher.graph.CSR.user_order`, a small GPU graph's) grouped by row for a template
-    that walks rows (:func:`~pyg_ugrapher.graph.grouped`: sorted once per structure)."""
+    (:attr:`~pyg_ugrapher.structure.CSR.user_order`, a small GPU graph's) grouped by row for a
+    template that walks rows (:func:`~triton_kernels.csr_pair.grouped`: sorted once per structure)."""
     if not graph.csr.user_order or template.READS_USER_ORDER:
         return graph
     return GraphArrays(grouped(graph.csr), graph.src, graph.dst)
@@ -153,14 +171,31 @@ def _in_kernel_order(tensor: Tensor, kind: str, csr: CSR) -> Tensor:
     return _as_rows(tensor)
 
 
-def kernel_spec(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = False,
-                wide: bool = False, kinds: Optional[Tuple[str, ...]] = None) -> KernelSpec:
-    head_size, head_split = (0, False) if op.reduces or "head" not in layout.patterns else \
-        head_tiling(layout.message_width, layout.inner, info.block_f)
-    return KernelSpec(template=template_for(op, info).__name__.rsplit(".", 1)[-1],
-                      expr=op.expr.serialize(), kinds=kinds or operand_kinds(op, layout, info),
-                      patterns=layout.patterns, gather_op=op.gather_op, reduce=op.reduces,
-                      acc64=acc64, wide=wide, head_size=head_size, head_split=head_split)
+def kernel_spec(
+    op: OpInfo,
+    layout: Layout,
+    info: ParallelInfo,
+    acc64: bool = False,
+    wide: bool = False,
+    kinds: Optional[Tuple[str, ...]] = None,
+) -> KernelSpec:
+    head_size, head_split = (
+        (0, False)
+        if op.reduces or "head" not in layout.patterns
+        else head_tiling(layout.message_width, layout.inner, info.block_f)
+    )
+    return KernelSpec(
+        template=template_for(op, info).__name__.rsplit(".", 1)[-1],
+        expr=op.expr.serialize(),
+        kinds=kinds or operand_kinds(op, layout, info),
+        patterns=layout.patterns,
+        gather_op=op.gather_op,
+        reduce=op.reduces,
+        acc64=acc64,
+        wide=wide,
+        head_size=head_size,
+        head_split=head_split,
+    )
 
 
 @dataclass(frozen=True)
@@ -201,27 +236,50 @@ class Fused:
         return operands
 
 
-def fuse(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
-         gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor]) -> Optional[Fused]:
+def fuse(
+    gather: OpInfo,
+    gather_layout: Layout,
+    message: OpInfo,
+    message_layout: Layout,
+    gather_operands: Sequence[Tensor],
+    message_operands: Sequence[Tensor],
+) -> Optional[Fused]:
     """The combined op of :func:`run_with_edge_output`, or ``None`` when the two ops do not share
     a message shape (or one is not of its kind)."""
     keys = tuple(zip(gather.inputs + message.inputs, gather_layout.patterns + message_layout.patterns))
-    return _fused(gather, gather_layout, message, message_layout, keys,
-                  _sharing(keys, list(gather_operands) + list(message_operands)))
+    return _fused(
+        gather,
+        gather_layout,
+        message,
+        message_layout,
+        keys,
+        _sharing(keys, list(gather_operands) + list(message_operands)),
+    )
 
 
 def _sharing(keys: Sequence[Tuple[str, str]], operands: Sequence[Tensor]) -> Tuple[int, ...]:
     """Which earlier operand each one is (the same tensor read the same way, by its ``keys``), or
     -1: all that the combined op depends on besides the two ops, so it is built once per pattern."""
-    return tuple(next((k for k in range(i) if operands[k] is t and keys[k] == keys[i]), -1)
-                 for i, t in enumerate(operands))
+    return tuple(
+        next((k for k in range(i) if operands[k] is t and keys[k] == keys[i]), -1) for i, t in enumerate(operands)
+    )
 
 
 @functools.lru_cache(maxsize=None)
-def _fused(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
-           keys: Tuple[Tuple[str, str], ...], sharing: Tuple[int, ...]) -> Optional[Fused]:
-    if gather.gather_op is None or gather.reduces or message.gather_op is not None or \
-            gather_layout.message_shape != message_layout.message_shape:
+def _fused(
+    gather: OpInfo,
+    gather_layout: Layout,
+    message: OpInfo,
+    message_layout: Layout,
+    keys: Tuple[Tuple[str, str], ...],
+    sharing: Tuple[int, ...],
+) -> Optional[Fused]:
+    if (
+        gather.gather_op is None
+        or gather.reduces
+        or message.gather_op is not None
+        or gather_layout.message_shape != message_layout.message_shape
+    ):
         return None
     kinds = gather.inputs + message.inputs
     patterns = gather_layout.patterns + message_layout.patterns
@@ -244,9 +302,15 @@ def _fused(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layou
     return Fused(op, layout, edge_expr, message_layout.reduce_size, gather_slots, message_slots, keys, sharing)
 
 
-def _fusion(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
-            gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor],
-            info: ParallelInfo) -> Optional[Tuple[Fused, str]]:
+def _fusion(
+    gather: OpInfo,
+    gather_layout: Layout,
+    message: OpInfo,
+    message_layout: Layout,
+    gather_operands: Sequence[Tensor],
+    message_operands: Sequence[Tensor],
+    info: ParallelInfo,
+) -> Optional[Tuple[Fused, str]]:
     """The combined op of :func:`run_with_edge_output` and the :func:`edge_mode` of its edge output
     under ``info``, or ``None`` when ``info`` cannot run the two ops together."""
     if info.strategy not in ("vertex", "group"):
@@ -258,10 +322,17 @@ def _fusion(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layo
     return None if mode is None else (fused, mode)
 
 
-def run_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
-                         graph: GraphArrays, gather_operands: Sequence[Tensor],
-                         message_operands: Sequence[Tensor], info: ParallelInfo,
-                         out_dtypes: Tuple[torch.dtype, torch.dtype]) -> Optional[Tuple[Tensor, Tensor]]:
+def run_with_edge_output(
+    gather: OpInfo,
+    gather_layout: Layout,
+    message: OpInfo,
+    message_layout: Layout,
+    graph: GraphArrays,
+    gather_operands: Sequence[Tensor],
+    message_operands: Sequence[Tensor],
+    info: ParallelInfo,
+    out_dtypes: Tuple[torch.dtype, torch.dtype],
+) -> Optional[Tuple[Tensor, Tensor]]:
     """``(run(gather, ...), run(message, ...))`` in one pass over the edges, or ``None`` when
     ``info`` cannot run them together (an edge-parallel schedule, or feature tiles that straddle
     the message op's sums); the caller then runs them one by one."""
@@ -275,14 +346,14 @@ def run_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo,
     if graph.csr.num_edges == 0 or gather_layout.width == 0:
         out = run(gather, gather_layout, graph, gather_operands, info, out_dtypes[0])
         return out, torch.zeros(edge_shape, dtype=out_dtypes[1], device=graph.csr.device)
-    edge_out = _allocate_edge_output(graph.csr.num_edges, message_layout.width, out_dtypes[1],
-                                     mode == "partial", graph.csr.device)
+    edge_out = _allocate_edge_output(
+        graph.csr.num_edges, message_layout.width, out_dtypes[1], mode == "partial", graph.csr.device
+    )
     out = _launch(fused.op, fused.layout, graph, operands, info, out_dtypes[0], fused.edge_fields(mode), edge_out)
     return out, edge_out.to(out_dtypes[1]).view(edge_shape)
 
 
-def kernel_source(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = False,
-                  wide: bool = False) -> str:
+def kernel_source(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = False, wide: bool = False) -> str:
     """The generated Triton source that runs ``op`` under ``info``."""
     return template_for(op, info).source(kernel_spec(op, layout, info, acc64, wide))
 
@@ -290,15 +361,24 @@ def kernel_source(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool = 
 @functools.lru_cache(maxsize=None)
 def _kernel(template, spec: KernelSpec, interpreted: bool):
     """The kernel of ``spec``, compiled or ``interpreted``: the one cache of generated kernels,
-    keyed by spec (generating the source again would cost ~60 us per call, as much as a launch).
-    Compiled kernels launch through :class:`DirectKernel`."""
-    kernel = load_kernel(template.source(spec), spec.name)
-    return kernel if interpreted else DirectKernel(kernel)
+    keyed by spec (generating the source again would cost as much host time as a launch).
+    Launched through :func:`~triton_kernels.launch.launcher`. A miss loads under
+    :data:`~triton_kernels.launch.TRITON_LOCK`: the kernel file is written and imported, and the
+    decoration of its functions is Triton's."""
+    with TRITON_LOCK:
+        return launcher(load_kernel(template.source(spec), spec.name), interpreted)
 
 
 @functools.lru_cache(maxsize=None)
-def _spec(op: OpInfo, layout: Layout, info: ParallelInfo, acc64: bool, wide: bool, kinds: Tuple[str, ...],
-          edge_fields: Tuple[Tuple[str, Any], ...]) -> KernelSpec:
+def _spec(
+    op: OpInfo,
+    layout: Layout,
+    info: ParallelInfo,
+    acc64: bool,
+    wide: bool,
+    kinds: Tuple[str, ...],
+    edge_fields: Tuple[Tuple[str, Any], ...],
+) -> KernelSpec:
     """:func:`kernel_spec` with the fields of an edge output, once per combination."""
     return replace(kernel_spec(op, layout, info, acc64, wide, kinds), **dict(edge_fields))
 
@@ -346,8 +426,14 @@ def _needs_wide(tensors: Sequence[Tensor]) -> bool:
     return False
 
 
-def run(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tensor],
-        info: ParallelInfo, out_dtype: Optional[torch.dtype] = None) -> Tensor:
+def run(
+    op: OpInfo,
+    layout: Layout,
+    graph: GraphArrays,
+    operands: Sequence[Tensor],
+    info: ParallelInfo,
+    out_dtype: Optional[torch.dtype] = None,
+) -> Tensor:
     """Compute ``op`` on ``graph`` with the Triton kernel of ``info``.
 
     ``operands`` are in slot order, on the graph's device. The result has shape
@@ -358,16 +444,24 @@ def run(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tenso
     return _launch(op, layout, graph, operands, info, out_dtype)
 
 
-def _launch(op: OpInfo, layout: Layout, graph: GraphArrays, operands: Sequence[Tensor], info: ParallelInfo,
-            out_dtype: Optional[torch.dtype], edge_fields: Tuple[Tuple[str, Any], ...] = (),
-            edge_out: Optional[Tensor] = None) -> Tensor:
+def _launch(
+    op: OpInfo,
+    layout: Layout,
+    graph: GraphArrays,
+    operands: Sequence[Tensor],
+    info: ParallelInfo,
+    out_dtype: Optional[torch.dtype],
+    edge_fields: Tuple[Tuple[str, Any], ...] = (),
+    edge_out: Optional[Tensor] = None,
+) -> Tensor:
     template = template_for(op, info)
     graph = _walked_by(template, graph)
     eid = graph.csr.eid
     permutable = _permutable(op, layout, info)
     # Only slots that could be read in CSR order ask whether their tensor came back.
-    reused = None if permutable is None else \
-        tuple(again and is_reused(t, eid) for t, again in zip(operands, permutable))
+    reused = (
+        None if permutable is None else tuple(again and is_reused(t, eid) for t, again in zip(operands, permutable))
+    )
     kinds = operand_kinds(op, layout, info, reused)
     flat = [_in_kernel_order(t, kind, graph.csr) for t, kind in zip(operands, kinds)]
     if out_dtype is None:
@@ -415,9 +509,8 @@ def _result(out: Tensor, out_dtype: torch.dtype, shape: Tuple[int, ...]) -> Tens
 class Plan:
     """What :func:`run` works out for one call, kept for the calls like it (:func:`prepare`): such
     a call allocates its output and launches, nothing else. A plan holds nothing of a graph, so
-    one serves every graph whose schedule is the same (a sampler's mini-batches). On the project's
-    CPU machine, launches stubbed, ``run_graph_op`` took 60-67 us per call through :func:`run` and
-    25-37 us through a plan."""
+    one serves every graph whose schedule is the same (a sampler's mini-batches). A call through a
+    plan skips the checks and lookups of :func:`run`, about half of its host time."""
 
     template: Any
     kernel: Any
@@ -428,13 +521,13 @@ class Plan:
     #: The slots :func:`run` reads in CSR order once their tensor comes back (``None``: none).
     permutable: Optional[Tuple[bool, ...]]
     #: Of those, the slots whose tensors come back in this plan's calls, read in CSR order
-    #: (``None``: none): GCN's static weights, every step. A plan that took them for new handed
-    #: each such call to :func:`run` (``u_mul_e_sum`` with a static weight: 101 against 74 us of
-    #: host time per call on an H200 machine, ``benchmarks/results/h200-host-path``, probe 75).
+    #: (``None``: none): GCN's static weights, every step. A plan that took them for new would
+    #: hand each such call to :func:`run`, at that function's host cost.
     in_csr: Optional[Tuple[bool, ...]] = None
 
-    def __call__(self, graph: GraphArrays, operands: Sequence[Tensor], edge_out: Optional[Tensor] = None
-                 ) -> Optional[Tensor]:
+    def __call__(
+        self, graph: GraphArrays, operands: Sequence[Tensor], edge_out: Optional[Tensor] = None
+    ) -> Optional[Tensor]:
         """The result for ``operands``, :func:`packed_rows` of the dtypes and feature shapes the
         plan was made for (and ``edge_out`` written, for a plan of :func:`prepare_with_edge_output`);
         ``None`` where the call needs :func:`run`: the operands of the permutable slots come back
@@ -447,8 +540,13 @@ class Plan:
         extra = [] if edge_out is None else [edge_out]
         # The output's offsets reach (rows + 1) * width, as _needs_wide counts them. A tensor read
         # in CSR order is no wider than the operand it comes from.
-        if not csr.num_edges or not rows or (rows + 1) * width > _INT32_LIMIT or _needs_wide(operands) or \
-                (extra and _needs_wide(extra)):
+        if (
+            not csr.num_edges
+            or not rows
+            or (rows + 1) * width > _INT32_LIMIT
+            or _needs_wide(operands)
+            or (extra and _needs_wide(extra))
+        ):
             return None
         if self.permutable is not None:
             eid = csr.eid
@@ -471,8 +569,7 @@ class PairPlan:
     """What :func:`run_with_edge_output` works out for one call, kept for the calls like it
     (:func:`prepare_with_edge_output`): the combined op's :class:`Plan`, and how the two ops'
     operands map onto it. GAT's backward runs one such pair per step; through
-    :func:`run_with_edge_output` it took 87 us of host time on the project's CPU machine (launches
-    stubbed), about three times a plain plan's."""
+    :func:`run_with_edge_output` it would cost about three times a plain plan's host time."""
 
     fused: Fused  #: its ``sharing``: the operands that were one tensor when the plan was made
     plan: Plan
@@ -481,8 +578,9 @@ class PairPlan:
     edge_dtype: torch.dtype
     atomic: bool  #: the edge output adds partial sums atomically (``edge_mode`` ``"partial"``)
 
-    def __call__(self, graph: GraphArrays, gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor]
-                 ) -> Optional[Tuple[Tensor, Tensor]]:
+    def __call__(
+        self, graph: GraphArrays, gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor]
+    ) -> Optional[Tuple[Tensor, Tensor]]:
         """Both results for operands like the plan's (packed rows, the same tensors shared); ``None``
         where the call needs :func:`run_with_edge_output`."""
         num_edges = graph.csr.num_edges
@@ -496,9 +594,15 @@ class PairPlan:
         return out, edge_out.to(self.edge_dtype).view((num_edges,) + self.edge_shape)
 
 
-def prepare(op: OpInfo, layout: Layout, operands: Sequence[Tensor], info: ParallelInfo,
-            out_dtype: torch.dtype, edge_fields: Tuple[Tuple[str, Any], ...] = (),
-            reused: Optional[Tuple[bool, ...]] = None) -> Optional[Plan]:
+def prepare(
+    op: OpInfo,
+    layout: Layout,
+    operands: Sequence[Tensor],
+    info: ParallelInfo,
+    out_dtype: torch.dtype,
+    edge_fields: Tuple[Tuple[str, Any], ...] = (),
+    reused: Optional[Tuple[bool, ...]] = None,
+) -> Optional[Plan]:
     """A :class:`Plan` for calls of ``op`` under ``info`` with operands of the dtypes and feature
     shapes of ``operands`` (rows are the graph's, on any graph), the operands of the ``reused``
     slots coming back (:func:`reuse_state`; default: none); ``None`` where each call must go
@@ -514,13 +618,28 @@ def prepare(op: OpInfo, layout: Layout, operands: Sequence[Tensor], info: Parall
     kinds = operand_kinds(op, layout, info, reused)
     in_csr = tuple(kind == "edge_csr" for kind in kinds)
     spec = _spec(op, layout, info, any(t.dtype == torch.float64 for t in operands), False, kinds, edge_fields)
-    return Plan(template, _kernel(template, spec, interpreting()), op, layout, info, out_dtype,
-                _permutable(op, layout, info), in_csr if any(in_csr) else None)
+    return Plan(
+        template,
+        _kernel(template, spec, interpreting()),
+        op,
+        layout,
+        info,
+        out_dtype,
+        _permutable(op, layout, info),
+        in_csr if any(in_csr) else None,
+    )
 
 
-def prepare_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpInfo, message_layout: Layout,
-                             gather_operands: Sequence[Tensor], message_operands: Sequence[Tensor],
-                             info: ParallelInfo, out_dtypes: Tuple[torch.dtype, torch.dtype]) -> Optional[PairPlan]:
+def prepare_with_edge_output(
+    gather: OpInfo,
+    gather_layout: Layout,
+    message: OpInfo,
+    message_layout: Layout,
+    gather_operands: Sequence[Tensor],
+    message_operands: Sequence[Tensor],
+    info: ParallelInfo,
+    out_dtypes: Tuple[torch.dtype, torch.dtype],
+) -> Optional[PairPlan]:
     """A :class:`PairPlan` for calls of :func:`run_with_edge_output` with operands like these (as
     :func:`prepare`); ``None`` where each call must go through it, or where ``info`` cannot run the
     two ops together."""
@@ -528,8 +647,14 @@ def prepare_with_edge_output(gather: OpInfo, gather_layout: Layout, message: OpI
     if fusion is None:
         return None
     fused, mode = fusion
-    plan = prepare(fused.op, fused.layout, fused.combined(gather_operands, message_operands), info, out_dtypes[0],
-                   fused.edge_fields(mode))
+    plan = prepare(
+        fused.op,
+        fused.layout,
+        fused.combined(gather_operands, message_operands),
+        info,
+        out_dtypes[0],
+        fused.edge_fields(mode),
+    )
     if plan is None:
         return None
     return PairPlan(fused, plan, message_layout.width, message_layout.out_shape, out_dtypes[1], mode == "partial")
@@ -542,14 +667,25 @@ def _softmax_tiling(layout: Layout, info: ParallelInfo) -> Optional[bool]:
 
 
 @functools.lru_cache(maxsize=None)
-def _softmax_spec(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, info: ParallelInfo,
-                  acc64: bool, wide: bool) -> Optional[KernelSpec]:
+def _softmax_spec(
+    value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, info: ParallelInfo, acc64: bool, wide: bool
+) -> Optional[KernelSpec]:
     split = _softmax_tiling(layout, info)
     if split is None:
         return None
-    return KernelSpec(template=SOFTMAX_TEMPLATES[info.strategy].__name__.rsplit(".", 1)[-1], expr=value.serialize(),
-                      kinds=kinds, patterns=layout.patterns, gather_op="sum", reduce=False, acc64=acc64, wide=wide,
-                      head_size=layout.inner, head_split=split, logit_expr=logit.serialize())
+    return KernelSpec(
+        template=SOFTMAX_TEMPLATES[info.strategy].__name__.rsplit(".", 1)[-1],
+        expr=value.serialize(),
+        kinds=kinds,
+        patterns=layout.patterns,
+        gather_op="sum",
+        reduce=False,
+        acc64=acc64,
+        wide=wide,
+        head_size=layout.inner,
+        head_split=split,
+        logit_expr=logit.serialize(),
+    )
 
 
 @dataclass(frozen=True)
@@ -571,21 +707,34 @@ class SoftmaxPlan:
         return _softmax_launch(self.kernel, self.layout, graph, operands, self.info, self.out_dtypes)
 
 
-def _softmax_launch(kernel, layout: Layout, graph: GraphArrays, operands: Sequence[Tensor], info: ParallelInfo,
-                    out_dtypes: Tuple[torch.dtype, torch.dtype]) -> Tuple[Tensor, Tensor]:
+def _softmax_launch(
+    kernel,
+    layout: Layout,
+    graph: GraphArrays,
+    operands: Sequence[Tensor],
+    info: ParallelInfo,
+    out_dtypes: Tuple[torch.dtype, torch.dtype],
+) -> Tuple[Tensor, Tensor]:
     template = SOFTMAX_TEMPLATES[info.strategy]
     graph = _walked_by(template, graph)
     rows, device = graph.csr.num_rows, graph.csr.device
     heads = layout.message_width // layout.inner
-    out = _uninitialised((rows, layout.message_width), out_dtypes[0], device)
-    normaliser = _uninitialised((rows, heads), out_dtypes[1], device)
+    out = buffers.uninitialised((rows, layout.message_width), out_dtypes[0], device)
+    normaliser = buffers.uninitialised((rows, heads), out_dtypes[1], device)
     template.launch(kernel, graph, _tensor_args(operands), out, normaliser, layout, info)
     return out.view((rows,) + layout.message_shape), normaliser.view(rows, heads, 1)
 
 
-def run_softmax(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, graph: GraphArrays,
-                operands: Sequence[Tensor], info: ParallelInfo, out_dtypes: Tuple[torch.dtype, torch.dtype]
-                ) -> Optional[Tuple[Tensor, Tensor]]:
+def run_softmax(
+    value: Expr,
+    logit: Expr,
+    kinds: Tuple[str, ...],
+    layout: Layout,
+    graph: GraphArrays,
+    operands: Sequence[Tensor],
+    info: ParallelInfo,
+    out_dtypes: Tuple[torch.dtype, torch.dtype],
+) -> Optional[Tuple[Tensor, Tensor]]:
     """Softmax aggregation in one pass (:data:`SOFTMAX_TEMPLATES`: vertex-parallel or neighbour
     groups): per destination and head, ``(sum of softmax(logit) * value, log-normaliser)``, shaped
     ``[rows, *message_shape]`` and ``[rows, heads, 1]``, with ``value`` and ``logit`` expressions
@@ -593,17 +742,27 @@ def run_softmax(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout
     ``None`` where ``info`` cannot run it (another strategy, or :func:`vertex_softmax.tiling`)."""
     info.validate_for(layout.message_width)
     flat = [_as_rows(t) for t in operands]
-    spec = _softmax_spec(value, logit, kinds, layout, info, any(t.dtype == torch.float64 for t in flat),
-                         _needs_wide(flat) or (graph.csr.num_rows + 1) * layout.message_width > _INT32_LIMIT)
+    spec = _softmax_spec(
+        value,
+        logit,
+        kinds,
+        layout,
+        info,
+        any(t.dtype == torch.float64 for t in flat),
+        _needs_wide(flat) or (graph.csr.num_rows + 1) * layout.message_width > _INT32_LIMIT,
+    )
     if spec is None:
         return None
     rows, device = graph.csr.num_rows, graph.csr.device
     if not rows or not layout.message_width:
         heads = layout.message_width // max(layout.inner, 1)
-        return (torch.zeros((rows,) + layout.message_shape, dtype=out_dtypes[0], device=device),
-                torch.zeros((rows, heads, 1), dtype=out_dtypes[1], device=device))
-    return _softmax_launch(_kernel(SOFTMAX_TEMPLATES[info.strategy], spec, interpreting()), layout, graph, flat, info,
-                           out_dtypes)
+        return (
+            torch.zeros((rows,) + layout.message_shape, dtype=out_dtypes[0], device=device),
+            torch.zeros((rows, heads, 1), dtype=out_dtypes[1], device=device),
+        )
+    return _softmax_launch(
+        _kernel(SOFTMAX_TEMPLATES[info.strategy], spec, interpreting()), layout, graph, flat, info, out_dtypes
+    )
 
 
 def runs_softmax(layout: Layout, info: ParallelInfo) -> bool:
@@ -611,15 +770,23 @@ def runs_softmax(layout: Layout, info: ParallelInfo) -> bool:
     return _softmax_tiling(layout, info) is not None
 
 
-def softmax_source(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, info: ParallelInfo,
-                   acc64: bool = False) -> Optional[str]:
+def softmax_source(
+    value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, info: ParallelInfo, acc64: bool = False
+) -> Optional[str]:
     """The generated Triton source of :func:`run_softmax` under ``info`` (``None``: it cannot run it)."""
     spec = _softmax_spec(value, logit, kinds, layout, info, acc64, False)
     return None if spec is None else SOFTMAX_TEMPLATES[info.strategy].source(spec)
 
 
-def prepare_softmax(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: Layout, operands: Sequence[Tensor],
-                    info: ParallelInfo, out_dtypes: Tuple[torch.dtype, torch.dtype]) -> Optional[SoftmaxPlan]:
+def prepare_softmax(
+    value: Expr,
+    logit: Expr,
+    kinds: Tuple[str, ...],
+    layout: Layout,
+    operands: Sequence[Tensor],
+    info: ParallelInfo,
+    out_dtypes: Tuple[torch.dtype, torch.dtype],
+) -> Optional[SoftmaxPlan]:
     """A :class:`SoftmaxPlan` for calls of :func:`run_softmax` with operands of the dtypes and
     feature shapes of ``operands``; ``None`` where ``info`` cannot run it or offsets of these
     operands exceed int32."""
@@ -632,36 +799,25 @@ def prepare_softmax(value: Expr, logit: Expr, kinds: Tuple[str, ...], layout: La
     return SoftmaxPlan(_kernel(SOFTMAX_TEMPLATES[info.strategy], spec, interpreting()), layout, info, out_dtypes)
 
 
-def _atomic_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Where atomics accumulate partial results: half types would lose precision across many
-    partials, so they accumulate in float32."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def _uninitialised(shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """An output whose every element the kernel writes (the tests fill it with NaN instead)."""
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _allocate_edge_output(num_edges: int, width: int, dtype: torch.dtype, atomic: bool,
-                          device: torch.device) -> Tensor:
+def _allocate_edge_output(num_edges: int, width: int, dtype: torch.dtype, atomic: bool, device: torch.device) -> Tensor:
     if not atomic:
-        return _uninitialised((num_edges, width), dtype, device)
-    return torch.zeros((num_edges, width), dtype=_atomic_dtype(dtype), device=device)
+        return buffers.uninitialised((num_edges, width), dtype, device)
+    return torch.zeros((num_edges, width), dtype=buffers.atomic_dtype(dtype), device=device)
 
 
-def _allocate(op: OpInfo, graph: GraphArrays, template, info: ParallelInfo, rows: int, width: int,
-              out_dtype: torch.dtype) -> Tensor:
+def _allocate(
+    op: OpInfo, graph: GraphArrays, template, info: ParallelInfo, rows: int, width: int, out_dtype: torch.dtype
+) -> Tensor:
     device = graph.csr.device
     if not template.ATOMIC:
-        return _uninitialised((rows, width), out_dtype, device)
-    dtype = _atomic_dtype(out_dtype)
+        return buffers.uninitialised((rows, width), out_dtype, device)
+    dtype = buffers.atomic_dtype(out_dtype)
     identity = _IDENTITY.get(op.gather_op, 0.0)
     combined = template.atomic_rows(graph, info) if graph.csr.num_edges else None
     if combined is not None:
         # Only rows whose partial results meet through atomics start from the identity; the kernel
-        # stores every other row once. Zeroing all of a 1e6 x 128 output cost ~0.15 ms on the H100.
-        return _uninitialised((rows, width), dtype, device).index_fill_(0, combined, identity)
+        # stores every other row once, so a large output is not zeroed whole before the launch.
+        return buffers.uninitialised((rows, width), dtype, device).index_fill_(0, combined, identity)
     if op.gather_op not in _IDENTITY:
         return torch.zeros((rows, width), dtype=dtype, device=device)
     rowptr = graph.csr.rowptr
@@ -670,7 +826,22 @@ def _allocate(op: OpInfo, graph: GraphArrays, template, info: ParallelInfo, rows
     return init[:, None].expand(rows, width).contiguous()
 
 
-__all__: Tuple[str, ...] = ("run", "prepare", "Plan", "prepare_with_edge_output", "PairPlan", "packed_rows",
-                            "all_packed", "run_with_edge_output", "run_softmax", "prepare_softmax", "SoftmaxPlan",
-                            "runs_softmax", "softmax_source", "kernel_source", "kernel_spec", "TEMPLATES",
-                            "GraphArrays")
+__all__: Tuple[str, ...] = (
+    "run",
+    "prepare",
+    "Plan",
+    "prepare_with_edge_output",
+    "PairPlan",
+    "packed_rows",
+    "all_packed",
+    "run_with_edge_output",
+    "run_softmax",
+    "prepare_softmax",
+    "SoftmaxPlan",
+    "runs_softmax",
+    "softmax_source",
+    "kernel_source",
+    "kernel_spec",
+    "TEMPLATES",
+    "GraphArrays",
+)

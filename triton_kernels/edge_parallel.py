@@ -5,18 +5,19 @@ so a segmented scan reduces each run of equal destinations inside the block firs
 wholly inside the block is stored directly, and only the (at most two) runs that cross a block
 boundary are combined with atomics into an initialised output.
 
-On a structure in the user's order (``GROUPED`` false, :attr:`~pyg_ugrapher.graph.CSR.user_order`)
+On a structure in the user's order (``GROUPED`` false, :attr:`~pyg_ugrapher.structure.CSR.user_order`)
 a row's edges may lie anywhere: the scan still reduces each run of equal consecutive destinations
 (its segments start wherever the destination changes, whatever comes back later), and every run
 is combined with atomics (a mean adds each run's sum over the row's degree).
 """
+
 from __future__ import annotations
 
 import triton
 
 from .codegen import KernelSpec, Snippets
 
-TEMPLATE = '''{header}
+TEMPLATE = """{header}
 
 @triton.jit
 def _combine_runs(start_a, val_a, start_b, val_b):
@@ -53,7 +54,7 @@ def {name}(rows_ptr, col_ptr, eid_ptr, rowptr_ptr, {operand_params}out_ptr, num_
     res = res.to(out_ptr.dtype.element_ty)
     tl.store(dest, res, mask=(run_end & owned)[:, None] & fmask[None, :])
     {atomic_fn}(dest, res, mask=(run_end & (owned == 0))[:, None] & fmask[None, :])
-'''
+"""
 
 #: Runs that cross a block boundary are combined with atomics into an initialised output.
 ATOMIC = True
@@ -69,16 +70,35 @@ def atomic_rows(graph, info) -> None:
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec)
-    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
-                           combine=s.combine("val_a", "val_b"), edge_loads=s.csr_edge_loads(4),
-                           message=s.message(4), identity=s.identity,
-                           finalize=s.finalize("degree[:, None]", 4), out_row=s.row("v"),
-                           atomic_fn=s.atomic_fn)
+    return TEMPLATE.format(
+        header=s.header(),
+        name=spec.name,
+        operand_params=s.operand_params,
+        combine=s.combine("val_a", "val_b"),
+        edge_loads=s.csr_edge_loads(4),
+        message=s.message(4),
+        identity=s.identity,
+        finalize=s.finalize("degree[:, None]", 4),
+        out_row=s.row("v"),
+        atomic_fn=s.atomic_fn,
+    )
 
 
 def launch(kernel, graph, operand_args, out, width, layout, info) -> None:
     csr = graph.csr
     grid = (triton.cdiv(csr.num_edges, info.block_e), triton.cdiv(width, info.block_f))
-    kernel[grid](csr.rows, csr.col, csr.eid, csr.rowptr, *operand_args, out, csr.num_edges, width,
-                 layout.inner, BLOCK_E=info.block_e, BLOCK_F=info.block_f, GROUPED=not csr.user_order,
-                 num_warps=info.num_warps)
+    kernel[grid](
+        csr.rows,
+        csr.col,
+        csr.eid,
+        csr.rowptr,
+        *operand_args,
+        out,
+        csr.num_edges,
+        width,
+        layout.inner,
+        BLOCK_E=info.block_e,
+        BLOCK_F=info.block_f,
+        GROUPED=not csr.user_order,
+        num_warps=info.num_warps,
+    )

@@ -1,12 +1,12 @@
 """Per-head dot products of two ``[rows, H, C]`` tensors, ``[rows, H, 1]``: GAT's backward total
 ``t_v = <out_v, G_v>`` per destination and head (:mod:`pyg_ugrapher.attention`).
 
-As torch operations it is a product and a sum over the last ``C`` features. For 2e5 rows of 4 heads
-of 32 on an H200 they took 69 and 183 us of a GAT step, the sum's reduction over 32 contiguous
-elements per output reading at 0.55 TB/s (``benchmarks/results/h200-power-law``, probe 98). One
-kernel reads both tensors once: each program takes ``BLOCK_R`` (row, head) pairs and walks their
-``C`` features ``BLOCK_C`` at a time.
+As torch operations it is a product, which writes an ``[rows, H, C]`` intermediate, and a sum over
+the last ``C`` features, whose reduction over a few contiguous elements per output runs far below
+the memory bandwidth. One kernel reads both tensors once: each program takes ``BLOCK_R``
+(row, head) pairs and walks their ``C`` features ``BLOCK_C`` at a time.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import dispatch
+from . import buffers
 from .codegen import interpreting
 from .launch import jit_kernel
 
@@ -22,8 +22,9 @@ BLOCK_R = 64
 MAX_BLOCK_C = 64
 
 
-def head_dot_kernel(a_ptr, b_ptr, out_ptr, num_pairs, C, DOUBLE: tl.constexpr, BLOCK_R: tl.constexpr,
-                    BLOCK_C: tl.constexpr):
+def head_dot_kernel(
+    a_ptr, b_ptr, out_ptr, num_pairs, C, DOUBLE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr
+):
     pair = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     live = pair < num_pairs
     if DOUBLE:
@@ -47,19 +48,28 @@ def head_dot(a: Tensor, b: Tensor) -> Tensor:
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise TypeError(f"a, b: expected tensors, got {type(a).__name__} and {type(b).__name__}")
     if a.dim() != 3 or a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-        raise ValueError(f"a, b: expected two [rows, heads, features] tensors of one shape, dtype and device, got "
-                         f"{list(a.shape)} {a.dtype} {a.device} and {list(b.shape)} {b.dtype} {b.device}")
+        raise ValueError(
+            f"a, b: expected two [rows, heads, features] tensors of one shape, dtype and device, got "
+            f"{list(a.shape)} {a.dtype} {a.device} and {list(b.shape)} {b.dtype} {b.device}"
+        )
     if not a.is_floating_point():
         raise TypeError(f"a, b: expected floating-point tensors, got {a.dtype}")
     rows, heads, channels = a.shape
-    out = dispatch._uninitialised((rows, heads, 1), a.dtype, a.device)
+    out = buffers.uninitialised((rows, heads, 1), a.dtype, a.device)
     num_pairs = rows * heads
     if not num_pairs:
         return out
     if not channels:
         return out.zero_()
     kernel = jit_kernel(head_dot_kernel, ("num_pairs",), interpreting())
-    kernel[(triton.cdiv(num_pairs, BLOCK_R),)](a.contiguous(), b.contiguous(), out, num_pairs, channels,
-                                              DOUBLE=a.dtype == torch.float64, BLOCK_R=BLOCK_R,
-                                              BLOCK_C=min(MAX_BLOCK_C, triton.next_power_of_2(channels)))
+    kernel[(triton.cdiv(num_pairs, BLOCK_R),)](
+        a.contiguous(),
+        b.contiguous(),
+        out,
+        num_pairs,
+        channels,
+        DOUBLE=a.dtype == torch.float64,
+        BLOCK_R=BLOCK_R,
+        BLOCK_C=min(MAX_BLOCK_C, triton.next_power_of_2(channels)),
+    )
     return out

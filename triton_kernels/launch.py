@@ -2,19 +2,26 @@
 
 ``kernel[grid](...)`` binds the arguments, works out their specialisation (types, 16-byte
 alignment of pointers, divisibility by 16 of integers, integers equal to 1), builds a cache key
-from it and the options, finds the binary and launches it: 19.2 us of host time per call on one
-H100 machine, against 6.7 us for the bare launch and 15.0 us through this class (3.4 us of it the
-key). On graphs up to ~1e6 edges that host time is the operator's time. The generated kernels
+from it and the options, finds the binary and launches it, several times the host time of the bare
+launch. On graphs up to ~1e6 edges that host time is the operator's time. The generated kernels
 take only tensors and integers (everything else is a ``constexpr`` keyword), so the same
 specialisation is a short tuple computed here; the first call of each one goes through Triton
 (which compiles), later calls launch its ``CompiledKernel``.
 
 Anything this does not recognise (other argument types, launch hooks set by a profiler, a Triton
 whose compiled kernels lack the attributes used here) goes through Triton's own path.
+
+Triton's own path runs under one process-wide lock (:data:`TRITON_LOCK`): its binder and compiler
+keep per-function caches that several threads must not fill at once, and its CPU interpreter runs
+a kernel by patching ``triton.language`` module-wide and keeps the program id in one global
+builder, so two interpreted launches at once would see each other's. Launches of compiled binaries
+take no lock. The caches of the package and how each is guarded: ``docs/caches.md``.
 """
+
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable, Dict, Sequence, Tuple
 
 import triton
@@ -24,6 +31,9 @@ from triton.runtime.driver import driver
 
 _I32 = 2**31
 _I64 = 2**63
+
+#: Held while a kernel goes through Triton's own launch path: compiling, binding, interpreting.
+TRITON_LOCK = threading.RLock()
 
 
 def _hooked(hook: Any) -> bool:
@@ -67,22 +77,25 @@ class DirectKernel:
     def run(self, grid: Sequence[int], args: Sequence[Any], kwargs: Dict[str, Any]) -> None:
         runtime = knobs.runtime
         if not self.direct or _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
-            self.fn[grid](*args, **kwargs)
+            with TRITON_LOCK:
+                self.fn[grid](*args, **kwargs)
             return
         device = driver.active.get_current_device()
         key = self._key(device, args, kwargs)
         binary = self.binaries.get(key) if key is not None else None
         if binary is None:
-            compiled = self.fn[grid](*args, **kwargs)
+            with TRITON_LOCK:
+                compiled = self.fn[grid](*args, **kwargs)
             if key is not None:
                 self._remember(key, compiled, len(args), kwargs)
             return
-        tail = [kwargs[name] for name in self.names[len(args):]]
+        tail = [kwargs[name] for name in self.names[len(args) :]]
         stream = driver.active.get_current_stream(device)
         grid_y = grid[1] if len(grid) > 1 else 1
         grid_z = grid[2] if len(grid) > 2 else 1
-        binary.run(grid[0], grid_y, grid_z, stream, binary.function, binary.packed_metadata, None, None, None,
-                   *args, *tail)
+        binary.run(
+            grid[0], grid_y, grid_z, stream, binary.function, binary.packed_metadata, None, None, None, *args, *tail
+        )
 
     def _remember(self, key: Tuple, compiled: Any, num_args: int, kwargs: Dict[str, Any]) -> None:
         if not all(name in kwargs for name in self.names[num_args:]):
@@ -93,10 +106,30 @@ class DirectKernel:
             self.direct = False
 
 
+class InterpretedKernel:
+    """A ``@triton.jit`` function run by Triton's interpreter, launched as
+    ``kernel[grid](*args, **kwargs)`` under :data:`TRITON_LOCK`: one interpreted kernel at a time."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid: Sequence[int]) -> Callable[..., None]:
+        return lambda *args, **kwargs: self.run(grid, args, kwargs)
+
+    def run(self, grid: Sequence[int], args: Sequence[Any], kwargs: Dict[str, Any]) -> None:
+        with TRITON_LOCK:
+            self.fn[grid](*args, **kwargs)
+
+
+def launcher(kernel, interpreted: bool):
+    """How the ``@triton.jit`` function ``kernel`` is launched: :class:`InterpretedKernel` or
+    :class:`DirectKernel`."""
+    return InterpretedKernel(kernel) if interpreted else DirectKernel(kernel)
+
+
 @functools.lru_cache(maxsize=None)
 def jit_kernel(fn: Callable, do_not_specialize: Tuple[str, ...], interpreted: bool):
     """The hand-written kernel ``fn`` (an undecorated function), decorated once per mode: Triton
     decides at decoration time whether a function is compiled or interpreted, and one process may
-    run both (the tests). Compiled, it launches through :class:`DirectKernel`."""
-    kernel = triton.jit(do_not_specialize=list(do_not_specialize))(fn)
-    return kernel if interpreted else DirectKernel(kernel)
+    run both (the tests). Launched through :func:`launcher`."""
+    return launcher(triton.jit(do_not_specialize=list(do_not_specialize))(fn), interpreted)

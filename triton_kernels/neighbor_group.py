@@ -7,15 +7,16 @@ chunks of a block advance side by side exactly like vertex-parallel rows and red
 only rows split into several chunks combine their partial results with atomics (mean partials
 are pre-divided by the degree).
 """
+
 from __future__ import annotations
 
 import triton
 
-from pyg_ugrapher.graph import chunk_table, split_rows
+from pyg_ugrapher.structure import chunk_table, split_rows
 
 from .codegen import KernelSpec, Snippets
 
-TEMPLATE = '''{header}
+TEMPLATE = """{header}
 
 @triton.jit(do_not_specialize=["num_chunks", "group_size"])
 def {name}(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr,
@@ -34,7 +35,7 @@ def {name}(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operan
     res = res.to(out_ptr.dtype.element_ty)
     tl.store(dest, res, mask=(live & (degree <= group_size))[:, None] & fmask[None, :])
     {atomic_fn}(dest, res, mask=(live & (degree > group_size))[:, None] & fmask[None, :])
-'''
+"""
 
 #: Split rows are combined with atomics into an initialised output.
 ATOMIC = True
@@ -49,16 +50,36 @@ def atomic_rows(graph, info):
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
-    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
-                           chunk_rows=s.chunk_rows(4), row_reduction=s.row_reduction(4),
-                           finalize=s.finalize("degree[:, None]", 4),
-                           out_row=s.row("v"), atomic_fn=s.atomic_fn)
+    return TEMPLATE.format(
+        header=s.header(),
+        name=spec.name,
+        operand_params=s.operand_params,
+        chunk_rows=s.chunk_rows(4),
+        row_reduction=s.row_reduction(4),
+        finalize=s.finalize("degree[:, None]", 4),
+        out_row=s.row("v"),
+        atomic_fn=s.atomic_fn,
+    )
 
 
 def launch(kernel, graph, operand_args, out, width, layout, info) -> None:
     chunk_row, chunk_start = chunk_table(graph.csr, info.group_size)
     grid = (triton.cdiv(chunk_row.numel(), info.block_v), triton.cdiv(width, info.block_f))
-    kernel[grid](chunk_row, chunk_start, graph.csr.rowptr, graph.csr.col, graph.csr.eid, *operand_args, out,
-                 chunk_row.numel(), info.group_size, width, layout.inner, BLOCK_V=info.block_v,
-                 BLOCK_E=info.block_e, BLOCK_F=info.block_f, num_warps=info.num_warps,
-                 num_stages=info.num_stages)
+    kernel[grid](
+        chunk_row,
+        chunk_start,
+        graph.csr.rowptr,
+        graph.csr.col,
+        graph.csr.eid,
+        *operand_args,
+        out,
+        chunk_row.numel(),
+        info.group_size,
+        width,
+        layout.inner,
+        BLOCK_V=info.block_v,
+        BLOCK_E=info.block_e,
+        BLOCK_F=info.block_f,
+        num_warps=info.num_warps,
+        num_stages=info.num_stages,
+    )

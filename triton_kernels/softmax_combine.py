@@ -8,6 +8,7 @@ log-normaliser ``M + log(z + 1e-16)``: what one program walking the whole row co
 (:mod:`~triton_kernels.vertex_softmax`). One program combines one split row's chunks for a tile of
 features, ``BLOCK_C`` chunks per step of two loops (a hub of 1e5 edges in chunks of 128 has 782).
 """
+
 from __future__ import annotations
 
 import triton
@@ -22,8 +23,22 @@ BLOCK_C = 16
 MAX_BLOCK_F = 128
 
 
-def combine_kernel(split_row_ptr, slot_start_ptr, rowptr_ptr, part_ptr, part_max_ptr, part_sum_ptr, out_ptr,
-                   normaliser_ptr, group_size, F, C, H, BLOCK_C: tl.constexpr, BLOCK_F: tl.constexpr):
+def combine_kernel(
+    split_row_ptr,
+    slot_start_ptr,
+    rowptr_ptr,
+    part_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    out_ptr,
+    normaliser_ptr,
+    group_size,
+    F,
+    C,
+    H,
+    BLOCK_C: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
     row = tl.load(split_row_ptr + tl.program_id(0)).to(tl.int64)
     first = tl.load(slot_start_ptr + tl.program_id(0)).to(tl.int64)
     count = (tl.load(rowptr_ptr + row + 1) - tl.load(rowptr_ptr + row) + group_size - 1) // group_size
@@ -49,24 +64,54 @@ def combine_kernel(split_row_ptr, slot_start_ptr, rowptr_ptr, part_ptr, part_max
         weighted += tl.sum(tl.load(part_ptr + slot * F + f[None, :], mask=valid, other=0.0) * scale, axis=0)
     total += 1e-16
     tl.store(out_ptr + row * F + f, (weighted / total).to(out_ptr.dtype.element_ty), mask=fmask)
-    tl.store(normaliser_ptr + row * H + h, (largest + tl.log(total)).to(normaliser_ptr.dtype.element_ty),
-             mask=fmask & (f % C == 0))
+    tl.store(
+        normaliser_ptr + row * H + h,
+        (largest + tl.log(total)).to(normaliser_ptr.dtype.element_ty),
+        mask=fmask & (f % C == 0),
+    )
 
 
-def combine(split_rows: Tensor, slot_start: Tensor, rowptr: Tensor, part: Tensor, part_max: Tensor, part_sum: Tensor,
-            out: Tensor, normaliser: Tensor, group_size: int, inner: int) -> None:
+def combine(
+    split_rows: Tensor,
+    slot_start: Tensor,
+    rowptr: Tensor,
+    part: Tensor,
+    part_max: Tensor,
+    part_sum: Tensor,
+    out: Tensor,
+    normaliser: Tensor,
+    group_size: int,
+    inner: int,
+) -> None:
     """Write the output rows ``split_rows`` of ``out`` (``[rows, F]``) and ``normaliser``
     (``[rows, H]``) from the partials ``part`` (``[slots, F]``), ``part_max`` and ``part_sum``
     (``[slots, H]``) of chunks of ``group_size`` edges, each split row's from ``slot_start`` on;
     ``inner`` features per head."""
     num_split, width = split_rows.numel(), out.shape[1]
     if width % inner or normaliser.shape[1] * inner != width or part.shape[1] != width:
-        raise ValueError(f"out, normaliser, part: expected {width // max(inner, 1)} heads of {inner} features, got "
-                         f"{list(out.shape)}, {list(normaliser.shape)}, {list(part.shape)}")
+        raise ValueError(
+            f"out, normaliser, part: expected {width // max(inner, 1)} heads of {inner} features, got "
+            f"{list(out.shape)}, {list(normaliser.shape)}, {list(part.shape)}"
+        )
     if not num_split:
         return
     kernel = jit_kernel(combine_kernel, ("group_size",), interpreting())
     block_f = min(MAX_BLOCK_F, triton.next_power_of_2(width))
     grid = (num_split, triton.cdiv(width, block_f))
-    kernel[grid](split_rows, slot_start, rowptr, part, part_max, part_sum, out, normaliser, group_size, width, inner,
-                 width // inner, BLOCK_C=BLOCK_C, BLOCK_F=block_f, num_warps=4)
+    kernel[grid](
+        split_rows,
+        slot_start,
+        rowptr,
+        part,
+        part_max,
+        part_sum,
+        out,
+        normaliser,
+        group_size,
+        width,
+        inner,
+        width // inner,
+        BLOCK_C=BLOCK_C,
+        BLOCK_F=block_f,
+        num_warps=4,
+    )

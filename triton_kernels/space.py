@@ -3,10 +3,11 @@
 It is data, a list of :class:`~pyg_ugrapher.parallel.ParallelInfo`, filtered by what makes sense
 for the operator: message creation walks one row per vertex-parallel program, feature tiles
 never exceed the operator's width, tiles stay within the register budget, and ``num_warps`` keeps
-between 8 and 32 tile elements per thread (the range where the H100 probe found every winner).
+between 8 and 32 tile elements per thread (the range that held every measured winner).
 ``num_stages`` is fixed at 1: the edge loops load through computed indices, which Triton does not
-software-pipeline, and the probe measured no difference for 2.
+software-pipeline, so more stages change nothing.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,13 +58,11 @@ def pair_schedule(info: ParallelInfo, message_width: int, edge_group: int) -> Pa
     features per value (``triton_kernels.run_with_edge_output``), derived from the gather's own.
 
     The feature tile grows to hold whole sums and at least :data:`PAIR_BLOCK_F` features (a
-    tile inside a sum adds its partial sum atomically: on an H100 the backward of
-    ``u_mul_e_sum`` at F = 128 took 6.5 ms that way and 4.0-4.1 ms with whole rows; narrower
+    tile inside a sum adds its partial sum atomically, which costs more than whole rows; narrower
     tiles re-read the edge list and recompute the edge function once per tile), then edges and
     rows per program shrink until the tile fits :data:`PAIR_TILE`, with four warps and groups of
-    at most :data:`PAIR_GROUP` edges. Of 30 fused schedules on uniform and power-law graphs of
-    4e6 and 1.6e7 edges (F = 128 and 4 heads of 32) the best had 128-feature tiles in all four
-    cases, of 8 rows x 2 edges or 4 x 4; 32-feature tiles were up to 2x slower.
+    at most :data:`PAIR_GROUP` edges. Timed fused schedules on uniform and power-law graphs favour
+    whole 128-feature tiles of 8 rows x 2 edges or 4 x 4.
     """
     if info.strategy not in ("vertex", "group"):
         return info
@@ -93,9 +92,8 @@ def neighbours(info: ParallelInfo, op: OpInfo, message_width: int) -> List[Paral
     with ``num_warps``, which keeps the tile elements per thread. A measured search walks this way
     from the shortlist's winner; it may leave :func:`space`'s grid (a timed schedule needs no model
     features), but not its limits on tiles and warps, nor its single-row vertex-parallel message
-    programs. (With single-knob steps alone, the search for GAT's backward pair on an H200 stopped
-    at 0.90 ms, where halving rows and warps together led to 0.82 and then 0.79 ms:
-    ``benchmarks/results/h200-gat-host``, probe 67.)"""
+    programs. (Tile size and warps are coupled: with single-knob steps alone, a search can stop at
+    a schedule that halving rows and warps together improves on.)"""
     steps = []
     for knob, value in info.knobs.items():
         if knob == "num_stages":
@@ -103,8 +101,10 @@ def neighbours(info: ParallelInfo, op: OpInfo, message_width: int) -> List[Paral
         factor = 4 if knob == "group_size" else 2
         steps += [{knob: value * factor}, {knob: value // factor}]
         if knob in TILE_KNOBS:
-            steps += [{knob: value * 2, "num_warps": info.num_warps * 2},
-                      {knob: value // 2, "num_warps": info.num_warps // 2}]
+            steps += [
+                {knob: value * 2, "num_warps": info.num_warps * 2},
+                {knob: value // 2, "num_warps": info.num_warps // 2},
+            ]
     found: List[ParallelInfo] = []
     for step in steps:
         try:
@@ -113,8 +113,11 @@ def neighbours(info: ParallelInfo, op: OpInfo, message_width: int) -> List[Paral
             continue
         rows = candidate.block_v or 1
         limit = 2 * MAX_TILE if candidate.strategy == "edge" else MAX_TILE
-        if candidate.num_warps <= NUM_WARPS[-1] and rows * candidate.block_e * candidate.block_f <= limit \
-                and not (op.gather_op is None and candidate.strategy == "vertex" and rows > 1):
+        if (
+            candidate.num_warps <= NUM_WARPS[-1]
+            and rows * candidate.block_e * candidate.block_f <= limit
+            and not (op.gather_op is None and candidate.strategy == "vertex" and rows > 1)
+        ):
             found.append(candidate)
     return found
 
@@ -131,8 +134,7 @@ def space(op: OpInfo, message_width: int) -> List[ParallelInfo]:
             if tile > MAX_TILE or (message and block_v > 1) or (block_v > 1 and tile < MIN_TILE):
                 continue
             for warps in warps_for(tile):
-                found.append(ParallelInfo("vertex", block_f=block_f, block_v=block_v, block_e=block_e,
-                                          num_warps=warps))
+                found.append(ParallelInfo("vertex", block_f=block_f, block_v=block_v, block_e=block_e, num_warps=warps))
         for block_e in EDGE_BLOCK_E:
             if block_e * block_f > 2 * MAX_TILE:
                 continue
@@ -143,6 +145,9 @@ def space(op: OpInfo, message_width: int) -> List[ParallelInfo]:
             if tile > MAX_TILE or tile < min(MIN_TILE, block_v * block_f):
                 continue
             for warps in warps_for(tile):
-                found.append(ParallelInfo("group", block_f=block_f, group_size=group, block_v=block_v,
-                                          block_e=block_e, num_warps=warps))
+                found.append(
+                    ParallelInfo(
+                        "group", block_f=block_f, group_size=group, block_v=block_v, block_e=block_e, num_warps=warps
+                    )
+                )
     return found

@@ -1,14 +1,15 @@
 """Scores of rows under an ensemble of binary decision trees (the cost model), in one kernel.
 
 Runtime selection scores every schedule of the design space (468-814 rows) under the cost model's
-trees (400, up to 19 deep). XGBoost walks them on the host: 1.3-2.5 ms on four threads of an H200
-machine's host (probe 48), over the millisecond a selection may take. Here each program walks ``BLOCK_R``
-rows through ``BLOCK_T`` trees side by side, one level per step, and sums the leaves it lands on.
+trees (400, up to 19 deep). XGBoost walks them on the host, over the millisecond a selection may
+take. Here each program walks ``BLOCK_R`` rows through ``BLOCK_T`` trees side by side, one level per
+step, and sums the leaves it lands on.
 
 The trees are flat arrays over all their nodes (:class:`autotune.forest.Forest`): a split sends a
 row left when its feature is below the threshold, or is missing (NaN) and the split's default is
 left; a leaf is its own child, so a row that reached one stays there for the remaining steps.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -24,13 +25,29 @@ from .launch import jit_kernel
 #: (row, tree) pairs per program.
 LANES = 1024
 #: Most trees one program walks side by side; more are walked a block after another. The shipped
-#: 400 trees in one block: 0.084 ms on the H200 against 0.106 ms in two blocks of 256 (probe 48).
+#: 400 trees fit one block, which is faster than two smaller ones.
 MAX_BLOCK_T = 512
 
 
-def tree_ensemble_kernel(x_ptr, feature_ptr, threshold_ptr, left_ptr, right_ptr, default_left_ptr, value_ptr,
-                         roots_ptr, out_ptr, num_rows, num_trees, num_nodes, num_features, depth, base,
-                         BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
+def tree_ensemble_kernel(
+    x_ptr,
+    feature_ptr,
+    threshold_ptr,
+    left_ptr,
+    right_ptr,
+    default_left_ptr,
+    value_ptr,
+    roots_ptr,
+    out_ptr,
+    num_rows,
+    num_trees,
+    num_nodes,
+    num_features,
+    depth,
+    base,
+    BLOCK_R: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_live = rows < num_rows
     row_start = rows.to(tl.int64) * num_features
@@ -45,21 +62,33 @@ def tree_ensemble_kernel(x_ptr, feature_ptr, threshold_ptr, left_ptr, right_ptr,
             # Masked on the arrays' sizes too: malformed trees read nothing outside them.
             at = live & (node >= 0) & (node < num_nodes)
             feature = tl.load(feature_ptr + node, mask=at, other=0)
-            x = tl.load(x_ptr + row_start[:, None] + feature, mask=at & (feature >= 0) & (feature < num_features),
-                        other=0.0)
+            x = tl.load(
+                x_ptr + row_start[:, None] + feature, mask=at & (feature >= 0) & (feature < num_features), other=0.0
+            )
             threshold = tl.load(threshold_ptr + node, mask=at, other=0.0)
             default_left = tl.load(default_left_ptr + node, mask=at, other=0)
             left = (x < threshold) | ((x != x) & (default_left != 0))
-            node = tl.where(left, tl.load(left_ptr + node, mask=at, other=0),
-                            tl.load(right_ptr + node, mask=at, other=0))
+            node = tl.where(
+                left, tl.load(left_ptr + node, mask=at, other=0), tl.load(right_ptr + node, mask=at, other=0)
+            )
         at = live & (node >= 0) & (node < num_nodes)
         total += tl.sum(tl.load(value_ptr + node, mask=at, other=0.0), axis=1)
     tl.store(out_ptr + rows, total + base, mask=row_live)
 
 
-def tree_ensemble_scores(x: Tensor, feature: Tensor, threshold: Tensor, left: Tensor, right: Tensor,
-                         default_left: Tensor, value: Tensor, roots: Tensor, depth: int, base: float,
-                         out: Optional[Tensor] = None) -> Tensor:
+def tree_ensemble_scores(
+    x: Tensor,
+    feature: Tensor,
+    threshold: Tensor,
+    left: Tensor,
+    right: Tensor,
+    default_left: Tensor,
+    value: Tensor,
+    roots: Tensor,
+    depth: int,
+    base: float,
+    out: Optional[Tensor] = None,
+) -> Tensor:
     """``base`` plus the sum over trees of the leaf each row of ``x`` (``[rows, features]``,
     float32) reaches, as a float32 vector; on a GPU or through Triton's interpreter.
 
@@ -72,13 +101,20 @@ def tree_ensemble_scores(x: Tensor, feature: Tensor, threshold: Tensor, left: Te
     if x.dim() != 2 or x.dtype != torch.float32:
         raise ValueError(f"x: expected a 2-D float32 matrix, got {x.dtype} of shape {list(x.shape)}")
     nodes = feature.numel()
-    for name, array, dtype in (("feature", feature, torch.int32), ("threshold", threshold, torch.float32),
-                               ("left", left, torch.int32), ("right", right, torch.int32),
-                               ("default_left", default_left, torch.int32), ("value", value, torch.float32),
-                               ("roots", roots, torch.int32)):
+    for name, array, dtype in (
+        ("feature", feature, torch.int32),
+        ("threshold", threshold, torch.float32),
+        ("left", left, torch.int32),
+        ("right", right, torch.int32),
+        ("default_left", default_left, torch.int32),
+        ("value", value, torch.float32),
+        ("roots", roots, torch.int32),
+    ):
         if array.dtype != dtype or array.dim() != 1 or array.device != x.device:
-            raise ValueError(f"{name}: expected a 1-D {dtype} tensor on {x.device}, got {array.dtype} "
-                             f"of shape {list(array.shape)} on {array.device}")
+            raise ValueError(
+                f"{name}: expected a 1-D {dtype} tensor on {x.device}, got {array.dtype} "
+                f"of shape {list(array.shape)} on {array.device}"
+            )
         if name != "roots" and array.numel() != nodes:
             raise ValueError(f"{name}: expected {nodes} entries (one per node), got {array.numel()}")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
@@ -87,8 +123,10 @@ def tree_ensemble_scores(x: Tensor, feature: Tensor, threshold: Tensor, left: Te
     if out is None:
         out = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
     elif out.shape != (x.shape[0],) or out.dtype != torch.float32 or out.device != x.device:
-        raise ValueError(f"out: expected a float32 vector of {x.shape[0]} entries on {x.device}, got "
-                         f"{out.dtype} of shape {list(out.shape)} on {out.device}")
+        raise ValueError(
+            f"out: expected a float32 vector of {x.shape[0]} entries on {x.device}, got "
+            f"{out.dtype} of shape {list(out.shape)} on {out.device}"
+        )
     num_trees = roots.numel()
     if x.shape[0] == 0:
         return out
@@ -96,9 +134,26 @@ def tree_ensemble_scores(x: Tensor, feature: Tensor, threshold: Tensor, left: Te
         return out.fill_(base)
     block_t = min(triton.next_power_of_2(num_trees), MAX_BLOCK_T)
     block_r = max(1, LANES // block_t)
-    kernel = jit_kernel(tree_ensemble_kernel, ("num_rows", "num_trees", "num_nodes", "num_features", "depth"),
-                        interpreting())
+    kernel = jit_kernel(
+        tree_ensemble_kernel, ("num_rows", "num_trees", "num_nodes", "num_features", "depth"), interpreting()
+    )
     kernel[(triton.cdiv(x.shape[0], block_r),)](
-        x, feature, threshold, left, right, default_left, value, roots, out, x.shape[0], num_trees, nodes,
-        x.shape[1], depth, float(base), BLOCK_R=block_r, BLOCK_T=block_t)
+        x,
+        feature,
+        threshold,
+        left,
+        right,
+        default_left,
+        value,
+        roots,
+        out,
+        x.shape[0],
+        num_trees,
+        nodes,
+        x.shape[1],
+        depth,
+        float(base),
+        BLOCK_R=block_r,
+        BLOCK_T=block_t,
+    )
     return out

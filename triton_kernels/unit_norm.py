@@ -3,23 +3,22 @@
 Each edge ``(u, v)`` weighs ``d_u^-1/2 d_v^-1/2``, where ``d`` counts a node's incoming edges. With
 self loops, stored loops do not count and weigh 0 in place, and each node's own loop counts once
 and weighs ``1 / d_v``, after the edges. As torch operations that is about a dozen calls (a mask,
-an ``index_add_``, ``rsqrt``, two gathers, products, the loops' ``cat``): 0.29 ms per new
-mini-batch graph on an H200 host, with a sync after it
-(``benchmarks/results/h200-minibatch``, probe 82), and a sampler pays it every step.
+an ``index_add_``, ``rsqrt``, two gathers, products, the loops' ``cat``), each with its host cost,
+and a sampler pays it for every new mini-batch graph.
 
 Here one kernel sums the degrees with atomics, and one writes every weight. The sums are counts of
 1.0 in float32 (float64 for double weights), exact up to 2**24 per node in any order, so the
 result does not depend on the order of the atomics.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import dispatch
+from . import buffers
 from .codegen import interpreting
 from .launch import jit_kernel
 
@@ -35,8 +34,17 @@ def degree_kernel(src_ptr, dst_ptr, degree_ptr, num_edges, LOOPS: tl.constexpr, 
     tl.atomic_add(degree_ptr + d, tl.full([BLOCK], 1.0, degree_ptr.dtype.element_ty), mask=counted)
 
 
-def weight_kernel(src_ptr, dst_ptr, degree_ptr, out_ptr, num_edges, num_nodes, LOOPS: tl.constexpr,
-                  DOUBLE: tl.constexpr, BLOCK: tl.constexpr):
+def weight_kernel(
+    src_ptr,
+    dst_ptr,
+    degree_ptr,
+    out_ptr,
+    num_edges,
+    num_nodes,
+    LOOPS: tl.constexpr,
+    DOUBLE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     out_dtype = out_ptr.dtype.element_ty
     # Positions [0, E) are the edges; with loops, [E, E + N) the nodes' own loops.
@@ -77,14 +85,14 @@ def fits(num_edges: int, num_nodes: int) -> bool:
     return num_edges + num_nodes < 2**31
 
 
-def unit_norm_weights(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: bool, dtype: torch.dtype
-                      ) -> Tensor:
+def unit_norm_weights(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: bool, dtype: torch.dtype) -> Tensor:
     """The ``[E]`` weights of the edges ``(src, dst)`` (in range: the caller checked them), then,
     with ``add_self_loops``, the ``[num_nodes]`` weights of the nodes' loops, in ``dtype``; on a GPU
     or through Triton's interpreter."""
     if src.dim() != 1 or src.shape != dst.shape:
-        raise ValueError(f"src, dst: expected two 1-D tensors of one length, got shapes {list(src.shape)} "
-                         f"and {list(dst.shape)}")
+        raise ValueError(
+            f"src, dst: expected two 1-D tensors of one length, got shapes {list(src.shape)} and {list(dst.shape)}"
+        )
     if src.dtype not in (torch.int32, torch.int64) or dst.dtype != src.dtype:
         raise TypeError(f"src, dst: expected int32 or int64 indices of one dtype, got {src.dtype} and {dst.dtype}")
     if not dtype.is_floating_point:
@@ -96,13 +104,14 @@ def unit_norm_weights(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: 
     acc = degree_dtype(dtype)
     degree = (torch.ones if add_self_loops else torch.zeros)(num_nodes, dtype=acc, device=src.device)
     # Uninitialised, as the generated kernels' outputs: the weight kernel writes every element.
-    out = dispatch._uninitialised((num_edges + (num_nodes if add_self_loops else 0),), dtype, src.device)
+    out = buffers.uninitialised((num_edges + (num_nodes if add_self_loops else 0),), dtype, src.device)
     interpreted = interpreting()
     degree_fn = jit_kernel(degree_kernel, ("num_edges",), interpreted)
     weight_fn = jit_kernel(weight_kernel, ("num_edges", "num_nodes"), interpreted)
     if num_edges:
         degree_fn[(triton.cdiv(num_edges, BLOCK),)](src, dst, degree, num_edges, LOOPS=add_self_loops, BLOCK=BLOCK)
     if out.numel():
-        weight_fn[(triton.cdiv(out.numel(), BLOCK),)](src, dst, degree, out, num_edges, num_nodes,
-                                                      LOOPS=add_self_loops, DOUBLE=acc == torch.float64, BLOCK=BLOCK)
+        weight_fn[(triton.cdiv(out.numel(), BLOCK),)](
+            src, dst, degree, out, num_edges, num_nodes, LOOPS=add_self_loops, DOUBLE=acc == torch.float64, BLOCK=BLOCK
+        )
     return out

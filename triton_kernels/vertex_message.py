@@ -4,13 +4,14 @@ The destination operand is loaded once per row and reused for all its edges (GAT
 ``a_src[u] + a_dst[v]``, ``u_dot_v``); each message is stored at its user edge id, so the output
 keeps the user's edge order.
 """
+
 from __future__ import annotations
 
 import triton
 
 from .codegen import WRITE_ONCE, KernelSpec, Snippets, reduce_tiles
 
-TEMPLATE = '''{header}
+TEMPLATE = """{header}
 
 @triton.jit(do_not_specialize=["num_rows"])
 def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C, R,
@@ -28,7 +29,7 @@ def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C
 {message}
             tl.store(out_ptr + {out_row}[:, None] * F + f[None, :], msg.to(out_ptr.dtype.element_ty),
                      mask=emask[:, None] & fmask[None, :], {write_once})
-'''
+"""
 
 #: Every output element is written once.
 ATOMIC = False
@@ -38,16 +39,37 @@ READS_USER_ORDER = False
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",))
-    return TEMPLATE.format(header=s.header(), name=spec.name, write_once=WRITE_ONCE, operand_params=s.operand_params,
-                           hoisted=s.hoisted(8), edge_loop=s.edge_loop(8),
-                           edge_loads=s.csr_edge_loads(12, need_eid=True), message=s.message(12),
-                           out_row=s.row("ei"))
+    return TEMPLATE.format(
+        header=s.header(),
+        name=spec.name,
+        write_once=WRITE_ONCE,
+        operand_params=s.operand_params,
+        hoisted=s.hoisted(8),
+        edge_loop=s.edge_loop(8),
+        edge_loads=s.csr_edge_loads(12, need_eid=True),
+        message=s.message(12),
+        out_row=s.row("ei"),
+    )
 
 
 def launch(kernel, graph, operand_args, out, width, layout, info) -> None:
     block_f, block_r = reduce_tiles(info.block_f, width, layout.reduce_size)
     csr = graph.csr
     grid = (triton.cdiv(csr.num_rows, info.block_v), triton.cdiv(width, block_f))
-    kernel[grid](csr.rowptr, csr.col, csr.eid, *operand_args, out, csr.num_rows, width, layout.inner,
-                 layout.reduce_size, BLOCK_V=info.block_v, BLOCK_E=info.block_e, BLOCK_F=block_f,
-                 BLOCK_R=block_r, num_warps=info.num_warps, num_stages=info.num_stages)
+    kernel[grid](
+        csr.rowptr,
+        csr.col,
+        csr.eid,
+        *operand_args,
+        out,
+        csr.num_rows,
+        width,
+        layout.inner,
+        layout.reduce_size,
+        BLOCK_V=info.block_v,
+        BLOCK_E=info.block_e,
+        BLOCK_F=block_f,
+        BLOCK_R=block_r,
+        num_warps=info.num_warps,
+        num_stages=info.num_stages,
+    )

@@ -7,13 +7,14 @@ once, and the destination operand is loaded once per row. A block runs as many s
 longest row needs, so this suits graphs whose neighbouring rows have similar degrees; programs
 are numbered rows-fastest, so all programs in flight share one feature tile (the locality knob).
 """
+
 from __future__ import annotations
 
 import triton
 
 from .codegen import KernelSpec, Snippets
 
-TEMPLATE = '''{header}
+TEMPLATE = """{header}
 
 @triton.jit(do_not_specialize=["num_rows"])
 def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C,
@@ -28,7 +29,7 @@ def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, num_rows, F, C
 {finalize}
     tl.store(out_ptr + {out_row}[:, None] * F + f[None, :], res.to(out_ptr.dtype.element_ty),
              mask=live[:, None] & fmask[None, :])
-'''
+"""
 
 #: Whether the output must be initialised before launch (for atomics).
 ATOMIC = False
@@ -38,14 +39,31 @@ READS_USER_ORDER = False
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
-    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
-                           row_reduction=s.row_reduction(4), finalize=s.finalize("(end - start)[:, None]", 4),
-                           out_row=s.row("v"))
+    return TEMPLATE.format(
+        header=s.header(),
+        name=spec.name,
+        operand_params=s.operand_params,
+        row_reduction=s.row_reduction(4),
+        finalize=s.finalize("(end - start)[:, None]", 4),
+        out_row=s.row("v"),
+    )
 
 
 def launch(kernel, graph, operand_args, out, width, layout, info) -> None:
     csr = graph.csr
     grid = (triton.cdiv(csr.num_rows, info.block_v), triton.cdiv(width, info.block_f))
-    kernel[grid](csr.rowptr, csr.col, csr.eid, *operand_args, out, csr.num_rows, width, layout.inner,
-                 BLOCK_V=info.block_v, BLOCK_E=info.block_e, BLOCK_F=info.block_f,
-                 num_warps=info.num_warps, num_stages=info.num_stages)
+    kernel[grid](
+        csr.rowptr,
+        csr.col,
+        csr.eid,
+        *operand_args,
+        out,
+        csr.num_rows,
+        width,
+        layout.inner,
+        BLOCK_V=info.block_v,
+        BLOCK_E=info.block_e,
+        BLOCK_F=info.block_f,
+        num_warps=info.num_warps,
+        num_stages=info.num_stages,
+    )

@@ -10,12 +10,9 @@ head, as the output gather of the three-operator form does. It writes the output
 without edges), which the backward reads. The three-operator form takes a gather-max, a gather-sum
 and the output gather (and three torch operations for the log-normaliser) for the same result.
 
-An online softmax in one loop, rescaling the sums whenever an edge raises the maximum, was no
-faster on an H200 (uniform 4e6 edges, 4 heads of 32, ``benchmarks/results/h200-one-pass``, probes
-85-89): with a maximum over the edge lanes taken at every step it ran 0.60 ms against 0.50 ms for
-the three operators' kernels; with a maximum per lane, 0.458 ms under its best schedule, as this
-kernel does under its own (the output gather alone: 0.368 ms). The rescaling doubles the work per
-element; the first loop here re-reads only the column index and the logit's operands.
+An online softmax in one loop, rescaling the sums whenever an edge raises the maximum, is no
+faster under its best schedule: the rescaling doubles the work per element, while the first loop
+here re-reads only the column index and the logit's operands.
 
 The feature tile is viewed as ``[heads, features per head]`` (``split``: ``BLOCK_F // C`` whole
 heads; ``inner``: the tile lies inside one head), so the logit and its exponential are computed
@@ -25,6 +22,7 @@ this template where the schedule chosen for the operator is vertex-parallel, and
 :mod:`~triton_kernels.group_softmax` (the same passes over chunks of rows) where it is neighbour
 groups.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -42,7 +40,7 @@ from .codegen import KernelSpec, Snippets, render_expr
 #: ``end``: per head the block's largest logit ``base`` (0 without edges), then the sum of
 #: ``exp(logit - base)`` (``summed``) and of the values weighted by it (``weighted``); the output
 #: and log-normaliser of the rows marked ``final`` (whole rows) are written.
-PASSES = '''{axes}
+PASSES = """{axes}
 {hoisted}
     lane_max = tl.full([BLOCK_V, BLOCK_E, {heads}, 1], float("-inf"), {acc})
 {edge_loop}
@@ -68,9 +66,9 @@ PASSES = '''{axes}
     tl.store(out_ptr + {out_row}[:, None, None] * F + fs[None, :, :], (weighted / total).to(out_ptr.dtype.element_ty),
              mask={final}[:, None, None] & fsmask[None, :, :])
     tl.store(normaliser_ptr + {out_row}[:, None, None] * H + hs[None, :, None],
-             (base + tl.log(total)).to(normaliser_ptr.dtype.element_ty), mask={final}[:, None, None] & head_first)'''
+             (base + tl.log(total)).to(normaliser_ptr.dtype.element_ty), mask={final}[:, None, None] & head_first)"""
 
-TEMPLATE = '''{header}
+TEMPLATE = """{header}
 
 @triton.jit(do_not_specialize=["num_rows"])
 def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, normaliser_ptr, num_rows, F, C, H,
@@ -80,7 +78,7 @@ def {name}(rowptr_ptr, col_ptr, eid_ptr, {operand_params}out_ptr, normaliser_ptr
     start = tl.load(rowptr_ptr + v, mask=live, other=0)
     end = tl.load(rowptr_ptr + v + 1, mask=live, other=0)
 {passes}
-'''
+"""
 
 
 #: Rows are walked edge by edge: a structure in the user's order is grouped by row first.
@@ -101,10 +99,12 @@ def tiling(layout: Layout, info: ParallelInfo) -> Optional[bool]:
 
 def _inner_axes() -> list:
     """The split axes of a tile inside one head: that head, and the tile's features."""
-    return ["hs = (tl.program_id(1) * BLOCK_F) // C + tl.arange(0, 1)",
-            "hsmask = hs * C < F",
-            "fs = (tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F))[None, :]",
-            "fsmask = fs < F"]
+    return [
+        "hs = (tl.program_id(1) * BLOCK_F) // C + tl.arange(0, 1)",
+        "hsmask = hs * C < F",
+        "fs = (tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F))[None, :]",
+        "fsmask = fs < F",
+    ]
 
 
 def passes(spec: KernelSpec, s: Snippets, final: str) -> str:
@@ -121,33 +121,57 @@ def passes(spec: KernelSpec, s: Snippets, final: str) -> str:
 
     def edge_loads(slots: list) -> list:
         kinds = {spec.kinds[k] for k in slots}
-        return (["u = tl.load(col_ptr + e, mask=emask, other=0)"] if "src_v" in kinds else []) + \
-            (["ei = tl.load(eid_ptr + e, mask=emask, other=0)"] if "edge" in kinds else [])
+        return (["u = tl.load(col_ptr + e, mask=emask, other=0)"] if "src_v" in kinds else []) + (
+            ["ei = tl.load(eid_ptr + e, mask=emask, other=0)"] if "edge" in kinds else []
+        )
 
     def lines(items: list, indent: int) -> str:
         pad = " " * indent
         return "\n".join(pad + item for item in items) if items else f"{pad}pass"
 
     return PASSES.format(
-        acc=s.acc, axes=lines(axes, 4), hoisted=lines([f"x{k} = {s.split_load(k)}" for k in row_slots], 4),
-        heads=heads, width=width, edge_loop=s.edge_loop(4), edge_loads=lines(edge_loads(edge_slots), 8),
+        acc=s.acc,
+        axes=lines(axes, 4),
+        hoisted=lines([f"x{k} = {s.split_load(k)}" for k in row_slots], 4),
+        heads=heads,
+        width=width,
+        edge_loop=s.edge_loop(4),
+        edge_loads=lines(edge_loads(edge_slots), 8),
         loads=lines([f"x{k} = {s.split_load(k)}" for k in edge_slots], 8),
         logit_edge_loads=lines(edge_loads(logit_slots), 8),
         logit_loads=lines([f"x{k} = {s.split_load(k)}" for k in logit_slots], 8),
-        logit=render_expr(logit, names, s.acc), value=render_expr(parse_expr(spec.expr), names, s.acc),
-        final=final, out_row=s.row("v"))
+        logit=render_expr(logit, names, s.acc),
+        value=render_expr(parse_expr(spec.expr), names, s.acc),
+        final=final,
+        out_row=s.row("v"),
+    )
 
 
 def source(spec: KernelSpec) -> str:
     s = Snippets(spec, row_kinds=("dst_v",), edge_rank=2)
-    return TEMPLATE.format(header=s.header(), name=spec.name, operand_params=s.operand_params,
-                           passes=passes(spec, s, "live"))
+    return TEMPLATE.format(
+        header=s.header(), name=spec.name, operand_params=s.operand_params, passes=passes(spec, s, "live")
+    )
 
 
 def launch(kernel, graph, operand_args, out, normaliser, layout, info) -> None:
     csr = graph.csr
     width = layout.message_width
     grid = (triton.cdiv(csr.num_rows, info.block_v), triton.cdiv(width, info.block_f))
-    kernel[grid](csr.rowptr, csr.col, csr.eid, *operand_args, out, normaliser, csr.num_rows, width, layout.inner,
-                 width // layout.inner, BLOCK_V=info.block_v, BLOCK_E=info.block_e, BLOCK_F=info.block_f,
-                 num_warps=info.num_warps, num_stages=info.num_stages)
+    kernel[grid](
+        csr.rowptr,
+        csr.col,
+        csr.eid,
+        *operand_args,
+        out,
+        normaliser,
+        csr.num_rows,
+        width,
+        layout.inner,
+        width // layout.inner,
+        BLOCK_V=info.block_v,
+        BLOCK_E=info.block_e,
+        BLOCK_F=info.block_f,
+        num_warps=info.num_warps,
+        num_stages=info.num_stages,
+    )

@@ -6,6 +6,7 @@ has the same parameters, so a PyG layer's ``state_dict`` loads into it and back.
 ``propagate``. Under ``torch.compile`` a layer with a ``[2, E]`` edge index compiles without graph
 breaks, also with ``dynamic=True`` (one graph for every mini-batch), see :mod:`._graph`.
 """
+
 from .gat_conv import GATConv
 from .gcn_conv import GCNConv
 from .gin_conv import GINConv, GINEConv

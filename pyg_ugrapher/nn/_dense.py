@@ -2,24 +2,20 @@ r"""The dense steps around a layer's graph operator: its bias and its bias-carry
 
 A bias :math:`b` added to every row of an ``[N, F]`` output has the gradient
 :math:`\partial L / \partial b = \sum_v G_v`. Eager PyTorch reduces over the rows with a generic
-reduction kernel whose parallelism is its ``F`` outputs: on an H100 it took 196 us for
-``N = 2e5, F = 128`` (0.5 TB/s), against 50 us for the same sum as a matrix-vector product
-:math:`G^\top \mathbf{1}` (``benchmarks/results/h100-reuse/probes/probe35.txt``). Eager layer
-steps of ~2 ms spent 0.2 ms on each bias. Compiled graphs keep the plain sum: Inductor fuses it
-into a reduction of its own (~35 us there).
+reduction kernel whose parallelism is its ``F`` outputs, which for a few hundred thousand rows
+and ``F = 128`` runs far below the memory bandwidth; the same sum as a matrix-vector product
+:math:`G^\top \mathbf{1}` runs near it, and in an eager layer step the difference is a visible
+share of the step. Compiled graphs keep the plain sum: Inductor fuses it into a reduction of its
+own.
 
 Each of these autograd Functions costs host time that native nodes do not (its backward is Python
-on autograd's device thread): on an H200 host a SAGE or GIN step's backward issued 50-150 us faster
-with native nodes, for 0.2-0.3 ms more GPU time on the layer suite's ``2e5 x 128`` outputs
-(``benchmarks/results/h200-host-nodes``, probe 100). The saving of the product grows with the
-bias gradient's elements and the host cost does not, so the Functions apply from
-:data:`MIN_ELEMENTS` on: a sampler's mini-batches (``~5e4 x 64``), whose steps are host time,
-keep the native nodes.
+on autograd's device thread). The saving of the product grows with the bias gradient's elements
+and the host cost does not, so the Functions apply from :data:`MIN_ELEMENTS` on: a sampler's
+mini-batches (``~5e4 x 64``), whose steps are host time, keep the native nodes.
 
 A layer that adds a root term to its aggregation, ``lin(aggr) + root(x)`` (SAGEConv, GraphConv),
-runs as two GEMMs whose epilogues add the bias and the other product (``addmm``): eager, it was two
-GEMMs and two ``[N, F]`` additions (0.15 ms of a 1.3 ms SAGE step on an H200,
-``benchmarks/results/h200-compiled-overhead``, probe 60).
+runs as two GEMMs whose epilogues add the bias and the other product (``addmm``), instead of two
+GEMMs and two ``[N, F]`` additions.
 
 GAT's projection :math:`x = r W^\top` and its attention halves
 :math:`\alpha = \langle x_{v,h}, a_h \rangle` (per head, for each attention vector :math:`a`) are
@@ -28,9 +24,12 @@ products of :math:`r` with :math:`W` and with :math:`W` folded into the vectors,
 (views, ``cat``, ``mul``, ``sum``, two ``mm``, ``unbind``), one node here
 (:class:`_ProjectionAttention`).
 
-GIN's network is the user's: its ``Linear`` submodules run as this module's own linear map for the
-call (:func:`network`), so their bias gradients are matrix-vector products too.
+GIN's network is the user's: where it is a ``Sequential``, :func:`network` calls its children in
+order itself and its ``Linear`` maps through :func:`linear` with their own parameters, so their bias
+gradients are matrix-vector products too. No module is ever changed for a call: a network runs in
+several threads at once, and a hook on it or on one of its maps sees the call as ``net(x)`` makes it.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -38,6 +37,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.modules import module as module_hooks
 from torch.nn.parameter import is_lazy
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
@@ -57,7 +57,7 @@ class _AddBias(torch.autograd.Function):
 
 
 #: A vector of ones per (device, dtype), as long as the most rows summed so far: allocated in
-#: each backward, it added its size (0.8 MiB for 2e5 rows) to a step's peak memory.
+#: each backward, it would add its size to a step's peak memory.
 _ONES: Dict[Tuple[torch.device, torch.dtype], Tensor] = {}
 
 
@@ -74,8 +74,14 @@ def add_bias(out: Tensor, bias: Tensor) -> Tensor:
     """``out + bias`` (``bias`` of ``out``'s last size), its bias gradient a matrix-vector product
     on large eager outputs."""
     width = out.shape[-1] if out.dim() else 0
-    if torch.compiler.is_compiling() or not torch.is_grad_enabled() or not bias.requires_grad or width == 0 \
-            or out.numel() < MIN_ELEMENTS or out.dtype != bias.dtype:
+    if (
+        torch.compiler.is_compiling()
+        or not torch.is_grad_enabled()
+        or not bias.requires_grad
+        or width == 0
+        or out.numel() < MIN_ELEMENTS
+        or out.dtype != bias.dtype
+    ):
         return out + bias
     return _AddBias.apply(out, bias)
 
@@ -98,16 +104,42 @@ class _Linear(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        return (grad.mm(weight) if needs[0] else None, grad.t().mm(x) if needs[1] else None,
-                _row_sum(grad) if needs[2] else None, grad if needs[3] else None)
+        return (
+            grad.mm(weight) if needs[0] else None,
+            grad.t().mm(x) if needs[1] else None,
+            _row_sum(grad) if needs[2] else None,
+            grad if needs[3] else None,
+        )
+
+
+def called_plainly(module: torch.nn.Module) -> bool:
+    """Whether ``module(x)`` is its class's ``forward(x)`` and nothing else: no hooks (its own or
+    global), no ``forward`` set on the instance, no compiled call (``Module.compile``), the
+    ``__call__`` of ``torch.nn.Module``. Only then may a product of its parameters stand in for it."""
+    return not (
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or module_hooks._global_forward_hooks
+        or module_hooks._global_forward_pre_hooks
+        or module_hooks._global_backward_hooks
+        or module_hooks._global_backward_pre_hooks
+        or "forward" in module.__dict__
+        or module._compiled_call_impl is not None
+        or type(module).__call__ is not torch.nn.Module.__call__
+    )
 
 
 def _eager(x: Tensor, *maps: torch.nn.Module) -> bool:
     """Whether the maps' own products may be replaced on ``x``: not traced (Dynamo cannot trace
     ``is_lazy``, so that comes first), no autocast (under it a map computes in the autocast dtype),
-    initialised weights."""
-    return not (torch.compiler.is_compiling() or torch.is_autocast_enabled(x.device.type) or
-                any(is_lazy(m.weight) for m in maps))
+    initialised weights, each map :func:`called_plainly`."""
+    return not (
+        torch.compiler.is_compiling()
+        or torch.is_autocast_enabled(x.device.type)
+        or any(is_lazy(m.weight) or not called_plainly(m) for m in maps)
+    )
 
 
 def _fused(x: Tensor, *maps: torch.nn.Module) -> bool:
@@ -124,9 +156,8 @@ def linear_sum(lin: torch.nn.Module, x: Tensor, root: torch.nn.Module, root_x: T
     :class:`_Linear` GEMMs where that applies (:func:`_eager`, :func:`_fused` for both inputs),
     else through the modules: the root term with ``lin``'s bias, then ``x``'s product added in
     place. The backward runs the later node first and then frees ``x`` (the layer's aggregation),
-    before the root term's weight gradient is allocated: as one node, both weight gradients were
-    allocated while it was alive, 64 KiB above compiled PyG's peak in SAGE's step on an H200
-    (``benchmarks/results/h200-gin-mlp``, probe 71)."""
+    before the root term's weight gradient is allocated: as one node, both weight gradients would
+    be allocated while it is alive, which puts a step's peak memory above compiled PyG's."""
     if root.bias is not None or not _eager(x, lin, root) or not _fused(x, lin, root) or not _fused(root_x, root):
         return linear(lin, x) + root(root_x)
     return _Linear.apply(x, lin.weight, None, _Linear.apply(root_x, root.weight, lin.bias, None))
@@ -135,62 +166,57 @@ def linear_sum(lin: torch.nn.Module, x: Tensor, root: torch.nn.Module, root_x: T
 def linear(lin: torch.nn.Module, x: Tensor) -> Tensor:
     """``lin(x)`` for a PyG or torch ``Linear`` (its parameters and initialisation untouched) whose
     bias needs a gradient: :class:`_Linear` where that applies, else :func:`add_bias`'s bias
-    gradient for inputs of more dimensions; the module itself otherwise."""
-    return _linear(lin, x, lin)
-
-
-def _linear(lin: torch.nn.Module, x: Tensor, plain: Callable[[Tensor], Tensor]) -> Tensor:
-    """:func:`linear`, with ``plain`` for the module's own product (its class's forward, where
-    :func:`network` has replaced the instance's)."""
+    gradient for inputs of more dimensions; the module itself otherwise (and always where it has
+    hooks, see :func:`called_plainly`)."""
     bias = lin.bias
     # Under autocast ``lin`` computes in the autocast dtype bias included; the sum of a half
     # product and a float32 bias would be float32.
     if bias is None or not bias.requires_grad or not torch.is_grad_enabled() or not _eager(x, lin):
-        return plain(x)
+        return lin(x)
     if _fused(x, lin):
         return _Linear.apply(x, lin.weight, bias, None)
     if x.dim() > 2:
         return add_bias(F.linear(x, lin.weight), bias)
-    return plain(x)
+    return lin(x)
 
 
 #: Module types whose forward is ``F.linear(x, weight, bias)`` and nothing else.
 _LINEARS = (torch.nn.Linear, PygLinear)
 
 
-def _routed(module: torch.nn.Module) -> Callable[[Tensor], Tensor]:
-    own = type(module).forward.__get__(module)
-    return lambda x: _linear(module, x, own)
-
-
 def network(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
-    """``net(x)`` for a user's network (GIN's: a ``Sequential``, PyG's ``MLP``, any module), its
-    torch and PyG ``Linear`` submodules computing through :func:`linear` for this call: their
-    eager bias gradients were ATen's strided reductions (0.39 ms of a 1.84 ms GIN step on an H200,
-    and 132 MiB of workspace above the step's live set, ``benchmarks/results/h200-gat-profile``,
-    probe 51). Each such submodule gets an instance ``forward`` for the call's duration, so the
-    network's own forward (norms, activations, dropout, residuals) and every hook run as they
-    would. Left to ``net(x)``: ``torch.compile`` (Inductor fuses that reduction), JIT tracing and
-    scripted modules, no-grad mode, lazy submodules, those whose instance already has a ``forward``
-    of its own, and those whose bias gradient has fewer than :data:`MIN_ELEMENTS` elements for
-    ``x``'s rows (a network that keeps its rows, as GIN's does). One network must not run in two
-    threads at once."""
-    if not isinstance(net, torch.nn.Module) or isinstance(net, torch.jit.ScriptModule) or \
-            torch.compiler.is_compiling() or not torch.is_grad_enabled() or torch.jit.is_tracing():
+    """``net(x)`` for a user's network (GIN's), with the bias gradients of its torch and PyG
+    ``Linear`` maps as matrix-vector products (:func:`linear`; ATen's eager reductions are slow, see
+    above, and take a workspace above the step's live set) where the network is a ``Sequential``:
+    its children are called in order, as ``Sequential.forward`` calls them, a ``Linear`` child
+    through :func:`linear` with its own parameters and a ``Sequential`` child the same way. Nothing
+    of the modules is changed or replaced, so one network may run in several threads at once. Any
+    other module (PyG's ``MLP``, a ``Sequential`` subclass with a forward of its own, a module not
+    :func:`called_plainly`: hooked, compiled) runs as ``module(x)``, and so does the whole network
+    under ``torch.compile`` (Inductor fuses that reduction), JIT tracing, as a scripted module and in
+    no-grad mode."""
+    if (
+        not isinstance(net, torch.nn.Module)
+        or isinstance(net, torch.jit.ScriptModule)
+        or torch.compiler.is_compiling()
+        or not torch.is_grad_enabled()
+        or torch.jit.is_tracing()
+    ):
         return net(x)
-    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    routed = [m for m in net.modules() if type(m) in _LINEARS and "forward" not in m.__dict__
-              and not is_lazy(m.weight) and rows * m.weight.shape[0] >= MIN_ELEMENTS]
-    if not routed:
-        return net(x)
-    for module in routed:
-        # Set on the instance, past Module.__setattr__ (a plain attribute: nothing to register).
-        object.__setattr__(module, "forward", _routed(module))
-    try:
-        return net(x)
-    finally:
-        for module in routed:
-            del module.__dict__["forward"]
+    return _walk(net, x)
+
+
+def _walk(module: torch.nn.Module, x: Tensor) -> Tensor:
+    """``module(x)`` as :func:`network` computes it."""
+    if not called_plainly(module):
+        return module(x)
+    if type(module) in _LINEARS:
+        return linear(module, x)
+    if type(module).forward is torch.nn.Sequential.forward:
+        for child in module:
+            x = _walk(child, x)
+        return x
+    return module(x)
 
 
 def _fold(weight: Tensor, vectors: Sequence[Tensor]) -> Tuple[Tensor, Tensor]:
@@ -237,13 +263,13 @@ class _ProjectionAttention(torch.autograd.Function):
                 if grad_x is not None:
                     grad_weight.addmm_(grad_x.t(), raw)
             if any(needs[3:]):
-                grad_vectors = tuple((weight.view(1, heads, channels, -1) * grad_folded).sum(-1).unsqueeze(1)
-                                     .unbind(0))
+                grad_vectors = tuple((weight.view(1, heads, channels, -1) * grad_folded).sum(-1).unsqueeze(1).unbind(0))
         return (grad_raw, grad_weight, None) + grad_vectors
 
 
-def projection_attention(lin: torch.nn.Module, raw: Tensor, vectors: Sequence[Tensor], project: bool = True
-                         ) -> Tuple[Optional[Tensor], Tuple[Tensor, ...]]:
+def projection_attention(
+    lin: torch.nn.Module, raw: Tensor, vectors: Sequence[Tensor], project: bool = True
+) -> Tuple[Optional[Tensor], Tuple[Tensor, ...]]:
     """``(x, alphas)``: the projection ``x = lin(raw).view(N, H, C)`` of a bias-free PyG or torch
     ``Linear`` (``None`` without ``project``) and, for each attention vector ``a`` (``[1, H, C]``),
     ``(x * a).sum(-1)``, ``[N, H]``, computed from ``raw`` and ``lin``'s weight folded into ``a``:

@@ -12,12 +12,29 @@ from torch_geometric.utils.loop import compute_loop_attr
 from torch_geometric.utils.sparse import set_sparse_value
 
 from ..attention import EPSILON, softmax_aggregate, softmax_aggregate_op
+from ..graph_argument import (
+    Graph,
+    adjacency,
+    check_features,
+    derived,
+    eager_with_torch_sparse,
+    edge_tensor,
+    gather_op,
+    graph_of,
+    is_sparse,
+    layer_op,
+    looped_graph,
+    named,
+    node_sizes,
+    op_text,
+    run,
+    spare_row_loop_attr,
+    spare_row_looped_graph,
+    sparse_tensor_graph,
+)
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._dense import add_bias, projection_attention
-from ._graph import (Graph, adjacency, check_features, derived, eager_with_torch_sparse, edge_tensor, gather_op,
-                     graph_of, is_sparse, layer_op, looped_graph, named, node_sizes, op_text, run,
-                     spare_row_loop_attr, spare_row_looped_graph, sparse_tensor_graph)
 
 
 def exp_shifted() -> OpInfo:
@@ -87,7 +104,7 @@ class GATConv(MessagePassing):
        (``e_div_v``), dropout and ``u_mul_e_sum`` where the coefficients are needed.
 
     Stored self loops are replaced as PyG replaces them. Under ``torch.compile`` they point to a
-    spare destination row instead of being removed (:func:`~pyg_ugrapher.nn._graph.spare_row_looped_graph`),
+    spare destination row instead of being removed (:func:`~pyg_ugrapher.graph_argument.spare_row_looped_graph`),
     so the graph's sizes depend on shapes alone and the layer compiles into one graph. A
     ``SparseTensor`` ``adj_t`` gets PyG's ``set_diag``: its stored diagonal is replaced by loops on
     the first ``min(adj_t.size(0), adj_t.size(1))`` nodes. As in PyG, edge features (``edge_dim``)
@@ -179,8 +196,12 @@ class GATConv(MessagePassing):
 
         total_out_channels = out_channels * (heads if concat else 1)
         if residual:
-            self.res = Linear(in_channels if isinstance(in_channels, int) else in_channels[1],
-                              total_out_channels, bias=False, weight_initializer="glorot")
+            self.res = Linear(
+                in_channels if isinstance(in_channels, int) else in_channels[1],
+                total_out_channels,
+                bias=False,
+                weight_initializer="glorot",
+            )
         else:
             self.register_parameter("res", None)
 
@@ -240,12 +261,16 @@ class GATConv(MessagePassing):
         res: Optional[Tensor] = None
         if isinstance(edge_index, SparseTensor):
             if return_attention_weights:
-                raise NotImplementedError("return_attention_weights: not supported with a SparseTensor adj_t "
-                                          "(PyG returns the coefficients as a SparseTensor); pass an edge "
-                                          "index or a torch.sparse adjacency")
+                raise NotImplementedError(
+                    "return_attention_weights: not supported with a SparseTensor adj_t "
+                    "(PyG returns the coefficients as a SparseTensor); pass an edge "
+                    "index or a torch.sparse adjacency"
+                )
             if self.add_self_loops and self.edge_dim is not None:
-                raise NotImplementedError("edge_dim: as in PyG, edge features and add_self_loops=True are not "
-                                          "supported together with a SparseTensor adj_t")
+                raise NotImplementedError(
+                    "edge_dim: as in PyG, edge features and add_self_loops=True are not "
+                    "supported together with a SparseTensor adj_t"
+                )
         edge_index, size, edge_attr = sparse_tensor_graph(self, edge_index, size, edge_attr, "features")
 
         if isinstance(x, Tensor):
@@ -273,8 +298,14 @@ class GATConv(MessagePassing):
 
         num_src, num_dst = node_sizes(self, edge_index, size, x_src, x_dst)
         graph, returned_index, edge_attr = self._graph(
-            edge_index, edge_attr, size, num_src, num_dst,
-            x_src.size(0) if x_dst is None else min(x_src.size(0), x_dst.size(0)), bool(return_attention_weights))
+            edge_index,
+            edge_attr,
+            size,
+            num_src,
+            num_dst,
+            x_src.size(0) if x_dst is None else min(x_src.size(0), x_dst.size(0)),
+            bool(return_attention_weights),
+        )
         if graph.spare_row and alpha_dst is not None:
             alpha_dst = F.pad(alpha_dst, (0, 0, 0, 1))
 
@@ -298,7 +329,7 @@ class GATConv(MessagePassing):
             if graph.structure is None:
                 out = softmax_aggregate(graph.tensor, operands, x_src, keep, score=layer_op(score_op, *score))
             else:
-                out = softmax_aggregate_op(graph.structure, operands, x_src, keep, op_text(score_op, *score))[0]
+                out = softmax_aggregate_op(graph.structure.flat(), operands, x_src, keep, op_text(score_op, *score))[0]
         else:
             logits = run(graph, score_op, score, operands)
             out, alpha = self._attend(graph, logits, x_src, return_attention_weights)
@@ -320,8 +351,9 @@ class GATConv(MessagePassing):
             return out, (returned_index, alpha)
         return out
 
-    def _attend(self, graph: Graph, logits: Tensor, x_src: Tensor, return_attention_weights: Optional[bool]
-                ) -> Tuple[Tensor, Optional[Tensor]]:
+    def _attend(
+        self, graph: Graph, logits: Tensor, x_src: Tensor, return_attention_weights: Optional[bool]
+    ) -> Tuple[Tensor, Optional[Tensor]]:
         """Softmax and aggregation as separate ops: where the attention coefficients are returned
         or the aggregation is not a sum."""
         shift = run(graph, named, ("copy_e_max",), [logits.detach()])
@@ -332,13 +364,21 @@ class GATConv(MessagePassing):
             alpha = run(graph, named, ("e_div_v",), [numer, denom])
             alpha = F.dropout(alpha, p=self.dropout, training=self.training)
             return run(graph, named, (f"u_mul_e_{self._gather}",), [x_src, alpha.unsqueeze(-1)]), alpha
-        out = run(graph, weighted_source, (self._gather,),
-                  [x_src, numer.unsqueeze(-1), denom.reciprocal().unsqueeze(-1)])
+        out = run(
+            graph, weighted_source, (self._gather,), [x_src, numer.unsqueeze(-1), denom.reciprocal().unsqueeze(-1)]
+        )
         return out, None
 
-    def _graph(self, edge_index: Tensor, edge_attr: Optional[Tensor], size: Optional[Tuple[int, int]],
-               num_src: int, num_dst: int, num_loops: int, return_attention_weights: bool
-               ) -> Tuple[Graph, Optional[Tensor], Optional[Tensor]]:
+    def _graph(
+        self,
+        edge_index: Tensor,
+        edge_attr: Optional[Tensor],
+        size: Optional[Tuple[int, int]],
+        num_src: int,
+        num_dst: int,
+        num_loops: int,
+        return_attention_weights: bool,
+    ) -> Tuple[Graph, Optional[Tensor], Optional[Tensor]]:
         """The graph to attend over, the graph argument PyG would return with the coefficients
         (``None`` where they are not returned), and the edge features in the graph's edge order."""
         if size is not None:
@@ -348,10 +388,12 @@ class GATConv(MessagePassing):
                 graph, _ = adjacency(self, edge_index, num_src, num_dst)
                 return graph, edge_index, edge_tensor("edge_attr", edge_attr, graph.num_edges)
             if edge_attr is not None:
-                raise ValueError("edge_attr: edge features with add_self_loops=True need an edge "
-                                 "index, not a sparse adjacency")
-            graph, looped = derived(edge_index, ("gat", num_src, num_dst),
-                                    lambda: self._looped_sparse(edge_index, num_src, num_dst))
+                raise ValueError(
+                    "edge_attr: edge features with add_self_loops=True need an edge index, not a sparse adjacency"
+                )
+            graph, looped = derived(
+                edge_index, ("gat", num_src, num_dst), lambda: self._looped_sparse(edge_index, num_src, num_dst)
+            )
             return Graph(graph, None, graph.num_edges), looped, None
 
         edge_attr = edge_tensor("edge_attr", edge_attr, edge_index.size(1))
@@ -368,8 +410,9 @@ class GATConv(MessagePassing):
         if edge_attr is not None:
             # As PyG's remove_self_loops + add_self_loops, fill_value applied by PyG's own helper.
             edge_attr = edge_attr.index_select(0, looped.kept)
-            loop_attr = compute_loop_attr(looped.index[:, :edge_attr.size(0)], edge_attr, num_loops, False,
-                                          self.fill_value)
+            loop_attr = compute_loop_attr(
+                looped.index[:, : edge_attr.size(0)], edge_attr, num_loops, False, self.fill_value
+            )
             edge_attr = torch.cat([edge_attr, loop_attr], dim=0)
         # The looped index is cached with the graph: the caller gets its own, as PyG's are new
         # every call (one the caller changed in place was the next call's returned index).

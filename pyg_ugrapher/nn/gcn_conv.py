@@ -7,17 +7,38 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import add_self_loops
+
 from triton_kernels import unit_norm as unit_norm_kernels
 from triton_kernels import uses_triton
 
 from ..graph import OP_TAGS
+from ..graph_argument import (
+    Graph,
+    Looped,
+    adjacency,
+    check_features,
+    derived,
+    eager_with_torch_sparse,
+    edge_tensor,
+    endpoints,
+    gather_op,
+    graph_of,
+    graph_with_loops,
+    is_sparse,
+    layer_graph,
+    looped_graph,
+    named,
+    node_sizes,
+    padded_looped_graph,
+    plain_index,
+    run,
+    spare_row_looped_graph,
+    sparse_edges,
+    sparse_tensor_graph,
+)
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._dense import add_bias
-from ._graph import (Graph, Looped, adjacency, check_features, derived, eager_with_torch_sparse, edge_tensor,
-                     endpoints, gather_op, graph_of, graph_with_loops, is_sparse, layer_graph, looped_graph, named,
-                     node_sizes, padded_looped_graph, plain_index, run, spare_row_looped_graph, sparse_edges,
-                     sparse_tensor_graph)
 
 
 def normalize_op() -> OpInfo:
@@ -36,8 +57,14 @@ def fixed_size_graph(edge_index: Tensor, flow: str, num_nodes: int, add_self_loo
     return layer_graph(edge_index, flow, num_nodes, num_nodes)
 
 
-def unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, dtype: torch.dtype,
-              kept: Optional[Tensor] = None) -> Tensor:
+def unit_norm(
+    edge_index: Tensor,
+    flow: str,
+    num_nodes: int,
+    add_self_loops: bool,
+    dtype: torch.dtype,
+    kept: Optional[Tensor] = None,
+) -> Tensor:
     r"""The normalised weights when every edge weighs 1, from node-level factors:
     :math:`\hat{d}_u^{-1/2} \hat{d}_v^{-1/2}` per edge, where :math:`\hat{d}_v` counts ``v``'s incoming
     edges that are not self loops, plus its own loop (or all of them, without ``add_self_loops``).
@@ -57,8 +84,9 @@ def unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: boo
     return unit_norm_torch(src, dst, num_nodes, add_self_loops, dtype, kept)
 
 
-def unit_norm_torch(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: bool, dtype: torch.dtype,
-                    kept: Optional[Tensor] = None) -> Tensor:
+def unit_norm_torch(
+    src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: bool, dtype: torch.dtype, kept: Optional[Tensor] = None
+) -> Tensor:
     """:func:`unit_norm` of the edges ``(src, dst)`` with torch operations."""
     acc = unit_norm_kernels.degree_dtype(dtype)
     if add_self_loops:
@@ -66,7 +94,8 @@ def unit_norm_torch(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: bo
         factor = torch.ones(num_nodes, dtype=acc, device=src.device).index_add_(0, dst, weight).rsqrt_()
     else:
         degree = torch.zeros(num_nodes, dtype=acc, device=src.device).index_add_(
-            0, dst, torch.ones(src.numel(), dtype=acc, device=src.device))
+            0, dst, torch.ones(src.numel(), dtype=acc, device=src.device)
+        )
         # A node without edges has degree 0 here: PyG's gcn_norm maps its inf to 0.
         factor = degree.rsqrt().masked_fill_(degree == 0, 0.0)
     norm = factor.index_select(0, src).mul_(factor.index_select(0, dst))
@@ -76,30 +105,33 @@ def unit_norm_torch(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: bo
     return torch.cat([norm, factor.square()]).to(dtype)
 
 
-def fixed_size_unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str,
-                         dtype: torch.dtype) -> Tensor:
+def fixed_size_unit_norm(
+    edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str, dtype: torch.dtype
+) -> Tensor:
     """:func:`unit_norm` on :func:`fixed_size_graph`'s graph, cached on the index: one entry that eager
     and compiled layers share."""
+
     def build() -> Tensor:
         # The graph is built (and its index checked, cached) first: the weights index by the endpoints.
         fixed_size_graph(edge_index, flow, num_nodes, add_self_loops, gather)
         return unit_norm(edge_index, flow, num_nodes, add_self_loops, dtype)
+
     return derived(edge_index, ("gcn_unit_norm", flow, num_nodes, add_self_loops, gather, dtype), build)
 
 
 @torch.library.custom_op("pyg_ugrapher::gcn_unit_norm", mutates_args=(), tags=OP_TAGS)
-def _compiled_unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str,
-                        dtype: torch.dtype) -> Tensor:
-    """:func:`fixed_size_unit_norm` for a compiled GCNConv: traced, the normalisation ran every call
-    (two graph operators, a few elementwise kernels: a compiled step on an H200 took 2.2-2.4 ms
-    against 1.6-2.0 eager, ``benchmarks/results/h200-compiled-overhead``). A copy, as the compiled
-    graph owns its ops' outputs (Inductor may write into one once it is dead)."""
+def _compiled_unit_norm(
+    edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str, dtype: torch.dtype
+) -> Tensor:
+    """:func:`fixed_size_unit_norm` for a compiled GCNConv: traced, the normalisation would run
+    every call (two graph operators, a few elementwise kernels), where an eager call reads it from
+    the cache on the index. A copy, as the compiled graph owns its ops' outputs (Inductor may write
+    into one once it is dead)."""
     return fixed_size_unit_norm(edge_index, flow, num_nodes, add_self_loops, gather, dtype).clone()
 
 
 @_compiled_unit_norm.register_fake
-def _(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str, dtype: torch.dtype
-      ) -> Tensor:
+def _(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, gather: str, dtype: torch.dtype) -> Tensor:
     return edge_index.new_empty((edge_index.size(1) + (num_nodes if add_self_loops else 0),), dtype=dtype)
 
 
@@ -147,7 +179,7 @@ class GCNConv(MessagePassing):
     graph at weight 0, so its size depends on shapes alone and ``torch.compile`` keeps the layer in
     one graph. Other aggregations drop them (they would read the zero-weight messages); under
     ``torch.compile`` they point them to a spare destination row instead, for the same reason
-    (:func:`~pyg_ugrapher.nn._graph.spare_row_looped_graph`). A ``SparseTensor`` ``adj_t`` is
+    (:func:`~pyg_ugrapher.graph_argument.spare_row_looped_graph`). A ``SparseTensor`` ``adj_t`` is
     normalised as PyG's ``gcn_norm`` normalises one: its values (or ones) are the edge weights and
     its stored diagonal is replaced by self loops of weight ``2`` (``improved``) or ``1``.
 
@@ -175,6 +207,7 @@ class GCNConv(MessagePassing):
           whose values are the edge weights, edge weights :math:`(|\mathcal{E}|)` *(optional)*
         - **output:** node features :math:`(|\mathcal{V}|, F_{out})`
     """
+
     _cached_edge_index: Optional[Tuple[Graph, Optional[Tensor]]]
     #: A SparseTensor's normalisation, cached apart from the others' as PyG caches it.
     _cached_adj_t: Optional[Tuple[Graph, Optional[Tensor]]]
@@ -197,8 +230,10 @@ class GCNConv(MessagePassing):
         if add_self_loops is None:
             add_self_loops = normalize
         if add_self_loops and not normalize:
-            raise ValueError(f"add_self_loops: '{self.__class__.__name__}' does not support adding "
-                             f"self-loops to the graph when no on-the-fly normalization is applied")
+            raise ValueError(
+                f"add_self_loops: '{self.__class__.__name__}' does not support adding "
+                f"self-loops to the graph when no on-the-fly normalization is applied"
+            )
 
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -226,12 +261,15 @@ class GCNConv(MessagePassing):
         self._cached_adj_t = None
 
     @eager_with_torch_sparse
-    def forward(self, x: Tensor, edge_index: Union[Tensor, SparseTensor], edge_weight: Optional[Tensor] = None
-                ) -> Tensor:
+    def forward(
+        self, x: Tensor, edge_index: Union[Tensor, SparseTensor], edge_weight: Optional[Tensor] = None
+    ) -> Tensor:
         if isinstance(x, (tuple, list)):
-            raise ValueError(f"x: '{self.__class__.__name__}' received a tuple of node features as "
-                             f"input while this layer does not support bipartite message passing. "
-                             f"Please try other layers such as 'SAGEConv' or 'GraphConv' instead")
+            raise ValueError(
+                f"x: '{self.__class__.__name__}' received a tuple of node features as "
+                f"input while this layer does not support bipartite message passing. "
+                f"Please try other layers such as 'SAGEConv' or 'GraphConv' instead"
+            )
         x = check_features("x", x)
 
         slot = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"
@@ -255,14 +293,16 @@ class GCNConv(MessagePassing):
             out = add_bias(out, self.bias)
         return out
 
-    def _graph(self, x: Tensor, edge_index: Union[Tensor, SparseTensor], edge_weight: Optional[Tensor]
-               ) -> Tuple[Graph, Optional[Tensor]]:
+    def _graph(
+        self, x: Tensor, edge_index: Union[Tensor, SparseTensor], edge_weight: Optional[Tensor]
+    ) -> Tuple[Graph, Optional[Tensor]]:
         """The graph to propagate on and its edge weights (``None``: all ones)."""
         # PyG's gcn_norm replaces a SparseTensor's stored diagonal (fill_diag): with the diagonal left
         # out, the index path's add_remaining_self_loops adds loops that weigh the fill value alone.
         from_sparse_tensor = isinstance(edge_index, SparseTensor)
-        edge_index, size, edge_weight = sparse_tensor_graph(self, edge_index, None, edge_weight, "weights",
-                                                            remove_loops=self.add_self_loops)
+        edge_index, size, edge_weight = sparse_tensor_graph(
+            self, edge_index, None, edge_weight, "weights", remove_loops=self.add_self_loops
+        )
         if from_sparse_tensor and edge_weight is None and self.add_self_loops and self.improved:
             # PyG weighs a SparseTensor without values 1 before it fills the diagonal, so improved's
             # loops weigh 2 (on an index without edge weights they weigh 1, see below).
@@ -270,8 +310,9 @@ class GCNConv(MessagePassing):
         num_nodes, _ = node_sizes(self, edge_index, size, x, x)
         if is_sparse(edge_index):
             if edge_weight is not None:
-                raise ValueError("edge_weight: a sparse adjacency carries its edge weights as its "
-                                 "values; pass edge_weight=None")
+                raise ValueError(
+                    "edge_weight: a sparse adjacency carries its edge weights as its values; pass edge_weight=None"
+                )
             if not self.normalize:
                 return adjacency(self, edge_index, num_nodes, num_nodes)
             fill = 2.0 if self.improved else 1.0
@@ -280,8 +321,10 @@ class GCNConv(MessagePassing):
                 # mean, max and min read as one message: its own helper builds that adjacency.
                 merged, _ = add_self_loops(edge_index, fill_value=fill, num_nodes=num_nodes)
                 index, values = sparse_edges(merged)
-                key, build = ("gcn_merged", num_nodes), lambda: graph_of(index, "source_to_target", num_nodes,
-                                                                        num_nodes)
+                key, build = (
+                    ("gcn_merged", num_nodes),
+                    lambda: graph_of(index, "source_to_target", num_nodes, num_nodes),
+                )
             else:
                 # A loop added to every node on top of any stored one: their values add up, which a
                 # sum cannot tell from PyG's one merged entry, and the structure is cached.
@@ -313,13 +356,17 @@ class GCNConv(MessagePassing):
             # Every edge, self loops included, weighs 1: PyG 2.8's gcn_norm fills self loops
             # with 2 (improved=True) only when edge weights are given, and this matches it.
             if looped is not None:
-                return graph, derived(edge_index, ("gcn_looped_norm", self.flow, num_nodes, x.dtype),
-                                      lambda: unit_norm(edge_index, self.flow, num_nodes, True, x.dtype, looped.kept))
+                return graph, derived(
+                    edge_index,
+                    ("gcn_looped_norm", self.flow, num_nodes, x.dtype),
+                    lambda: unit_norm(edge_index, self.flow, num_nodes, True, x.dtype, looped.kept),
+                )
             norm = _compiled_unit_norm if torch.compiler.is_compiling() else fixed_size_unit_norm
             return graph, norm(edge_index, self.flow, num_nodes, self.add_self_loops, self._gather, x.dtype)
         fill = 2.0 if self.improved else 1.0
-        return graph, gcn_norm_weights(graph, self.loop_weights(edge_index, looped, in_place, edge_weight, num_nodes,
-                                                                 fill))
+        return graph, gcn_norm_weights(
+            graph, self.loop_weights(edge_index, looped, in_place, edge_weight, num_nodes, fill)
+        )
 
     def _looped_sparse(self, index: Tensor, num_nodes: int):
         if self.add_self_loops:
@@ -327,8 +374,9 @@ class GCNConv(MessagePassing):
         return graph_of(index, "source_to_target", num_nodes, num_nodes)
 
     @staticmethod
-    def loop_weights(edge_index: Tensor, looped: Optional[Looped], in_place: bool, weight: Tensor, num_nodes: int,
-                     fill: float) -> Tensor:
+    def loop_weights(
+        edge_index: Tensor, looped: Optional[Looped], in_place: bool, weight: Tensor, num_nodes: int, fill: float
+    ) -> Tensor:
         """Edge weights in the order of the graph propagated on: a stored self loop's weight goes to
         its node's loop (the same indexing as PyG's, so duplicate loops resolve alike), other loops
         get ``fill``; where the stored loops keep their places (``in_place``: the padded graph, or
@@ -342,8 +390,9 @@ class GCNConv(MessagePassing):
             return torch.cat([weight.masked_fill(is_loop, 0.0), loop_weight])
         if looped is None:
             return weight
-        loop_weight = weight.new_full((num_nodes,), fill).index_put((looped.loop_nodes,),
-                                                                   weight.index_select(0, looped.loops))
+        loop_weight = weight.new_full((num_nodes,), fill).index_put(
+            (looped.loop_nodes,), weight.index_select(0, looped.loops)
+        )
         return torch.cat([weight.index_select(0, looped.kept), loop_weight])
 
     def __repr__(self) -> str:

@@ -6,12 +6,24 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import reset
 from torch_geometric.typing import SparseTensor
 
-from ..graph import version
+from ..graph_argument import (
+    adjacency,
+    aggregate,
+    eager_with_torch_sparse,
+    edge_tensor,
+    gather_op,
+    is_sparse,
+    named,
+    node_sizes,
+    padded_looped_graph,
+    pair,
+    run,
+    sparse_tensor_graph,
+)
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
+from ..structure import version
 from ._dense import network
-from ._graph import (adjacency, aggregate, eager_with_torch_sparse, edge_tensor, gather_op, is_sparse, named,
-                     node_sizes, padded_looped_graph, pair, run, sparse_tensor_graph)
 
 
 def relu_sum(gather: str) -> OpInfo:
@@ -37,9 +49,10 @@ class GINConv(MessagePassing):
     is **one** ``copy_u_sum`` op (``u_mul_e_sum`` for a ``torch.sparse`` adjacency, as PyG's ``spmm``
     multiplies by its values; PyG drops a ``SparseTensor``'s values, and so does this layer); with a
     fixed :math:`\epsilon = 0` (the default) that op also adds :math:`\mathbf{x}_i`, summing over the
-    graph with a self loop added to every node. The network's torch and PyG ``Linear`` submodules (a
-    ``Sequential``'s, PyG's ``MLP``'s, any module's) compute their bias gradient as a matrix-vector
-    product (``nn._dense.network``: the same values, faster than ATen's eager reduction).
+    graph with a self loop added to every node. Where the network is a ``Sequential``, its torch and
+    PyG ``Linear`` children compute their bias gradient as a matrix-vector product
+    (``nn._dense.network``: the same values, faster than ATen's eager reduction; the modules
+    themselves are never changed); any other network runs as ``nn(x)``.
 
     Args:
         nn (torch.nn.Module): The network :math:`h_{\mathbf{\Theta}}` mapping ``[-1, in_channels]``
@@ -94,7 +107,7 @@ class GINConv(MessagePassing):
             num_nodes, num_dst = node_sizes(self, edge_index, size, x_src, x_dst)
             if num_nodes == num_dst:
                 # (A + I) X as one sum over the edges and a self loop per node: no [N, F] pass
-                # to add x (on the H100 the sum over 5% more edges cost less than that pass).
+                # to add x (a sum over N more edges reads less memory than that pass).
                 graph = padded_looped_graph(edge_index, self.flow, num_nodes)
                 return network(self.nn, run(graph, named, ("copy_u_sum",), [x_src]))
         out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
@@ -108,8 +121,7 @@ class GINConv(MessagePassing):
         a sparse adjacency), eager, and a fixed epsilon of 0 (PyG's default), which is read once per
         change of the buffer (a device sync), not per call. Writes through ``eps.data`` keep its
         version, and are not seen: assign in place under ``torch.no_grad()`` or load a state dict."""
-        if self._gather != "sum" or is_sparse(edge_index) or torch.compiler.is_compiling() or \
-                self.eps.requires_grad:
+        if self._gather != "sum" or is_sparse(edge_index) or torch.compiler.is_compiling() or self.eps.requires_grad:
             return False
         read = self._eps_read
         if read is None or read[0] is not self.eps or read[1] != version(self.eps) or read[1] is None:
@@ -157,8 +169,9 @@ class GINEConv(MessagePassing):
           :math:`(|\mathcal{V}_t|, F_{out})` if bipartite
     """
 
-    def __init__(self, nn: torch.nn.Module, eps: float = 0.0, train_eps: bool = False,
-                 edge_dim: Optional[int] = None, **kwargs) -> None:
+    def __init__(
+        self, nn: torch.nn.Module, eps: float = 0.0, train_eps: bool = False, edge_dim: Optional[int] = None, **kwargs
+    ) -> None:
         kwargs.setdefault("aggr", "add")
         super().__init__(**kwargs)
         self._gather = gather_op(self.aggr)
@@ -203,8 +216,10 @@ class GINEConv(MessagePassing):
             raise ValueError("edge_attr: GINEConv needs edge features")
         edge_attr = edge_tensor("edge_attr", edge_attr, graph.num_edges)
         if self.lin is None and x_src.size(-1) != edge_attr.size(-1):
-            raise ValueError("edge_attr: node and edge feature dimensionalities do not match. "
-                             "Consider setting the 'edge_dim' attribute of 'GINEConv'")
+            raise ValueError(
+                "edge_attr: node and edge feature dimensionalities do not match. "
+                "Consider setting the 'edge_dim' attribute of 'GINEConv'"
+            )
         if self.lin is not None:
             edge_attr = self.lin(edge_attr)
 

@@ -4,9 +4,9 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 
+from ..graph_argument import aggregate, eager_with_torch_sparse, gather_op, pair, sparse_tensor_graph
 from ..message_passing import MessagePassing
 from ._dense import linear, linear_sum
-from ._graph import aggregate, eager_with_torch_sparse, gather_op, pair, sparse_tensor_graph
 
 
 class GraphConv(MessagePassing):

@@ -5,9 +5,9 @@ from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 
+from ..graph_argument import aggregate, eager_with_torch_sparse, gather_op, pair, sparse_tensor_graph
 from ..message_passing import MessagePassing
 from ._dense import linear, linear_sum
-from ._graph import aggregate, eager_with_torch_sparse, gather_op, pair, sparse_tensor_graph
 
 
 class SAGEConv(MessagePassing):
@@ -77,8 +77,9 @@ class SAGEConv(MessagePassing):
 
         if self.project:
             if in_channels[0] <= 0:
-                raise ValueError(f"in_channels: '{self.__class__.__name__}' does not support lazy "
-                                 f"initialization with `project=True`")
+                raise ValueError(
+                    f"in_channels: '{self.__class__.__name__}' does not support lazy initialization with `project=True`"
+                )
             self.lin = Linear(in_channels[0], in_channels[0], bias=True)
 
         self.lin_l = Linear(in_channels[0], out_channels, bias=bias)

@@ -1,4 +1,5 @@
 """Fixtures of the autotune tests: a tiny table collected through the CLI on the Triton interpreter."""
+
 import os
 import subprocess
 import sys
@@ -13,9 +14,28 @@ SMOKE_GRAPHS = "uni-n1e2-e1e3,pl0.8-n1e2-e1e3"
 
 def run_collect(out: Path, *extra: str) -> subprocess.CompletedProcess:
     """``python -m autotune collect`` on the CPU (Triton interpreter) into ``out``."""
-    command = [sys.executable, "-m", "autotune", "collect", "--device", "cpu", "--graphs", SMOKE_GRAPHS,
-               "--ops", "copy_u_sum", "--no-backward", "--features", "16", "--configs", "2", "--reps", "1",
-               "--out", str(out), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "collect",
+        "--device",
+        "cpu",
+        "--graphs",
+        SMOKE_GRAPHS,
+        "--ops",
+        "copy_u_sum",
+        "--no-backward",
+        "--features",
+        "16",
+        "--configs",
+        "2",
+        "--reps",
+        "1",
+        "--out",
+        str(out),
+        *extra,
+    ]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYG_UGRAPHER_CACHE": str(out.parent / "kernels")}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

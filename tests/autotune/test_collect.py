@@ -80,8 +80,7 @@ def test_smoke_collect_writes_rows_and_resumes(collected, collect_cli):
     with gzip.open(files[0]) as handle:  # really gzip
         handle.read(10)
     table = collect.read_table([collected])
-    for column in CASE_COLUMNS + KNOB_COLUMNS + ("graph", "family", "op", "config", "time_ms", "status",
-                                                "heuristic"):
+    for column in CASE_COLUMNS + KNOB_COLUMNS + ("graph", "family", "op", "config", "time_ms", "status", "heuristic"):
         assert column in table.columns
     assert (table["status"] == "ok").all() and (table["time_ms"] > 0).all()
     assert set(table["family"]) == {"uniform", "power_law"}

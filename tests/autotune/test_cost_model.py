@@ -37,8 +37,9 @@ def test_fit_predict_generalises(data):
 @pytest.mark.parametrize("suffix", [".json", ".ubj"])
 def test_save_load_round_trip(data, tmp_path, suffix):
     X, y, X_test, _ = data
-    model = CostModel(n_estimators=20, num_leaves=15, min_child_samples=7, reg_lambda=0.5,
-                      random_state=3).fit(X, y, feature_name=[f"x{i}" for i in range(6)])
+    model = CostModel(n_estimators=20, num_leaves=15, min_child_samples=7, reg_lambda=0.5, random_state=3).fit(
+        X, y, feature_name=[f"x{i}" for i in range(6)]
+    )
     path = model.save_model(tmp_path / f"model{suffix}")
     loaded = CostModel.load(path)
     np.testing.assert_array_equal(loaded.predict(X_test), model.predict(X_test))
@@ -84,14 +85,20 @@ def _rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(np.argsort(np.argsort(a)), np.argsort(np.argsort(b)))[0, 1])
 
 
-@pytest.mark.parametrize("objective,xgboost_objective", [("rank_pairwise", "rank:pairwise"),
-                                                          ("lambdarank", "rank:ndcg")])
+@pytest.mark.parametrize(
+    "objective,xgboost_objective", [("rank_pairwise", "rank:pairwise"), ("lambdarank", "rank:ndcg")]
+)
 def test_ranking_orders_within_groups(groups, objective, xgboost_objective):
     X, cost, sizes = groups
     train, test = slice(0, 1000), slice(1000, None)
     # rank:pairwise takes the cost as it is; NDCG needs integer relevance, higher is better.
-    label = cost if objective == "rank_pairwise" else np.clip(np.round(8 - 2 * (cost - np.repeat(
-        [cost[i:i + 20].min() for i in range(0, cost.size, 20)], 20))), 0, 8)
+    label = (
+        cost
+        if objective == "rank_pairwise"
+        else np.clip(
+            np.round(8 - 2 * (cost - np.repeat([cost[i : i + 20].min() for i in range(0, cost.size, 20)], 20))), 0, 8
+        )
+    )
     model = CostModel(objective=objective, n_estimators=40, num_leaves=15, random_state=0)
     model.fit(X[train], label[train], group=sizes[:50], eval_set=[(X[test], label[test])], eval_group=[sizes[50:]])
     assert model.ranking and model.xgboost_params()["objective"] == xgboost_objective
@@ -104,7 +111,7 @@ def test_ranking_orders_within_groups(groups, objective, xgboost_objective):
     # score is one of the three cheapest candidates.
     correlations, picked = [], []
     for i in range(0, 200, 20):
-        score, truth = sign * pred[i:i + 20], cost[test][i:i + 20]
+        score, truth = sign * pred[i : i + 20], cost[test][i : i + 20]
         correlations.append(_rank_correlation(score, truth))
         picked.append(int((truth < truth[np.argmin(score)]).sum()))
     assert np.mean(correlations) > 0.8 and max(picked) < 3
@@ -136,20 +143,23 @@ def test_ranking_round_trip(groups, tmp_path):
     np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    ({"n_estimators": 0}, ValueError, "n_estimators"),
-    ({"n_estimators": 2.5}, TypeError, "n_estimators"),
-    ({"learning_rate": 0.0}, ValueError, "learning_rate"),
-    ({"num_leaves": 1}, ValueError, "num_leaves"),
-    ({"max_depth": 0}, ValueError, "max_depth"),
-    ({"subsample": 1.5}, ValueError, "subsample"),
-    ({"colsample_bytree": 0}, ValueError, "colsample_bytree"),
-    ({"reg_lambda": -1.0}, ValueError, "reg_lambda"),
-    ({"objective": "poisson"}, ValueError, "objective"),
-    ({"random_state": "x"}, TypeError, "random_state"),
-    ({"backend": "catboost"}, ValueError, "backend"),
-    ({"objective": "rank_pairwise", "backend": "lightgbm"}, ValueError, "objective: 'rank_pairwise'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"n_estimators": 0}, ValueError, "n_estimators"),
+        ({"n_estimators": 2.5}, TypeError, "n_estimators"),
+        ({"learning_rate": 0.0}, ValueError, "learning_rate"),
+        ({"num_leaves": 1}, ValueError, "num_leaves"),
+        ({"max_depth": 0}, ValueError, "max_depth"),
+        ({"subsample": 1.5}, ValueError, "subsample"),
+        ({"colsample_bytree": 0}, ValueError, "colsample_bytree"),
+        ({"reg_lambda": -1.0}, ValueError, "reg_lambda"),
+        ({"objective": "poisson"}, ValueError, "objective"),
+        ({"random_state": "x"}, TypeError, "random_state"),
+        ({"backend": "catboost"}, ValueError, "backend"),
+        ({"objective": "rank_pairwise", "backend": "lightgbm"}, ValueError, "objective: 'rank_pairwise'"),
+    ],
+)
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         CostModel(**kwargs)

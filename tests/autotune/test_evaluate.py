@@ -6,7 +6,7 @@ from autotune import evaluate as ev
 from autotune.collect import read_table
 from autotune.cost_model import CostModel
 from autotune.features import CASE_COLUMNS, FEATURES, KNOB_COLUMNS, frame_features
-from autotune.train import RANK_CLIP, fit, target, train, usable
+from autotune.train import fit, train
 
 
 @pytest.mark.parametrize("kind", ["log_time", "relative", "rank"])
@@ -35,23 +35,35 @@ def test_evaluate_writes_tables_and_plots(collected, tmp_path, kind):
 
 
 def test_by_size_bins_the_best_time():
-    cases = pd.DataFrame({"best_ms": [0.01, 0.015, 0.3, 5.0], "model": [1.0, 1.44, 1.2, 1.05],
-                          "static": [2.0, 2.0, 1.0, np.nan], "single": [3.0, 2.0, 1.0, np.nan],
-                          "heuristic": [1.0, 1.0, 1.0, 1.0]})
+    cases = pd.DataFrame(
+        {
+            "best_ms": [0.01, 0.015, 0.3, 5.0],
+            "model": [1.0, 1.44, 1.2, 1.05],
+            "static": [2.0, 2.0, 1.0, np.nan],
+            "single": [3.0, 2.0, 1.0, np.nan],
+            "heuristic": [1.0, 1.0, 1.0, 1.0],
+        }
+    )
     sizes = ev.by_size(cases).set_index("best_ms_from")
     assert list(sizes.index) == [0.0, 0.1, 2.0] and list(sizes["cases"]) == [2, 1, 1]
     assert sizes.loc[0.0, "model_geomean"] == pytest.approx(1.2)
     assert sizes.loc[0.0, "model_within_10pct"] == 0.5
     assert np.isnan(sizes.loc[2.0, "static_geomean"])
-    assert sizes.loc[0.0, "single_geomean"] == pytest.approx(6 ** 0.5)
+    assert sizes.loc[0.0, "single_geomean"] == pytest.approx(6**0.5)
 
 
 def test_static_choices_per_width_and_for_every_width():
     """``static`` picks per (kind, F), ``single`` one schedule per kind: here "a" is best at F = 16
     and "b" at F = 32, while "b" is best over both widths; "c" covers too few cases to be chosen."""
     rows = []
-    for case, (F, times) in enumerate([(16, {"a": 1.0, "b": 1.2}), (16, {"a": 1.0, "b": 1.1, "c": 0.5}),
-                                       (32, {"a": 3.0, "b": 1.0}), (32, {"a": 2.0, "b": 1.0})]):
+    for case, (F, times) in enumerate(
+        [
+            (16, {"a": 1.0, "b": 1.2}),
+            (16, {"a": 1.0, "b": 1.1, "c": 0.5}),
+            (32, {"a": 3.0, "b": 1.0}),
+            (32, {"a": 2.0, "b": 1.0}),
+        ]
+    ):
         rows += [{"case": case, "gather": "sum", "F": F, "config": c, "time_ms": t} for c, t in times.items()]
     train = pd.DataFrame(rows)
     assert ev.static_choices(train) == {(False, 16): "a", (False, 32): "b"}
@@ -76,11 +88,21 @@ def test_rank_fit_groups_rows_by_case():
     for repeat in range(4):
         for scale, graph in enumerate(("g1", "g2", "g3", "g4", "g5", "g6", "g7", "g8")):
             for step, block_e in enumerate((1, 2, 4, 8, 16, 32)):
-                time_ms = 10.0 ** scale * (1 + 0.3 * step) * (1 + 0.01 * repeat)
+                time_ms = 10.0**scale * (1 + 0.3 * step) * (1 + 0.01 * repeat)
                 rows.append({"graph": graph, "block_e": block_e, "time_ms": time_ms})
     base = {name: 1.0 for name in CASE_COLUMNS + KNOB_COLUMNS}
-    base.update(op="copy_u_sum", dtype="float32", gpu="g", gather="sum", strategy="vertex", F=16.0,
-                status="ok", block_v=4.0, block_f=16.0, num_warps=1.0)
+    base.update(
+        op="copy_u_sum",
+        dtype="float32",
+        gpu="g",
+        gather="sum",
+        strategy="vertex",
+        F=16.0,
+        status="ok",
+        block_v=4.0,
+        block_f=16.0,
+        num_warps=1.0,
+    )
     table = pd.DataFrame([{**base, **row} for row in rows])
     model = fit(table, n_estimators=10, kind="rank")
     score = model.predict(frame_features(table))

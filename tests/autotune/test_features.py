@@ -23,8 +23,9 @@ def _column(matrix: np.ndarray, name: str) -> np.ndarray:
     return matrix[:, ft.FEATURES.index(name)]
 
 
-@pytest.mark.parametrize("name,F,reduce_size", [("copy_u_sum", 128, 1), ("copy_u_max", 16, 1),
-                                                ("u_add_v", 64, 1), ("u_dot_v", 512, 512)])
+@pytest.mark.parametrize(
+    "name,F,reduce_size", [("copy_u_sum", 128, 1), ("copy_u_max", 16, 1), ("u_add_v", 64, 1), ("u_dot_v", 512, 512)]
+)
 def test_case_features_cover_the_space(skewed, name, F, reduce_size):
     op = OpInfo.from_name(name)
     infos, matrix = ft.case_features(skewed.stats(), op, F, reduce_size, torch.float32, GPU)
@@ -93,8 +94,9 @@ def test_table_and_runtime_paths_agree(skewed):
     stats = skewed.reverse().stats()
     infos, matrix = ft.case_features(stats, op, 32, 1, torch.float16, GPU)
     columns = ft.case_columns(stats, op, 32, 1, torch.float16, GPU)
-    table = pd.DataFrame([{**columns, **{k: v[i] for k, v in ft.knob_columns(list(infos)).items()}}
-                          for i in range(len(infos))])
+    table = pd.DataFrame(
+        [{**columns, **{k: v[i] for k, v in ft.knob_columns(list(infos)).items()}} for i in range(len(infos))]
+    )
     np.testing.assert_array_equal(ft.frame_features(table), matrix)
     assert columns["itemsize"] == 2 and columns["num_rows"] == skewed.num_src
 

@@ -1,5 +1,6 @@
 """``autotune.forest``: XGBoost models as flat trees, scored by the tree-ensemble kernel exactly as
 XGBoost scores them (Triton's interpreter on the CPU, the GPU under the ``cuda`` marker)."""
+
 import numpy as np
 import pytest
 import torch
@@ -38,8 +39,9 @@ def case_rows():
     """Feature rows of a real case: a sample of the schedules of copy_u_sum at F = 128 on a
     power-law graph."""
     graph = GraphTensor.from_edge_index(power_law_graph(3000, 60_000, seed=4), 3000)
-    _, matrix = ft.case_features(selection.bucket(graph.stats()), OpInfo.from_name("copy_u_sum"), 128, 1,
-                                 torch.float32, H100)
+    _, matrix = ft.case_features(
+        selection.bucket(graph.stats()), OpInfo.from_name("copy_u_sum"), 128, 1, torch.float32, H100
+    )
     return matrix[np.random.default_rng(0).choice(len(matrix), 48, replace=False)]
 
 
@@ -63,11 +65,14 @@ def test_missing_values_and_base_score(device):
     assert_same_scores(forest.predict(rows, device), model.predict(rows))
 
 
-@pytest.mark.parametrize("params,reason", [
-    ({"objective": "reg:logistic"}, "objective"),
-    ({"objective": "multi:softprob", "num_class": 3}, "objective"),
-    ({"objective": "reg:squarederror", "booster": "dart"}, "dart"),
-])
+@pytest.mark.parametrize(
+    "params,reason",
+    [
+        ({"objective": "reg:logistic"}, "objective"),
+        ({"objective": "multi:softprob", "num_class": 3}, "objective"),
+        ({"objective": "reg:squarederror", "booster": "dart"}, "dart"),
+    ],
+)
 def test_models_that_are_not_a_plain_sum_are_refused(params, reason):
     rng = np.random.default_rng(2)
     X = rng.normal(size=(60, 3))
@@ -78,8 +83,17 @@ def test_models_that_are_not_a_plain_sum_are_refused(params, reason):
 
 
 def _stump(**changes):
-    arrays = dict(feature=[0, 0, 0], threshold=[0.5, 0, 0], left=[1, 1, 2], right=[2, 1, 2],
-                  default_left=[1, 0, 0], value=[0, -1, 1], roots=[0], base=0.0, num_features=2)
+    arrays = dict(
+        feature=[0, 0, 0],
+        threshold=[0.5, 0, 0],
+        left=[1, 1, 2],
+        right=[2, 1, 2],
+        default_left=[1, 0, 0],
+        value=[0, -1, 1],
+        roots=[0],
+        base=0.0,
+        num_features=2,
+    )
     arrays.update(changes)
     return Forest(**arrays)
 

@@ -1,5 +1,6 @@
 """The schedule rules used without a model: each GPU rule fires on the graphs it is written for,
 and every schedule they give is valid for its operator and width."""
+
 import pytest
 
 from autotune.heuristic import heuristic, small_graph_schedule
@@ -11,20 +12,25 @@ from triton_kernels.space import space
 
 @pytest.fixture(scope="module")
 def stats():
-    return {"skewed": GraphTensor.from_edge_index(power_law_graph(2000, 40_000, exponent=1.0, seed=1), 2000).stats(),
-            "regular": GraphTensor.from_edge_index(uniform_graph(2000, 40_000, seed=1), 2000).stats()}
+    return {
+        "skewed": GraphTensor.from_edge_index(power_law_graph(2000, 40_000, exponent=1.0, seed=1), 2000).stats(),
+        "regular": GraphTensor.from_edge_index(uniform_graph(2000, 40_000, seed=1), 2000).stats(),
+    }
 
 
-@pytest.mark.parametrize("name,width,graph,strategy", [
-    ("u_add_v", 128, "skewed", "group"),  # a hub's edges split over programs, destinations loaded per chunk
-    ("u_dot_v", 128, "skewed", "group"),
-    ("u_add_v", 128, "regular", "vertex"),  # destinations loaded once per row
-    ("u_add_v", 4, "skewed", "edge"),  # narrow messages: contiguous output in user order
-    ("u_add_v", 4, "regular", "edge"),
-    ("copy_u", 128, "skewed", "edge"),  # no destination operand to reuse
-    ("copy_u_sum", 128, "skewed", "group"),
-    ("copy_u_sum", 128, "regular", "vertex"),
-])
+@pytest.mark.parametrize(
+    "name,width,graph,strategy",
+    [
+        ("u_add_v", 128, "skewed", "group"),  # a hub's edges split over programs, destinations loaded per chunk
+        ("u_dot_v", 128, "skewed", "group"),
+        ("u_add_v", 128, "regular", "vertex"),  # destinations loaded once per row
+        ("u_add_v", 4, "skewed", "edge"),  # narrow messages: contiguous output in user order
+        ("u_add_v", 4, "regular", "edge"),
+        ("copy_u", 128, "skewed", "edge"),  # no destination operand to reuse
+        ("copy_u_sum", 128, "skewed", "group"),
+        ("copy_u_sum", 128, "regular", "vertex"),
+    ],
+)
 def test_gpu_rules(stats, name, width, graph, strategy):
     op = OpInfo.from_name(name)
     info = heuristic(stats[graph], op, width, on_gpu=True)

@@ -42,8 +42,10 @@ def fresh_cache(monkeypatch):
 
 @pytest.fixture(scope="module")
 def graphs():
-    return [GraphTensor.from_edge_index(uniform_graph(200, 2000, seed=1), 200),
-            GraphTensor.from_edge_index(power_law_graph(200, 2000, seed=2), 200)]
+    return [
+        GraphTensor.from_edge_index(uniform_graph(200, 2000, seed=1), 200),
+        GraphTensor.from_edge_index(power_law_graph(200, 2000, seed=2), 200),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,8 @@ def model_file(tmp_path_factory, graphs):
     table = pd.concat(frames, ignore_index=True)
     cost = (np.log2(table["block_e"]) - 4) ** 2 + 0.1 * np.log2(table["num_warps"])
     model = CostModel(n_estimators=60, num_leaves=31, min_child_samples=2).fit(
-        ft.frame_features(table), cost, feature_name=list(ft.FEATURES))
+        ft.frame_features(table), cost, feature_name=list(ft.FEATURES)
+    )
     return model.save_model(tmp_path_factory.mktemp("model") / "model.json")
 
 
@@ -85,6 +88,7 @@ def test_no_model_falls_back_to_gpu_heuristic(graphs, monkeypatch, tmp_path):
 
 def test_missing_xgboost_falls_back_to_gpu_heuristic(graphs, model_file, monkeypatch):
     import builtins
+
     real_import = builtins.__import__
 
     def without_xgboost(name, *args, **kwargs):
@@ -109,8 +113,7 @@ def test_model_picks_the_predicted_best(graphs, model_file, monkeypatch):
         op = OpInfo.from_name(name)
         choice = selection.select(graphs[0].stats(), op, F, device="cuda")
         assert choice in space(op, F)
-        assert choice.block_e == 16 and choice.num_warps == min(i.num_warps for i in space(op, F)
-                                                                 if i.block_e == 16)
+        assert choice.block_e == 16 and choice.num_warps == min(i.num_warps for i in space(op, F) if i.block_e == 16)
         assert selection.select(graphs[0].stats(), op, F, device="cuda") is choice
 
 
@@ -168,10 +171,14 @@ def test_small_gpu_graphs_need_no_statistics(name, F, monkeypatch):
     assert choice in space(op, F) and choice.strategy == "edge"
     assert "stats" not in derived_cache(graph.csr().rowptr)
     # The CPU keeps its interpreter rules, and a graph over the limit is decided by its statistics.
-    assert selection.select(graph.csr(), op, F, device="cpu") == heuristic(selection.bucket(graph.stats()), op, F, False)
+    assert selection.select(graph.csr(), op, F, device="cpu") == heuristic(
+        selection.bucket(graph.stats()), op, F, False
+    )
     monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", graph.num_edges - 1)
     monkeypatch.setattr(selection, "load_booster", lambda: None)
-    assert selection.select(graph.csr(), op, F, device="cuda") == heuristic(selection.bucket(graph.stats()), op, F, True)
+    assert selection.select(graph.csr(), op, F, device="cuda") == heuristic(
+        selection.bucket(graph.stats()), op, F, True
+    )
 
 
 def test_small_gpu_graphs_read_the_user_order(monkeypatch):
@@ -194,9 +201,13 @@ def test_bad_width():
 
 
 def _fields(stats):
-    return {"num_rows": stats.num_rows, "num_cols": stats.num_cols, "num_edges": stats.num_edges,
-            **{f"rows.{k}": v for k, v in dataclasses.asdict(stats.rows).items()},
-            **{f"cols.{k}": v for k, v in dataclasses.asdict(stats.cols).items()}}
+    return {
+        "num_rows": stats.num_rows,
+        "num_cols": stats.num_cols,
+        "num_edges": stats.num_edges,
+        **{f"rows.{k}": v for k, v in dataclasses.asdict(stats.rows).items()},
+        **{f"cols.{k}": v for k, v in dataclasses.asdict(stats.cols).items()},
+    }
 
 
 def test_bucket_rounds_every_statistic_to_its_grid(graphs):
@@ -209,11 +220,11 @@ def test_bucket_rounds_every_statistic_to_its_grid(graphs):
                 assert abs(value - exact[name]) <= 0.05 + 1e-12 and round(value * 10) == value * 10
             elif name.endswith("skew"):
                 ratio = (1 + abs(value)) / (1 + abs(exact[name]))
-                assert 2 ** -0.5 <= ratio <= 2 ** 0.5 and math.copysign(1, value) == math.copysign(1, exact[name])
+                assert 2**-0.5 <= ratio <= 2**0.5 and math.copysign(1, value) == math.copysign(1, exact[name])
             elif exact[name] == 0:
                 assert value == 0
             else:
-                assert 2 ** -0.5 - 1e-4 <= value / exact[name] <= 2 ** 0.5 + 1e-4, name
+                assert 2**-0.5 - 1e-4 <= value / exact[name] <= 2**0.5 + 1e-4, name
                 assert abs(math.log2(value) - round(math.log2(value))) < 1e-4, name
 
 
@@ -288,8 +299,9 @@ def test_fastest_climbs_through_neighbours_timing_each_once(monkeypatch):
     other = _schedules(op, F, 1)[0]
 
     def steps(info):  # knob steps from ``info`` to ``target``: the cost of a schedule
-        return sum(abs(math.log2(info.knobs[k] / target.knobs[k])) for k in ("block_v", "block_e", "block_f",
-                                                                               "num_warps"))
+        return sum(
+            abs(math.log2(info.knobs[k] / target.knobs[k])) for k in ("block_v", "block_e", "block_f", "num_warps")
+        )
 
     def run(info):
         if info == broken:
@@ -302,14 +314,19 @@ def test_fastest_climbs_through_neighbours_timing_each_once(monkeypatch):
 
     for rounds, above, reached in ((0, 0.0, start), (2, 0.0, None), (8, 0.0, target), (8, steps(start) + 1, start)):
         timer = FakeTimer(Cost({other: 100.0}))
-        best = selection.fastest([other, start], run, timer=timer, rounds=rounds, refine_above=above,
-                                 neighbours_of=lambda info: neighbours(info, op, F))
+        best = selection.fastest(
+            [other, start],
+            run,
+            timer=timer,
+            rounds=rounds,
+            refine_above=above,
+            neighbours_of=lambda info: neighbours(info, op, F),
+        )
         assert len(timer.calls) == len(set(timer.calls)) and broken not in timer.calls
         if reached is None:
             assert steps(best) == steps(start) - 4  # two rounds, each a tile knob and the warps
         else:
             assert best == reached
-
 
 
 def test_fastest_settles_close_schedules_by_their_median():
@@ -344,8 +361,10 @@ def test_select_measured_times_the_shortlist_once_per_case(graphs, monkeypatch):
     # The plain selection now answers the measured choice; a call with a context measures afresh.
     assert selection.select(graph, op, F, device="cuda") == candidates[1]
     timer.cost = dict(zip(candidates, (1.0, 3.0, 2.0)))
-    assert selection.select_measured(graph, op, F, lambda info: info, device="cuda", context="pair",
-                                     timer=timer) == candidates[0]
+    assert (
+        selection.select_measured(graph, op, F, lambda info: info, device="cuda", context="pair", timer=timer)
+        == candidates[0]
+    )
     assert selection.select(graph, op, F, device="cuda") == candidates[1]
 
 
@@ -368,8 +387,9 @@ def test_shortlist_without_a_model_is_the_heuristic(graphs, monkeypatch, tmp_pat
     monkeypatch.setenv(selection.MODEL_ENV, str(tmp_path / "absent.json"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     op = OpInfo.from_name("copy_u_sum")
-    assert selection.shortlist(graphs[1], op, 64, device="cuda") == \
-        [heuristic(selection.bucket(graphs[1].stats()), op, 64, True)]
+    assert selection.shortlist(graphs[1], op, 64, device="cuda") == [
+        heuristic(selection.bucket(graphs[1].stats()), op, 64, True)
+    ]
 
 
 def test_measures_only_large_gpu_graphs(graphs, monkeypatch):
@@ -430,3 +450,81 @@ def test_a_model_that_does_not_convert_is_scored_by_xgboost(model_file, monkeypa
     monkeypatch.setattr(selection, "Forest", _RefusingForest)
     assert selection._forest(booster) is None
     assert booster in selection._FORESTS
+
+
+# -- partial schedules: a strategy and some knobs fixed, the rest chosen -----------------------------
+PARTIALS = [
+    ParallelInfo("vertex"),
+    ParallelInfo("edge"),
+    ParallelInfo("group"),
+    ParallelInfo("vertex", block_f=16),
+    ParallelInfo("edge", block_e=32, num_warps=8),
+    ParallelInfo("group", group_size=8, block_f=1024),
+    ParallelInfo("vertex", block_v=128),
+    ParallelInfo("vertex", block_v=256, block_e=64),
+    ParallelInfo("group", block_e=16),
+    ParallelInfo("group", group_size=2),
+]
+
+
+@pytest.mark.parametrize("partial", PARTIALS, ids=str)
+def test_resolve_completes_any_partial_schedule_at_every_width(graphs, partial, monkeypatch):
+    """Without a model (the CPU's rules, and the GPU's): a complete schedule that keeps the strategy
+    and every knob given, valid for the width, at every width up to 128 and around the powers of two
+    to 1024 (a feature tile wider than the op narrowed)."""
+    monkeypatch.setattr(selection, "load_booster", lambda: None)
+    op = OpInfo.from_name("u_mul_e_max")
+    stats = graphs[1].stats()
+    for device in ("cpu", "cuda"):
+        for F in [*range(1, 129), 200, 255, 256, 257, 511, 512, 513, 1000, 1023, 1024]:
+            choice = selection.resolve(stats, op, F, partial, device=device)
+            assert choice.is_complete and choice.validate_for(F) is choice
+            assert partial.narrowed_for(F)[0].admits(choice), (partial, F, choice)
+    assert selection.resolve(stats, op, 64, partial, device="cpu") is selection.resolve(
+        stats, op, 64, partial, device="cpu"
+    )
+
+
+def test_resolve_without_a_model_takes_the_rules_of_the_strategy(graphs):
+    op = OpInfo.from_name("copy_u_sum")
+    stats = selection.bucket(graphs[1].stats())
+    for strategy in ("vertex", "edge", "group"):
+        rule = heuristic(stats, op, 64, False, strategy)
+        assert selection.resolve(stats, op, 64, ParallelInfo(strategy), device="cpu") == rule
+    # Where the strategy's rule disagrees with a knob given, the knob is put in and the tile kept in bounds.
+    choice = selection.resolve(stats, op, 64, ParallelInfo("vertex", block_e=64), device="cpu")
+    assert choice.block_e == 64 and choice.block_v * choice.block_e * choice.block_f <= selection.MAX_TILE
+    assert selection.resolve(stats, op, 64, ParallelInfo("vertex", block_f=8), device="cpu").block_f == 8
+    assert selection.chooser(stats, "cpu", partial=True) == "heuristic"
+
+
+def test_resolve_scores_only_the_schedules_that_keep_the_fixed_knobs(graphs, model_file, monkeypatch):
+    """With a model, the design space's schedules that agree with the partial one are scored as
+    ``select`` scores them all: the model's favourite (block_e = 16, fewest warps) among them."""
+    monkeypatch.setenv(selection.MODEL_ENV, str(model_file))
+    monkeypatch.setattr(selection, "gpu_info", lambda device: GPU)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(selection, "heuristic", lambda *args: pytest.fail("the heuristic decided with a model"))
+    op = OpInfo.from_name("copy_u_sum")
+    stats = graphs[0].stats()
+    assert selection.chooser(stats, "cuda", partial=True) == "cost model"
+    for partial in (ParallelInfo("vertex"), ParallelInfo("group", block_f=32), ParallelInfo("vertex", num_warps=8)):
+        admitted = [info for info in space(op, 64) if partial.admits(info)]
+        choice = selection.resolve(stats, op, 64, partial, device="cuda")
+        assert choice in admitted and choice.block_e == 16
+        assert choice.num_warps == min(info.num_warps for info in admitted if info.block_e == 16)
+        assert selection.resolve(stats, op, 64, partial, device="cuda") is choice
+    # A knob off the design space's grid: the space's schedules of the strategy with it put in.
+    off_grid = ParallelInfo("vertex", block_v=128)
+    choice = selection.resolve(stats, op, 64, off_grid, device="cuda")
+    assert choice.block_v == 128 and choice in selection.completions(off_grid, op, 64)
+    assert selection.completions(ParallelInfo("vertex", block_v=256, block_e=64), op, 64) == []
+
+
+def test_resolve_returns_a_complete_schedule_as_it_is(graphs):
+    complete = ParallelInfo("edge", block_e=32, block_f=16, num_warps=2)
+    stats = graphs[0].stats()
+    assert selection.resolve(stats, OpInfo.from_name("copy_u_sum"), 16, complete) is complete
+    assert selection.resolve(stats, OpInfo.from_name("copy_u_sum"), 8, complete) == complete.with_knobs(block_f=8)
+    with pytest.raises(TypeError, match="^partial:"):
+        selection.resolve(stats, OpInfo.from_name("copy_u_sum"), 8, "vertex")

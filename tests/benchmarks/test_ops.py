@@ -4,6 +4,7 @@ These runs check the harness, not performance: on a CPU our side runs the refere
 times are wall-clock. Compilation uses the ``aot_eager`` backend (Dynamo and AOTAutograd, no code
 generation), which keeps every compiled code path at a fraction of inductor's compile time.
 """
+
 import sys
 from pathlib import Path
 
@@ -16,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import graphs, ops, report, run, timing  # noqa: E402
-from benchmarks.report import OPS_COLUMNS  # noqa: E402
+from benchmarks import graphs, ops, report, rows, run, timing  # noqa: E402
+from benchmarks.rows import OPS_COLUMNS  # noqa: E402
 
 TINY = ["--tiny", "--device", "cpu", "--compile-backend", "aot_eager"]
 
@@ -32,10 +33,19 @@ def ops_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def headline_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("headline")
-    argv = ["--suite", "headline", "--out", str(out), *TINY, "--layers", "GCNConv",
-            "--ours-layers", "torch_geometric.nn"]
+    argv = [
+        "--suite",
+        "headline",
+        "--out",
+        str(out),
+        *TINY,
+        "--layers",
+        "GCNConv",
+        "--ours-layers",
+        "torch_geometric.nn",
+    ]
     report = run.main(argv)
-    return out, argv, pd.read_csv(out / "headline.csv"), report
+    return out, argv, pd.read_csv(out / "ops.csv"), report
 
 
 def test_ops_rows(ops_run):
@@ -49,10 +59,17 @@ def test_ops_rows(ops_run):
     assert not (frame[frame.method.isin(["cusparse", "sweep"])]["pass"] == "fwd+bwd").any()
     timed = frame[frame.method != "floor"]
     assert (timed.time_ms > 0).all() and (timed.first_call_s > 0).all()
-    assert (frame.timer == "wall").all() and frame.device.str.startswith("cpu").all()
-    for column in ("torch", "triton", "pyg", "date"):
+    assert (frame.timer == "wall").all() and frame.gpu.str.startswith("cpu").all() and (frame.suite == "ops").all()
+    for column in ("torch", "triton", "torch_geometric", "date", "commit"):
         assert frame[column].notna().all()
     assert (frame[frame.method == "ours"].schedule == "reference").all()
+    # Speed-ups over the baselines measured before them in the same case.
+    ours = frame[frame.method == "ours"]
+    assert (ours.speedup_vs_pyg > 0).all() and ours.speedup_vs_pyg_compiled.isna().all()
+    fwd = ours[ours["pass"] == "fwd"].set_index(["graph", "op", "F"])
+    pyg = frame[(frame.method == "pyg") & (frame["pass"] == "fwd")].set_index(["graph", "op", "F"])
+    assert (fwd.speedup_vs_pyg - pyg.time_ms.reindex(fwd.index) / fwd.time_ms).abs().max() < 1e-9
+    assert ours[(ours.op == "copy_u_sum") & (ours["pass"] == "fwd")].speedup_vs_cusparse.notna().all()
 
 
 def test_ops_outputs_are_checked_against_pyg(ops_run):
@@ -68,7 +85,7 @@ def test_ops_outputs_are_checked_against_pyg(ops_run):
 def test_ops_report(ops_run):
     out, _, report = ops_run
     assert "### Operators over the corpus" in report and "| op | pass | F |" in report
-    assert (out / "report.md").read_text() == report
+    assert (out / "report.md").read_text() == report and "![ops](ops.png)" in report
     full = (out / "ops.md").read_text()
     assert "### copy_u_max, fwd+bwd (ms)" in full and "best group" in full
     assert (out / "ops.png").stat().st_size > 0
@@ -84,29 +101,95 @@ def test_headline_rows(headline_run):
     assert compiled.graph_breaks.notna().all() and (compiled.graphs >= 1).all()
     checked = frame[frame.method.isin(["pyg_compiled", "cusparse", "ours", "ours_compiled"])]
     assert (checked.max_rel_err <= timing.TOLERANCE).all()
+    assert (frame.suite == "headline").all()
     assert "### Operators: time (ms, median)" in report and "### Layers" in report
-    assert (out / "headline.png").stat().st_size > 0 and (out / "layers.csv").exists()
+    assert (out / "ops.png").stat().st_size > 0 and (out / "layers.csv").exists()
 
 
 def test_setup_check_compares_with_the_issue(headline_run):
     out, _, _, _ = headline_run
-    frame = report.read(out / "headline.csv", OPS_COLUMNS)
+    frame = rows.read(out / "ops.csv")
     frame = frame.assign(graph=frame.graph.str.replace("uniform-4.8k", "uniform-16M"), F="128")
-    text = report.setup_check({"headline": frame, "layers": None, "ops": None})
+    text = report.setup_check(frame, None)
     assert "| uniform-16M | copy_u_sum | fwd | pyg_compiled | time_ms | 9.69 |" in text
 
 
 def test_resume_measures_only_what_is_missing(headline_run):
     out, argv, frame, _ = headline_run
     run.main(argv + ["--resume"])
-    assert len(pd.read_csv(out / "headline.csv")) == len(frame)
+    assert len(pd.read_csv(out / "ops.csv")) == len(frame)
 
 
 def test_time_budget_skips_and_still_reports(tmp_path):
-    report = run.main(["--suite", "ops", "--out", str(tmp_path), *TINY, "--time-budget", "0"])
+    log = tmp_path / "run.log"
+    report = run.main(["--suite", "ops", "--out", str(tmp_path), *TINY, "--time-budget", "0", "--log", str(log)])
     assert not (tmp_path / "ops.csv").exists()
-    assert "time budget of 0.0 s exhausted" in (tmp_path / "run.log").read_text()
+    assert "time budget of 0.0 s exhausted" in log.read_text()
     assert "No results yet." in report
+
+
+def test_a_second_run_appends_and_the_plot_is_drawn_from_the_csv(tmp_path):
+    """Each run appends its rows, with the environment columns, under one header; the plot is
+    redrawn from the CSV alone, from its latest commit's rows."""
+    argv = [
+        "--suite",
+        "ops",
+        "--out",
+        str(tmp_path),
+        *TINY,
+        "--graphs",
+        "cora",
+        "--ops",
+        "copy_u_sum",
+        "--features",
+        "8",
+        "--sweep-size",
+        "0",
+    ]
+    run.main(argv)
+    csv = tmp_path / "ops.csv"
+    first = pd.read_csv(csv)
+    assert tuple(first.columns) == OPS_COLUMNS and len(first)
+    for column in rows.ENV_COLUMNS + (
+        "graph",
+        "op",
+        "F",
+        "dtype",
+        "pass",
+        "method",
+        "time_ms",
+        "peak_mib",
+        "speedup_vs_pyg",
+    ):
+        assert column in first.columns
+    assert (first.commit == rows.commit()).all() and (first.gpu.str.startswith("cpu")).all()
+    run.main(argv)
+    both = pd.read_csv(csv)
+    assert len(both) == 2 * len(first)
+    assert csv.read_text().count("date,commit,gpu") == 1
+    png = tmp_path / "ops.png"
+    png.unlink()
+    assert report.plot(csv) == png and png.stat().st_size > 0
+    report.main(["--plot", str(csv)])
+    assert png.exists()
+
+
+def test_plots_and_tables_show_the_latest_commit_only(tmp_path):
+    """Rows of an older commit stay in the file, and the tables and plots skip them."""
+    base = {c: "" for c in rows.LAYER_COLUMNS}
+    base.update(
+        suite="layers", layer="GCNConv", graph="g", F="16", gpu="NVIDIA H100 80GB HBM3", timer="cuda_event", status="ok"
+    )
+    old = [{**base, "commit": "aaaaaaa", "method": m, "time_ms": t} for m, t in (("pyg", 9.0), ("ours", 3.0))]
+    new = [{**base, "commit": "bbbbbbb", "method": m, "time_ms": t} for m, t in (("pyg", 8.0), ("ours", 2.0))]
+    path = tmp_path / "layers.csv"
+    written = rows.write_rows(path, old + new)
+    assert written[-1]["speedup_vs_pyg"] == 4.0
+    latest = report.load(path)
+    assert set(latest.commit) == {"bbbbbbb"} and sorted(latest.time_ms) == [2.0, 8.0]
+    text = report.write_report(tmp_path)
+    assert "commit bbbbbbb" in text and "| GCNConv | g | 8 |" in text and "aaaaaaa" not in text
+    assert (tmp_path / "layers.png").stat().st_size > 0
 
 
 def test_failures_become_rows(tmp_path, monkeypatch):
@@ -114,8 +197,23 @@ def test_failures_become_rows(tmp_path, monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
 
     monkeypatch.setattr(ops.ug, "compute", out_of_memory)
-    run.main(["--suite", "ops", "--out", str(tmp_path), *TINY, "--graphs", "cora", "--ops", "copy_u_sum",
-              "--features", "8", "--sweep-size", "1"])
+    run.main(
+        [
+            "--suite",
+            "ops",
+            "--out",
+            str(tmp_path),
+            *TINY,
+            "--graphs",
+            "cora",
+            "--ops",
+            "copy_u_sum",
+            "--features",
+            "8",
+            "--sweep-size",
+            "1",
+        ]
+    )
     frame = pd.read_csv(tmp_path / "ops.csv")
     ours = frame[frame.method.isin(["ours", "sweep"])]
     assert (ours.status == "oom").all() and ours.note.str.contains("out of memory").all()
@@ -127,8 +225,7 @@ def test_unloadable_graphs_become_rows(tmp_path, monkeypatch):
         raise FileNotFoundError("no shared datasets folder")
 
     monkeypatch.setattr(graphs.GraphSpec, "load", missing)
-    report = run.main(["--suite", "ops", "--out", str(tmp_path), *TINY, "--graphs", "cora",
-                       "--ops", "copy_u_sum"])
+    report = run.main(["--suite", "ops", "--out", str(tmp_path), *TINY, "--graphs", "cora", "--ops", "copy_u_sum"])
     frame = pd.read_csv(tmp_path / "ops.csv")
     assert frame[["graph", "method", "status"]].values.tolist() == [["cora", "load", "unavailable"]]
     assert "could not load: cora (unavailable: FileNotFoundError: no shared datasets folder)" in report

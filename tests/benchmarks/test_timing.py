@@ -1,5 +1,6 @@
 """``benchmarks.timing`` and the results files: what a measurement row holds on each kind of
-device, and rows of an older version's file when a run is resumed."""
+device, the environment columns, and rows of an older version's file when rows are appended."""
+
 import math
 import time
 
@@ -7,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from benchmarks import report, timing
+from benchmarks import rows, timing
 
 SETTINGS = timing.Settings(warmup_ms=1.0, rep_ms=2.0, min_reps=3, max_cpu_reps=5)
 
@@ -21,6 +22,7 @@ def test_cpu_rows_have_no_host_column():
 def test_each_compiled_row_notes_its_own_graph_breaks():
     """A compiled row lists the breaks of its own step, not those of the rows before it (Dynamo's
     reset keeps its counters)."""
+
     def breaking(x):
         x = x + 1
         torch._dynamo.graph_break()
@@ -59,19 +61,90 @@ def test_host_time_of_a_device_bound_call():
     assert row["status"] == "ok" and row["host_ms"] < row["time_ms"], row
 
 
-def test_resuming_a_file_of_an_older_version_keeps_columns_aligned(tmp_path):
-    """``--resume`` over a CSV written before a column existed rewrites it in the current columns
-    before appending, so old and new rows line up."""
+def test_appending_to_a_file_of_an_older_version_keeps_columns_aligned(tmp_path, monkeypatch):
+    """A CSV written before a column existed is rewritten in the current columns before rows are
+    appended, so old and new rows line up; with ``resume`` the current commit's rows count as done."""
+    monkeypatch.setattr(rows, "commit", lambda: "abc1234")
     path = tmp_path / "layers.csv"
-    old_columns = [c for c in report.LAYER_COLUMNS if c != "host_ms"]
+    old_columns = [c for c in rows.LAYER_COLUMNS if c != "host_ms"]
     old_row = {c: "" for c in old_columns}
-    old_row.update(layer="GCNConv", graph="g", method="pyg", time_ms="1.5", status="ok")
+    old_row.update(commit="abc1234", layer="GCNConv", graph="g", method="pyg", time_ms="1.5", status="ok")
     pd.DataFrame([old_row], columns=old_columns).to_csv(path, index=False)
-    results = report.ResultsFile(path, report.LAYER_COLUMNS, report.LAYER_KEY, resume=True)
-    assert results.done(("GCNConv", "g", "pyg"))
-    results.write({"layer": "GCNConv", "graph": "g", "method": "ours", "time_ms": 0.5, "host_ms": 0.25,
-                   "status": "ok"})
-    frame = report.read(path, report.LAYER_COLUMNS)
-    assert list(frame.columns) == list(report.LAYER_COLUMNS)
+    results = rows.ResultsFile(path, resume=True)
+    assert results.done({"layer": "GCNConv", "graph": "g", "method": "pyg"})
+    assert not results.done({"layer": "GCNConv", "graph": "g", "method": "ours"})
+    written = results.write(
+        {
+            "commit": "abc1234",
+            "layer": "GCNConv",
+            "graph": "g",
+            "method": "ours",
+            "time_ms": 0.5,
+            "host_ms": 0.25,
+            "status": "ok",
+        }
+    )
+    assert written["speedup_vs_pyg"] == 3.0  # from the resumed row
+    frame = rows.read(path)
+    assert list(frame.columns) == list(rows.LAYER_COLUMNS)
     assert frame.time_ms.tolist() == [1.5, 0.5]
     assert math.isnan(frame.host_ms[0]) and frame.host_ms[1] == 0.25
+    assert not rows.ResultsFile(path).done({"layer": "GCNConv", "graph": "g", "method": "pyg"})
+
+
+def test_unknown_columns_and_files_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="row: unknown columns"):
+        rows.ResultsFile(tmp_path / "layers.csv").write({"layer": "GCNConv", "speed": 1.0})
+    with pytest.raises(ValueError, match="path"):
+        rows.ResultsFile(tmp_path / "headline.csv")
+
+
+@pytest.mark.parametrize(
+    "name, slug",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA GeForce RTX 4090", "rtx4090"),
+        ("Tesla V100-SXM2-16GB", "v100"),
+        ("cpu (x86_64)", "cpu"),
+    ],
+)
+def test_gpu_slug(name, slug):
+    assert rows.gpu_slug(name) == slug
+
+
+def test_environment_columns():
+    env = rows.environment(torch.device("cpu"))
+    assert tuple(env) == rows.ENV_COLUMNS
+    assert env["gpu"].startswith("cpu") and env["timer"] == "wall" and env["torch"] == torch.__version__
+    assert rows.default_out(torch.device("cpu")) == rows.RESULTS / "cpu"
+
+
+@pytest.fixture
+def uncached_commit():
+    """:func:`benchmarks.rows.commit` asked afresh, and forgotten after the test."""
+    rows.commit.cache_clear()
+    yield rows.commit
+    rows.commit.cache_clear()
+
+
+def test_commit_is_the_short_hash_marked_dirty(monkeypatch, uncached_commit):
+    outputs = {"rev-parse": "0c4048b", "status": " M benchmarks/run.py"}
+    monkeypatch.setattr(rows, "_git", lambda *args: outputs[args[0]])
+    assert rows.commit() == "0c4048b+dirty"
+    rows.commit.cache_clear()
+    outputs["status"] = ""
+    assert rows.commit() == "0c4048b"
+    rows.commit.cache_clear()
+    monkeypatch.setattr(rows, "_git", lambda *args: None)
+    assert rows.commit() == "unknown"
+    rows.commit.cache_clear()
+    monkeypatch.setenv(rows.COMMIT_ENV, "1234abc")
+    assert rows.commit() == "1234abc"
+
+
+def test_stopwatch_times_a_block():
+    with timing.Stopwatch(torch.device("cpu")) as watch:
+        time.sleep(0.002)
+    assert watch.ms >= 1.5

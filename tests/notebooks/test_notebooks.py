@@ -5,6 +5,7 @@ outputs), in a kernel of this interpreter: a kernelspec for ``sys.executable`` i
 temporary folder, so nothing has to be registered with Jupyter. On a machine without a GPU the
 notebooks pick tiny graphs and run the kernels through Triton's interpreter.
 """
+
 import importlib.util
 import re
 from pathlib import Path
@@ -74,17 +75,25 @@ def check_quickstart(nb: nbformat.NotebookNode) -> None:
     assert "@triton.jit" in text and "tl.program_id" in text  # the generated Triton source is shown
     # Tables: accuracy, GAT's plan, speed (data frames render as HTML).
     assert _count(nb, "text/html") >= 3
-    accuracy = next(o["data"]["text/plain"] for o in _outputs(nb)
-                    if "text/plain" in o.get("data", {}) and "test acc" in o["data"]["text/plain"])
+    accuracy = next(
+        o["data"]["text/plain"]
+        for o in _outputs(nb)
+        if "text/plain" in o.get("data", {}) and "test acc" in o["data"]["text/plain"]
+    )
     # Rows "GCN  PyG  <val acc>  <test acc>  <seconds>": both models learn Cora, to the same accuracy.
-    test_acc = {(model, library): float(test) for model, library, _, test in
-                re.findall(r"(GCN|GAT)\s+(PyG|pyg_ugrapher)\s+([0-9.]+)\s+([0-9.]+)", accuracy)}
+    test_acc = {
+        (model, library): float(test)
+        for model, library, _, test in re.findall(r"(GCN|GAT)\s+(PyG|pyg_ugrapher)\s+([0-9.]+)\s+([0-9.]+)", accuracy)
+    }
     assert len(test_acc) == 4
     for model in ("GCN", "GAT"):
         assert test_acc[model, "PyG"] > 0.7
         assert abs(test_acc[model, "pyg_ugrapher"] - test_acc[model, "PyG"]) <= 0.02
-    speed = next(o["data"]["text/plain"] for o in _outputs(nb)
-                 if "text/plain" in o.get("data", {}) and "PyG compiled ms" in o["data"]["text/plain"])
+    speed = next(
+        o["data"]["text/plain"]
+        for o in _outputs(nb)
+        if "text/plain" in o.get("data", {}) and "PyG compiled ms" in o["data"]["text/plain"]
+    )
     assert "ours ms" in speed
 
 

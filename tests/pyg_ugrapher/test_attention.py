@@ -3,6 +3,7 @@ same computation written with PyG's ``softmax`` and ``index_add``, on every grap
 the reference executor and through the kernels. Both forms of the logits: given as an ``[E, H]``
 tensor, and computed per edge by a score op from source, destination and edge operands (GAT's
 ``leaky_relu(a_src[u] + a_dst[v] + a_edge[e])``), whose gradients reach those operands."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,8 +18,11 @@ from pyg_ugrapher.ir import Expr, OpInfo
 HEADS, CHANNELS = 3, 5
 SLOPE = 0.2
 #: GAT's score: a leaky ReLU of a source, a destination and an edge term.
-SCORE = OpInfo(Expr.apply("leaky_relu", Expr.input(0) + Expr.input(1) + Expr.input(2), SLOPE), None,
-               operands=("src_v", "dst_v", "edge"))
+SCORE = OpInfo(
+    Expr.apply("leaky_relu", Expr.input(0) + Expr.input(1) + Expr.input(2), SLOPE),
+    None,
+    operands=("src_v", "dst_v", "edge"),
+)
 FORMS = ["logits", "score"]
 
 
@@ -28,8 +32,10 @@ def _inputs(graph, form="logits", dtype=torch.float32, seed=0, dropout=False):
     if form == "logits":
         logits = torch.randn(graph.num_edges, HEADS, generator=gen, dtype=dtype)
     else:
-        logits = [torch.randn(rows, HEADS, generator=gen, dtype=dtype)
-                  for rows in (graph.num_src, graph.num_dst, graph.num_edges)]
+        logits = [
+            torch.randn(rows, HEADS, generator=gen, dtype=dtype)
+            for rows in (graph.num_src, graph.num_dst, graph.num_edges)
+        ]
     x = torch.randn(graph.num_src, HEADS, CHANNELS, generator=gen, dtype=dtype)
     keep = None
     if dropout:
@@ -62,8 +68,11 @@ def _ours(graph, logits, x, keep):
 
 
 def _leaves(logits, x):
-    logits = logits.clone().requires_grad_() if isinstance(logits, torch.Tensor) else \
-        [t.clone().requires_grad_() for t in logits]
+    logits = (
+        logits.clone().requires_grad_()
+        if isinstance(logits, torch.Tensor)
+        else [t.clone().requires_grad_() for t in logits]
+    )
     return logits, x.clone().requires_grad_()
 
 
@@ -107,13 +116,13 @@ def test_kernels_match_pyg(device, graph_factory, graph_case, poison, check_clos
 #: Schedules the forward's decision may pick for ``HEADS`` x ``CHANNELS``: tiles inside one head,
 #: vertex-parallel or in neighbour groups (one pass), tiles straddling heads and edge-parallel
 #: schedules (three operators).
-FORWARD_SCHEDULES = {"one_pass": ug.ParallelInfo("vertex", block_f=1, block_v=4, block_e=2, num_warps=1),
-                     "group_one_pass": ug.ParallelInfo("group", block_f=1, group_size=4, block_v=2, block_e=2,
-                                                       num_warps=1),
-                     "straddling": ug.ParallelInfo("vertex", block_f=8, block_v=4, block_e=2, num_warps=1),
-                     "group_straddling": ug.ParallelInfo("group", block_f=8, group_size=4, block_v=2, block_e=2,
-                                                         num_warps=1),
-                     "edge": ug.ParallelInfo("edge", block_f=1, block_e=4, num_warps=1)}
+FORWARD_SCHEDULES = {
+    "one_pass": ug.ParallelInfo("vertex", block_f=1, block_v=4, block_e=2, num_warps=1),
+    "group_one_pass": ug.ParallelInfo("group", block_f=1, group_size=4, block_v=2, block_e=2, num_warps=1),
+    "straddling": ug.ParallelInfo("vertex", block_f=8, block_v=4, block_e=2, num_warps=1),
+    "group_straddling": ug.ParallelInfo("group", block_f=8, group_size=4, block_v=2, block_e=2, num_warps=1),
+    "edge": ug.ParallelInfo("edge", block_f=1, block_e=4, num_warps=1),
+}
 ONE_PASS = ("one_pass", "group_one_pass")
 
 
@@ -122,20 +131,23 @@ def forward_schedule(request, monkeypatch):
     """The forward's decision takes ``FORWARD_SCHEDULES[request.param]``; counts one-pass launches."""
     from autotune import selection
     from triton_kernels import group_softmax, vertex_softmax
+
     monkeypatch.setattr(selection, "generation", object())  # decisions made before this test are stale
     monkeypatch.setattr(attention, "schedule_for", lambda *args, **kwargs: FORWARD_SCHEDULES[request.param])
     launches = []
     for template in (vertex_softmax, group_softmax):
-        monkeypatch.setattr(template, "launch", lambda *args, launch=template.launch: launches.append(args[-1]) or
-                            launch(*args))
+        monkeypatch.setattr(
+            template, "launch", lambda *args, launch=template.launch: launches.append(args[-1]) or launch(*args)
+        )
     return request.param, launches
 
 
 @pytest.mark.parametrize("forward_schedule", list(FORWARD_SCHEDULES), indirect=True)
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
-def test_forward_in_one_pass_or_three(device, graph_factory, graph_case, poison, check_close, forward_schedule,
-                                      dropout, form):
+def test_forward_in_one_pass_or_three(
+    device, graph_factory, graph_case, poison, check_close, forward_schedule, dropout, form
+):
     """The forward runs in one pass exactly where the decided schedule can run it, and both routes
     give PyG's output and gradients, as eager Function and as custom op."""
     name, launches = forward_schedule
@@ -167,6 +179,7 @@ def test_measured_decision_times_each_route(device, graph_factory, monkeypatch):
     """A measured decision times each candidate as it would run (one pass, or three operators
     under it), and the fastest decides the route."""
     from autotune import selection
+
     graph = graph_factory("mixed")
     logits, x, keep = (_to(t, device) for t in _inputs(graph, "score", dropout=True))
     candidates = [FORWARD_SCHEDULES["straddling"], FORWARD_SCHEDULES["one_pass"]]
@@ -183,11 +196,21 @@ def test_measured_decision_times_each_route(device, graph_factory, monkeypatch):
     monkeypatch.setattr(selection, "measures", lambda graph, device: True)
     one_pass = attention_ops(SCORE.serialize(), True).one_pass
     shortlist = selection.shortlist
-    monkeypatch.setattr(selection, "shortlist", lambda graph, op, *args, **kwargs: candidates if op == one_pass
-                        else shortlist(graph, op, *args, **kwargs)[:1])
+    monkeypatch.setattr(
+        selection,
+        "shortlist",
+        lambda graph, op, *args, **kwargs: candidates if op == one_pass else shortlist(graph, op, *args, **kwargs)[:1],
+    )
     monkeypatch.setattr(selection, "_MEASURED", {})
-    monkeypatch.setattr(selection, "fastest", lambda schedules, run, **kwargs: schedules[0] if schedules != candidates
-                        else min(schedules, key=lambda schedule: timer(lambda: run(schedule), 1)))
+    monkeypatch.setattr(
+        selection,
+        "fastest",
+        lambda schedules, run, **kwargs: (
+            schedules[0]
+            if schedules != candidates
+            else min(schedules, key=lambda schedule: timer(lambda: run(schedule), 1))
+        ),
+    )
     for order in (candidates, candidates[::-1]):
         candidates[:] = order
         timed.clear()
@@ -205,8 +228,8 @@ def test_measured_decision_times_each_route(device, graph_factory, monkeypatch):
 def _custom_op(graph, logits, x, keep):
     """The custom op a compiled graph calls, called directly (its autograd formula included)."""
     if isinstance(logits, torch.Tensor):
-        return softmax_aggregate_op(graph.structure(x.device), [logits], x, keep, GIVEN_LOGITS.serialize())[0]
-    return softmax_aggregate_op(graph.structure(x.device), list(logits), x, keep, SCORE.serialize())[0]
+        return softmax_aggregate_op(graph.structure(x.device).flat(), [logits], x, keep, GIVEN_LOGITS.serialize())[0]
+    return softmax_aggregate_op(graph.structure(x.device).flat(), list(logits), x, keep, SCORE.serialize())[0]
 
 
 def _compiled(graph, logits, x, keep):
@@ -278,6 +301,7 @@ def test_edge_operands_are_never_permuted(device, graph_factory, monkeypatch, fo
     reused static weight and permuted into CSR order (an ``[E, H]`` gather per step, which costs
     more than the operators on large graphs), over two steps."""
     from triton_kernels import dispatch
+
     permuted = []
     permute = dispatch.in_csr_order
     monkeypatch.setattr(dispatch, "in_csr_order", lambda t, eid: permuted.append(t.shape) or permute(t, eid))
@@ -310,8 +334,9 @@ def test_gradcheck(graph_factory, form, dropout):
     graph = graph_factory("tiny")
     logits, x, keep = _inputs(graph, form, dtype=torch.float64, dropout=dropout)
     leaves = [t.requires_grad_() for t in _flat(logits, x)]
-    assert torch.autograd.gradcheck(lambda *t: _ours(graph, t[0] if form == "logits" else list(t[:3]), t[-1], keep),
-                                    leaves)
+    assert torch.autograd.gradcheck(
+        lambda *t: _ours(graph, t[0] if form == "logits" else list(t[:3]), t[-1], keep), leaves
+    )
 
 
 @pytest.mark.parametrize("form, dropout", [("logits", False), ("score", True)])
@@ -325,32 +350,39 @@ def test_gradgradcheck(graph_factory, form, dropout):
     logits, x, keep = _inputs(graph, form, dtype=torch.float64, dropout=dropout)
     leaves = [t.requires_grad_() for t in _flat(logits, x)]
     assert torch.autograd.gradgradcheck(
-        lambda *t: _ours(graph, t[0] if form == "logits" else list(t[:3]), t[-1], keep), leaves)
+        lambda *t: _ours(graph, t[0] if form == "logits" else list(t[:3]), t[-1], keep), leaves
+    )
 
 
-@pytest.mark.parametrize("change, error, name", [
-    (lambda g, l, x, k: (g.edge_index, l, x, k), TypeError, "graph"),
-    (lambda g, l, x, k: (g, l.long(), x, k), TypeError, "logits"),
-    (lambda g, l, x, k: (g, l[1:], x, k), ValueError, "logits"),
-    (lambda g, l, x, k: (g, l, x[:, :2], k), ValueError, "x"),
-    (lambda g, l, x, k: (g, l, x.flatten(1), k), ValueError, "x"),
-    (lambda g, l, x, k: (g, l, x, l[:, :1]), ValueError, "keep"),
-])
+@pytest.mark.parametrize(
+    "change, error, name",
+    [
+        (lambda g, logits, x, k: (g.edge_index, logits, x, k), TypeError, "graph"),
+        (lambda g, logits, x, k: (g, logits.long(), x, k), TypeError, "logits"),
+        (lambda g, logits, x, k: (g, logits[1:], x, k), ValueError, "logits"),
+        (lambda g, logits, x, k: (g, logits, x[:, :2], k), ValueError, "x"),
+        (lambda g, logits, x, k: (g, logits, x.flatten(1), k), ValueError, "x"),
+        (lambda g, logits, x, k: (g, logits, x, logits[:, :1]), ValueError, "keep"),
+    ],
+)
 def test_bad_input(graph_factory, change, error, name):
     graph = graph_factory("tiny")
     with pytest.raises(error, match=f"{name}:"):
         softmax_aggregate(*change(graph, *_inputs(graph)[:2], None))
 
 
-@pytest.mark.parametrize("change, score, error, name", [
-    (lambda t: t[:2], SCORE, TypeError, r"logits:"),
-    (lambda t: t[0], SCORE, TypeError, r"logits:"),
-    (lambda t: [t[0], t[1][1:], t[2]], SCORE, ValueError, r"logits\[1\]:"),
-    (lambda t: [t[0], t[1], t[2][:, :2]], SCORE, ValueError, r"logits\[2\]:"),
-    (lambda t: [t[0].long(), t[1], t[2]], SCORE, TypeError, r"logits\[0\]:"),
-    (lambda t: t, OpInfo.from_name("copy_e_sum"), TypeError, "score:"),
-    (lambda t: t, "leaky_relu", TypeError, "score:"),
-])
+@pytest.mark.parametrize(
+    "change, score, error, name",
+    [
+        (lambda t: t[:2], SCORE, TypeError, r"logits:"),
+        (lambda t: t[0], SCORE, TypeError, r"logits:"),
+        (lambda t: [t[0], t[1][1:], t[2]], SCORE, ValueError, r"logits\[1\]:"),
+        (lambda t: [t[0], t[1], t[2][:, :2]], SCORE, ValueError, r"logits\[2\]:"),
+        (lambda t: [t[0].long(), t[1], t[2]], SCORE, TypeError, r"logits\[0\]:"),
+        (lambda t: t, OpInfo.from_name("copy_e_sum"), TypeError, "score:"),
+        (lambda t: t, "leaky_relu", TypeError, "score:"),
+    ],
+)
 def test_bad_score_input(graph_factory, change, score, error, name):
     graph = graph_factory("tiny")
     logits, x, _ = _inputs(graph, "score")

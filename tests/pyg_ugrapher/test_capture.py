@@ -1,4 +1,5 @@
 """The tracer behind ``ug.MessagePassing``: ``message()`` -> IR operators, operand recipes, or a reason."""
+
 from typing import Callable
 
 import pytest
@@ -42,16 +43,24 @@ def test_gcn_message_is_a_builtin_op_with_reshaped_operands():
 ELEMENTWISE = {
     "relu": lambda a, b, w: torch.relu(a) + F.relu(b) + a.relu(),
     "leaky_relu": lambda a, b, w: F.leaky_relu(a - b, 0.3) + F.leaky_relu(b, negative_slope=0.05),
-    "sigmoid_tanh": lambda a, b, w: torch.sigmoid(a) * b.sigmoid() + torch.tanh(b) - F.tanh(a)
-    + torch.special.expit(b) - F.sigmoid(a),
+    "sigmoid_tanh": lambda a, b, w: (
+        torch.sigmoid(a) * b.sigmoid() + torch.tanh(b) - F.tanh(a) + torch.special.expit(b) - F.sigmoid(a)
+    ),
     "exp_log_sqrt": lambda a, b, w: torch.exp(-a) + torch.log(b) * a.sqrt() - torch.rsqrt(b) + b.exp(),
     "abs_neg_square": lambda a, b, w: torch.abs(a - b) - (-a) + torch.square(b) + abs(a) * torch.neg(b),
     "reciprocal": lambda a, b, w: torch.reciprocal(a) + 1 / b + a.reciprocal(),
-    "powers": lambda a, b, w: a ** 2 + b ** 0.5 - a ** -1 + torch.pow(b, 2) + a ** 1,
+    "powers": lambda a, b, w: a**2 + b**0.5 - a**-1 + torch.pow(b, 2) + a**1,
     "constants": lambda a, b, w: 2 * a - b / 3 + 1 - (0.5 - a) * 4 + (True + a) + a.div(2) - torch.sub(a, b),
     "extrema": lambda a, b, w: torch.maximum(a, b) + torch.minimum(a, b) + torch.max(a, b) - torch.min(b, a),
-    "identities": lambda a, b, w: a.contiguous() + a.clone() + a.double() + F.dropout(b, 0.5, training=False)
-    + a.to(torch.float64) + a.type_as(b) + +a,
+    "identities": lambda a, b, w: (
+        a.contiguous()
+        + a.clone()
+        + a.double()
+        + F.dropout(b, 0.5, training=False)
+        + a.to(torch.float64)
+        + a.type_as(b)
+        + +a
+    ),
     "edge_weights": lambda a, b, w: a * w.view(-1, 1) + b / w.unsqueeze(-1) - w.reshape(-1, 1, 1).squeeze(-1),
 }
 
@@ -61,8 +70,12 @@ def test_captured_message_computes_what_message_computes(name):
     """The captured op on a graph equals message() on real, gathered tensors, aggregated."""
     message = ELEMENTWISE[name]
     double = torch.float64
-    result = trace(lambda x_j, x_i, w: message(x_j, x_i, w), x_j=arg(3, kind="src_v", dtype=double),
-                   x_i=arg(3, kind="dst_v", dtype=double), w=arg(dtype=double))
+    result = trace(
+        lambda x_j, x_i, w: message(x_j, x_i, w),
+        x_j=arg(3, kind="src_v", dtype=double),
+        x_i=arg(3, kind="dst_v", dtype=double),
+        w=arg(dtype=double),
+    )
     generator = torch.Generator().manual_seed(0)
     x = torch.rand(NUM_NODES, 3, generator=generator, dtype=torch.float64) + 0.5
     w = torch.rand(NUM_EDGES, generator=generator, dtype=torch.float64) + 0.5
@@ -71,8 +84,11 @@ def test_captured_message_computes_what_message_computes(name):
     tensors = {"x_j": x, "x_i": x, "w": w}
     operands = [operand.build(tensors[operand.argument]) for operand in result.operands]
     graph = ug.GraphTensor.from_edge_index(EDGES, NUM_NODES)
-    out = ug.compute(graph, result.op, *operands) if result.op.is_builtin else \
-        ug.compute(graph, result.op, operands=operands)
+    out = (
+        ug.compute(graph, result.op, *operands)
+        if result.op.is_builtin
+        else ug.compute(graph, result.op, operands=operands)
+    )
     torch.testing.assert_close(out, expected)
 
 
@@ -90,17 +106,20 @@ def test_heads_broadcast_per_head():
 
 def test_views_of_intermediates_follow_the_operands():
     """A view of ``a + b`` becomes a view of ``a`` and of ``b``, so later ops can combine with it."""
+
     def message(x_j, alpha, w):
         h = (x_j * alpha).unsqueeze(-1)  # [E, 2, 3, 1]; alpha broadcasts as [2, 1] -> [2, 1, 1]
         return (h * w.view(-1, 1, 1, 4)).flatten(1)
+
     result = trace(message, x_j=arg(2, 3, kind="src_v"), alpha=arg(2, 1), w=arg(4))
     assert [o.shape for o in result.operands] == [(2, 3, 1), (2, 1, 1), (1, 1, 4)]
     assert result.message_shape == (24,)
 
 
 def test_final_view_that_operands_cannot_follow_views_the_aggregate():
-    result = trace(lambda x_j, alpha: (x_j * alpha.unsqueeze(-1)).view(-1, 6), x_j=arg(2, 3, kind="src_v"),
-                   alpha=arg(2))
+    result = trace(
+        lambda x_j, alpha: (x_j * alpha.unsqueeze(-1)).view(-1, 6), x_j=arg(2, 3, kind="src_v"), alpha=arg(2)
+    )
     assert result.message_shape == (6,)
     assert [o.shape for o in result.operands] == [(2, 3), (2, 1)]
 
@@ -181,7 +200,7 @@ REASONS = {
     "after sum": (lambda a, b, w: (a * b).sum(-1, keepdim=True) + 1, "only as the last operation"),
     "dropout": (lambda a, b, w: F.dropout(a, 0.5), "random numbers"),
     "constant": (lambda a, b, w: a * 0, "constant"),
-    "power": (lambda a, b, w: a ** 3, "power 3"),
+    "power": (lambda a, b, w: a**3, "power 3"),
     "indexing": (lambda a, b, w: a[:, :2], "torch.Tensor.__getitem__"),
     "indices": (lambda a, b, w, index: a * index.view(-1, 1), "argument 'index', a torch.int64 tensor"),
     "user error": (lambda a, b, w: a.view(-1, 2, 2) * b.view(-1, 4, 1), "raised RuntimeError"),
@@ -195,8 +214,14 @@ def test_unsupported_messages_say_why(case):
     message, expected = REASONS[case]
     arguments = {"a": node(4), "b": arg(4), "w": arg()}
     if "index" in message.__code__.co_varnames:
-        arguments["index"] = Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None,
-                                      "a torch.int64 tensor (operands are floating-point)")
+        arguments["index"] = Argument(
+            (NUM_EDGES,),
+            torch.int64,
+            torch.device("cpu"),
+            False,
+            None,
+            "a torch.int64 tensor (operands are floating-point)",
+        )
     if "d" in message.__code__.co_varnames:
         arguments["d"] = arg(4, dtype=torch.float64)
     with pytest.raises(CaptureError) as error:

@@ -6,6 +6,7 @@ AOTAutograd) without generating code, which keeps the tests cheap on the CPU. Co
 gradients must equal eager ones, and a new graph every call (``dynamic=True``, a mini-batch
 loader) must not recompile.
 """
+
 import copy
 import pickle
 from typing import Callable, Dict, List, Sequence, Tuple
@@ -16,8 +17,8 @@ import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import pyg_ugrapher as ug
+from pyg_ugrapher import graph_argument
 from pyg_ugrapher import nn as ug_nn
-from pyg_ugrapher.nn import _graph
 
 RTOL = 1e-5
 
@@ -41,8 +42,7 @@ def make_graph(num_nodes: int, num_edges: int, seed: int) -> torch.Tensor:
     return torch.cat([edge_index, edge_index[:, :2]], dim=1)
 
 
-def outputs_and_grads(model: torch.nn.Module, forward: Callable, inputs: Sequence[torch.Tensor]
-                      ) -> List[torch.Tensor]:
+def outputs_and_grads(model: torch.nn.Module, forward: Callable, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     """The output and the gradients of a fixed projection of it (floating inputs and parameters)."""
     leaves = [t.detach().clone().requires_grad_() if t.is_floating_point() else t for t in inputs]
     out = forward(model, *leaves)
@@ -59,8 +59,7 @@ def assert_close(ours: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     assert error <= RTOL * max(scale, 1e-6), f"{what}: max error {error:.3e} (scale {scale:.3e})"
 
 
-def check_compiled(model: torch.nn.Module, forward: Callable, inputs: Sequence[torch.Tensor], **options
-                   ) -> Callable:
+def check_compiled(model: torch.nn.Module, forward: Callable, inputs: Sequence[torch.Tensor], **options) -> Callable:
     """Compile ``forward`` over ``model`` with ``fullgraph=True`` and compare it with eager (the
     compiled call first, so that it is the one that meets the model first)."""
     compiled = torch.compile(forward, fullgraph=True, backend=options.pop("backend", "aot_eager"), **options)
@@ -78,19 +77,30 @@ LAYERS: Dict[str, Tuple[Callable[[], torch.nn.Module], Callable]] = {
     "gcn_weighted": (lambda: ug_nn.GCNConv(6, 4, improved=True), lambda m, x, ei, w, e: m(x, ei, w)),
     "gcn_no_loops": (lambda: ug_nn.GCNConv(6, 4, add_self_loops=False), lambda m, x, ei, w, e: m(x, ei, w)),
     "gcn_max": (lambda: ug_nn.GCNConv(6, 4, aggr="max"), lambda m, x, ei, w, e: m(x, ei, w)),
-    "gcn_mean_flipped": (lambda: ug_nn.GCNConv(6, 4, aggr="mean", flow="target_to_source"),
-                         lambda m, x, ei, w, e: m(x, ei)),
+    "gcn_mean_flipped": (
+        lambda: ug_nn.GCNConv(6, 4, aggr="mean", flow="target_to_source"),
+        lambda m, x, ei, w, e: m(x, ei),
+    ),
     "gat": (lambda: ug_nn.GATConv(6, 4, heads=2), lambda m, x, ei, w, e: m(x, ei)),
-    "gat_edge_dim": (lambda: ug_nn.GATConv(6, 4, heads=2, edge_dim=3, concat=False),
-                     lambda m, x, ei, w, e: m(x, ei, e)),
-    "gat_no_loops": (lambda: ug_nn.GATConv(6, 4, heads=2, add_self_loops=False, flow="target_to_source"),
-                     lambda m, x, ei, w, e: m(x, ei)),
+    "gat_edge_dim": (
+        lambda: ug_nn.GATConv(6, 4, heads=2, edge_dim=3, concat=False),
+        lambda m, x, ei, w, e: m(x, ei, e),
+    ),
+    "gat_no_loops": (
+        lambda: ug_nn.GATConv(6, 4, heads=2, add_self_loops=False, flow="target_to_source"),
+        lambda m, x, ei, w, e: m(x, ei),
+    ),
     "sage": (lambda: ug_nn.SAGEConv(6, 4), lambda m, x, ei, w, e: m(x, ei)),
-    "sage_max_bipartite": (lambda: ug_nn.SAGEConv(6, 4, aggr="max"),
-                           lambda m, x, ei, w, e: m((x, x[:10]), torch.stack([ei[0], ei[1] % 10]))),
-    "gin": (lambda: ug_nn.GINConv(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(),
-                                                      torch.nn.Linear(8, 4)), train_eps=True),
-            lambda m, x, ei, w, e: m(x, ei)),
+    "sage_max_bipartite": (
+        lambda: ug_nn.SAGEConv(6, 4, aggr="max"),
+        lambda m, x, ei, w, e: m((x, x[:10]), torch.stack([ei[0], ei[1] % 10])),
+    ),
+    "gin": (
+        lambda: ug_nn.GINConv(
+            torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)), train_eps=True
+        ),
+        lambda m, x, ei, w, e: m(x, ei),
+    ),
     "gine": (lambda: ug_nn.GINEConv(torch.nn.Linear(6, 4), edge_dim=3), lambda m, x, ei, w, e: m(x, ei, e)),
     "graph_conv_max": (lambda: ug_nn.GraphConv(6, 4, aggr="max"), lambda m, x, ei, w, e: m(x, ei, w)),
 }
@@ -100,8 +110,12 @@ def layer_inputs(num_nodes: int = 12, num_edges: int = 40, seed: int = 0) -> Lis
     generator = torch.Generator().manual_seed(seed)
     edge_index = make_graph(num_nodes, num_edges, seed)
     num_edges = edge_index.size(1)
-    return [torch.randn(num_nodes, 6, generator=generator), edge_index,
-            torch.rand(num_edges, generator=generator), torch.randn(num_edges, 3, generator=generator)]
+    return [
+        torch.randn(num_nodes, 6, generator=generator),
+        edge_index,
+        torch.rand(num_edges, generator=generator),
+        torch.randn(num_edges, 3, generator=generator),
+    ]
 
 
 @pytest.mark.parametrize("name", LAYERS)
@@ -122,14 +136,16 @@ def test_graphs_without_fullgraph(name):
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(forward, backend=counter)
     inputs = layer_inputs()
-    for index, (a, b) in enumerate(zip(outputs_and_grads(model, compiled, inputs),
-                                       outputs_and_grads(model, forward, inputs))):
+    for index, (a, b) in enumerate(
+        zip(outputs_and_grads(model, compiled, inputs), outputs_and_grads(model, forward, inputs))
+    ):
         assert_close(a, b, "output" if index == 0 else f"gradient {index - 1}")
     assert counter.frame_count == 1
 
 
 def test_two_layer_model_in_training_mode():
     """A model as users write one, GAT attention dropout off, ReLU and dropout between layers."""
+
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -137,8 +153,7 @@ def test_two_layer_model_in_training_mode():
             self.conv2 = ug_nn.GCNConv(8, 3)
 
         def forward(self, x, edge_index):
-            return self.conv2(F.dropout(F.relu(self.conv1(x, edge_index)), p=0.0, training=self.training),
-                              edge_index)
+            return self.conv2(F.dropout(F.relu(self.conv1(x, edge_index)), p=0.0, training=self.training), edge_index)
 
     torch.manual_seed(0)
     model = Net().train()
@@ -150,8 +165,8 @@ def test_the_graph_is_prepared_once_per_graph(monkeypatch):
     """The custom op finds its graph in the cache on the edge_index object: compiled calls on the
     same graph build it once, a new graph builds its own."""
     built = []
-    original = _graph.graph_of
-    monkeypatch.setattr(_graph, "graph_of", lambda *args: built.append(args[0].size(1)) or original(*args))
+    original = graph_argument.graph_of
+    monkeypatch.setattr(graph_argument, "graph_of", lambda *args: built.append(args[0].size(1)) or original(*args))
     torch.manual_seed(0)
     model = ug_nn.SAGEConv(6, 4)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
@@ -170,12 +185,13 @@ def test_compiled_training_steps_reuse_the_graphs_decisions(name, interpret, mon
     and reversed, in the backward pass too) in the caches: no degree statistics, no new
     decisions. Caches are keyed by the structure arrays' identity, which a view saved for the
     backward pass would not keep (it comes back as a new tensor object every step)."""
-    from pyg_ugrapher import graph as graph_module, ops
+    from pyg_ugrapher import structure
+    from pyg_ugrapher.ops import decisions
 
     stats, decided = [], []
-    degree_stats, schedule_for = graph_module._degree_stats, ops.schedule_for
-    monkeypatch.setattr(graph_module, "_degree_stats", lambda *args: stats.append(1) or degree_stats(*args))
-    monkeypatch.setattr(ops, "schedule_for", lambda *args: decided.append(args[0]) or schedule_for(*args))
+    degree_stats, schedule_for = structure.degree_stats, decisions.schedule_for
+    monkeypatch.setattr(structure, "degree_stats", lambda *args: stats.append(1) or degree_stats(*args))
+    monkeypatch.setattr(decisions, "schedule_for", lambda *args: decided.append(args[0]) or schedule_for(*args))
     factory, forward = LAYERS[name]
     torch.manual_seed(0)
     model = factory()
@@ -255,9 +271,11 @@ class Attention(ug.MessagePassing):
 
 def graph_targets(calls: List[set]) -> Callable:
     """An ``aot_eager`` backend that records the call targets of every Dynamo graph."""
+
     def backend(gm, example_inputs):
         calls.append({node.target for node in gm.graph.nodes if node.op == "call_function"})
         return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
     return backend
 
 
@@ -326,9 +344,9 @@ def test_message_passing_traced_first_under_compile():
     assert model.trace_count == 1 and model.fallback_reason is None
 
 
-
-@pytest.mark.parametrize("make_copy", [copy.copy, copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))],
-                         ids=["copy", "deepcopy", "pickle"])
+@pytest.mark.parametrize(
+    "make_copy", [copy.copy, copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))], ids=["copy", "deepcopy", "pickle"]
+)
 def test_copied_message_passing_compiles_its_own_capture(make_copy):
     """A copy (or an unpickled module) captures through its own registration: the compiled trace
     reaches the module by a constant token, never the module it was copied from."""
@@ -345,6 +363,7 @@ def test_copied_message_passing_compiles_its_own_capture(make_copy):
     torch._dynamo.reset()
     check_compiled(original, forward, [x, edge_index, weight])
     assert original.trace_count == 1  # its own capture, from its eager call
+
 
 # -- CUDA graphs: where a step is host-bound (graphs of up to ~1e6 edges) -------------------------
 @pytest.mark.cuda
@@ -386,11 +405,11 @@ def test_operators_replay_in_a_cuda_graph(name):
 def test_every_custom_op_runs_outside_cuda_graphs():
     """mode="reduce-overhead" records CUDA graphs with copies of their inputs, which the ops' caches
     (keyed by tensor identity) cannot find: every op of the package is tagged to run outside them."""
-    names = [name.split("::")[1] for name in torch._C._dispatch_get_all_op_names()
-             if name.startswith("pyg_ugrapher::")]
+    names = [name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("pyg_ugrapher::")]
     assert len(names) >= 10, names
-    untagged = [name for name in names if torch.Tag.cudagraph_unsafe not in
-                getattr(torch.ops.pyg_ugrapher, name).default.tags]
+    untagged = [
+        name for name in names if torch.Tag.cudagraph_unsafe not in getattr(torch.ops.pyg_ugrapher, name).default.tags
+    ]
     assert untagged == []
 
 
@@ -400,8 +419,8 @@ def test_layers_train_under_reduce_overhead(name):
     """torch.compile(mode="reduce-overhead") (Inductor, CUDA graphs around the code between our
     ops): three training calls (warm-up, recording, replay) give eager's outputs and gradients.
     Not GCN with edge weights: the graph's hub has four self loops of different weights, and which
-    one a GPU scatter keeps is unspecified (in PyG too); the recorded graph kept another than eager
-    did, and with one loop per node the two agree (probe 64, ``benchmarks/results/h200-compiled-overhead``)."""
+    one a GPU scatter keeps is unspecified (in PyG too): the recorded graph may keep another than
+    eager does, while with one loop per node the two agree."""
     device = torch.device("cuda")
     factory, forward = LAYERS[name]
     torch.manual_seed(0)
@@ -412,8 +431,9 @@ def test_layers_train_under_reduce_overhead(name):
         results = []
         for module in (compiled, model):
             out = forward(module, *inputs)
-            grads = torch.autograd.grad(out.square().sum(), list(module.parameters()), allow_unused=True,
-                                        materialize_grads=True)
+            grads = torch.autograd.grad(
+                out.square().sum(), list(module.parameters()), allow_unused=True, materialize_grads=True
+            )
             results.append([t.detach().clone() for t in (out, *grads)])
         for index, (a, b) in enumerate(zip(*results)):
             assert_close(a, b, f"call {call}: {'output' if index == 0 else f'gradient {index - 1}'}")

@@ -24,6 +24,7 @@ from pyg_ugrapher.datasets import (
     synthetic_graph,
     uniform_graph,
 )
+from pyg_ugrapher.paths import CACHE_ENV
 
 
 def _has_shared() -> bool:
@@ -35,7 +36,8 @@ def _has_shared() -> bool:
 
 
 requires_shared = pytest.mark.skipif(
-    not _has_shared(), reason="shared datasets folder not found (set PYG_UGRAPHER_DATASETS)")
+    not _has_shared(), reason="shared datasets folder not found (set PYG_UGRAPHER_DATASETS)"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +45,7 @@ def cache_dir(tmp_path_factory, monkeypatch):
     # Planetoid writes into the cache: keep it out of the user's home, shared by the module's
     # tests so that Cora and CiteSeer are processed once.
     path = tmp_path_factory.getbasetemp() / "ugrapher_cache"
-    monkeypatch.setenv(D.CACHE_ENV, str(path))
+    monkeypatch.setenv(CACHE_ENV, str(path))
     return path
 
 
@@ -156,10 +158,9 @@ EXPECTED = {
 
 
 @requires_shared
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=[pytest.mark.slow] if name == "collab" else [])
-    for name in EXPECTED
-])
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=[pytest.mark.slow] if name == "collab" else []) for name in EXPECTED]
+)
 def test_load_dataset(name):
     num_nodes, num_edges, self_loops, num_features, num_classes, num_graphs = EXPECTED[name]
     data = load_dataset(name)
@@ -178,13 +179,13 @@ def test_load_dataset(name):
 
     if num_classes is not None:
         assert data.y.dtype == torch.long
-        assert data.y.shape == (num_graphs or num_nodes, )
+        assert data.y.shape == (num_graphs or num_nodes,)
         assert data.y.unique().tolist() == list(range(num_classes))
 
     if num_graphs is None:
         assert "batch" not in data
     else:
-        assert data.batch.shape == (num_nodes, )
+        assert data.batch.shape == (num_nodes,)
         assert int(data.batch.max()) + 1 == num_graphs
         assert bool((data.batch[1:] >= data.batch[:-1]).all())
         # Block-diagonal: no edge crosses graphs.
@@ -250,10 +251,13 @@ def test_gin_text_block_diagonal():
     assert data.x is None
 
 
-@pytest.mark.parametrize("text", [
-    "1\n2 0\n0 1 2\n0 1 0\n",  # neighbour 2 in a graph of 2 nodes
-    "1\n2 0\n0 1 1\n0 1 0\n7\n",  # trailing numbers
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1\n2 0\n0 1 2\n0 1 0\n",  # neighbour 2 in a graph of 2 nodes
+        "1\n2 0\n0 1 1\n0 1 0\n7\n",  # trailing numbers
+    ],
+)
 def test_gin_text_malformed(text):
     with pytest.raises(ValueError, match="Malformed GIN"):
         D._read_gin_txt(text)
@@ -264,21 +268,35 @@ def test_gin_text_malformed(text):
 
 def test_available_datasets():
     assert available_datasets() == [
-        "cora", "citeseer", "pubmed", "blogcatalog", "amazon-computers", "amazon-photo",
-        "coauthor-cs", "coauthor-physics", "tolokers", "github", "facebook", "proteins", "dd",
-        "collab"
+        "cora",
+        "citeseer",
+        "pubmed",
+        "blogcatalog",
+        "amazon-computers",
+        "amazon-photo",
+        "coauthor-cs",
+        "coauthor-physics",
+        "tolokers",
+        "github",
+        "facebook",
+        "proteins",
+        "dd",
+        "collab",
     ]
 
 
-@pytest.mark.parametrize("loader, name", [
-    (load_dataset, "reddit"),
-    (load_dataset, 3),
-    (load_planetoid, "NELL"),
-    (load_amazon, "Books"),
-    (load_coauthor, "Math"),
-    (load_musae, "Twitter"),
-    (load_tu_gin, "MUTAG"),
-])
+@pytest.mark.parametrize(
+    "loader, name",
+    [
+        (load_dataset, "reddit"),
+        (load_dataset, 3),
+        (load_planetoid, "NELL"),
+        (load_amazon, "Books"),
+        (load_coauthor, "Math"),
+        (load_musae, "Twitter"),
+        (load_tu_gin, "MUTAG"),
+    ],
+)
 def test_unknown_name(loader, name):
     with pytest.raises(ValueError, match="'name'") as info:
         loader(name)
@@ -387,12 +405,15 @@ def test_rmat_is_skewed():
     assert max_over_mean_degree(flat, 1 << 14) < 5
 
 
-@pytest.mark.parametrize("probs, src, dst", [
-    ((1.0, 0.0, 0.0), 0, 0),
-    ((0.0, 1.0, 0.0), 0, 15),
-    ((0.0, 0.0, 1.0), 15, 0),
-    ((0.0, 0.0, 0.0), 15, 15),  # d = 1
-])
+@pytest.mark.parametrize(
+    "probs, src, dst",
+    [
+        ((1.0, 0.0, 0.0), 0, 0),
+        ((0.0, 1.0, 0.0), 0, 15),
+        ((0.0, 0.0, 1.0), 15, 0),
+        ((0.0, 0.0, 0.0), 15, 15),  # d = 1
+    ],
+)
 def test_rmat_quadrants(probs, src, dst):
     a, b, c = probs
     edge_index = rmat_graph(4, 10, a=a, b=b, c=c)
@@ -417,38 +438,44 @@ def test_synthetic_graph_rmat_nodes():
         synthetic_graph("rmat", 1000, 100)
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: uniform_graph(0, 10), "'num_nodes'"),
-    (lambda: uniform_graph(10, 0), "'num_edges'"),
-    (lambda: uniform_graph(10, -5), "'num_edges'"),
-    (lambda: uniform_graph(10, 10, num_dst_nodes=0), "'num_dst_nodes'"),
-    (lambda: power_law_graph(0, 10), "'num_nodes'"),
-    (lambda: power_law_graph(10, 0), "'num_edges'"),
-    (lambda: power_law_graph(10, 10, num_dst_nodes=-1), "'num_dst_nodes'"),
-    (lambda: power_law_graph(10, 10, exponent=-0.5), "'exponent'"),
-    (lambda: power_law_graph(10, 10, exponent=float("inf")), "'exponent'"),
-    (lambda: power_law_graph(10, 10, exponent=float("nan")), "'exponent'"),
-    (lambda: rmat_graph(0, 10), "'scale'"),
-    (lambda: rmat_graph(63, 10), "'scale'"),
-    (lambda: rmat_graph(4, 0), "'num_edges'"),
-    (lambda: rmat_graph(4, 10, a=-0.1), "'a'"),
-    (lambda: rmat_graph(4, 10, b=1.5), "'b'"),
-    (lambda: rmat_graph(4, 10, c=-1.0), "'c'"),
-    (lambda: rmat_graph(4, 10, a=0.5, b=0.3, c=0.3), "sum to at most 1"),
-    (lambda: synthetic_graph("kronecker", 16, 10), "'kind'"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: uniform_graph(0, 10), "'num_nodes'"),
+        (lambda: uniform_graph(10, 0), "'num_edges'"),
+        (lambda: uniform_graph(10, -5), "'num_edges'"),
+        (lambda: uniform_graph(10, 10, num_dst_nodes=0), "'num_dst_nodes'"),
+        (lambda: power_law_graph(0, 10), "'num_nodes'"),
+        (lambda: power_law_graph(10, 0), "'num_edges'"),
+        (lambda: power_law_graph(10, 10, num_dst_nodes=-1), "'num_dst_nodes'"),
+        (lambda: power_law_graph(10, 10, exponent=-0.5), "'exponent'"),
+        (lambda: power_law_graph(10, 10, exponent=float("inf")), "'exponent'"),
+        (lambda: power_law_graph(10, 10, exponent=float("nan")), "'exponent'"),
+        (lambda: rmat_graph(0, 10), "'scale'"),
+        (lambda: rmat_graph(63, 10), "'scale'"),
+        (lambda: rmat_graph(4, 0), "'num_edges'"),
+        (lambda: rmat_graph(4, 10, a=-0.1), "'a'"),
+        (lambda: rmat_graph(4, 10, b=1.5), "'b'"),
+        (lambda: rmat_graph(4, 10, c=-1.0), "'c'"),
+        (lambda: rmat_graph(4, 10, a=0.5, b=0.3, c=0.3), "sum to at most 1"),
+        (lambda: synthetic_graph("kronecker", 16, 10), "'kind'"),
+    ],
+)
 def test_synthetic_value_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: uniform_graph(10.5, 10), "'num_nodes'"),
-    (lambda: uniform_graph(10, True), "'num_edges'"),
-    (lambda: uniform_graph(10, 10, seed="0"), "'seed'"),
-    (lambda: power_law_graph(10, 10, exponent="0.8"), "'exponent'"),
-    (lambda: rmat_graph(4, 10, a=None), "'a'"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: uniform_graph(10.5, 10), "'num_nodes'"),
+        (lambda: uniform_graph(10, True), "'num_edges'"),
+        (lambda: uniform_graph(10, 10, seed="0"), "'seed'"),
+        (lambda: power_law_graph(10, 10, exponent="0.8"), "'exponent'"),
+        (lambda: rmat_graph(4, 10, a=None), "'a'"),
+    ],
+)
 def test_synthetic_type_errors(call, match):
     with pytest.raises(TypeError, match=match):
         call()
@@ -510,17 +537,21 @@ def test_neighbor_sample_takes_whole_small_neighbourhoods_and_is_seeded():
     assert not torch.equal(_global_edges(*first), _global_edges(*other))
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(seeds=torch.tensor([1, 1])), ValueError, "seeds"),
-    (dict(seeds=torch.tensor([300])), ValueError, "seeds"),
-    (dict(seeds=torch.tensor([], dtype=torch.long)), ValueError, "seeds"),
-    (dict(num_neighbors=[0]), ValueError, "num_neighbors"),
-    (dict(num_neighbors=[1.5]), TypeError, "num_neighbors"),
-    (dict(edge_index=torch.zeros(3, 4, dtype=torch.long)), ValueError, "edge_index"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(seeds=torch.tensor([1, 1])), ValueError, "seeds"),
+        (dict(seeds=torch.tensor([300])), ValueError, "seeds"),
+        (dict(seeds=torch.tensor([], dtype=torch.long)), ValueError, "seeds"),
+        (dict(num_neighbors=[0]), ValueError, "num_neighbors"),
+        (dict(num_neighbors=[1.5]), TypeError, "num_neighbors"),
+        (dict(edge_index=torch.zeros(3, 4, dtype=torch.long)), ValueError, "edge_index"),
+    ],
+)
 def test_neighbor_sample_rejects_bad_input(kwargs, error, match):
-    args = dict(edge_index=D.uniform_graph(300, 1200, seed=2), num_nodes=300, seeds=torch.tensor([1, 2]),
-                num_neighbors=[2])
+    args = dict(
+        edge_index=D.uniform_graph(300, 1200, seed=2), num_nodes=300, seeds=torch.tensor([1, 2]), num_neighbors=[2]
+    )
     args.update(kwargs)
     with pytest.raises(error, match=match):
         D.neighbor_sample(**args)

@@ -1,5 +1,6 @@
 """GraphTensor: construction, cached structures, CSR <-> user edge order, statistics, reordering and
 every validation error."""
+
 import dataclasses
 
 import numpy as np
@@ -9,9 +10,12 @@ from torch_geometric import EdgeIndex
 from torch_geometric.data import Data
 
 import pyg_ugrapher as ug
-from pyg_ugrapher import reference
 from pyg_ugrapher import graph as graph_module
-from pyg_ugrapher.graph import GraphTensor, index_dtype_for, split_chunk_slots, split_rows
+from pyg_ugrapher import reference
+from pyg_ugrapher import structure as structure_module
+from pyg_ugrapher.graph import GraphTensor
+from pyg_ugrapher.structure import GraphStructure, in_user_order, index_dtype_for, split_chunk_slots, split_rows
+from triton_kernels import csr_pair
 
 
 def _edge_set(src, dst):
@@ -58,8 +62,7 @@ def test_structures_are_cached(graph_factory):
     assert g.stats() is g.stats()
     assert g.chunks(4) is g.chunks(4) and g.chunks(4) is not g.chunks(8)
     structure = g.structure()
-    assert structure[0] is g.csr().rowptr and structure[4] is g.csc().rowptr
-    assert all(a is b for a, b in zip(structure, g.structure()))
+    assert structure.csr is g.csr() and structure.csc is g.csc() and g.structure() is structure
 
 
 def test_edges_changed_in_place_rebuild_the_structures(graph_factory):
@@ -88,7 +91,7 @@ def test_edges_changed_in_place_rebuild_the_structures(graph_factory):
 def test_identity_map_keys_by_identity_and_forgets_dead_keys():
     """Equal tensors are different keys; an entry goes with its key, and an id the allocator
     reuses for a new object does not find the old entry."""
-    cache = graph_module.IdentityMap()
+    cache = structure_module.IdentityMap()
     a, b = torch.zeros(3), torch.zeros(3)
     cache[a] = "a"
     cache[b] = "b"
@@ -132,10 +135,12 @@ def test_csr_pair_matches_one_direction_builds(graph_case, graph_factory, wide_k
     src, dst = g.coo()
     if wide_keys:
         # Row keys past int32 (num_src + num_dst over 2^31 - 1) are sorted as int64.
-        monkeypatch.setattr(graph_module, "_INT32_MAX", 0)
-    pair = graph_module.build_csr_pair(src, dst, g.num_src, g.num_dst, g.index_dtype)
-    single = (graph_module.build_csr(dst, src, g.num_dst, g.num_src, g.index_dtype),
-              graph_module.build_csr(src, dst, g.num_src, g.num_dst, g.index_dtype))
+        monkeypatch.setattr(csr_pair, "INT32_MAX", 0)
+    pair = csr_pair.build_csr_pair(src, dst, g.num_src, g.num_dst, g.index_dtype)
+    single = (
+        structure_module.build_csr(dst, src, g.num_dst, g.num_src, g.index_dtype),
+        structure_module.build_csr(src, dst, g.num_src, g.num_dst, g.index_dtype),
+    )
     for built, expected in zip(pair, single):
         assert built.num_cols == expected.num_cols
         for field in ("rowptr", "col", "eid", "rows"):
@@ -149,13 +154,13 @@ def test_structure_op_outputs_share_no_memory(graph_case, graph_factory):
     g = graph_factory(graph_case)
     src, dst = g.coo()
     structure = graph_module.graph_structure(src, dst, g.num_src, g.num_dst)
-    expected = g.structure()
-    assert all(torch.equal(got, want) for got, want in zip(structure, expected))
+    expected = g.structure().flat()
+    assert all(torch.equal(got, want) for got, want in zip(structure, expected, strict=True))
     filled = [t for t in structure if t.numel()]
     assert len({t.untyped_storage().data_ptr() for t in filled}) == len(filled)
     # Nor is any a view: caches find a structure by the identity of its arrays, which a view saved
     # for a compiled backward pass does not keep (see test_compile).
-    assert all(t._base is None for t in g.structure())
+    assert all(t._base is None for t in g.structure().flat())
 
 
 @pytest.mark.parametrize("on", ["torch", "kernel"])
@@ -169,23 +174,26 @@ def test_user_order_structure(graph_case, graph_factory, on, request):
     structure = g.structure(sort=False)
     sorted_structure = g.structure(sort=True)
     src, dst = g.coo()
-    assert structure[1] is src and structure[3] is dst and structure[5] is dst and structure[7] is src
-    assert structure[8] is src and structure[9] is dst
-    for eid in (structure[2], structure[6]):
+    csr, csc = structure.csr, structure.csc
+    assert csr.col is src and csr.rows is dst and csc.col is dst and csc.rows is src
+    assert structure.src is src and structure.dst is dst
+    assert csr.user_order and csc.user_order and (csr.num_cols, csc.num_cols) == (g.num_src, g.num_dst)
+    for eid in (csr.eid, csc.eid):
         assert eid.dtype == g.index_dtype and torch.equal(eid.long(), torch.arange(g.num_edges))
-    for got, want in ((structure[0], g.csr().rowptr), (structure[4], g.csc().rowptr)):
+    for got, want in ((csr.rowptr, g.csr().rowptr), (csc.rowptr, g.csc().rowptr)):
         assert got.dtype == g.index_dtype and torch.equal(got, want)
-        assert graph_module.in_user_order(got) and not graph_module.in_user_order(want)
-    assert sorted_structure[0] is g.csr().rowptr
-    forward, backward = (graph_module.CSR(rowptr, col, eid, rows, num_cols, True)
-                         for rowptr, col, eid, rows, num_cols in (
-                             (*structure[:4], g.num_src), (*structure[4:8], g.num_dst)))
-    for user, expected in ((forward, g.csr()), (backward, g.csc())):
-        grouped = graph_module.grouped(user)
-        assert grouped is graph_module.grouped(user) and not grouped.user_order
+        assert in_user_order(got) and not in_user_order(want)
+    assert sorted_structure.csr is g.csr()
+    # Flattened for a custom op and read back, it is the same structure, still in the user's order.
+    back = GraphStructure.from_flat(structure.flat())
+    assert all(a is b for a, b in zip(back.flat(), structure.flat(), strict=True))
+    assert back.csr.user_order and back.csc.user_order and (back.num_src, back.num_dst) == (g.num_src, g.num_dst)
+    for user, expected in ((csr, g.csr()), (csc, g.csc())):
+        grouped = csr_pair.grouped(user)
+        assert grouped is csr_pair.grouped(user) and not grouped.user_order
         for field in ("rowptr", "col", "eid", "rows"):
             assert torch.equal(getattr(grouped, field), getattr(expected, field)), field
-    assert graph_module.grouped(g.csr()) is g.csr()
+    assert csr_pair.grouped(g.csr()) is g.csr()
 
 
 def test_default_structure_order(graph_factory, monkeypatch):
@@ -195,15 +203,15 @@ def test_default_structure_order(graph_factory, monkeypatch):
     from autotune import selection
 
     g = graph_factory("mixed")
-    assert not graph_module.in_user_order(g.structure()[0])
+    assert not in_user_order(g.structure().csr.rowptr)
     monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: num_edges == g.num_edges)
     fresh = graph_factory("mixed")
     default = fresh.structure()
-    assert graph_module.in_user_order(default[0]) and fresh.structure() is default
-    assert not graph_module.in_user_order(fresh.structure(sort=True)[0])
+    assert default.csr.user_order and in_user_order(default.csr.rowptr) and fresh.structure() is default
+    assert not in_user_order(fresh.structure(sort=True).csr.rowptr)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert not graph_module.in_user_order(graph_factory("mixed").structure()[0])
-    assert not graph_module.in_user_order(fresh.structure()[0])
+    assert not in_user_order(graph_factory("mixed").structure().csr.rowptr)
+    assert not in_user_order(fresh.structure().csr.rowptr)
 
 
 def test_index_dtype():
@@ -212,9 +220,9 @@ def test_index_dtype():
     assert index_dtype_for(5, 2**31) == torch.int64
     g = GraphTensor.from_edge_index(torch.tensor([[0, 1], [1, 0]]))
     assert g.index_dtype == torch.int32
-    assert all(t.dtype == torch.int32 for t in g.structure())
+    assert all(t.dtype == torch.int32 for t in g.structure().flat())
     wide = GraphTensor.from_edge_index(torch.tensor([[0, 1], [1, 0]]), index_dtype=torch.int64)
-    assert all(t.dtype == torch.int64 for t in wide.structure())
+    assert all(t.dtype == torch.int64 for t in wide.structure().flat())
     # Without building anything: a graph past int32 gets int64, and refuses a forced int32.
     empty = torch.empty(0, dtype=torch.int64)
     assert GraphTensor(empty, empty, 2**31, 4).index_dtype == torch.int64
@@ -227,16 +235,16 @@ def test_index_dtype():
 def _numpy_stats(degree: np.ndarray, num_edges: int):
     d = degree.astype(np.float64)
     std = d.std()
-    skew = ((d - d.mean()) ** 3).mean() / std ** 3 if std > 0 else 0.0
+    skew = ((d - d.mean()) ** 3).mean() / std**3 if std > 0 else 0.0
     k = max(1, int(np.ceil(0.01 * d.size)))
     top = np.sort(d)[::-1][:k].sum() / max(num_edges, 1)
     return [d.mean(), std, d.max(), skew, top, (degree == 0).mean()]
 
 
-@pytest.mark.parametrize("host_max_degrees", [0, graph_module.HOST_STATS_MAX_DEGREES], ids=["device", "host"])
+@pytest.mark.parametrize("host_max_degrees", [0, structure_module.HOST_STATS_MAX_DEGREES], ids=["device", "host"])
 def test_stats_match_numpy(graph_case, graph_factory, host_max_degrees, monkeypatch):
     """Both ways of summarising the degrees: on their device, or copied to the host first."""
-    monkeypatch.setattr(graph_module, "HOST_STATS_MAX_DEGREES", host_max_degrees)
+    monkeypatch.setattr(structure_module, "HOST_STATS_MAX_DEGREES", host_max_degrees)
     g = graph_factory(graph_case)
     stats = g.stats()
     assert (stats.num_rows, stats.num_cols, stats.num_edges) == (g.num_dst, g.num_src, g.num_edges)
@@ -250,14 +258,19 @@ def test_stats_match_numpy(graph_case, graph_factory, host_max_degrees, monkeypa
 
 
 def _flat(stats) -> list:
-    return [stats.num_rows, stats.num_cols, stats.num_edges, *dataclasses.astuple(stats.rows),
-            *dataclasses.astuple(stats.cols)]
+    return [
+        stats.num_rows,
+        stats.num_cols,
+        stats.num_edges,
+        *dataclasses.astuple(stats.rows),
+        *dataclasses.astuple(stats.cols),
+    ]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("host_max_degrees", [0, graph_module.HOST_STATS_MAX_DEGREES], ids=["device", "host"])
+@pytest.mark.parametrize("host_max_degrees", [0, structure_module.HOST_STATS_MAX_DEGREES], ids=["device", "host"])
 def test_stats_on_the_gpu_match_the_cpu(graph_factory, host_max_degrees, monkeypatch):
-    monkeypatch.setattr(graph_module, "HOST_STATS_MAX_DEGREES", host_max_degrees)
+    monkeypatch.setattr(structure_module, "HOST_STATS_MAX_DEGREES", host_max_degrees)
     g = graph_factory("hub")
     on_gpu = GraphTensor.from_edge_index(torch.stack([g.src, g.dst]).cuda(), (g.num_src, g.num_dst)).stats()
     np.testing.assert_allclose(_flat(on_gpu), _flat(g.stats()), rtol=1e-12, atol=1e-12)
@@ -295,8 +308,9 @@ def test_split_rows(case, group_size, graph_factory):
     assert split.dtype == torch.int64
     assert torch.equal(split, torch.nonzero(degree > group_size).view(-1))
     rows, _ = g.chunks(group_size)
-    assert torch.equal(torch.bincount(rows.long(), minlength=g.num_dst)[split] > 1,
-                       torch.ones_like(split, dtype=torch.bool))
+    assert torch.equal(
+        torch.bincount(rows.long(), minlength=g.num_dst)[split] > 1, torch.ones_like(split, dtype=torch.bool)
+    )
 
 
 @pytest.mark.parametrize("case", ["hub", "empty", "isolated", "mixed"])
@@ -369,26 +383,32 @@ def test_reorder_errors(graph_factory):
         graph_factory("mixed").reorder("metis")
 
 
-@pytest.mark.parametrize("build,error,field", [
-    (lambda: GraphTensor.from_edge_index([[0, 1], [1, 0]]), TypeError, "edge_index"),
-    (lambda: GraphTensor.from_edge_index(torch.zeros(3, 4, dtype=torch.int64)), ValueError, "edge_index"),
-    (lambda: GraphTensor.from_edge_index(torch.zeros(2, 3, 1, dtype=torch.int64)), ValueError, "edge_index"),
-    (lambda: GraphTensor.from_edge_index(torch.zeros(2, 3)), TypeError, "edge_index"),
-    (lambda: GraphTensor.from_edge_index(torch.zeros(2, 3, dtype=torch.bool)), TypeError, "edge_index"),
-    (lambda: GraphTensor.from_edge_index(torch.tensor([[0, 5], [1, 0]]), 4), ValueError, "edge_index"),
-    (lambda: GraphTensor.from_edge_index(torch.tensor([[0, 1], [1, 4]]), (5, 4)), ValueError, "edge_index"),
-    (lambda: GraphTensor.from_edge_index(torch.tensor([[0, -1], [1, 0]]), 4), ValueError, "edge_index"),
-    (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), -2), ValueError, "num_nodes"),
-    (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), True), TypeError, "num_nodes"),
-    (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), 2.0), TypeError, "num_nodes"),
-    (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), (2, 2, 2)), ValueError, "num_nodes"),
-    (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), (2, None)), TypeError, "num_nodes"),
-    (lambda: GraphTensor(torch.tensor([0, 1]), torch.tensor([1]), 2, 2), ValueError, "edge_index"),
-    (lambda: GraphTensor(torch.tensor([[0, 1]]), torch.tensor([[1, 0]]), 2, 2), ValueError, "edge_index"),
-    (lambda: GraphTensor([0, 1], torch.tensor([1, 0]), 2, 2), TypeError, "edge_index"),
-    (lambda: GraphTensor(torch.tensor([0, 1]), torch.tensor([1, 0], device="meta"), 2, 2), ValueError,
-     "edge_index"),
-])
+@pytest.mark.parametrize(
+    "build,error,field",
+    [
+        (lambda: GraphTensor.from_edge_index([[0, 1], [1, 0]]), TypeError, "edge_index"),
+        (lambda: GraphTensor.from_edge_index(torch.zeros(3, 4, dtype=torch.int64)), ValueError, "edge_index"),
+        (lambda: GraphTensor.from_edge_index(torch.zeros(2, 3, 1, dtype=torch.int64)), ValueError, "edge_index"),
+        (lambda: GraphTensor.from_edge_index(torch.zeros(2, 3)), TypeError, "edge_index"),
+        (lambda: GraphTensor.from_edge_index(torch.zeros(2, 3, dtype=torch.bool)), TypeError, "edge_index"),
+        (lambda: GraphTensor.from_edge_index(torch.tensor([[0, 5], [1, 0]]), 4), ValueError, "edge_index"),
+        (lambda: GraphTensor.from_edge_index(torch.tensor([[0, 1], [1, 4]]), (5, 4)), ValueError, "edge_index"),
+        (lambda: GraphTensor.from_edge_index(torch.tensor([[0, -1], [1, 0]]), 4), ValueError, "edge_index"),
+        (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), -2), ValueError, "num_nodes"),
+        (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), True), TypeError, "num_nodes"),
+        (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), 2.0), TypeError, "num_nodes"),
+        (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), (2, 2, 2)), ValueError, "num_nodes"),
+        (lambda: GraphTensor.from_edge_index(torch.tensor([[0], [1]]), (2, None)), TypeError, "num_nodes"),
+        (lambda: GraphTensor(torch.tensor([0, 1]), torch.tensor([1]), 2, 2), ValueError, "edge_index"),
+        (lambda: GraphTensor(torch.tensor([[0, 1]]), torch.tensor([[1, 0]]), 2, 2), ValueError, "edge_index"),
+        (lambda: GraphTensor([0, 1], torch.tensor([1, 0]), 2, 2), TypeError, "edge_index"),
+        (
+            lambda: GraphTensor(torch.tensor([0, 1]), torch.tensor([1, 0], device="meta"), 2, 2),
+            ValueError,
+            "edge_index",
+        ),
+    ],
+)
 def test_validation_errors(build, error, field):
     with pytest.raises(error, match=f"^{field}:"):
         build()
@@ -396,6 +416,7 @@ def test_validation_errors(build, error, field):
 
 def test_as_graph_passes_graphs_through():
     from pyg_ugrapher.graph import as_graph
+
     g = GraphTensor.from_edge_index(torch.tensor([[0], [1]]))
     assert as_graph(g) is g
     assert as_graph(torch.tensor([[0], [1]]), (3, 2)).num_src == 3

@@ -1,4 +1,5 @@
 """``ug.plan``: one entry per operator a forward pass runs and per propagation that fell back to PyG."""
+
 import pytest
 import torch
 
@@ -75,22 +76,42 @@ def test_two_layers_and_a_direct_call(graph):
     captured, fallback, direct = plan
     assert (captured.module, captured.module_type) == ("conv1", "WeightedConv")
     assert captured.op == ug.OpInfo.from_name("u_mul_e_sum") and captured.fallback_reason is None
-    assert isinstance(captured.parallel_info, ug.ParallelInfo)
+    assert isinstance(captured.parallel_info, ug.ParallelInfo) and captured.parallel_info.is_complete
+    assert captured.chosen_by == (("strategy", "heuristic"),) + tuple(
+        (knob, "heuristic") for knob in captured.parallel_info.knobs
+    )  # the CPU's rules chose it all
     assert "@triton.jit" in captured.source and "def vertex_parallel_sum_mul_u_e(" in captured.source
     assert captured.shapes == ((5, 4), (7, 1)) and captured.dtype == torch.float32
     assert (fallback.module, fallback.op, fallback.source) == ("block.conv2", None, None)
     assert "torch.cat" in fallback.fallback_reason
     assert direct.module == "direct" and direct.op.name == "copy_u_mean"
-    assert direct.parallel_info == DirectCompute.schedule and direct.source
+    # The explicit knobs are honoured, the one left unset chosen for this call.
+    assert DirectCompute.schedule.admits(direct.parallel_info) and direct.parallel_info.is_complete
+    assert direct.chosen_by == (
+        ("strategy", "user"),
+        ("block_e", "user"),
+        ("block_f", "user"),
+        ("num_warps", "heuristic"),
+    )
+    assert direct.source
 
 
 def test_plan_prints_readably(graph):
     plan = ug.plan(Model(), *graph)
     text = str(plan)
     assert text.startswith("Plan: 2 operator(s), 1 PyG fallback(s)")
-    for expected in ("[0] conv1 (WeightedConv): u_mul_e_sum", "for each edge (u, e, v)", "schedule: ParallelInfo(",
-                     "source (first", "| @triton.jit", "[1] block.conv2 (EdgeConvCat): PyG fallback",
-                     "reason: message() calls torch.cat", "[2] direct (DirectCompute): copy_u_mean"):
+    for expected in (
+        "[0] conv1 (WeightedConv): u_mul_e_sum",
+        "for each edge (u, e, v)",
+        "schedule: ParallelInfo(",
+        "chosen by: strategy=heuristic, ",
+        "chosen by: strategy=user, block_e=user, block_f=user, num_warps=heuristic",
+        "source (first",
+        "| @triton.jit",
+        "[1] block.conv2 (EdgeConvCat): PyG fallback",
+        "reason: message() calls torch.cat",
+        "[2] direct (DirectCompute): copy_u_mean",
+    ):
         assert expected in text, expected
     assert repr(plan) == text and repr(plan[0]) == str(plan[0])
     assert str(Plan()) == "Plan: no graph operator ran"
@@ -112,3 +133,36 @@ def test_plan_runs_without_gradients_and_leaves_no_hooks(graph):
     assert dict(torch.nn.modules.module._global_forward_pre_hooks) == pre_hooks
     assert model.conv1.fallback_reason is None  # the global hooks did not make the layers fall back
     assert all(p.grad is None for p in model.parameters()) and graph[0].grad is None
+
+
+class WideSchedule(torch.nn.Module):
+    """``ug.compute`` with a feature tile wider than its 4 features, and a strategy alone."""
+
+    def forward(self, x, edge_index):
+        h = ug.compute(
+            edge_index,
+            "copy_u_sum",
+            x,
+            num_nodes=x.size(0),
+            parallel_info=ug.ParallelInfo("vertex", block_f=64, num_warps=2),
+        )
+        return ug.compute(edge_index, "copy_u_max", h, num_nodes=x.size(0), parallel_info=ug.ParallelInfo("group"))
+
+
+def test_plan_shows_narrowed_and_chosen_knobs(graph):
+    x, edge_index, _ = graph
+    with pytest.warns(UserWarning, match="^parallel_info: narrowed block_f=64 to 4: copy_u_sum has 4 features"):
+        plan = ug.plan(WideSchedule(), x, edge_index)
+    narrowed, group = plan
+    assert narrowed.parallel_info.block_f == 4 and narrowed.parallel_info.num_warps == 2
+    assert dict(narrowed.chosen_by) == {
+        "strategy": "user",
+        "block_v": "heuristic",
+        "block_e": "heuristic",
+        "block_f": "narrowed from 64",
+        "num_warps": "user",
+        "num_stages": "fixed",
+    }
+    assert group.parallel_info.strategy == "group" and group.parallel_info.is_complete
+    assert dict(group.chosen_by)["strategy"] == "user" and dict(group.chosen_by)["group_size"] == "heuristic"
+    assert "block_f=narrowed from 64" in str(plan)

@@ -1,5 +1,6 @@
 """The IR: every DGL gspmm/gsddmm name, the loop it stands for, every invalid combination, and
 (de)serialisation of built-in and expression ops."""
+
 import itertools
 
 import pytest
@@ -72,38 +73,44 @@ def test_copy_rhs_and_explicit_out():
     assert OpInfo("add", None, lhs="src_v", rhs="dst_v", out="edge") == OpInfo.from_name("u_add_v")
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    (dict(edge_op="mul", gather_op="sum", lhs="src_v", rhs="edge", out="edge"), "out"),
-    (dict(edge_op="add", gather_op=None, lhs="src_v", rhs="dst_v", out="dst_v"), "out"),
-    (dict(edge_op="mul", gather_op="sum", lhs="src_v", rhs="edge", out="vertex"), "out"),
-    (dict(edge_op="copy_lhs", gather_op="sum"), "lhs"),
-    (dict(edge_op="copy_lhs", gather_op="sum", lhs="src_v", rhs="edge"), "rhs"),
-    (dict(edge_op="copy_rhs", gather_op="sum"), "rhs"),
-    (dict(edge_op="copy_rhs", gather_op="sum", lhs="src_v", rhs="edge"), "lhs"),
-    (dict(edge_op="mul", gather_op="sum", rhs="edge"), "lhs"),
-    (dict(edge_op="mul", gather_op="sum", lhs="src_v"), "rhs"),
-    (dict(edge_op="dot", gather_op="sum", lhs="src_v", rhs="dst_v"), "gather_op"),
-    (dict(edge_op="mul", gather_op="prod", lhs="src_v", rhs="edge"), "gather_op"),
-    (dict(edge_op="mul", gather_op="sum", lhs="node", rhs="edge"), "lhs"),
-    (dict(edge_op="mul", gather_op="sum", lhs="src_v", rhs="graph"), "rhs"),
-    (dict(edge_op="pow", gather_op="sum", lhs="src_v", rhs="edge"), "edge_op"),
-    (dict(edge_op="mul", gather_op="sum", lhs="src_v", rhs="edge", operands=("src_v",)), "operands"),
-    (dict(edge_op="mul", gather_op=None, lhs="src_v", rhs="edge", reduce=True), "operands"),
-    (dict(edge_op=Expr.input(0) * Expr.input(1), gather_op="sum", lhs="src_v"), "lhs"),
-    (dict(edge_op=Expr.input(0) * Expr.input(1), gather_op="sum", operands=("src_v",)), "operands"),
-    (dict(edge_op=Expr.input(0) * Expr.input(2), gather_op="sum", operands=("src_v", "edge", "dst_v")),
-     "operands"),
-    (dict(edge_op=Expr.input(0), gather_op="sum", operands=("vertex",)), "operands"),
-    (dict(edge_op=Expr.input(0) * Expr.input(1), gather_op="max", operands=("src_v", "dst_v"), reduce=True),
-     "gather_op"),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(edge_op="mul", gather_op="sum", lhs="src_v", rhs="edge", out="edge"), "out"),
+        (dict(edge_op="add", gather_op=None, lhs="src_v", rhs="dst_v", out="dst_v"), "out"),
+        (dict(edge_op="mul", gather_op="sum", lhs="src_v", rhs="edge", out="vertex"), "out"),
+        (dict(edge_op="copy_lhs", gather_op="sum"), "lhs"),
+        (dict(edge_op="copy_lhs", gather_op="sum", lhs="src_v", rhs="edge"), "rhs"),
+        (dict(edge_op="copy_rhs", gather_op="sum"), "rhs"),
+        (dict(edge_op="copy_rhs", gather_op="sum", lhs="src_v", rhs="edge"), "lhs"),
+        (dict(edge_op="mul", gather_op="sum", rhs="edge"), "lhs"),
+        (dict(edge_op="mul", gather_op="sum", lhs="src_v"), "rhs"),
+        (dict(edge_op="dot", gather_op="sum", lhs="src_v", rhs="dst_v"), "gather_op"),
+        (dict(edge_op="mul", gather_op="prod", lhs="src_v", rhs="edge"), "gather_op"),
+        (dict(edge_op="mul", gather_op="sum", lhs="node", rhs="edge"), "lhs"),
+        (dict(edge_op="mul", gather_op="sum", lhs="src_v", rhs="graph"), "rhs"),
+        (dict(edge_op="pow", gather_op="sum", lhs="src_v", rhs="edge"), "edge_op"),
+        (dict(edge_op="mul", gather_op="sum", lhs="src_v", rhs="edge", operands=("src_v",)), "operands"),
+        (dict(edge_op="mul", gather_op=None, lhs="src_v", rhs="edge", reduce=True), "operands"),
+        (dict(edge_op=Expr.input(0) * Expr.input(1), gather_op="sum", lhs="src_v"), "lhs"),
+        (dict(edge_op=Expr.input(0) * Expr.input(1), gather_op="sum", operands=("src_v",)), "operands"),
+        (dict(edge_op=Expr.input(0) * Expr.input(2), gather_op="sum", operands=("src_v", "edge", "dst_v")), "operands"),
+        (dict(edge_op=Expr.input(0), gather_op="sum", operands=("vertex",)), "operands"),
+        (
+            dict(edge_op=Expr.input(0) * Expr.input(1), gather_op="max", operands=("src_v", "dst_v"), reduce=True),
+            "gather_op",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_invalid_opinfo(kwargs, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         OpInfo(**kwargs)
 
 
-@pytest.mark.parametrize("name", ["copy_x_sum", "u_mul_sum", "u_pow_e_sum", "u_mul_e_prod", "copy_u_sum_max",
-                                  "dot_u_v", "", "u_mul_e_"])
+@pytest.mark.parametrize(
+    "name", ["copy_x_sum", "u_mul_sum", "u_pow_e_sum", "u_mul_e_prod", "copy_u_sum_max", "dot_u_v", "", "u_mul_e_"]
+)
 def test_invalid_name(name):
     with pytest.raises(ValueError, match="^name:"):
         OpInfo.from_name(name)
@@ -128,11 +135,35 @@ def test_expression_op():
     assert OpInfo.deserialize(reducing.serialize()) == reducing
 
 
-@pytest.mark.parametrize("fn", ["neg", "exp", "log", "relu", "sigmoid", "tanh", "abs", "sqrt", "square",
-                                "reciprocal", "add", "sub", "mul", "div", "maximum", "minimum", "eq", "gt"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        "neg",
+        "exp",
+        "log",
+        "relu",
+        "sigmoid",
+        "tanh",
+        "abs",
+        "sqrt",
+        "square",
+        "reciprocal",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "maximum",
+        "minimum",
+        "eq",
+        "gt",
+    ],
+)
 def test_expr_serialize_round_trip(fn):
-    args = (Expr.input(0),) if fn in ("neg", "exp", "log", "relu", "sigmoid", "tanh", "abs", "sqrt",
-                                      "square", "reciprocal") else (Expr.input(0), Expr.input(1) * 2.5)
+    args = (
+        (Expr.input(0),)
+        if fn in ("neg", "exp", "log", "relu", "sigmoid", "tanh", "abs", "sqrt", "square", "reciprocal")
+        else (Expr.input(0), Expr.input(1) * 2.5)
+    )
     expr = Expr(fn, args)
     assert parse_expr(expr.serialize()) == expr
 
@@ -146,18 +177,21 @@ def test_expr_simplifies():
     assert x * (1.0 / Expr.input(1)) == Expr("div", (x, Expr.input(1)))
 
 
-@pytest.mark.parametrize("build,field", [
-    (lambda: Expr("pow", (Expr.input(0),)), "Expr.fn"),
-    (lambda: Expr("add", (Expr.input(0),)), "Expr.args"),
-    (lambda: Expr("exp", ()), "Expr.args"),
-    (lambda: Expr.input(-1), "Expr.value"),
-    (lambda: Expr("input", (), 1.5), "Expr.value"),
-    (lambda: Expr("leaky_relu", (Expr.input(0), Expr.input(1))), "Expr.args"),
-    (lambda: Expr.const(1.0).index, "Expr.index"),
-    (lambda: parse_expr("(add $0"), "expr"),
-    (lambda: parse_expr("$0 $1"), "expr"),
-    (lambda: parse_expr("(add $0 foo)"), "expr"),
-])
+@pytest.mark.parametrize(
+    "build,field",
+    [
+        (lambda: Expr("pow", (Expr.input(0),)), "Expr.fn"),
+        (lambda: Expr("add", (Expr.input(0),)), "Expr.args"),
+        (lambda: Expr("exp", ()), "Expr.args"),
+        (lambda: Expr.input(-1), "Expr.value"),
+        (lambda: Expr("input", (), 1.5), "Expr.value"),
+        (lambda: Expr("leaky_relu", (Expr.input(0), Expr.input(1))), "Expr.args"),
+        (lambda: Expr.const(1.0).index, "Expr.index"),
+        (lambda: parse_expr("(add $0"), "expr"),
+        (lambda: parse_expr("$0 $1"), "expr"),
+        (lambda: parse_expr("(add $0 foo)"), "expr"),
+    ],
+)
 def test_invalid_expr(build, field):
     with pytest.raises(ValueError, match=f"^{field}"):
         build()

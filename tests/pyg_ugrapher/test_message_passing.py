@@ -1,5 +1,6 @@
 """``ug.MessagePassing`` against PyG's own ``MessagePassing``: the same user class, run through both,
 must give the same outputs and gradients, captured (fused op) or not (PyG's path)."""
+
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -43,7 +44,7 @@ def executor(request, monkeypatch) -> str:
     try:
         triton_kernels.interpreting()
     except RuntimeError as error:
-        pytest.skip(f"Triton interpreter unavailable in this session: {error}")
+        pytest.skip(f"Triton interpreter unavailable in this process: {error}")
     return request.param
 
 
@@ -65,11 +66,18 @@ class _Forward:
         return self.propagate(edge_index, size=size, **kwargs)
 
 
-def twins(message: Callable, aggr: Any = "sum", extra: Optional[Dict[str, Any]] = None,
-          setup: Optional[Callable] = None, **init: Any) -> Tuple[ug.MessagePassing, PyGMessagePassing]:
+def twins(
+    message: Callable,
+    aggr: Any = "sum",
+    extra: Optional[Dict[str, Any]] = None,
+    setup: Optional[Callable] = None,
+    **init: Any,
+) -> Tuple[ug.MessagePassing, PyGMessagePassing]:
     """The same user class built on ``ug.MessagePassing`` and on PyG's ``MessagePassing``, with equal
     state (``setup(module)`` adds submodules before PyG's weights are copied into ours)."""
-    body = {name: _named(fn, name) if callable(fn) else fn for name, fn in {"message": message, **(extra or {})}.items()}
+    body = {
+        name: _named(fn, name) if callable(fn) else fn for name, fn in {"message": message, **(extra or {})}.items()
+    }
     modules = []
     for base in (ug.MessagePassing, PyGMessagePassing):
         cls = type(f"{message.__name__}_{base.__module__.split('.')[0]}", (_Forward, base), dict(body))
@@ -104,8 +112,9 @@ def _flat(value: Any) -> List[torch.Tensor]:
     return [value] if isinstance(value, torch.Tensor) and value.requires_grad else []
 
 
-def _run(module: torch.nn.Module, edge_index: Any, kwargs: Dict[str, Any],
-         make_graph_arg: Optional[Callable] = None) -> List[torch.Tensor]:
+def _run(
+    module: torch.nn.Module, edge_index: Any, kwargs: Dict[str, Any], make_graph_arg: Optional[Callable] = None
+) -> List[torch.Tensor]:
     kwargs = {name: _leaves(value) for name, value in kwargs.items()}
     graph = edge_index if make_graph_arg is None else make_graph_arg(kwargs)
     out = module(graph, **kwargs)
@@ -123,8 +132,14 @@ def assert_close(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
     assert error <= RTOL * max(scale, 1e-6), f"{what}: max error {error:.3e} (scale {scale:.3e})"
 
 
-def compare(ours: torch.nn.Module, theirs: torch.nn.Module, edge_index: Any, captured: bool = True,
-            make_graph_arg: Optional[Callable] = None, **kwargs: Any) -> List[torch.Tensor]:
+def compare(
+    ours: torch.nn.Module,
+    theirs: torch.nn.Module,
+    edge_index: Any,
+    captured: bool = True,
+    make_graph_arg: Optional[Callable] = None,
+    **kwargs: Any,
+) -> List[torch.Tensor]:
     """Outputs and gradients (every floating input and parameter) of ours and PyG's agree; ours ran a
     captured op (``captured``) or PyG's path with a reason."""
     mine = _run(ours, edge_index, kwargs, make_graph_arg)
@@ -179,8 +194,14 @@ def constants_message(self, x_i, x_j):
 
 
 def activations_message(self, x_i, x_j):
-    return (torch.sigmoid(x_j) * torch.tanh(x_i) + torch.exp(-x_j.abs()) - torch.maximum(x_i, x_j) / 2
-            + torch.minimum(x_i, x_j) * torch.sqrt(x_j * x_j + 1) - torch.log(1 + x_i ** 2) + F.relu(-x_i))
+    return (
+        torch.sigmoid(x_j) * torch.tanh(x_i)
+        + torch.exp(-x_j.abs())
+        - torch.maximum(x_i, x_j) / 2
+        + torch.minimum(x_i, x_j) * torch.sqrt(x_j * x_j + 1)
+        - torch.log(1 + x_i**2)
+        + F.relu(-x_i)
+    )
 
 
 def leaky_relu_message(self, x_i, x_j):
@@ -412,8 +433,7 @@ def test_tuple_message_reason():
 
 def test_module_parameter_in_message_falls_back():
     x, edge_index, _, _ = random_inputs("reference", seed=18)
-    ours, theirs = twins(parameter_message,
-                         setup=lambda m: setattr(m, "weight", torch.nn.Parameter(torch.randn(4))))
+    ours, theirs = twins(parameter_message, setup=lambda m: setattr(m, "weight", torch.nn.Parameter(torch.randn(4))))
     compare(ours, theirs, edge_index, captured=False, x=x)
     assert "parameter" in ours.fallback_reason
 
@@ -425,9 +445,15 @@ def test_data_dependent_python_falls_back():
     assert "values" in ours.fallback_reason
 
 
-@pytest.mark.parametrize("option, reason", [("decomposed_layers", "decomposed_layers=2"),
-                                            ("explain", "explain mode"), ("message_hook", "hooks"),
-                                            ("list_aggr", "MultiAggregation")])
+@pytest.mark.parametrize(
+    "option, reason",
+    [
+        ("decomposed_layers", "decomposed_layers=2"),
+        ("explain", "explain mode"),
+        ("message_hook", "hooks"),
+        ("list_aggr", "MultiAggregation"),
+    ],
+)
 def test_configurations_that_need_messages_fall_back(option, reason):
     x, edge_index, num_edges, generator = random_inputs("reference", seed=20)
     init = {"decomposed_layers": 2} if option == "decomposed_layers" else {}
@@ -463,7 +489,8 @@ def test_propagate_pre_hook_runs_once_on_both_paths():
         calls = []
         for module in (ours, theirs):
             module.register_propagate_forward_pre_hook(
-                lambda m, inputs: (inputs[0], inputs[1], {**inputs[2], "x": inputs[2]["x"] * 3}))
+                lambda m, inputs: (inputs[0], inputs[1], {**inputs[2], "x": inputs[2]["x"] * 3})
+            )
             module.register_propagate_forward_hook(lambda m, inputs, out: calls.append(1) or out + 1)
         compare(ours, theirs, edge_index, captured=message is gcn_message, x=x, edge_weight=weight)
         assert len(calls) == 2
@@ -512,6 +539,7 @@ def test_module_attributes_key_the_capture():
 def test_reading_the_edge_count_keys_the_capture():
     def message(self, x_j):
         return x_j.view(x_j.size(0), -1) * 2
+
     x, edge_index, _, _ = random_inputs("reference", seed=25)
     ours, theirs = twins(message)
     compare(ours, theirs, edge_index, x=x)
@@ -537,6 +565,7 @@ def test_node_dim_pointing_past_the_rows_falls_back():
 
 def test_saved_and_copied_modules_retrace():
     import copy
+
     x, edge_index, num_edges, generator = random_inputs("reference", seed=27)
     ours, theirs = twins(gcn_message)
     compare(ours, theirs, edge_index, x=x, edge_weight=torch.rand(num_edges, generator=generator))
@@ -546,13 +575,21 @@ def test_saved_and_copied_modules_retrace():
 
 
 # -- PyG's own layers, with ug.MessagePassing mixed in --------------------------------------------------
-@pytest.mark.parametrize("name, args, captured", [
-    ("GCNConv", (4, 3), True), ("GATConv", (4, 3), True), ("GINEConv", (None,), True),
-    ("SAGEConv", (4, 3), True), ("GraphConv", (4, 3), True), ("EdgeConv", (None,), False),
-])
+@pytest.mark.parametrize(
+    "name, args, captured",
+    [
+        ("GCNConv", (4, 3), True),
+        ("GATConv", (4, 3), True),
+        ("GINEConv", (None,), True),
+        ("SAGEConv", (4, 3), True),
+        ("GraphConv", (4, 3), True),
+        ("EdgeConv", (None,), False),
+    ],
+)
 def test_pyg_layers_with_the_mixin(executor, name, args, captured):
     """``class Fast(ug.MessagePassing, GATConv)``: PyG's layer, its propagations captured."""
     import torch_geometric.nn as pyg_nn
+
     x, edge_index, num_edges, generator = random_inputs(executor, seed=29)
     weight, attr = torch.rand(num_edges, generator=generator), torch.randn(num_edges, 4, generator=generator)
     conv = getattr(pyg_nn, name)
@@ -576,8 +613,12 @@ def test_pyg_layers_with_the_mixin(executor, name, args, captured):
 
 def _torch_sparse_missing() -> str:
     import importlib.util
-    return "" if importlib.util.find_spec("torch_sparse") else \
-        "torch_sparse is not installed (FakeSparseTensor covers PyG's SparseTensor path)"
+
+    return (
+        ""
+        if importlib.util.find_spec("torch_sparse")
+        else "torch_sparse is not installed (FakeSparseTensor covers PyG's SparseTensor path)"
+    )
 
 
 @pytest.mark.skipif(bool(_torch_sparse_missing()), reason=_torch_sparse_missing() or "installed")
@@ -589,8 +630,9 @@ def test_torch_sparse_tensor(executor):
     values = torch.rand(edge_index.size(1), generator=generator)
 
     def adjacency(kwargs):
-        return RealSparseTensor(row=edge_index[1], col=edge_index[0], value=kwargs["values"],
-                                sparse_sizes=(num_nodes, num_nodes))
+        return RealSparseTensor(
+            row=edge_index[1], col=edge_index[0], value=kwargs["values"], sparse_sizes=(num_nodes, num_nodes)
+        )
 
     def forward(self, adj_t, values, x):
         return self.propagate(adj_t, x=x, edge_weight=None)

@@ -6,6 +6,7 @@ Cora, relabelled. On each, a two-layer model of our layers must give PyG's outpu
 batch, and the schedule of every operator must come from the selection cache once a batch graph
 was seen (never from timing).
 """
+
 import copy
 import importlib.util
 from typing import Callable, Dict, List, Optional, Tuple
@@ -21,6 +22,7 @@ import pyg_ugrapher as ug
 from pyg_ugrapher import graph as graph_module
 from pyg_ugrapher import nn as ug_nn
 from pyg_ugrapher.datasets import load_planetoid
+from triton_kernels import csr_pair
 
 HIDDEN = 8
 SMALL_GRAPH_FEATURES = 24
@@ -39,8 +41,9 @@ def batches(cora) -> List[Tuple[torch.Tensor, torch.Tensor]]:
     out = []
     for _ in range(4):
         seeds = torch.randint(0, cora.num_nodes, (4,), generator=generator)
-        subset, edge_index, _, _ = k_hop_subgraph(seeds, 2, cora.edge_index, relabel_nodes=True,
-                                                  num_nodes=cora.num_nodes)
+        subset, edge_index, _, _ = k_hop_subgraph(
+            seeds, 2, cora.edge_index, relabel_nodes=True, num_nodes=cora.num_nodes
+        )
         out.append((cora.x[subset], edge_index))
     for _ in range(2):
         subset = torch.randperm(cora.num_nodes, generator=generator)[:150].sort().values
@@ -65,8 +68,9 @@ LAYERS: Dict[str, Callable] = {
     "gcn": lambda ns, i, o: ns.GCNConv(i, o),
     "gat": lambda ns, i, o: ns.GATConv(i, o // 2, heads=2),
     "sage": lambda ns, i, o: ns.SAGEConv(i, o),
-    "gin": lambda ns, i, o: ns.GINConv(torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU(),
-                                                           torch.nn.Linear(o, o))),
+    "gin": lambda ns, i, o: ns.GINConv(
+        torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU(), torch.nn.Linear(o, o))
+    ),
 }
 
 
@@ -80,8 +84,9 @@ def twins(kind: str, cora, in_channels: Optional[int] = None) -> Tuple[Net, Net]
     return ours, theirs
 
 
-def outputs_and_grads(model: torch.nn.Module, forward: Callable, x: torch.Tensor, edge_index: torch.Tensor
-                      ) -> List[torch.Tensor]:
+def outputs_and_grads(
+    model: torch.nn.Module, forward: Callable, x: torch.Tensor, edge_index: torch.Tensor
+) -> List[torch.Tensor]:
     x = x.clone().requires_grad_()
     out = forward(x, edge_index)
     probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device)
@@ -108,18 +113,21 @@ def test_each_batch_matches_pyg(kind, cora, batches, check_refereed):
 
 
 @pytest.mark.parametrize("kind", list(LAYERS))
-def test_small_gpu_graph_path_matches_pyg(kind, cora, batches, small_graph_mode, device, poison, check_refereed,
-                                          monkeypatch):
+def test_small_gpu_graph_path_matches_pyg(
+    kind, cora, batches, small_graph_mode, device, poison, check_refereed, monkeypatch
+):
     """What every batch runs on a GPU: structures in the user's order, edge-parallel kernels that
     combine every row by atomics, and nothing sorted, here through the kernels (the interpreter on
     a CPU). In float64, outputs and gradients equal PyG's in float64 on every batch, at least as
     closely as PyG's in float32 do. (In float32, GAT's second attention vector gets a gradient of
     norm 2e-5 on the sparsest batch, where most rows hold only their self loop and their terms
     cancel: there ours is 8e-4 off, PyG's 1e-4, on sorted structures as on these.)"""
+
     def no_sort(*args, **kwargs):
         raise AssertionError("a batch graph was sorted")
 
     monkeypatch.setattr(graph_module, "build_csr_pair", no_sort)
+    monkeypatch.setattr(csr_pair, "build_csr_pair", no_sort)
     # 24 of Cora's features: SAGE and GIN gather the input features, which the interpreter's scans
     # would take minutes to walk at Cora's 1433.
     ours, theirs = twins(kind, cora, SMALL_GRAPH_FEATURES)
@@ -161,8 +169,9 @@ def test_schedules_come_from_the_selection_cache(cora, batches, monkeypatch):
 
     monkeypatch.setattr(triton.testing, "do_bench", no_timing)
     ours, _ = twins("gat", cora)
-    epochs = [[entry.parallel_info for x, edge_index in batches for entry in ug.plan(ours, x, edge_index)]
-              for _ in range(2)]
+    epochs = [
+        [entry.parallel_info for x, edge_index in batches for entry in ug.plan(ours, x, edge_index)] for _ in range(2)
+    ]
     # Two GAT layers of three operators each (softmax_aggregate's).
     assert len(epochs[0]) == len(batches) * 6 and all(info is not None for info in epochs[0])
     assert all(first is again for first, again in zip(*epochs))
@@ -180,8 +189,7 @@ def test_neighbor_loader_batches(cora, check_close):
     from torch_geometric.loader import NeighborLoader
 
     ours, theirs = twins("sage", cora)
-    loader = NeighborLoader(cora, num_neighbors=[5, 5], batch_size=32, shuffle=False,
-                            input_nodes=torch.arange(128))
+    loader = NeighborLoader(cora, num_neighbors=[5, 5], batch_size=32, shuffle=False, input_nodes=torch.arange(128))
     for step, batch in enumerate(loader):
         mine = outputs_and_grads(ours, ours, batch.x, batch.edge_index)
         ref = outputs_and_grads(theirs, theirs, batch.x, batch.edge_index)

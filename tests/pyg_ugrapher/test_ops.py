@@ -1,5 +1,6 @@
 """``ug.compute``: argument checking, where it runs, and ``torch.compile`` without graph breaks,
 forward and backward."""
+
 import pytest
 import torch
 
@@ -39,29 +40,32 @@ def test_observers_see_every_call(graph):
     assert calls[0].graph is graph and calls[0].layout.message_shape == (4,)
 
 
-@pytest.mark.parametrize("call,error,field", [
-    (lambda g, x, w: ug.compute(g, 3, x, w), TypeError, "op"),
-    (lambda g, x, w: ug.compute(g, "u_pow_e_sum", x, w), ValueError, "name"),
-    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w, parallel_info="vertex"), TypeError, "parallel_info"),
-    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x), ValueError, "rhs"),
-    (lambda g, x, w: ug.compute(g, "copy_u_sum", x, w), ValueError, "rhs"),
-    (lambda g, x, w: ug.compute(g, "copy_u_sum", x, operands=[x]), ValueError, "operands"),
-    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, x), ValueError, "rhs"),
-    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x[:3], w), ValueError, "lhs"),
-    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x.long(), w), TypeError, "lhs"),
-    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w.to(torch.complex64)), TypeError, "rhs"),
-    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w.tolist()), TypeError, "rhs"),
-    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", torch.tensor(1.0), w), ValueError, "lhs"),
-    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w.to("meta")), ValueError, "rhs"),
-    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w[:, :3]), ValueError, "rhs"),
-    (lambda g, x, w: ug.compute(g, "u_dot_v", x, x[:, :1]), ValueError, "rhs"),
-    (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w, parallel_info=ug.ParallelInfo("edge", block_f=8)),
-     ValueError, "block_f"),
-    (lambda g, x, w: ug.compute(g, ug.OpInfo(ug.Expr.input(0), "sum", operands=("src_v",)), x), ValueError,
-     "lhs"),
-    (lambda g, x, w: ug.compute(g, ug.OpInfo(ug.Expr.input(0), "sum", operands=("src_v",)), operands=[x, w]),
-     ValueError, "operands"),
-])
+@pytest.mark.parametrize(
+    "call,error,field",
+    [
+        (lambda g, x, w: ug.compute(g, 3, x, w), TypeError, "op"),
+        (lambda g, x, w: ug.compute(g, "u_pow_e_sum", x, w), ValueError, "name"),
+        (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w, parallel_info="vertex"), TypeError, "parallel_info"),
+        (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x), ValueError, "rhs"),
+        (lambda g, x, w: ug.compute(g, "copy_u_sum", x, w), ValueError, "rhs"),
+        (lambda g, x, w: ug.compute(g, "copy_u_sum", x, operands=[x]), ValueError, "operands"),
+        (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, x), ValueError, "rhs"),
+        (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x[:3], w), ValueError, "lhs"),
+        (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x.long(), w), TypeError, "lhs"),
+        (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w.to(torch.complex64)), TypeError, "rhs"),
+        (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w.tolist()), TypeError, "rhs"),
+        (lambda g, x, w: ug.compute(g, "u_mul_e_sum", torch.tensor(1.0), w), ValueError, "lhs"),
+        (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w.to("meta")), ValueError, "rhs"),
+        (lambda g, x, w: ug.compute(g, "u_mul_e_sum", x, w[:, :3]), ValueError, "rhs"),
+        (lambda g, x, w: ug.compute(g, "u_dot_v", x, x[:, :1]), ValueError, "rhs"),
+        (lambda g, x, w: ug.compute(g, ug.OpInfo(ug.Expr.input(0), "sum", operands=("src_v",)), x), ValueError, "lhs"),
+        (
+            lambda g, x, w: ug.compute(g, ug.OpInfo(ug.Expr.input(0), "sum", operands=("src_v",)), operands=[x, w]),
+            ValueError,
+            "operands",
+        ),
+    ],
+)
 def test_argument_errors(graph, call, error, field):
     x, w = _inputs(graph)
     with pytest.raises(error, match=f"^{field}:"):
@@ -70,17 +74,24 @@ def test_argument_errors(graph, call, error, field):
 
 def test_explicit_schedule_runs_the_backward_too(monkeypatch, interpret, graph):
     """An explicit schedule runs the backward ops where it is valid for them."""
-    from pyg_ugrapher import ops
+    import triton_kernels
     from triton_kernels import dispatch
+
     seen = []
-    run = ops.triton_kernels.run
-    monkeypatch.setattr(ops.triton_kernels, "run", lambda op, layout, g, xs, info, dtype: seen.append(info)
-                        or run(op, layout, g, xs, info, dtype))
-    monkeypatch.setattr(dispatch.Plan, "__call__", lambda self, *args, _call=dispatch.Plan.__call__:
-                        seen.append(self.info) or _call(self, *args))
+    run = triton_kernels.run
+    monkeypatch.setattr(
+        triton_kernels,
+        "run",
+        lambda op, layout, g, xs, info, dtype: seen.append(info) or run(op, layout, g, xs, info, dtype),
+    )
+    monkeypatch.setattr(
+        dispatch.Plan,
+        "__call__",
+        lambda self, *args, _call=dispatch.Plan.__call__: seen.append(self.info) or _call(self, *args),
+    )
     x, w = _inputs(graph)
     x.requires_grad_()
-    info = ug.ParallelInfo("edge", block_e=16, block_f=4)
+    info = ug.ParallelInfo("edge", block_e=16, block_f=4, num_warps=4)
     ug.compute(graph, "u_mul_e_sum", x, w, parallel_info=info).sum().backward()
     assert seen == [info, info]
 
@@ -88,8 +99,9 @@ def test_explicit_schedule_runs_the_backward_too(monkeypatch, interpret, graph):
 def test_eager_calls_skip_the_custom_op(monkeypatch, interpret, graph, check_close):
     """Eager forward and backward run the kernels without dispatching the custom op (its host
     cost is as large as a kernel's on a 1e6-edge graph); the gradients stay the reference's."""
-    from pyg_ugrapher import ops
-    monkeypatch.setattr(ops, "graph_op", lambda *args: pytest.fail("the custom op was dispatched"))
+    from pyg_ugrapher.ops import custom_ops
+
+    monkeypatch.setattr(custom_ops, "graph_op", lambda *args: pytest.fail("the custom op was dispatched"))
     x, w = _inputs(graph)
     x.requires_grad_()
     w.requires_grad_()
@@ -101,7 +113,9 @@ def test_eager_calls_skip_the_custom_op(monkeypatch, interpret, graph, check_clo
     check_close(x.grad, xr.grad)
     check_close(w.grad, wr.grad)
     with torch.no_grad():
-        check_close(ug.compute(graph, "copy_u_sum", x), reference.execute(graph, ug.OpInfo.from_name("copy_u_sum"), [x]))
+        check_close(
+            ug.compute(graph, "copy_u_sum", x), reference.execute(graph, ug.OpInfo.from_name("copy_u_sum"), [x])
+        )
 
 
 def test_double_backward_stays_differentiable(interpret, graph, check_close):
@@ -118,6 +132,7 @@ def test_double_backward_stays_differentiable(interpret, graph, check_close):
 
 def test_cpu_default_is_the_reference(monkeypatch, graph):
     import triton_kernels
+
     monkeypatch.setattr(triton_kernels, "run", lambda *args: pytest.fail("a kernel ran without the interpreter"))
     x, w = _inputs(graph)
     ug.compute(graph, "u_mul_e_max", x, w)
@@ -159,8 +174,9 @@ def test_torch_compile_builds_structures(by_name, graph_factory, check_close):
     torch._dynamo.reset()
     graph = graph_factory("mixed")
     x, w = _inputs(graph)
-    out = torch.compile(lambda g, x, w: ug.compute(g, "u_mul_e_sum" if by_name else MUL, x, w), fullgraph=True,
-                        backend="aot_eager")(graph, x, w)
+    out = torch.compile(
+        lambda g, x, w: ug.compute(g, "u_mul_e_sum" if by_name else MUL, x, w), fullgraph=True, backend="aot_eager"
+    )(graph, x, w)
     check_close(out, reference.execute(graph, MUL, [x, w]))
 
 
@@ -197,8 +213,9 @@ def test_large_graphs_run_the_fastest_of_the_shortlist(monkeypatch, interpret, g
 
     graph = graph_factory("mixed")
     op = ug.OpInfo.from_name("u_mul_e_sum")
-    candidates = [next(info for info in space(op, 6) if info.strategy == strategy)
-                  for strategy in ("vertex", "group", "edge")]
+    candidates = [
+        next(info for info in space(op, 6) if info.strategy == strategy) for strategy in ("vertex", "group", "edge")
+    ]
     ran = _measured_selection(monkeypatch, candidates, (3.0, 1.0, 2.0))
     gen = torch.Generator().manual_seed(0)
     x, weight = torch.randn(graph.num_src, 6, generator=gen), torch.rand(graph.num_edges, 1, generator=gen)
@@ -207,7 +224,7 @@ def test_large_graphs_run_the_fastest_of_the_shortlist(monkeypatch, interpret, g
     assert len(ran) == 3
     for result in ran + [out]:
         check_close(result, expected)
-    decisions = derived_cache(graph.structure(torch.device("cpu"))[0])["decisions"]
+    decisions = derived_cache(graph.structure(torch.device("cpu")).csr.rowptr)["decisions"]
     assert [decision[2] for decision in decisions.values()] == [candidates[1]]
     [(_, _, permuted)] = dispatch._PERMUTED[weight]
     assert permuted is None
@@ -237,32 +254,37 @@ def test_a_reused_edge_operand_is_decided_again_as_it_is_read(monkeypatch, inter
     assert len(ran) == 4 and len(permuted) == 3 and all(t is weight for t in permuted)
     for result in ran:
         check_close(result, expected)
-    decisions = derived_cache(graph.structure(torch.device("cpu"))[0])["decisions"]
+    decisions = derived_cache(graph.structure(torch.device("cpu")).csr.rowptr)["decisions"]
     assert sorted(decision[2].strategy for decision in decisions.values()) == ["group", "vertex"]
     check_close(ug.compute(graph, op, x, weight.clone()), expected)  # a new weight: the first decision
     assert len(ran) == 4
     from pyg_ugrapher.ops import decided_schedule
+
     assert decided_schedule(graph, op, [x, weight]).strategy == "vertex"  # what runs for the reused one
     assert decided_schedule(graph, op, [x, weight.clone()]).strategy == "group"
     assert len(ran) == 4  # both were decided already
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["graph_independent", "per_graph"])
-def test_decisions_made_once_for_every_graph_when_the_schedule_ignores_it(monkeypatch, interpret, graph_factory,
-                                                                          check_close, shared):
+def test_decisions_made_once_for_every_graph_when_the_schedule_ignores_it(
+    monkeypatch, interpret, graph_factory, check_close, shared
+):
     """Where the automatic schedule depends on the op alone (``graph_independent``: small GPU
     graphs) or is named, a decision made on one graph serves every graph (a sampler's new graph
     per step decides nothing); otherwise each graph decides. Results are the reference's either way,
     on graphs of other sizes, one with an isolated vertex and one without edges."""
     from autotune import selection
-    from pyg_ugrapher import ops
+    from pyg_ugrapher.ops import decisions
 
-    monkeypatch.setattr(ops, "_SHARED_DECISIONS", {})
+    monkeypatch.setattr(decisions, "SHARED_DECISIONS", {})
     monkeypatch.setattr(selection, "graph_independent", lambda graph, device: shared)
     decided = []
-    monkeypatch.setattr(ops, "schedule_for", lambda *args, _decide=ops.schedule_for:
-                        decided.append(args[0]) or _decide(*args))
-    named = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4)
+    monkeypatch.setattr(
+        decisions,
+        "schedule_for",
+        lambda *args, _decide=decisions.schedule_for: decided.append(args[0]) or _decide(*args),
+    )
+    named = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4, num_warps=4)
     cases = ("mixed", "hub", "bipartite", "empty", "isolated", "mixed")
     for i, case in enumerate(cases):
         graph = graph_factory(case, seed=i)  # a new graph every call, as from a sampler
@@ -280,25 +302,31 @@ def test_a_gather_with_an_edge_output_times_the_fused_kernel(monkeypatch, interp
     """A backward pass's gather-with-edge-output pair is timed as the one kernel it runs, reading the
     tensor the two ops share once, as the call does; a candidate that cannot write the edge output
     in the gather's pass (edge-parallel) is left out."""
-    from pyg_ugrapher.ops import reversed_structure, run_gather_with_edge_output, serialized
+    from pyg_ugrapher.ops import run_gather_with_edge_output, serialized
     from triton_kernels import dispatch
     from triton_kernels.space import space
 
     shared = []
-    monkeypatch.setattr(dispatch, "_sharing", lambda *args, _sharing=dispatch._sharing:
-                        shared.append(_sharing(*args)) or shared[-1])
+    monkeypatch.setattr(
+        dispatch, "_sharing", lambda *args, _sharing=dispatch._sharing: shared.append(_sharing(*args)) or shared[-1]
+    )
 
     graph = graph_factory("mixed")
     gather, message = ug.OpInfo.from_name("u_mul_e_sum"), ug.OpInfo.from_name("v_dot_u")
-    candidates = [next(info for info in space(gather, 8) if info.strategy == strategy)
-                  for strategy in ("edge", "vertex", "group")]
+    candidates = [
+        next(info for info in space(gather, 8) if info.strategy == strategy) for strategy in ("edge", "vertex", "group")
+    ]
     ran = _measured_selection(monkeypatch, candidates, (1.0, 2.0))
     gen = torch.Generator().manual_seed(1)
-    g, weight, x = (torch.randn(graph.num_dst, 2, 4, generator=gen), torch.rand(graph.num_edges, 2, 1, generator=gen),
-                    torch.randn(graph.num_src, 2, 4, generator=gen))
+    g, weight, x = (
+        torch.randn(graph.num_dst, 2, 4, generator=gen),
+        torch.rand(graph.num_edges, 2, 1, generator=gen),
+        torch.randn(graph.num_src, 2, 4, generator=gen),
+    )
     structure = graph.structure(torch.device("cpu"))
-    grad, products = run_gather_with_edge_output(reversed_structure(structure), [g, weight], serialized(gather),
-                                                 [x, g], serialized(message), "auto", "auto")
+    grad, products = run_gather_with_edge_output(
+        structure.reverse(), [g, weight], serialized(gather), [x, g], serialized(message), "auto", "auto"
+    )
     assert len(ran) == 2 and all(len(result) == 2 for result in ran)  # the edge-parallel one never ran
     assert len(shared) >= 3 and set(shared) == {(-1, -1, -1, 0)}  # g read once by every timed run and the call
     reversed_graph = ug.GraphTensor(graph.dst, graph.src, graph.num_dst, graph.num_src)
@@ -310,9 +338,9 @@ def test_a_measured_pair_refines_the_fused_kernels_own_schedule(monkeypatch, int
     """The shortlist's gather schedules are adapted to the fused kernel (``pair_schedule``); the
     refinement then times that kernel's neighbours as they are, and the fastest is what runs (through
     its launch plan)."""
-    from pyg_ugrapher.graph import derived_cache
     import triton_kernels
-    from pyg_ugrapher.ops import reversed_structure, run_gather_with_edge_output, serialized
+    from pyg_ugrapher.ops import run_gather_with_edge_output, serialized
+    from pyg_ugrapher.structure import derived_cache
     from triton_kernels.space import neighbours, pair_schedule
 
     graph = graph_factory("mixed")
@@ -321,35 +349,50 @@ def test_a_measured_pair_refines_the_fused_kernels_own_schedule(monkeypatch, int
     adapted = pair_schedule(start, 8, 4)
     goal = next(info for info in neighbours(adapted, gather, 8) if info != pair_schedule(info, 8, 4))
     seen = []
-    monkeypatch.setattr(triton_kernels, "run_with_edge_output",
-                        lambda *args, _run=triton_kernels.run_with_edge_output: seen.append(args[7]) or _run(*args))
+    monkeypatch.setattr(
+        triton_kernels,
+        "run_with_edge_output",
+        lambda *args, _run=triton_kernels.run_with_edge_output: seen.append(args[7]) or _run(*args),
+    )
     planned = []
-    monkeypatch.setattr(triton_kernels.PairPlan, "__call__", lambda self, *args, _call=triton_kernels.PairPlan.__call__:
-                        planned.append(self.plan.info) or _call(self, *args))
+    monkeypatch.setattr(
+        triton_kernels.PairPlan,
+        "__call__",
+        lambda self, *args, _call=triton_kernels.PairPlan.__call__: (
+            planned.append(self.plan.info) or _call(self, *args)
+        ),
+    )
     ran = _measured_selection(monkeypatch, [start], lambda result: 1.0 if seen[-1] == goal else 2.0, rounds=1)
     gen = torch.Generator().manual_seed(2)
-    g, weight, x = (torch.randn(graph.num_dst, 2, 4, generator=gen), torch.rand(graph.num_edges, 2, 1, generator=gen),
-                    torch.randn(graph.num_src, 2, 4, generator=gen))
-    structure = reversed_structure(graph.structure(torch.device("cpu")))
-    grad, products = run_gather_with_edge_output(structure, [g, weight], serialized(gather), [x, g],
-                                                 serialized(message), "auto", "auto")
+    g, weight, x = (
+        torch.randn(graph.num_dst, 2, 4, generator=gen),
+        torch.rand(graph.num_edges, 2, 1, generator=gen),
+        torch.randn(graph.num_src, 2, 4, generator=gen),
+    )
+    structure = graph.structure(torch.device("cpu")).reverse()
+    grad, products = run_gather_with_edge_output(
+        structure, [g, weight], serialized(gather), [x, g], serialized(message), "auto", "auto"
+    )
     timed = seen
     assert timed[0] == adapted and goal in timed and set(timed[1:]) == set(neighbours(adapted, gather, 8))
     assert planned == [goal] and len(ran) == len(timed)  # the call itself ran the winner, unadapted
-    decisions = derived_cache(structure[0])["decisions"]
+    decisions = derived_cache(structure.csr.rowptr)["decisions"]
     assert [decision[2] for decision in decisions.values()] == [goal]
     reversed_graph = ug.GraphTensor(graph.dst, graph.src, graph.num_dst, graph.num_src)
     check_close(grad, reference.execute(reversed_graph, gather, [g, weight]))
     check_close(products, reference.execute(reversed_graph, message, [x, g]))
 
 
-@pytest.mark.parametrize("name,needs,kept_operands,kept_out", [
-    ("copy_u_sum", (True,), (False,), False),
-    ("u_mul_e_sum", (True, False), (False, True), False),  # d/dx reads the weight alone
-    ("u_mul_e_sum", (False, True), (True, False), False),  # d/dw reads x alone
-    ("u_mul_e_mean", (True, True), (True, True), False),
-    ("copy_u_max", (True,), (True,), True),  # ties are found by comparing with the output
-])
+@pytest.mark.parametrize(
+    "name,needs,kept_operands,kept_out",
+    [
+        ("copy_u_sum", (True,), (False,), False),
+        ("u_mul_e_sum", (True, False), (False, True), False),  # d/dx reads the weight alone
+        ("u_mul_e_sum", (False, True), (True, False), False),  # d/dw reads x alone
+        ("u_mul_e_mean", (True, True), (True, True), False),
+        ("copy_u_max", (True,), (True,), True),  # ties are found by comparing with the output
+    ],
+)
 def test_eager_backward_keeps_only_what_it_reads(name, needs, kept_operands, kept_out, graph, check_close):
     """An eager op's autograd node holds the operands and output its needed gradients read, no
     more (a sum's output would stay alive for nothing), and the gradients are still exact."""
@@ -357,13 +400,14 @@ def test_eager_backward_keeps_only_what_it_reads(name, needs, kept_operands, kep
     x, w = _inputs(graph, seed=3)
     operands = [t.clone().requires_grad_(need) for t, need in zip((x, w[:, :1]), needs)]
     out = ug.compute(graph, op, *operands)
-    saved = out.grad_fn.saved_tensors[-len(operands) - 1:]
+    saved = out.grad_fn.saved_tensors[-len(operands) - 1 :]
     assert tuple(t is not None for t in saved[:-1]) == kept_operands and (saved[-1] is not None) == kept_out
     probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
     wrt = [t for t in operands if t.requires_grad]
     ours = torch.autograd.grad((out * probe).sum(), wrt)
     exact = [t.detach().double().requires_grad_(t.requires_grad) for t in operands]
-    expected = torch.autograd.grad((reference.execute(graph, op, exact) * probe.double()).sum(),
-                                   [t for t in exact if t.requires_grad])
+    expected = torch.autograd.grad(
+        (reference.execute(graph, op, exact) * probe.double()).sum(), [t for t in exact if t.requires_grad]
+    )
     for a, b in zip(ours, expected):
         check_close(a, b.float())

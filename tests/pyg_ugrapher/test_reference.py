@@ -1,5 +1,6 @@
 """The reference executor, the oracle of every other test, against a naive per-edge Python loop for
 the IR's full op matrix, in float32, float16 and bfloat16."""
+
 import itertools
 from typing import List, Sequence
 
@@ -11,11 +12,17 @@ from pyg_ugrapher.graph import GraphTensor
 from pyg_ugrapher.ir import GATHER_OPS, Expr, OpInfo
 
 TARGETS = ("u", "v", "e")
-NAMES = [f"copy_{t}_{g}" for g in GATHER_OPS for t in TARGETS] + \
-    [f"{a}_{op}_{b}_{g}" for g in GATHER_OPS for a, b in itertools.product(TARGETS, repeat=2)
-     for op in ("add", "sub", "mul", "div")] + \
-    [f"copy_{t}" for t in TARGETS] + \
-    [f"{a}_{op}_{b}" for a, b in itertools.product(TARGETS, repeat=2) for op in ("add", "sub", "mul", "div", "dot")]
+NAMES = (
+    [f"copy_{t}_{g}" for g in GATHER_OPS for t in TARGETS]
+    + [
+        f"{a}_{op}_{b}_{g}"
+        for g in GATHER_OPS
+        for a, b in itertools.product(TARGETS, repeat=2)
+        for op in ("add", "sub", "mul", "div")
+    ]
+    + [f"copy_{t}" for t in TARGETS]
+    + [f"{a}_{op}_{b}" for a, b in itertools.product(TARGETS, repeat=2) for op in ("add", "sub", "mul", "div", "dot")]
+)
 GRAPHS = ("mixed", "bipartite", "hub", "empty")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FNS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
@@ -46,8 +53,9 @@ def naive(graph: GraphTensor, op: OpInfo, operands: Sequence[torch.Tensor]) -> t
             continue
         total = incoming[0]
         for m in incoming[1:]:
-            total = {"sum": torch.add, "mean": torch.add, "max": torch.maximum, "min": torch.minimum}[
-                op.gather_op](total, m)
+            total = {"sum": torch.add, "mean": torch.add, "max": torch.maximum, "min": torch.minimum}[op.gather_op](
+                total, m
+            )
         out[v] = total / len(incoming) if op.gather_op == "mean" else total
     return out
 
@@ -84,8 +92,9 @@ def test_isolated_vertices_get_zero(case, gather, graph_factory, operand_factory
 
 def test_half_inputs_accumulate_in_float32():
     # 3000 ones into one vertex: a float16 running sum would stop at 2048.
-    graph = GraphTensor.from_edge_index(torch.stack([torch.arange(3000), torch.zeros(3000, dtype=torch.int64)]),
-                                        (3000, 1))
+    graph = GraphTensor.from_edge_index(
+        torch.stack([torch.arange(3000), torch.zeros(3000, dtype=torch.int64)]), (3000, 1)
+    )
     x = torch.ones(3000, 2, dtype=torch.float16)
     out = reference.execute(graph, OpInfo.from_name("copy_u_sum"), [x])
     assert out.dtype == torch.float16 and out.tolist() == [[3000.0, 3000.0]]
@@ -103,8 +112,7 @@ def test_mixed_dtypes_promote():
 def test_expression_op_matches_loop(graph_factory):
     graph = graph_factory("mixed")
     x, w, a = Expr.input(0), Expr.input(1), Expr.input(2)
-    op = OpInfo(Expr.apply("leaky_relu", x * w + Expr.apply("exp", a), 0.2), "max",
-                operands=("src_v", "edge", "dst_v"))
+    op = OpInfo(Expr.apply("leaky_relu", x * w + Expr.apply("exp", a), 0.2), "max", operands=("src_v", "edge", "dst_v"))
     gen = torch.Generator().manual_seed(0)
     xs = torch.randn(graph.num_src, 4, generator=gen)
     ws = torch.randn(graph.num_edges, 4, generator=gen)

@@ -1,5 +1,6 @@
 """A two-layer GCN written with ``ug.compute`` trains on Cora to PyG's accuracy, and one training
 step through the Triton kernels (the interpreter on a CPU) matches the reference executor's."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -104,8 +105,10 @@ def test_gcn_matches_pyg_accuracy(cora):
 def test_one_step_through_the_kernels(cora, device, check_close, monkeypatch):
     """Loss and every gradient of one training step on Cora, kernels vs the reference executor."""
     data, graph, norm = cora
-    schedules = (ug.ParallelInfo("vertex", block_v=32, block_e=16, block_f=16),
-                 ug.ParallelInfo("group", group_size=32, block_v=16, block_e=8, block_f=8))
+    schedules = (
+        ug.ParallelInfo("vertex", block_v=32, block_e=16, block_f=16),
+        ug.ParallelInfo("group", group_size=32, block_v=16, block_e=8, block_f=8),
+    )
     ours, _ = _models(data)
     ours.schedules = schedules
     ours = ours.to(device).eval()

@@ -1,9 +1,10 @@
 """The structure kernel (``triton_kernels.csr_pair``) against the torch build of both directions,
 on every graph case, with its outputs poisoned first."""
+
 import pytest
 import torch
 
-from pyg_ugrapher import graph as graph_module
+from pyg_ugrapher.structure import build_csr
 from triton_kernels import csr_pair
 
 FIELDS = ("rowptr", "col", "eid", "rows")
@@ -21,15 +22,14 @@ def poisoned_outputs(monkeypatch):
 
 
 def _torch_build(src, dst, num_src, num_dst, dtype):
-    return (graph_module.build_csr(dst, src, num_dst, num_src, dtype),
-            graph_module.build_csr(src, dst, num_src, num_dst, dtype))
+    return (build_csr(dst, src, num_dst, num_src, dtype), build_csr(src, dst, num_src, num_dst, dtype))
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_structure_kernel_matches_torch_build(graph_case, graph_factory, index_dtype, device, poisoned_outputs):
     g = graph_factory(graph_case, index_dtype=index_dtype)
     src, dst = (t.to(device) for t in g.coo())
-    built = graph_module.build_csr_pair(src, dst, g.num_src, g.num_dst, index_dtype)
+    built = csr_pair.build_csr_pair(src, dst, g.num_src, g.num_dst, index_dtype)
     expected = _torch_build(src, dst, g.num_src, g.num_dst, index_dtype)
     for got_csr, want_csr in zip(built, expected):
         assert got_csr.num_cols == want_csr.num_cols
@@ -47,7 +47,7 @@ def test_structure_kernel_on_skewed_and_sparse_sizes(num_src, num_dst, num_edges
     dst = torch.randint(0, num_dst, (num_edges,), generator=g)
     dst[: num_edges // 2] = 0
     src, dst = src.to(device, torch.int32), dst.to(device, torch.int32)
-    built = graph_module.build_csr_pair(src, dst, num_src, num_dst, torch.int32)
+    built = csr_pair.build_csr_pair(src, dst, num_src, num_dst, torch.int32)
     expected = _torch_build(src, dst, num_src, num_dst, torch.int32)
     for got_csr, want_csr in zip(built, expected):
         for field in FIELDS:

@@ -1,25 +1,30 @@
 """Launch plans (``dispatch.prepare``): when a call may skip ``run``'s per-call work, and that the
 plan's launch computes what ``run`` does, call after call, on fresh operands and on other graphs."""
+
 import pytest
 import torch
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import reference
-from pyg_ugrapher.graph import grouped
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.layout import infer_layout
-from pyg_ugrapher.ops import graph_arrays, reversed_structure
+from pyg_ugrapher.ops import graph_arrays
 from triton_kernels import dispatch
+from triton_kernels.csr_pair import grouped
 
 pytestmark = pytest.mark.usefixtures("poison")
 
 CASES = [  # op, operand layout, dtype, schedule
-    ("copy_u_sum", "vector", torch.float32, ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4)),
-    ("u_mul_v_max", "head_bcast", torch.float32, ug.ParallelInfo("group", group_size=3, block_v=2, block_e=2,
-                                                                   block_f=4)),
-    ("u_dot_v", "heads", torch.float32, ug.ParallelInfo("edge", block_e=8, block_f=4)),
+    ("copy_u_sum", "vector", torch.float32, ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4, num_warps=4)),
+    (
+        "u_mul_v_max",
+        "head_bcast",
+        torch.float32,
+        ug.ParallelInfo("group", group_size=3, block_v=2, block_e=2, block_f=4, num_warps=4),
+    ),
+    ("u_dot_v", "heads", torch.float32, ug.ParallelInfo("edge", block_e=8, block_f=4, num_warps=4)),
     ("u_sub_v_min", "vector", torch.float16, ug.ParallelInfo("edge", block_e=8, block_f=8, num_warps=1)),
-    ("copy_u_mean", "scalar", torch.bfloat16, ug.ParallelInfo("vertex", block_v=1, block_e=4, block_f=1)),
+    ("copy_u_mean", "scalar", torch.bfloat16, ug.ParallelInfo("vertex", block_v=1, block_e=4, block_f=1, num_warps=4)),
 ]
 
 
@@ -28,11 +33,11 @@ def _arrays_of(graph, device):
 
 
 @pytest.mark.parametrize("name,shape,dtype,info", CASES, ids=[c[0] for c in CASES])
-def test_plan_matches_run_and_the_reference(name, shape, dtype, info, edge_order, device, graph_factory,
-                                            operand_factory, check_close):
+def test_plan_matches_run_and_the_reference(
+    name, shape, dtype, info, edge_order, device, graph_factory, operand_factory, check_close
+):
     graph = graph_factory("mixed")
     op = OpInfo.from_name(name)
-    arrays = _arrays_of(graph, device)
     first = operand_factory(graph, op, shape, dtype=dtype, device=device)
     layout = infer_layout(op, [t.shape for t in first])
     out_dtype = reference.result_dtype(first)
@@ -69,8 +74,7 @@ def test_packed_rows():
 
 
 @pytest.mark.parametrize("name,shape,dtype,info", CASES, ids=[c[0] for c in CASES])
-def test_plan_reads_row_strided_operands(name, shape, dtype, info, device, graph_factory, operand_factory,
-                                         check_close):
+def test_plan_reads_row_strided_operands(name, shape, dtype, info, device, graph_factory, operand_factory, check_close):
     """Operands that are views into wider rows get a plan, which reads their rows and nothing
     between them, on a hub, on isolated vertices; a graph without edges is left to ``run``."""
     op = OpInfo.from_name(name)
@@ -96,7 +100,7 @@ def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_fact
     back to a plan made for first calls (read in CSR order from then on), are left to ``run``."""
     graph = graph_factory("mixed")
     arrays = _arrays_of(graph, device)
-    vertex = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4)
+    vertex = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4, num_warps=4)
 
     def plan_for(name, operands, info=vertex):
         op = OpInfo.from_name(name)
@@ -111,19 +115,27 @@ def test_no_plan_where_each_call_must_decide(device, graph_factory, operand_fact
     assert dispatch.seen(weight, arrays.csr.eid)
     assert weighted(arrays, [x, weight]) is None  # back again: run permutes it
     empty = graph_factory("empty")
-    x_empty, = operand_factory(empty, OpInfo.from_name("copy_u_sum"), "vector", device=device)
+    (x_empty,) = operand_factory(empty, OpInfo.from_name("copy_u_sum"), "vector", device=device)
     assert plan_for("copy_u_sum", [x])(_arrays_of(empty, device), [x_empty]) is None
-    with pytest.raises(ValueError, match="block_f"):
-        plan_for("copy_u_sum", [x[:, :1, :1].contiguous()], ug.ParallelInfo("vertex", block_f=64))
+    with pytest.raises(ValueError, match="^block_f:"):
+        plan_for("copy_u_sum", [x[:, :1, :1].contiguous()], vertex.with_knobs(block_f=64))
+    with pytest.raises(ValueError, match="^parallel_info: .* unset"):  # kernels run complete schedules only
+        plan_for("copy_u_sum", [x], ug.ParallelInfo("vertex", block_f=4))
 
 
-@pytest.mark.parametrize("info", [ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4),
-                                  ug.ParallelInfo("edge", block_e=8, block_f=4),
-                                  ug.ParallelInfo("group", group_size=3, block_v=2, block_e=2, block_f=4)],
-                         ids=["vertex", "edge", "group"])
+@pytest.mark.parametrize(
+    "info",
+    [
+        ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4, num_warps=4),
+        ug.ParallelInfo("edge", block_e=8, block_f=4, num_warps=4),
+        ug.ParallelInfo("group", group_size=3, block_v=2, block_e=2, block_f=4, num_warps=4),
+    ],
+    ids=["vertex", "edge", "group"],
+)
 @pytest.mark.parametrize("case", ["hub", "isolated"])
-def test_plan_for_reused_operands_reads_them_in_csr_order(info, case, device, graph_factory, operand_factory,
-                                                          check_close):
+def test_plan_for_reused_operands_reads_them_in_csr_order(
+    info, case, device, graph_factory, operand_factory, check_close
+):
     """A plan made for a narrow edge operand that comes back (a static weight, every step) reads
     it in CSR order, as ``run`` does, on this graph and on its reverse; a tensor it has not seen
     yet is left to ``run``, which marks it, and so is a graph without edges."""
@@ -134,15 +146,19 @@ def test_plan_for_reused_operands_reads_them_in_csr_order(info, case, device, gr
     plan = dispatch.prepare(op, layout, [x, weight], info, torch.float32, reused=(False, True))
     assert plan.in_csr == (False, True)
     structure = graph.structure(device)
-    for on, arrays in ((graph, graph_arrays(structure)), (graph.reverse(), graph_arrays(reversed_structure(structure)))):
+    for on, arrays in ((graph, graph_arrays(structure)), (graph.reverse(), graph_arrays(structure.reverse()))):
         x_on, _ = operand_factory(on, op, "row_bcast", device=device)
         assert plan(arrays, [x_on, weight]) is None  # not seen on this graph yet
         check_close(dispatch.run(op, layout, arrays, [x_on, weight], info), reference.execute(on, op, [x_on, weight]))
         assert dispatch.seen(weight, arrays.csr.eid)
         for seed in (1, 2):
             x_on, _ = operand_factory(on, op, "row_bcast", seed=seed, device=device)
-            check_close(plan(arrays, [x_on, weight]), reference.execute(on, op, [x_on, weight]), None,
-                        f"planned in CSR order, seed {seed}")
+            check_close(
+                plan(arrays, [x_on, weight]),
+                reference.execute(on, op, [x_on, weight]),
+                None,
+                f"planned in CSR order, seed {seed}",
+            )
     permuted = {id(eid): t for eid, _, t in dispatch._PERMUTED[weight]}
     assert len(permuted) == 2 and all(t is not None for t in permuted.values())
     empty = graph_factory("empty")
@@ -150,10 +166,17 @@ def test_plan_for_reused_operands_reads_them_in_csr_order(info, case, device, gr
     assert plan(_arrays_of(empty, device), [x_empty, w_empty]) is None
 
 
-@pytest.mark.parametrize("info", [ug.ParallelInfo("edge", block_e=8, block_f=4),
-                                  ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4)], ids=["edge", "vertex"])
-def test_reused_operands_on_a_user_order_structure(info, user_order, device, graph_factory, operand_factory,
-                                                   check_close, monkeypatch):
+@pytest.mark.parametrize(
+    "info",
+    [
+        ug.ParallelInfo("edge", block_e=8, block_f=4, num_warps=4),
+        ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4, num_warps=4),
+    ],
+    ids=["edge", "vertex"],
+)
+def test_reused_operands_on_a_user_order_structure(
+    info, user_order, device, graph_factory, operand_factory, check_close, monkeypatch
+):
     """On a structure in the user's order a CSR position is an edge id: an edge-parallel kernel
     reads a reused narrow edge operand as it is, never permuted, through ``run`` and through a
     plan; a template that walks rows reads it in the order of the structure grouped by row."""
@@ -178,14 +201,32 @@ def test_reused_operands_on_a_user_order_structure(info, user_order, device, gra
         assert permuted and all(eid is grouped(arrays.csr).eid for eid in permuted)
 
 
-@pytest.mark.parametrize("name,case,shape,schedule,calls,paths", [
-    ("copy_u_max", "hub", (6, 4), ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=8).serialize(),
-     lambda x, w: ([x], [x.transpose(1, 2)], [_row_strided(x)]), ["plan", "run", "plan"]),
-    ("copy_u_sum", "mixed", (8,), "auto", lambda x, w: ([x.sum().expand_as(x)], [x], [x * 2]), ["run", "plan", "plan"]),
-    ("u_mul_e_sum", "hub", (8,), "auto", lambda x, w: ([x, w], [x * 2, w], [x * 3, w]), ["plan", "plan", "plan"]),
-], ids=["packed", "first-call-unpacked", "static-weight"])
-def test_operators_take_the_plan_only_for_packed_operands(name, case, shape, schedule, calls, paths, monkeypatch,
-                                                          interpret, graph_factory, check_close):
+@pytest.mark.parametrize(
+    "name,case,shape,schedule,calls,paths",
+    [
+        (
+            "copy_u_max",
+            "hub",
+            (6, 4),
+            ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=8, num_warps=4).serialize(),
+            lambda x, w: ([x], [x.transpose(1, 2)], [_row_strided(x)]),
+            ["plan", "run", "plan"],
+        ),
+        (
+            "copy_u_sum",
+            "mixed",
+            (8,),
+            "auto",
+            lambda x, w: ([x.sum().expand_as(x)], [x], [x * 2]),
+            ["run", "plan", "plan"],
+        ),
+        ("u_mul_e_sum", "hub", (8,), "auto", lambda x, w: ([x, w], [x * 2, w], [x * 3, w]), ["plan", "plan", "plan"]),
+    ],
+    ids=["packed", "first-call-unpacked", "static-weight"],
+)
+def test_operators_take_the_plan_only_for_packed_operands(
+    name, case, shape, schedule, calls, paths, monkeypatch, interpret, graph_factory, check_close
+):
     """``run_graph_op`` launches through the decision's plan when the operands are packed rows, and
     through ``run`` otherwise; both give the reference's result. A decision first made for operands
     whose rows are not packed (the expanded gradient of ``out.sum()``) still gets a plan, which
@@ -197,15 +238,20 @@ def test_operators_take_the_plan_only_for_packed_operands(name, case, shape, sch
     op = OpInfo.from_name(name)
     structure = graph.structure(torch.device("cpu"))
     through = []
-    monkeypatch.setattr(dispatch.Plan, "__call__",
-                        lambda self, *args, _call=dispatch.Plan.__call__: through.append("plan") or _call(self, *args))
-    monkeypatch.setattr(dispatch, "_launch", lambda *args, _launch=dispatch._launch, **kwargs:
-                        through.append("run") or _launch(*args, **kwargs))
+    monkeypatch.setattr(
+        dispatch.Plan,
+        "__call__",
+        lambda self, *args, _call=dispatch.Plan.__call__: through.append("plan") or _call(self, *args),
+    )
+    monkeypatch.setattr(
+        dispatch,
+        "_launch",
+        lambda *args, _launch=dispatch._launch, **kwargs: through.append("run") or _launch(*args, **kwargs),
+    )
     generator = torch.Generator().manual_seed(0)
     x = torch.randn((graph.num_src,) + shape, generator=generator)
     weight = torch.rand(graph.num_edges, generator=generator)
     for operands in calls(x, weight):
-        check_close(run_graph_op(structure, operands, serialized(op), schedule),
-                    reference.execute(graph, op, operands))
+        check_close(run_graph_op(structure, operands, serialized(op), schedule), reference.execute(graph, op, operands))
     assert through == paths
     assert name != "u_mul_e_sum" or dispatch._PERMUTED[weight][-1][2] is not None  # read in CSR order

@@ -5,6 +5,7 @@ Both outputs are compared with the reference executor (float64 oracle) on every 
 the vertex and group strategies, in each way a feature tile can map onto the edge output's sums
 (:func:`triton_kernels.codegen.edge_mode`); outputs are poisoned first.
 """
+
 import pytest
 import torch
 
@@ -30,15 +31,28 @@ PAIRS = [
     ("u_mul_e_mean", "u_sub_v", (1, 6), False),
 ]
 BLOCK_F = (1, 2, 4, 8)
-SCHEDULES = {"vertex": dict(block_v=2, block_e=4), "group": dict(group_size=4, block_v=2, block_e=2)}
+SCHEDULES = {
+    "vertex": dict(block_v=2, block_e=4, num_warps=4),
+    "group": dict(group_size=4, block_v=2, block_e=2, num_warps=4),
+}
 
 
 class Pair:
     """A gather op and a message op on one graph with random operands, as a backward pass has
     them: tensors of a kind are shared between the two ops."""
 
-    def __init__(self, graph, gather: str, message: str, heads: int, inner: int, per_head: bool, seed: int,
-                 device, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        graph,
+        gather: str,
+        message: str,
+        heads: int,
+        inner: int,
+        per_head: bool,
+        seed: int,
+        device,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         generator = torch.Generator().manual_seed(seed)
         rows = {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}
         tensors: dict = {}
@@ -56,25 +70,44 @@ class Pair:
 
     def run(self, info: ug.ParallelInfo, dtype: torch.dtype = torch.float32):
         """``run_with_edge_output`` on the pair: (gather output, edge output), or None."""
-        return run_with_edge_output(self.ops[0], self.layouts[0], self.ops[1], self.layouts[1], self.arrays,
-                                    self.operands[0], self.operands[1], info, (dtype, dtype))
+        return run_with_edge_output(
+            self.ops[0],
+            self.layouts[0],
+            self.ops[1],
+            self.layouts[1],
+            self.arrays,
+            self.operands[0],
+            self.operands[1],
+            info,
+            (dtype, dtype),
+        )
 
     def expected(self, dtype: torch.dtype = torch.float32):
         """Both outputs from the reference executor in float64, as ``dtype``."""
-        return [reference.execute(self.graph, op, [t.double() for t in operands]).to(dtype)
-                for op, operands in zip(self.ops, self.operands)]
+        return [
+            reference.execute(self.graph, op, [t.double() for t in operands]).to(dtype)
+            for op, operands in zip(self.ops, self.operands)
+        ]
 
     def plan(self, info: ug.ParallelInfo):
         """The launch plan of the pair under ``info`` (``prepare_with_edge_output``), or None."""
-        return dispatch.prepare_with_edge_output(self.ops[0], self.layouts[0], self.ops[1], self.layouts[1],
-                                                 self.operands[0], self.operands[1], info,
-                                                 (torch.float32, torch.float32))
+        return dispatch.prepare_with_edge_output(
+            self.ops[0],
+            self.layouts[0],
+            self.ops[1],
+            self.layouts[1],
+            self.operands[0],
+            self.operands[1],
+            info,
+            (torch.float32, torch.float32),
+        )
 
 
 @pytest.mark.parametrize("strategy", ["vertex", "group"])
 @pytest.mark.parametrize("gather,message,shape,per_head", PAIRS, ids=[f"{g}+{m}-{s[0]}x{s[1]}" for g, m, s, _ in PAIRS])
-def test_both_outputs_match_the_reference(gather, message, shape, per_head, strategy, device, graph_factory,
-                                          check_close, isolated):
+def test_both_outputs_match_the_reference(
+    gather, message, shape, per_head, strategy, device, graph_factory, check_close, isolated
+):
     heads, inner = shape
     modes = set()
     for index, case in enumerate(GRAPHS):
@@ -111,17 +144,21 @@ def test_every_mode_is_covered():
 def test_half_types(dtype, block_f, device, graph_factory, check_close):
     """Half operands accumulate in float32; partial edge sums (block_f=2) add up in float32 too."""
     pair = Pair(graph_factory("hub", seed=3), "u_mul_e_sum", "v_dot_u", 2, 4, True, 1, device, dtype)
-    out, edge_out = pair.run(ug.ParallelInfo("vertex", block_f=block_f, block_v=2, block_e=4), dtype)
+    out, edge_out = pair.run(ug.ParallelInfo("vertex", block_f=block_f, block_v=2, block_e=4, num_warps=4), dtype)
     assert out.dtype == dtype and edge_out.dtype == dtype
     for ours, expected, op in zip((out, edge_out), pair.expected(dtype), pair.ops):
         check_close(ours, expected, dtype, f"{op.name} in {dtype}")
 
 
 @pytest.mark.parametrize("strategy", ["vertex", "group"])
-@pytest.mark.parametrize("gather,message,shape,per_head", PAIRS[:2] + PAIRS[4:],
-                         ids=[f"{g}+{m}-{s[0]}x{s[1]}" for g, m, s, _ in PAIRS[:2] + PAIRS[4:]])
-def test_plan_matches_the_reference_call_after_call(gather, message, shape, per_head, strategy, device,
-                                                    graph_factory, check_close):
+@pytest.mark.parametrize(
+    "gather,message,shape,per_head",
+    PAIRS[:2] + PAIRS[4:],
+    ids=[f"{g}+{m}-{s[0]}x{s[1]}" for g, m, s, _ in PAIRS[:2] + PAIRS[4:]],
+)
+def test_plan_matches_the_reference_call_after_call(
+    gather, message, shape, per_head, strategy, device, graph_factory, check_close
+):
     """One pair plan serves fresh operands and other graphs (it holds nothing of either), and
     declines a graph without edges and operands that share tensors differently than its own."""
     heads, inner = shape
@@ -142,10 +179,11 @@ def test_plan_matches_the_reference_call_after_call(gather, message, shape, per_
 
 def test_plans_only_for_schedules_that_fuse(device, graph_factory):
     pair = Pair(graph_factory("mixed"), "u_mul_e_sum", "v_dot_u", 2, 4, True, 0, device)
-    assert pair.plan(ug.ParallelInfo("edge", block_f=4)) is None
-    assert pair.plan(ug.ParallelInfo("vertex", block_f=4, block_v=2, block_e=2)) is not None
+    assert pair.plan(ug.ParallelInfo("edge", block_e=64, block_f=4, num_warps=4)) is None
+    vertex = ug.ParallelInfo("vertex", block_f=4, block_v=2, block_e=2, num_warps=4)
+    assert pair.plan(vertex) is not None
     straddling = Pair(graph_factory("mixed"), "u_mul_e_sum", "v_dot_u", 2, 3, True, 0, device)
-    assert straddling.plan(ug.ParallelInfo("vertex", block_f=2)) is None  # a tile inside no sum of 3
+    assert straddling.plan(vertex.with_knobs(block_f=2)) is None  # a tile inside no sum of 3
 
 
 def test_operator_takes_the_plan_only_for_packed_operands(monkeypatch, interpret, graph_factory, check_close):
@@ -154,22 +192,35 @@ def test_operator_takes_the_plan_only_for_packed_operands(monkeypatch, interpret
     from pyg_ugrapher.ops import run_gather_with_edge_output, serialized
 
     through = []
-    monkeypatch.setattr(dispatch.PairPlan, "__call__", lambda self, *args, _call=dispatch.PairPlan.__call__:
-                        through.append("plan") or _call(self, *args))
-    monkeypatch.setattr(dispatch, "_launch", lambda *args, _launch=dispatch._launch, **kwargs:
-                        through.append("run") or _launch(*args, **kwargs))
+    monkeypatch.setattr(
+        dispatch.PairPlan,
+        "__call__",
+        lambda self, *args, _call=dispatch.PairPlan.__call__: through.append("plan") or _call(self, *args),
+    )
+    monkeypatch.setattr(
+        dispatch,
+        "_launch",
+        lambda *args, _launch=dispatch._launch, **kwargs: through.append("run") or _launch(*args, **kwargs),
+    )
     graph = graph_factory("hub")
-    schedule = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=8).serialize()
+    schedule = ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=8, num_warps=4).serialize()
     for transposed in (False, True):
         pair = Pair(graph, "u_mul_e_sum", "v_dot_u", 2, 4, True, 0, torch.device("cpu"))
         if transposed:  # the same values, features not packed
-            pair.operands = [[t.transpose(1, 2).contiguous().transpose(1, 2) for t in operands]
-                             for operands in pair.operands]
+            pair.operands = [
+                [t.transpose(1, 2).contiguous().transpose(1, 2) for t in operands] for operands in pair.operands
+            ]
             shared = pair.operands[0][0]
             pair.operands[1] = [shared if k == "src_v" else t for k, t in zip(pair.ops[1].inputs, pair.operands[1])]
-        both = run_gather_with_edge_output(graph.structure(torch.device("cpu")), pair.operands[0],
-                                           serialized(pair.ops[0]), pair.operands[1], serialized(pair.ops[1]),
-                                           schedule, schedule)
+        both = run_gather_with_edge_output(
+            graph.structure(torch.device("cpu")),
+            pair.operands[0],
+            serialized(pair.ops[0]),
+            pair.operands[1],
+            serialized(pair.ops[1]),
+            schedule,
+            schedule,
+        )
         for ours, expected, op in zip(both, pair.expected(), pair.ops):
             check_close(ours, expected, context=f"{op.name}, transposed={transposed}")
     assert through == ["plan", "run"]
@@ -177,7 +228,7 @@ def test_operator_takes_the_plan_only_for_packed_operands(monkeypatch, interpret
 
 def test_edge_parallel_schedules_do_not_fuse(device, graph_factory):
     pair = Pair(graph_factory("mixed"), "u_mul_e_sum", "v_dot_u", 1, 4, True, 0, device)
-    assert pair.run(ug.ParallelInfo("edge", block_f=4)) is None
+    assert pair.run(ug.ParallelInfo("edge", block_e=64, block_f=4, num_warps=4)) is None
 
 
 def test_kernel_is_named_after_both_functions(device, graph_factory, monkeypatch):
@@ -186,7 +237,8 @@ def test_kernel_is_named_after_both_functions(device, graph_factory, monkeypatch
     dispatch._kernel.cache_clear()
     monkeypatch.setattr(dispatch, "load_kernel", lambda source, kernel: names.append(kernel) or load(source, kernel))
     Pair(graph_factory("mixed"), "u_mul_e_sum", "v_dot_u", 1, 4, True, 0, device).run(
-        ug.ParallelInfo("vertex", block_f=4))
+        ug.ParallelInfo("vertex", block_v=4, block_e=32, block_f=4, num_warps=4)
+    )
     assert names == ["vertex_parallel_sum_mul_u_e_edge_mul_v_u"]
 
 
@@ -198,6 +250,7 @@ def test_hub_of_100k_edges(strategy, device, hub_graph, check_close):
     for heads, inner, block_f in ((4, 32, 128), (4, 32, 16), (1, 128, 64)):
         pair = Pair(graph, "u_mul_e_sum", "v_dot_u", heads, inner, True, 1, device)
         knobs = dict(group_size=128, block_v=4, block_e=4) if strategy == "group" else dict(block_v=1, block_e=16)
+        knobs["num_warps"] = 4
         both = pair.run(ug.ParallelInfo(strategy, block_f=block_f, **knobs))
         for ours, expected, op in zip(both, pair.expected(), pair.ops):
             check_close(ours, expected, context=f"{op.name} H={heads} C={inner} block_f={block_f}")

@@ -1,6 +1,7 @@
 """GAT's backward total, per-head dot products (``triton_kernels.head_dot``), against the torch
 product and sum, on random inputs of several shapes (heads wider than one block of features, odd
 sizes, no rows) and dtypes, outputs poisoned first; bad input raises."""
+
 import pytest
 import torch
 
@@ -29,13 +30,16 @@ def test_strided_inputs(device, poison, check_close):
     check_close(got.cpu(), (a * b).sum(-1, keepdim=True))
 
 
-@pytest.mark.parametrize("change,error", [
-    (lambda a, b: (a, b[:3]), ValueError),
-    (lambda a, b: (a.view(6, 8), b.view(6, 8)), ValueError),
-    (lambda a, b: (a, b.double()), ValueError),
-    (lambda a, b: (a.long(), b.long()), TypeError),
-    (lambda a, b: (a, None), TypeError),
-])
+@pytest.mark.parametrize(
+    "change,error",
+    [
+        (lambda a, b: (a, b[:3]), ValueError),
+        (lambda a, b: (a.view(6, 8), b.view(6, 8)), ValueError),
+        (lambda a, b: (a, b.double()), ValueError),
+        (lambda a, b: (a.long(), b.long()), TypeError),
+        (lambda a, b: (a, None), TypeError),
+    ],
+)
 def test_bad_input(device, change, error):
     a, b = torch.zeros(6, 2, 4, device=device), torch.zeros(6, 2, 4, device=device)
     with pytest.raises(error, match="^a, b:"):

@@ -3,6 +3,7 @@
 The CPU tests drive it with a stand-in JIT function and driver (the logic is pure Python); the
 ``cuda`` test launches real kernels with operands whose alignment changes between calls.
 """
+
 from types import SimpleNamespace
 
 import pytest
@@ -38,6 +39,7 @@ class JitFunction:
             binary = Binary(self.log)
             self.log.append(("jit", grid, args, kwargs))
             return binary
+
         return launch_and_compile
 
 
@@ -58,8 +60,7 @@ def launches(fn, calls):
 def test_a_binary_is_reused_for_the_same_specialisation(driver):
     fn = JitFunction()
     a, b = torch.zeros(64), torch.ones(64)
-    kinds, kernel = launches(fn, [((a, 32, 7), dict(BLOCK=16, num_warps=4)),
-                                  ((b, 48, 9), dict(BLOCK=16, num_warps=4))])
+    kinds, kernel = launches(fn, [((a, 32, 7), dict(BLOCK=16, num_warps=4)), ((b, 48, 9), dict(BLOCK=16, num_warps=4))])
     assert kinds == ["jit", "binary"]
     _, binary, args = fn.log[1]
     # grid padded to three axes, the driver's stream, no launch metadata or hooks, then every
@@ -68,17 +69,22 @@ def test_a_binary_is_reused_for_the_same_specialisation(driver):
     assert len(kernel.binaries) == 1
 
 
-@pytest.mark.parametrize("first,second", [
-    ((0, 7), (1, 7)),  # divisible by 16 -> not
-    ((2, 7), (1, 7)),  # an integer equal to 1 is a constant of its binary
-    ((3, 7), (2**31, 7)),  # i32 -> i64
-    ((3, 7), (3, 2**31)),  # even an unspecialised integer changes type
-], ids=["divisibility", "equal-to-one", "int64", "unspecialised-int64"])
+@pytest.mark.parametrize(
+    "first,second",
+    [
+        ((0, 7), (1, 7)),  # divisible by 16 -> not
+        ((2, 7), (1, 7)),  # an integer equal to 1 is a constant of its binary
+        ((3, 7), (2**31, 7)),  # i32 -> i64
+        ((3, 7), (3, 2**31)),  # even an unspecialised integer changes type
+    ],
+    ids=["divisibility", "equal-to-one", "int64", "unspecialised-int64"],
+)
 def test_a_new_specialisation_compiles_again(driver, first, second):
     fn = JitFunction()
     a = torch.zeros(64)
-    kinds, kernel = launches(fn, [((a, *first), dict(BLOCK=16)), ((a, *second), dict(BLOCK=16)),
-                                  ((a, *second), dict(BLOCK=16))])
+    kinds, kernel = launches(
+        fn, [((a, *first), dict(BLOCK=16)), ((a, *second), dict(BLOCK=16)), ((a, *second), dict(BLOCK=16))]
+    )
     assert kinds == ["jit", "jit", "binary"]
     assert len(kernel.binaries) == 2
 
@@ -95,9 +101,17 @@ def test_pointer_alignment_dtype_and_keywords_are_part_of_the_key(driver):
     base = torch.zeros(64)
     misaligned = base[1:]  # 4 bytes past a 16-byte boundary
     assert base.data_ptr() % 16 == 0 and misaligned.data_ptr() % 16 != 0
-    kinds, kernel = launches(fn, [((base, 3, 3), dict(BLOCK=16)), ((misaligned, 3, 3), dict(BLOCK=16)),
-                                  ((base.half(), 3, 3), dict(BLOCK=16)), ((base, 3, 3), dict(BLOCK=32)),
-                                  ((base, 3, 3), dict(BLOCK=16, num_warps=8)), ((misaligned, 3, 3), dict(BLOCK=16))])
+    kinds, kernel = launches(
+        fn,
+        [
+            ((base, 3, 3), dict(BLOCK=16)),
+            ((misaligned, 3, 3), dict(BLOCK=16)),
+            ((base.half(), 3, 3), dict(BLOCK=16)),
+            ((base, 3, 3), dict(BLOCK=32)),
+            ((base, 3, 3), dict(BLOCK=16, num_warps=8)),
+            ((misaligned, 3, 3), dict(BLOCK=16)),
+        ],
+    )
     assert kinds == ["jit"] * 5 + ["binary"]
     assert len(kernel.binaries) == 5
 
@@ -128,6 +142,7 @@ def test_an_unexpected_compiled_kernel_turns_direct_launches_off(driver):
     class OldJit(JitFunction):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: self.log.append(("jit",)) or SimpleNamespace()
+
     fn = OldJit()
     kinds, kernel = launches(fn, [((torch.zeros(4), 2, 3), dict(BLOCK=16))] * 3)
     assert kinds == ["jit"] * 3 and not kernel.direct

@@ -1,10 +1,11 @@
 """The degree-count kernel (``triton_kernels.row_offsets``) against the sorted structures' row
 offsets, on every graph case and on skewed sizes."""
+
 import pytest
 import torch
 
-from pyg_ugrapher import graph as graph_module
 from triton_kernels import row_offsets
+from triton_kernels.csr_pair import build_csr_pair
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
@@ -12,7 +13,7 @@ def test_offsets_match_the_sorted_structures(graph_case, graph_factory, index_dt
     g = graph_factory(graph_case, index_dtype=index_dtype)
     src, dst = (t.to(device) for t in g.coo())
     rowptr, csc_rowptr = row_offsets.row_offsets(src, dst, g.num_src, g.num_dst)
-    csr, csc = graph_module.build_csr_pair(src, dst, g.num_src, g.num_dst, index_dtype)
+    csr, csc = build_csr_pair(src, dst, g.num_src, g.num_dst, index_dtype)
     for got, want in ((rowptr, csr.rowptr), (csc_rowptr, csc.rowptr)):
         assert got.dtype == index_dtype and got.device == want.device and torch.equal(got, want)
 
@@ -25,8 +26,9 @@ def test_offsets_on_skewed_and_sparse_sizes(num_src, num_dst, num_edges, device)
     src = torch.randint(0, num_src, (num_edges,), generator=g)
     dst = torch.randint(0, num_dst, (num_edges,), generator=g)
     dst[: num_edges // 2] = 0
-    rowptr, csc_rowptr = row_offsets.row_offsets(src.to(device, torch.int32), dst.to(device, torch.int32),
-                                                 num_src, num_dst)
+    rowptr, csc_rowptr = row_offsets.row_offsets(
+        src.to(device, torch.int32), dst.to(device, torch.int32), num_src, num_dst
+    )
     for got, index, size in ((rowptr, dst, num_dst), (csc_rowptr, src, num_src)):
         want = torch.cat([torch.zeros(1, dtype=torch.int64), torch.bincount(index, minlength=size).cumsum(0)])
         assert torch.equal(got.cpu().long(), want)

@@ -1,6 +1,7 @@
 """The combining kernel of split rows' partial softmax sums (``triton_kernels.softmax_combine``)
 against the same combination in float64 torch, on random partials of chunks of one to 300 slots,
 with partial maxima far apart (rescaled, not overflowing); other rows are left as they were."""
+
 import pytest
 import torch
 
@@ -47,8 +48,7 @@ def test_matches_torch(device, heads, channels, spread):
     rows, width = len(degrees), heads * channels
     out = torch.full((rows, width), 7.0, device=device)
     normaliser = torch.full((rows, heads), 7.0, device=device)
-    softmax_combine.combine(split, slot_start, rowptr, part, part_max, part_sum, out, normaliser, GROUP_SIZE,
-                            channels)
+    softmax_combine.combine(split, slot_start, rowptr, part, part_max, part_sum, out, normaliser, GROUP_SIZE, channels)
     want_out, want_normaliser = _expected(split.cpu(), slot_start.cpu(), counts, *partials, channels)
     got_out, got_normaliser = out.cpu().double(), normaliser.cpu().double()
     error = ((got_out[split.cpu()] - want_out).abs().max() / want_out.abs().max()).item()
@@ -76,5 +76,6 @@ def test_bad_shapes(device):
     with pytest.raises(ValueError, match="^out, normaliser, part:"):
         softmax_combine.combine(split, slot_start, rowptr, part, part_max, part_sum, out, normaliser, GROUP_SIZE, 3)
     with pytest.raises(ValueError, match="^out, normaliser, part:"):
-        softmax_combine.combine(split, slot_start, rowptr, part[:, :4], part_max, part_sum, out, normaliser,
-                                GROUP_SIZE, 4)
+        softmax_combine.combine(
+            split, slot_start, rowptr, part[:, :4], part_max, part_sum, out, normaliser, GROUP_SIZE, 4
+        )

@@ -1,6 +1,6 @@
 """The design space: only valid schedules, every strategy an op has, and a sample of it runs."""
+
 import pytest
-import torch
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import reference
@@ -8,8 +8,16 @@ from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.parallel import ParallelInfo
 from triton_kernels import space
 from triton_kernels.codegen import edge_mode
-from triton_kernels.space import (MAX_TILE, PAIR_BLOCK_F, PAIR_GROUP, PAIR_TILE, TILE_KNOBS, feature_tiles, neighbours,
-                                  pair_schedule)
+from triton_kernels.space import (
+    MAX_TILE,
+    PAIR_BLOCK_F,
+    PAIR_GROUP,
+    PAIR_TILE,
+    TILE_KNOBS,
+    feature_tiles,
+    neighbours,
+    pair_schedule,
+)
 
 
 @pytest.mark.parametrize("name", ["copy_u_sum", "u_mul_e_max", "e_div_v_mean", "u_add_v", "u_dot_v"])
@@ -19,7 +27,7 @@ def test_space_is_valid(name, width):
     found = space(op, width)
     assert found and len(set(found)) == len(found)
     for info in found:
-        assert info.validate_for(width) is info
+        assert info.is_complete and info.validate_for(width) is info
         assert (info.block_v or 1) * info.block_e * info.block_f <= 2 * MAX_TILE
     assert {info.strategy for info in found} == {"vertex", "edge", "group"}
     if op.gather_op is None:  # a vertex-parallel message program walks one row
@@ -88,12 +96,18 @@ def test_neighbours_reach_off_grid_schedules_within_limits():
     start = ParallelInfo("vertex", block_v=1, block_e=64, block_f=128, num_warps=8)
     found = set(neighbours(start, op, 128))
     # 2 x 64 x 128 spills, and 16 warps are too many
-    assert found == {start.with_knobs(block_e=32), start.with_knobs(block_f=64), start.with_knobs(num_warps=4),
-                     start.with_knobs(block_e=32, num_warps=4), start.with_knobs(block_f=64, num_warps=4)}
+    assert found == {
+        start.with_knobs(block_e=32),
+        start.with_knobs(block_f=64),
+        start.with_knobs(num_warps=4),
+        start.with_knobs(block_e=32, num_warps=4),
+        start.with_knobs(block_f=64, num_warps=4),
+    }
     assert start.with_knobs(num_warps=4) not in space(op, 128)  # 64 tile elements per thread
-    assert neighbours(ParallelInfo("edge", block_e=512, block_f=32, num_warps=8), op, 32) == \
-        [ParallelInfo("edge", block_e=256, block_f=32, num_warps=8), ParallelInfo("edge", block_e=256, block_f=32,
-                                                                                num_warps=4),
-         ParallelInfo("edge", block_e=512, block_f=16, num_warps=8), ParallelInfo("edge", block_e=512, block_f=16,
-                                                                                num_warps=4),
-         ParallelInfo("edge", block_e=512, block_f=32, num_warps=4)]
+    assert neighbours(ParallelInfo("edge", block_e=512, block_f=32, num_warps=8), op, 32) == [
+        ParallelInfo("edge", block_e=256, block_f=32, num_warps=8),
+        ParallelInfo("edge", block_e=256, block_f=32, num_warps=4),
+        ParallelInfo("edge", block_e=512, block_f=16, num_warps=8),
+        ParallelInfo("edge", block_e=512, block_f=16, num_warps=4),
+        ParallelInfo("edge", block_e=512, block_f=32, num_warps=4),
+    ]

@@ -1,5 +1,6 @@
 """The tree-ensemble kernel (``triton_kernels.tree_ensemble``) against a walk of the same trees in
 Python, on random forests and rows (missing values included), with its output poisoned first."""
+
 import math
 from typing import Dict, List
 

@@ -1,5 +1,6 @@
 """GCN's unit-weight normalisation kernels (``triton_kernels.unit_norm``) against the torch
 formulation, on every graph case, with their outputs poisoned first (the ``poison`` fixture)."""
+
 import pytest
 import torch
 
@@ -10,8 +11,7 @@ from triton_kernels import unit_norm
 @pytest.mark.parametrize("add_self_loops", [True, False], ids=["loops", "no_loops"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
-def test_kernels_match_torch(graph_case, graph_factory, device, poison, add_self_loops, dtype,
-                             index_dtype):
+def test_kernels_match_torch(graph_case, graph_factory, device, poison, add_self_loops, dtype, index_dtype):
     g = graph_factory(graph_case)
     if g.num_src != g.num_dst:
         pytest.skip("GCN's graphs are square")

@@ -1,6 +1,7 @@
 """Fixtures of the drop-in layer tests: graphs, datasets, and the comparison of a layer of ours with
 its PyG namesake (outputs and every gradient). The Triton interpreter (``interpret``) and the
 reference-executor default come from ``tests/conftest.py``."""
+
 import copy
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -47,6 +48,7 @@ def bipartite_graph():
 
 def _load(name: str):
     from pyg_ugrapher.datasets import load_dataset
+
     return load_dataset(name)
 
 
@@ -58,12 +60,15 @@ def dataset(request):
         pytest.skip(str(error))
 
 
-def _outputs_and_grads(layer: torch.nn.Module, forward: Callable, inputs: Sequence[torch.Tensor],
-                       dtype: torch.dtype) -> List[torch.Tensor]:
+def _outputs_and_grads(
+    layer: torch.nn.Module, forward: Callable, inputs: Sequence[torch.Tensor], dtype: torch.dtype
+) -> List[torch.Tensor]:
     """``forward(layer, *inputs)`` and the gradients of a fixed random projection of it with
     respect to every floating input and parameter."""
-    inputs = [t.detach().to(dtype).requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point()
-              else t for t in inputs]
+    inputs = [
+        t.detach().to(dtype).requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+        for t in inputs
+    ]
     out = forward(layer, *inputs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     head = outs[0]
@@ -80,8 +85,14 @@ def compare(check_refereed):
     then check outputs and gradients (inputs and parameters) against PyG's in float32, refereed by
     PyG in float64 where float32 rounding alone differs (see :func:`tests.conftest.assert_refereed`).
     """
-    def run(ours: torch.nn.Module, theirs: torch.nn.Module, forward: Callable,
-            inputs: Sequence[torch.Tensor], train: bool = False) -> List[torch.Tensor]:
+
+    def run(
+        ours: torch.nn.Module,
+        theirs: torch.nn.Module,
+        forward: Callable,
+        inputs: Sequence[torch.Tensor],
+        train: bool = False,
+    ) -> List[torch.Tensor]:
         ours.load_state_dict(theirs.state_dict(), strict=True)
         ours.train(train)
         theirs.train(train)
@@ -111,6 +122,7 @@ def compile_ours():
     compiled as users compile a model (no ``fullgraph``, ``aot_eager``: Dynamo and AOTAutograd
     without code generation) for the layer ``ours``, eager for any other (PyG's, in
     ``compare``); ``counter.frame_count`` is the number of graphs Dynamo made."""
+
     def build(forward: Callable, ours: torch.nn.Module) -> Tuple[Callable, CompileCounterWithBackend]:
         counter = CompileCounterWithBackend("aot_eager")
         compiled = torch.compile(forward, backend=counter)

@@ -1,8 +1,11 @@
 """The layers' dense steps (``pyg_ugrapher.nn._dense``): the matrix-vector bias gradient equals
 autograd's sum, a root term added in a GEMM's epilogue equals the modules' sum, a user's
-``Sequential`` network equals its own forward, hooks included, GAT's projection
-and attention halves as one node equal PyTorch's ops, the plain paths are kept where they must
-be, and every layer that uses them still matches PyG with them switched on for small graphs."""
+``Sequential`` network equals its own forward, hooks included, and its modules are never changed
+(a hook fires once per call, another thread calling them meanwhile runs their own forward), GAT's
+projection and attention halves as one node equal PyTorch's ops, the plain paths are kept where they
+must be, and every layer that uses them still matches PyG with them switched on for small graphs."""
+
+import threading
 import weakref
 
 import pytest
@@ -11,7 +14,6 @@ import torch_geometric.nn as pyg_nn
 
 import pyg_ugrapher.nn as ug_nn
 from pyg_ugrapher.nn import _dense
-
 
 #: The threshold the tests that compare both paths run under: their tensors are small.
 THRESHOLD = 256
@@ -72,8 +74,11 @@ def test_plain_sum_where_the_product_does_not_pay_or_apply(threshold):
 
 
 @pytest.mark.parametrize("shape", [(20, 6), (2, 10, 6)], ids=["2d", "3d"])
-@pytest.mark.parametrize("make", [lambda: torch.nn.Linear(6, 5), lambda: pyg_nn.Linear(6, 5),
-                                  lambda: pyg_nn.Linear(6, 5, bias=False)], ids=["torch", "pyg", "no_bias"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: torch.nn.Linear(6, 5), lambda: pyg_nn.Linear(6, 5), lambda: pyg_nn.Linear(6, 5, bias=False)],
+    ids=["torch", "pyg", "no_bias"],
+)
 def test_linear_equals_the_module(make, shape, check_close, monkeypatch):
     monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
     torch.manual_seed(0)
@@ -84,7 +89,9 @@ def test_linear_equals_the_module(make, shape, check_close, monkeypatch):
     assert ours.grad_fn.name().endswith(expected or theirs.grad_fn.name())
     check_close(ours, theirs)
     params = [x] + list(lin.parameters())
-    for a, b in zip(torch.autograd.grad(ours.square().sum(), params), torch.autograd.grad(theirs.square().sum(), params)):
+    for a, b in zip(
+        torch.autograd.grad(ours.square().sum(), params), torch.autograd.grad(theirs.square().sum(), params)
+    ):
         check_close(a, b)
 
 
@@ -127,8 +134,9 @@ def test_linear_sum_equals_the_modules(make, bias, check_close, monkeypatch):
     check_close(ours, theirs)
     params = [x, root_x] + list(lin.parameters()) + list(root.parameters())
     probe = torch.randn(ours.shape, generator=torch.Generator().manual_seed(2))
-    for a, b in zip(torch.autograd.grad((ours * probe).sum(), params),
-                    torch.autograd.grad((theirs * probe).sum(), params)):
+    for a, b in zip(
+        torch.autograd.grad((ours * probe).sum(), params), torch.autograd.grad((theirs * probe).sum(), params)
+    ):
         check_close(a, b)
 
 
@@ -164,7 +172,6 @@ def test_linear_sum_keeps_the_modules_where_it_does_not_apply(threshold):
         assert _dense.linear_sum(lin, x, root, root_x).dtype == torch.bfloat16
 
 
-
 def _attention_halves(lin, raw, vectors):
     """GAT's projection and attention halves as PyG computes them (through the projection)."""
     heads, channels = vectors[0].shape[1:]
@@ -174,8 +181,9 @@ def _attention_halves(lin, raw, vectors):
 
 @pytest.mark.parametrize("project", [True, False], ids=["projection", "edge"])
 @pytest.mark.parametrize("count", [2, 1], ids=["shared", "one"])
-@pytest.mark.parametrize("make", [lambda: torch.nn.Linear(6, 12, bias=False), lambda: pyg_nn.Linear(6, 12, False)],
-                         ids=["torch", "pyg"])
+@pytest.mark.parametrize(
+    "make", [lambda: torch.nn.Linear(6, 12, bias=False), lambda: pyg_nn.Linear(6, 12, False)], ids=["torch", "pyg"]
+)
 def test_projection_attention_equals_pytorch(make, count, project, check_close):
     torch.manual_seed(0)
     lin = make()
@@ -202,8 +210,9 @@ def test_projection_attention_gradients_only_where_asked(check_close):
     lin = torch.nn.Linear(6, 12, bias=False)
     vectors = [torch.randn(1, 3, 4, requires_grad=True), torch.randn(1, 3, 4)]
     raw = torch.randn(20, 6)
-    (x, (src, dst)), (ref_x, (ref_src, ref_dst)) = (f(lin, raw, vectors) for f in
-                                                    (_dense.projection_attention, _attention_halves))
+    (x, (src, dst)), (ref_x, (ref_src, ref_dst)) = (
+        f(lin, raw, vectors) for f in (_dense.projection_attention, _attention_halves)
+    )
     params = [lin.weight, vectors[0]]
     ours = torch.autograd.grad((x.square().sum() + src.sum()), params, retain_graph=True)
     theirs = torch.autograd.grad((ref_x.square().sum() + ref_src.sum()), params)
@@ -233,8 +242,13 @@ def test_projection_attention_keeps_pytorch_where_it_does_not_apply():
 
 
 def _mlp():
-    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), pyg_nn.Linear(8, 8), torch.nn.Dropout(0.0),
-                               torch.nn.Linear(8, 3, bias=False))
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 8),
+        torch.nn.ReLU(),
+        pyg_nn.Linear(8, 8),
+        torch.nn.Dropout(0.0),
+        torch.nn.Linear(8, 3, bias=False),
+    )
 
 
 def _run_both(net, x, check_close):
@@ -243,30 +257,47 @@ def _run_both(net, x, check_close):
     ours, theirs = _dense.network(net, x), net(x)
     probe = torch.randn(ours.shape, generator=torch.Generator().manual_seed(3))
     check_close(ours, theirs)
-    for a, b in zip(torch.autograd.grad((ours * probe).sum(), params),
-                    torch.autograd.grad((theirs * probe).sum(), params)):
+    for a, b in zip(
+        torch.autograd.grad((ours * probe).sum(), params), torch.autograd.grad((theirs * probe).sum(), params)
+    ):
         check_close(a, b)
     return ours
 
 
+def _nested():
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 8),
+        torch.nn.Sequential(torch.nn.ReLU(), pyg_nn.Linear(8, 8)),
+        torch.nn.LayerNorm(8),
+        torch.nn.Linear(8, 3),
+    )
+
+
 # Batch norm in evaluation mode: in training mode a bias before it has an analytic gradient of 0,
 # which both paths compute as rounding noise.
-@pytest.mark.parametrize("make", [_mlp, lambda: pyg_nn.MLP([6, 8, 8, 3]).eval(),
-                                  lambda: pyg_nn.MLP([6, 8, 3], norm="layer_norm", act="gelu", dropout=0.0)],
-                         ids=["sequential", "pyg_mlp_batch_norm", "pyg_mlp_layer_norm"])
-def test_network_runs_linear_submodules_as_linear(make, check_close, monkeypatch):
-    """A ``Sequential``'s ``Linear`` children and PyG ``MLP``'s maps (between its norms) compute
-    through ``linear``, with the network's own forward around them; afterwards the modules are
-    as they were."""
+@pytest.mark.parametrize(
+    "make,routed",
+    [
+        (_mlp, 2),
+        (_nested, 3),
+        (lambda: pyg_nn.MLP([6, 8, 8, 3]).eval(), 0),
+        (lambda: pyg_nn.MLP([6, 8, 3], norm="layer_norm", act="gelu", dropout=0.0), 0),
+    ],
+    ids=["sequential", "nested_sequential", "pyg_mlp_batch_norm", "pyg_mlp_layer_norm"],
+)
+def test_network_runs_linear_children_as_linear(make, routed, check_close, monkeypatch):
+    """A ``Sequential``'s ``Linear`` children with a bias (in nested ``Sequential`` s too) compute
+    through ``linear``, the other children as they are; any other network (PyG's ``MLP``) runs as
+    ``net(x)``. The results are the network's own either way."""
     monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
     torch.manual_seed(0)
     net = make()
     applied = []
-    monkeypatch.setattr(_dense._Linear, "apply",
-                        lambda *args, apply=_dense._Linear.apply: applied.append(1) or apply(*args))
+    monkeypatch.setattr(
+        _dense._Linear, "apply", lambda *args, apply=_dense._Linear.apply: applied.append(1) or apply(*args)
+    )
     _run_both(net, torch.randn(20, 6, requires_grad=True), check_close)
-    assert len(applied) == sum(1 for m in net.modules() if type(m) in _dense._LINEARS and m.bias is not None)
-    assert applied and not any("forward" in m.__dict__ for m in net.modules())
+    assert len(applied) == routed
 
 
 def test_network_routes_only_maps_whose_bias_gradient_reaches_the_threshold(check_close, monkeypatch, threshold):
@@ -276,20 +307,23 @@ def test_network_routes_only_maps_whose_bias_gradient_reaches_the_threshold(chec
     torch.manual_seed(0)
     net = _mlp()
     applied = []
-    monkeypatch.setattr(_dense._Linear, "apply",
-                        lambda *args, apply=_dense._Linear.apply: applied.append(args[1].shape[0]) or apply(*args))
+    monkeypatch.setattr(
+        _dense._Linear,
+        "apply",
+        lambda *args, apply=_dense._Linear.apply: applied.append(args[1].shape[0]) or apply(*args),
+    )
     rows = threshold // 8
     out = _run_both(net, torch.randn(rows, 6, requires_grad=True), check_close)
     assert applied == [8, 8] and out.grad_fn.name() == "MmBackward0"
     applied.clear()
     _run_both(net, torch.randn(rows - 1, 6, requires_grad=True), check_close)
-    assert applied == [] and not any("forward" in m.__dict__ for m in net.modules())
+    assert applied == []
 
 
 def test_network_keeps_hooks_and_the_networks_own_forward(check_close, monkeypatch):
-    """A hook on the container, on a child or global runs as in ``net(x)``; a network's own
-    forward (a residual) and a bare ``Linear`` run through the routed maps; an error inside leaves
-    the modules as they were; under no-grad the modules run as they are."""
+    """A hook on the container, on a child or global runs as in ``net(x)``, once per call; a
+    network with a forward of its own (a residual) runs as it is, a bare ``Linear`` through
+    ``linear``; under no-grad the modules run as they are."""
     monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
     torch.manual_seed(0)
     net = _mlp()
@@ -322,9 +356,73 @@ def test_network_keeps_hooks_and_the_networks_own_forward(check_close, monkeypat
     assert _run_both(net[0], x, check_close).grad_fn.name().endswith("_LinearBackward")
     with pytest.raises(RuntimeError):
         _dense.network(net, torch.randn(20, 5))
-    assert not any("forward" in m.__dict__ for m in net.modules())
     with torch.no_grad():
         assert _dense.network(net[0], x).grad_fn is None
+
+
+def _module_state(net):
+    """Each module's attributes, by name and object identity (what a call must leave alone)."""
+    return [{name: id(value) for name, value in vars(module).items()} for module in net.modules()]
+
+
+def test_network_never_changes_the_users_modules(check_close, monkeypatch):
+    """While ``network`` runs, the modules' attributes are the user's (no ``forward`` set on an
+    instance), a hook on a child fires once per call, and the first ``Linear`` called directly
+    from another thread meanwhile runs its own forward (ATen's ``addmm``, no hook of ours); two
+    threads running the network at once get the sequential results and every hook call."""
+    monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
+    torch.manual_seed(0)
+    seen = {}
+
+    class Probe(torch.nn.Module):
+        def forward(self, h):
+            seen["state"] = _module_state(net)
+
+            def direct():
+                seen["direct"] = net[0](x).grad_fn.name()
+
+            thread = threading.Thread(target=direct)
+            thread.start()
+            thread.join()
+            return h
+
+    net = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), Probe(), torch.nn.ReLU(), pyg_nn.Linear(8, 8), torch.nn.Linear(8, 3)
+    )
+    state = _module_state(net)
+    x = torch.randn(20, 6, requires_grad=True)
+    calls = []
+    net[3].register_forward_pre_hook(lambda module, args: calls.append("pre"))
+    net[3].register_forward_hook(lambda module, args, output: calls.append("post"))
+    applied = []
+    monkeypatch.setattr(
+        _dense._Linear, "apply", lambda *args, apply=_dense._Linear.apply: applied.append(1) or apply(*args)
+    )
+    out = _dense.network(net, x)
+    assert len(applied) == 2 and calls == ["pre", "post"]
+    assert seen == {"state": state, "direct": "AddmmBackward0"}
+    check_close(out, net(x))
+    assert _module_state(net) == state
+
+    net = torch.nn.Sequential(*(module for module in net if not isinstance(module, Probe)))
+    state = _module_state(net)
+    expected = net(x).detach()
+    calls.clear()
+    results = [[] for _ in range(2)]
+
+    def work(into):
+        for _ in range(10):
+            into.append(_dense.network(net, x).detach())
+
+    threads = [threading.Thread(target=work, args=(into,)) for into in results]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 2 * 2 * 10
+    for out in results[0] + results[1]:
+        check_close(out, expected)
+    assert _module_state(net) == state
 
 
 LAYERS = [
@@ -332,10 +430,16 @@ LAYERS = [
     ("GATConv", lambda ns: ns.GATConv(6, 4, heads=2)),
     ("SAGEConv", lambda ns: ns.SAGEConv(6, 4)),
     ("GraphConv", lambda ns: ns.GraphConv(6, 4, aggr="max")),
-    ("GINConv", lambda ns: ns.GINConv(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(),
-                                                           torch.nn.Linear(8, 4)))),
+    (
+        "GINConv",
+        lambda ns: ns.GINConv(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))),
+    ),
     ("GINConv-MLP", lambda ns: ns.GINConv(pyg_nn.MLP([6, 8, 4]))),
 ]
+
+
+#: Layers none of whose dense steps is replaced: GIN's network is not a ``Sequential``.
+PLAIN_LAYERS = ("GINConv-MLP",)
 
 
 @pytest.mark.parametrize("name,make", LAYERS, ids=[name for name, _ in LAYERS])
@@ -343,10 +447,8 @@ def test_layers_with_the_product_match_pyg(name, make, compare, small_graph, mon
     monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
     applied = []
     for function in (_dense._AddBias, _dense._Linear, _dense._ProjectionAttention):
-        monkeypatch.setattr(function, "apply",
-                            lambda *args, apply=function.apply: applied.append(1) or apply(*args))
+        monkeypatch.setattr(function, "apply", lambda *args, apply=function.apply: applied.append(1) or apply(*args))
     x, edge_index = small_graph
     torch.manual_seed(0)
     compare(make(ug_nn), make(pyg_nn), lambda layer, x: layer(x, edge_index), [x], train=True)
-    assert applied
-
+    assert bool(applied) == (name not in PLAIN_LAYERS)

@@ -33,9 +33,13 @@ def test_matches_pyg(compare, small_graph, kwargs, train):
     edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
     torch.manual_seed(0)
     theirs = pyg_nn.GATConv(6, 4, **kwargs)
-    compare(GATConv(6, 4, **kwargs), theirs,
-            lambda layer, x, edge_attr: layer(x, edge_index, edge_attr if "edge_dim" in kwargs else None),
-            [x, edge_attr], train=train)
+    compare(
+        GATConv(6, 4, **kwargs),
+        theirs,
+        lambda layer, x, edge_attr: layer(x, edge_index, edge_attr if "edge_dim" in kwargs else None),
+        [x, edge_attr],
+        train=train,
+    )
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["lin_src_dst", "shared_lin"])
@@ -46,15 +50,20 @@ def test_bipartite(compare, bipartite_graph, shared):
     in_channels = 6 if shared else (6, 5)
     torch.manual_seed(0)
     theirs = pyg_nn.GATConv(in_channels, 4, heads=2, residual=True)
-    compare(GATConv(in_channels, 4, heads=2, residual=True), theirs,
-            lambda layer, a, b: layer((a, b), edge_index), [x_src, x_dst])
+    compare(
+        GATConv(in_channels, 4, heads=2, residual=True),
+        theirs,
+        lambda layer, a, b: layer((a, b), edge_index),
+        [x_src, x_dst],
+    )
 
 
 LAZY = [(-1, None, 6, None), ((-1, -1), None, (6, 6), None), (6, -1, 6, 3)]  # ours', then PyG's sizes
 
 
-@pytest.mark.parametrize("in_channels,edge_dim,their_in,their_edge_dim", LAZY,
-                         ids=["lazy", "lazy_bipartite", "lazy_edge_dim"])
+@pytest.mark.parametrize(
+    "in_channels,edge_dim,their_in,their_edge_dim", LAZY, ids=["lazy", "lazy_bipartite", "lazy_edge_dim"]
+)
 def test_lazy_sizes(compare, small_graph, in_channels, edge_dim, their_in, their_edge_dim):
     """PyG's lazy sizes (-1): the first call gives the projections their shape (the edge
     projection, never applied to the edge features, in the attention), and the attention vectors
@@ -74,8 +83,12 @@ def test_lazy_sizes(compare, small_graph, in_channels, edge_dim, their_in, their
 def test_bipartite_without_target_features(compare, bipartite_graph):
     x_src, _, edge_index = bipartite_graph
     torch.manual_seed(0)
-    compare(GATConv((6, 5), 4, heads=2), pyg_nn.GATConv((6, 5), 4, heads=2),
-            lambda layer, a: layer((a, None), edge_index, size=(10, 7)), [x_src])
+    compare(
+        GATConv((6, 5), 4, heads=2),
+        pyg_nn.GATConv((6, 5), 4, heads=2),
+        lambda layer, a: layer((a, None), edge_index, size=(10, 7)),
+        [x_src],
+    )
 
 
 #: Configurations that add self loops, and the aggregations and loop features they may read.
@@ -99,7 +112,8 @@ def test_compiled_matches_pyg(compare, compile_ours, small_graph, kwargs):
     theirs = pyg_nn.GATConv(6, 4, **kwargs)
     ours = GATConv(6, 4, **kwargs)
     forward, counter = compile_ours(
-        lambda layer, x, edge_attr: layer(x, edge_index, edge_attr if "edge_dim" in kwargs else None), ours)
+        lambda layer, x, edge_attr: layer(x, edge_index, edge_attr if "edge_dim" in kwargs else None), ours
+    )
     compare(ours, theirs, forward, [x, edge_attr], train=True)
     assert counter.frame_count == 1
 
@@ -245,8 +259,11 @@ def test_ops_per_forward(small_graph):
     with ops.observe(calls.append):
         conv(x, edge_index)
     names = [call.op.name for call in calls]
-    assert names == ["leaky_relu((u0 + v1), 0.2)_max", "exp((leaky_relu((u0 + v1), 0.2) - v2))_sum",
-                     "(u0 * exp((leaky_relu((u1 + v2), 0.2) - v3)))_sum"]
+    assert names == [
+        "leaky_relu((u0 + v1), 0.2)_max",
+        "exp((leaky_relu((u0 + v1), 0.2) - v2))_sum",
+        "(u0 * exp((leaky_relu((u1 + v2), 0.2) - v3)))_sum",
+    ]
     num_edges = calls[0].graph.num_edges
     assert num_edges > max(call.graph.num_src for call in calls)
     for call in calls:
@@ -280,8 +297,13 @@ def test_interpreter(compare, interpret, tiny_graph):
     edge_attr = torch.randn(edge_index.size(1), 2, generator=torch.Generator().manual_seed(8))
     torch.manual_seed(0)
     theirs = pyg_nn.GATConv(4, 3, heads=2, edge_dim=2)
-    compare(GATConv(4, 3, heads=2, edge_dim=2), theirs, lambda layer, x, e: layer(x, edge_index, e),
-            [x, edge_attr], train=True)
+    compare(
+        GATConv(4, 3, heads=2, edge_dim=2),
+        theirs,
+        lambda layer, x, e: layer(x, edge_index, e),
+        [x, edge_attr],
+        train=True,
+    )
 
 
 def test_interpreter_attention(compare, interpret, tiny_graph):
@@ -297,8 +319,13 @@ def test_interpreter_attention(compare, interpret, tiny_graph):
 
 def test_datasets(compare, dataset):
     torch.manual_seed(0)
-    compare(GATConv(dataset.num_features, 8, heads=2), pyg_nn.GATConv(dataset.num_features, 8, heads=2),
-            lambda layer, x: layer(x, dataset.edge_index), [dataset.x], train=True)
+    compare(
+        GATConv(dataset.num_features, 8, heads=2),
+        pyg_nn.GATConv(dataset.num_features, 8, heads=2),
+        lambda layer, x: layer(x, dataset.edge_index),
+        [dataset.x],
+        train=True,
+    )
 
 
 @pytest.mark.parametrize("loops", [True, False], ids=["loops", "no_loops"])
@@ -306,5 +333,9 @@ def test_graph_without_edges(compare, small_graph, loops):
     x, _ = small_graph
     empty = torch.empty(2, 0, dtype=torch.long)
     torch.manual_seed(0)
-    compare(GATConv(6, 4, heads=2, add_self_loops=loops), pyg_nn.GATConv(6, 4, heads=2, add_self_loops=loops),
-            lambda layer, x: layer(x, empty), [x])
+    compare(
+        GATConv(6, 4, heads=2, add_self_loops=loops),
+        pyg_nn.GATConv(6, 4, heads=2, add_self_loops=loops),
+        lambda layer, x: layer(x, empty),
+        [x],
+    )

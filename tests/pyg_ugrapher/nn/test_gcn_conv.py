@@ -11,6 +11,7 @@ from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
 from pyg_ugrapher import ops
 from pyg_ugrapher.nn import GCNConv
 from pyg_ugrapher.nn.gcn_conv import unit_norm, unit_norm_torch
+from pyg_ugrapher.ops import custom_ops
 
 CONFIGS = [
     {},
@@ -28,6 +29,7 @@ CONFIGS = [
 def _forward(edge_index, weighted):
     def forward(layer, x, weight):
         return layer(x, edge_index, weight if weighted else None)
+
     return forward
 
 
@@ -42,8 +44,9 @@ def test_matches_pyg(compare, small_graph, kwargs, weighted, train):
     compare(GCNConv(6, 4, **kwargs), theirs, _forward(edge_index, weighted), [x, weight], train=train)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"improved": True}, {"aggr": "mean"}, {"aggr": "max"}],
-                         ids=["sum", "improved", "mean", "max"])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"improved": True}, {"aggr": "mean"}, {"aggr": "max"}], ids=["sum", "improved", "mean", "max"]
+)
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_repeated_self_loops(compare, compile_ours, small_graph, kwargs, weighted, compiled):
@@ -57,8 +60,9 @@ def test_repeated_self_loops(compare, compile_ours, small_graph, kwargs, weighte
     torch.manual_seed(0)
     theirs = pyg_nn.GCNConv(6, 4, **kwargs)
     ours = GCNConv(6, 4, **kwargs)
-    forward, counter = compile_ours(_forward(edge_index, weighted), ours) if compiled else \
-        (_forward(edge_index, weighted), None)
+    forward, counter = (
+        compile_ours(_forward(edge_index, weighted), ours) if compiled else (_forward(edge_index, weighted), None)
+    )
     compare(ours, theirs, forward, [x, weight], train=True)
     assert counter is None or counter.frame_count == 1
 
@@ -75,8 +79,8 @@ def test_compiled_reads_cached_normalisation(compare, compile_ours, small_graph,
     forward, counter = compile_ours(lambda layer, x: layer(x, edge_index), ours)
     compare(ours, theirs, forward, [x], train=True)
 
-    run_graph_op, ops_run = [], ops.run_graph_op
-    monkeypatch.setattr(ops, "run_graph_op", lambda *args: run_graph_op.append(args[2]) or ops_run(*args))
+    run_graph_op, ops_run = [], custom_ops.run_graph_op
+    monkeypatch.setattr(custom_ops, "run_graph_op", lambda *args: run_graph_op.append(args[2]) or ops_run(*args))
     forward(ours, x.clone().requires_grad_())
     assert len(run_graph_op) == 1 and run_graph_op[0].startswith("u_mul_e_")
     assert counter.frame_count == 1
@@ -102,9 +106,11 @@ def test_edge_index_type(compare, small_graph):
 
 
 @pytest.mark.parametrize("layout", ["coo", "csr"])
-@pytest.mark.parametrize("kwargs", [{}, {"improved": True}, {"normalize": False}, {"aggr": "max"},
-                                    {"aggr": "mean", "improved": True}],
-                         ids=["default", "improved", "raw", "max", "mean_improved"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"improved": True}, {"normalize": False}, {"aggr": "max"}, {"aggr": "mean", "improved": True}],
+    ids=["default", "improved", "raw", "max", "mean_improved"],
+)
 def test_sparse_adjacency(compare, small_graph, layout, kwargs):
     """With the graph's stored self loops: PyG's gcn_norm merges each with the loop it adds into one
     entry, which mean and max read as one message."""
@@ -160,12 +166,14 @@ def test_unit_norm_matches_gcn_norm(interpret, small_graph, flow, add_self_loops
     torch.testing.assert_close(unit_norm(edge_index, flow, num_nodes, True, torch.float32, kept), theirs)
     num_edges = edge_index.size(1)
     # The kernels (here through Triton's interpreter), and the torch operations.
-    for padded in (unit_norm(edge_index, flow, num_nodes, True, torch.float32),
-                   unit_norm_torch(src, dst, num_nodes, True, torch.float32)):
+    for padded in (
+        unit_norm(edge_index, flow, num_nodes, True, torch.float32),
+        unit_norm_torch(src, dst, num_nodes, True, torch.float32),
+    ):
         assert padded.shape == (num_edges + num_nodes,)
-        torch.testing.assert_close(padded[:num_edges][kept], theirs[:kept.numel()])
+        torch.testing.assert_close(padded[:num_edges][kept], theirs[: kept.numel()])
         assert padded[:num_edges][is_loop].eq(0).all()
-        torch.testing.assert_close(padded[num_edges:], theirs[kept.numel():])
+        torch.testing.assert_close(padded[num_edges:], theirs[kept.numel() :])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
@@ -178,8 +186,10 @@ def test_unit_norm_hub_degree(interpret, dtype):
     edge_index = torch.stack([leaves, torch.zeros_like(leaves)])
     expected = unit_norm_torch(edge_index[0], edge_index[1], num_leaves + 1, True, torch.float64)
     assert expected[num_leaves] == pytest.approx(1 / (num_leaves + 1))  # the hub's own loop
-    for ours in (unit_norm(edge_index, "source_to_target", num_leaves + 1, True, dtype),
-                 unit_norm_torch(edge_index[0], edge_index[1], num_leaves + 1, True, dtype)):
+    for ours in (
+        unit_norm(edge_index, "source_to_target", num_leaves + 1, True, dtype),
+        unit_norm_torch(edge_index[0], edge_index[1], num_leaves + 1, True, dtype),
+    ):
         assert ours.dtype == dtype and ours.isfinite().all()
         torch.testing.assert_close(ours.double(), expected, rtol=1e-2 if dtype != torch.float64 else 1e-12, atol=0)
 
@@ -246,5 +256,10 @@ def test_interpreter(compare, interpret, tiny_graph):
 
 def test_datasets(compare, dataset):
     torch.manual_seed(0)
-    compare(GCNConv(dataset.num_features, 16), pyg_nn.GCNConv(dataset.num_features, 16),
-            lambda layer, x: layer(x, dataset.edge_index), [dataset.x], train=True)
+    compare(
+        GCNConv(dataset.num_features, 16),
+        pyg_nn.GCNConv(dataset.num_features, 16),
+        lambda layer, x: layer(x, dataset.edge_index),
+        [dataset.x],
+        train=True,
+    )

@@ -113,13 +113,14 @@ def test_gine_bipartite(compare, bipartite_graph):
     x_src, _, edge_index = bipartite_graph
     edge_attr = torch.randn(edge_index.size(1), 2)
     ours, theirs = _pair(GINEConv, pyg_nn.GINEConv, 6, edge_dim=2)
-    compare(ours, theirs, lambda layer, a, b, e: layer((a, b), edge_index, e),
-            [x_src, torch.randn(7, 6), edge_attr])
+    compare(ours, theirs, lambda layer, a, b, e: layer((a, b), edge_index, e), [x_src, torch.randn(7, 6), edge_attr])
 
 
 def test_state_dict_round_trip():
-    for ours, theirs in (_pair(GINConv, pyg_nn.GINConv, 5, train_eps=True),
-                         _pair(GINEConv, pyg_nn.GINEConv, 5, edge_dim=2)):
+    for ours, theirs in (
+        _pair(GINConv, pyg_nn.GINConv, 5, train_eps=True),
+        _pair(GINEConv, pyg_nn.GINEConv, 5, edge_dim=2),
+    ):
         assert ours.state_dict().keys() == theirs.state_dict().keys()
         ours.load_state_dict(theirs.state_dict())
         theirs.load_state_dict(ours.state_dict())

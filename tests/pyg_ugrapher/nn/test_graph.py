@@ -1,18 +1,20 @@
-"""The graphs the drop-in layers build from their graph argument (``pyg_ugrapher/nn/_graph.py``)."""
+"""The graphs the drop-in layers build from their graph argument (``pyg_ugrapher/graph_argument.py``)."""
+
 from typing import List, Tuple
 
 import pytest
 import torch
 
-from pyg_ugrapher.nn import _graph
+from pyg_ugrapher import graph_argument
+from pyg_ugrapher.structure import GraphStructure
 
 from .conftest import make_graph
 
 
-def rows(structure: List[torch.Tensor], num_rows: int) -> List[List[Tuple[int, int]]]:
-    """Each destination row's ``(source, edge id)`` pairs in CSR order, from a structure list."""
-    rowptr, col, eid = (t.tolist() for t in structure[:3])
-    return [list(zip(col[rowptr[v]:rowptr[v + 1]], eid[rowptr[v]:rowptr[v + 1]])) for v in range(num_rows)]
+def rows(structure: GraphStructure, num_rows: int) -> List[List[Tuple[int, int]]]:
+    """Each destination row's ``(source, edge id)`` pairs in CSR order."""
+    rowptr, col, eid = (t.tolist() for t in (structure.csr.rowptr, structure.csr.col, structure.csr.eid))
+    return [list(zip(col[rowptr[v] : rowptr[v + 1]], eid[rowptr[v] : rowptr[v + 1]])) for v in range(num_rows)]
 
 
 def loop_heavy_graph() -> torch.Tensor:
@@ -38,11 +40,11 @@ def test_spare_row_graph_rows_are_the_looped_graphs(flow, case):
         edge_index = edge_index.flip(0)
     num_src, num_dst = sizes
     num_loops = min(sizes)
-    spare = _graph.spare_row_looped_graph(edge_index, flow, num_src, num_dst, num_loops)
-    looped = _graph.looped_graph(edge_index, flow, num_src, num_dst, num_loops)
+    spare = graph_argument.spare_row_looped_graph(edge_index, flow, num_src, num_dst, num_loops)
+    looped = graph_argument.looped_graph(edge_index, flow, num_src, num_dst, num_loops)
     assert spare.spare_row and not looped.graph.spare_row
     assert spare.num_edges == edge_index.size(1) + num_loops
-    assert spare.structure[0].numel() == num_dst + 2  # rowptr of num_dst + 1 rows
+    assert spare.structure.num_dst == num_dst + 1
 
     # Edge ids of the looped graph, as places in the spare-row graph: kept edges keep theirs,
     # added loops follow the stored edges.
@@ -63,11 +65,11 @@ def test_spare_row_loop_attr_is_pygs(fill_value):
 
     edge_index = loop_heavy_graph()
     edge_attr = torch.randn(edge_index.size(1), 2, generator=torch.Generator().manual_seed(3))
-    got = _graph.spare_row_loop_attr(edge_index, edge_attr, 12, fill_value)
+    got = graph_argument.spare_row_loop_attr(edge_index, edge_attr, 12, fill_value)
     index, attr = remove_self_loops(edge_index, edge_attr)
     _, expected = add_self_loops(index, attr, fill_value=fill_value, num_nodes=12)
-    assert torch.equal(got[:edge_index.size(1)], edge_attr)
-    torch.testing.assert_close(got[edge_index.size(1):], expected[attr.size(0):], rtol=0, atol=0)
+    assert torch.equal(got[: edge_index.size(1)], edge_attr)
+    torch.testing.assert_close(got[edge_index.size(1) :], expected[attr.size(0) :], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
@@ -78,7 +80,7 @@ def test_looped_graph_is_pygs_remove_then_add_self_loops(flow):
     from torch_geometric.utils import add_self_loops, remove_self_loops
 
     edge_index = loop_heavy_graph()
-    looped = _graph.looped_graph(edge_index, flow, 12, 12, 12)
+    looped = graph_argument.looped_graph(edge_index, flow, 12, 12, 12)
     expected, _ = add_self_loops(remove_self_loops(edge_index)[0], num_nodes=12)
     assert torch.equal(looped.index, expected)
     is_loop = edge_index[0] == edge_index[1]
@@ -87,14 +89,19 @@ def test_looped_graph_is_pygs_remove_then_add_self_loops(flow):
     assert loops.numel() > 4 and looped.loops.tolist() == loops.tolist()
     assert looped.loop_nodes.tolist() == edge_index[0, loops].tolist()
     src, dst = looped.graph.tensor.coo()
-    j, i = _graph.endpoints(flow)
+    j, i = graph_argument.endpoints(flow)
     assert torch.equal(src.long(), expected[j]) and torch.equal(dst.long(), expected[i])
 
 
-@pytest.mark.parametrize("bad,message", [(torch.tensor([[0, 12], [1, 2]]), "source index 12 out of range"),
-                                         (torch.tensor([[0, 1], [-1, 2]]), "negative vertex index -1")])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (torch.tensor([[0, 12], [1, 2]]), "source index 12 out of range"),
+        (torch.tensor([[0, 1], [-1, 2]]), "negative vertex index -1"),
+    ],
+)
 def test_looped_graph_checks_the_index_range(bad, message):
     with pytest.raises(ValueError, match=message):
-        _graph.looped_graph(bad, "source_to_target", 12, 12, 12)
+        graph_argument.looped_graph(bad, "source_to_target", 12, 12, 12)
     with pytest.raises(ValueError, match="^size: 13 self loops"):
-        _graph.looped_graph(torch.tensor([[0], [1]]), "source_to_target", 12, 13, 13)
+        graph_argument.looped_graph(torch.tensor([[0], [1]]), "source_to_target", 12, 13, 13)

@@ -17,24 +17,32 @@ def test_matches_pyg(compare, small_graph, aggr, weighted, train):
     x, edge_index = small_graph
     weight = torch.rand(edge_index.size(1), generator=torch.Generator().manual_seed(5))
     torch.manual_seed(0)
-    compare(GraphConv(6, 4, aggr=aggr), pyg_nn.GraphConv(6, 4, aggr=aggr),
-            lambda layer, x, w: layer(x, edge_index, w if weighted else None), [x, weight], train=train)
+    compare(
+        GraphConv(6, 4, aggr=aggr),
+        pyg_nn.GraphConv(6, 4, aggr=aggr),
+        lambda layer, x, w: layer(x, edge_index, w if weighted else None),
+        [x, weight],
+        train=train,
+    )
 
 
 @pytest.mark.parametrize("kwargs", [{"bias": False}, {"flow": "target_to_source"}], ids=["no_bias", "t2s"])
 def test_options(compare, small_graph, kwargs):
     x, edge_index = small_graph
     torch.manual_seed(0)
-    compare(GraphConv(6, 4, **kwargs), pyg_nn.GraphConv(6, 4, **kwargs),
-            lambda layer, x: layer(x, edge_index), [x])
+    compare(GraphConv(6, 4, **kwargs), pyg_nn.GraphConv(6, 4, **kwargs), lambda layer, x: layer(x, edge_index), [x])
 
 
 def test_bipartite(compare, bipartite_graph):
     x_src, x_dst, edge_index = bipartite_graph
     weight = torch.rand(edge_index.size(1))
     torch.manual_seed(0)
-    compare(GraphConv((6, 5), 4, aggr="mean"), pyg_nn.GraphConv((6, 5), 4, aggr="mean"),
-            lambda layer, a, b, w: layer((a, b), edge_index, w), [x_src, x_dst, weight])
+    compare(
+        GraphConv((6, 5), 4, aggr="mean"),
+        pyg_nn.GraphConv((6, 5), 4, aggr="mean"),
+        lambda layer, a, b, w: layer((a, b), edge_index, w),
+        [x_src, x_dst, weight],
+    )
 
 
 @pytest.mark.parametrize("aggr", ["add", "mean"])
@@ -45,8 +53,12 @@ def test_sparse_and_edge_index_types(compare, small_graph, aggr):
     torch.manual_seed(0)
     compare(GraphConv(6, 4, aggr=aggr), pyg_nn.GraphConv(6, 4, aggr=aggr), lambda layer, x: layer(x, adj_t), [x])
     index = EdgeIndex(edge_index, sparse_size=(12, 12))
-    compare(GraphConv(6, 4, aggr=aggr), pyg_nn.GraphConv(6, 4, aggr=aggr),
-            lambda layer, x, w: layer(x, index, w), [x, weight])
+    compare(
+        GraphConv(6, 4, aggr=aggr),
+        pyg_nn.GraphConv(6, 4, aggr=aggr),
+        lambda layer, x, w: layer(x, index, w),
+        [x, weight],
+    )
 
 
 def test_one_op_per_forward(small_graph):
@@ -86,11 +98,21 @@ def test_interpreter(compare, interpret, tiny_graph, aggr):
     x, edge_index = tiny_graph
     weight = torch.rand(edge_index.size(1))
     torch.manual_seed(0)
-    compare(GraphConv(4, 3, aggr=aggr), pyg_nn.GraphConv(4, 3, aggr=aggr),
-            lambda layer, x, w: layer(x, edge_index, w), [x, weight], train=True)
+    compare(
+        GraphConv(4, 3, aggr=aggr),
+        pyg_nn.GraphConv(4, 3, aggr=aggr),
+        lambda layer, x, w: layer(x, edge_index, w),
+        [x, weight],
+        train=True,
+    )
 
 
 def test_datasets(compare, dataset):
     torch.manual_seed(0)
-    compare(GraphConv(dataset.num_features, 16, aggr="mean"), pyg_nn.GraphConv(dataset.num_features, 16, aggr="mean"),
-            lambda layer, x: layer(x, dataset.edge_index), [dataset.x], train=True)
+    compare(
+        GraphConv(dataset.num_features, 16, aggr="mean"),
+        pyg_nn.GraphConv(dataset.num_features, 16, aggr="mean"),
+        lambda layer, x: layer(x, dataset.edge_index),
+        [dataset.x],
+        train=True,
+    )

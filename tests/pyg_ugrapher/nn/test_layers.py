@@ -1,6 +1,7 @@
 """What every drop-in layer shares: it is a ``ug.MessagePassing`` (so a PyG ``MessagePassing``),
 takes PyG's weights, runs only uGrapher operators (``ug.plan`` shows no PyG fallback), and gives
 PyG's result for a ``torch.sparse`` adjacency under ``torch.compile`` too."""
+
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
@@ -36,10 +37,14 @@ def test_is_a_message_passing_with_pyg_state(name, small_graph):
     assert list(ours.state_dict()) == list(theirs.state_dict())
     ours.load_state_dict(theirs.state_dict(), strict=True)
     ours.eval(), theirs.eval()
-    torch.testing.assert_close(_forward(name, ours, x, edge_index), _forward(name, theirs, x, edge_index),
-                               rtol=1e-5, atol=1e-6)
-    plan = ug.plan(ours, x, edge_index) if name != "GINEConv" else \
-        ug.plan(ours, x, edge_index, torch.ones(edge_index.size(1), 6))
+    torch.testing.assert_close(
+        _forward(name, ours, x, edge_index), _forward(name, theirs, x, edge_index), rtol=1e-5, atol=1e-6
+    )
+    plan = (
+        ug.plan(ours, x, edge_index)
+        if name != "GINEConv"
+        else ug.plan(ours, x, edge_index, torch.ones(edge_index.size(1), 6))
+    )
     assert plan and all(entry.op is not None and entry.fallback_reason is None for entry in plan)
     assert all(entry.module == "" and entry.module_type == name for entry in plan)
 
@@ -92,6 +97,7 @@ def test_coo_adjacency_is_left_as_given(compare, small_graph, name, coalesced):
     torch.manual_seed(0)
     theirs = getattr(pyg_nn, name)(*LAYERS[name](), **kwargs)
     ours = getattr(ug_nn, name)(*LAYERS[name](), **kwargs)
+
     def adjacency(values):
         return torch.sparse_coo_tensor(index, values, (12, 12), is_coalesced=coalesced)
 

@@ -30,18 +30,31 @@ def _name(kwargs):
 def test_matches_pyg(compare, small_graph, kwargs, train):
     x, edge_index = small_graph
     torch.manual_seed(0)
-    compare(SAGEConv(6, 4, **kwargs), pyg_nn.SAGEConv(6, 4, **kwargs),
-            lambda layer, x: layer(x, edge_index), [x], train=train)
+    compare(
+        SAGEConv(6, 4, **kwargs),
+        pyg_nn.SAGEConv(6, 4, **kwargs),
+        lambda layer, x: layer(x, edge_index),
+        [x],
+        train=train,
+    )
 
 
 @pytest.mark.parametrize("aggr", ["mean", "max"])
 def test_bipartite(compare, bipartite_graph, aggr):
     x_src, x_dst, edge_index = bipartite_graph
     torch.manual_seed(0)
-    compare(SAGEConv((6, 5), 4, aggr=aggr), pyg_nn.SAGEConv((6, 5), 4, aggr=aggr),
-            lambda layer, a, b: layer((a, b), edge_index), [x_src, x_dst])
-    compare(SAGEConv((6, 5), 4, aggr=aggr), pyg_nn.SAGEConv((6, 5), 4, aggr=aggr),
-            lambda layer, a: layer((a, None), edge_index, size=(10, 7)), [x_src])
+    compare(
+        SAGEConv((6, 5), 4, aggr=aggr),
+        pyg_nn.SAGEConv((6, 5), 4, aggr=aggr),
+        lambda layer, a, b: layer((a, b), edge_index),
+        [x_src, x_dst],
+    )
+    compare(
+        SAGEConv((6, 5), 4, aggr=aggr),
+        pyg_nn.SAGEConv((6, 5), 4, aggr=aggr),
+        lambda layer, a: layer((a, None), edge_index, size=(10, 7)),
+        [x_src],
+    )
 
 
 @pytest.mark.parametrize("aggr", ["mean", "sum", "max"])
@@ -51,8 +64,7 @@ def test_sparse_and_edge_index_types(compare, small_graph, aggr):
     index = EdgeIndex(edge_index, sparse_size=(12, 12))
     for graph in (adj_t, adj_t.to_sparse_coo(), index):
         torch.manual_seed(0)
-        compare(SAGEConv(6, 4, aggr=aggr), pyg_nn.SAGEConv(6, 4, aggr=aggr),
-                lambda layer, x: layer(x, graph), [x])
+        compare(SAGEConv(6, 4, aggr=aggr), pyg_nn.SAGEConv(6, 4, aggr=aggr), lambda layer, x: layer(x, graph), [x])
 
 
 def test_one_op_per_forward(small_graph):
@@ -87,11 +99,21 @@ def test_bad_input(small_graph):
 def test_interpreter(compare, interpret, tiny_graph, aggr):
     x, edge_index = tiny_graph
     torch.manual_seed(0)
-    compare(SAGEConv(4, 3, aggr=aggr), pyg_nn.SAGEConv(4, 3, aggr=aggr),
-            lambda layer, x: layer(x, edge_index), [x], train=True)
+    compare(
+        SAGEConv(4, 3, aggr=aggr),
+        pyg_nn.SAGEConv(4, 3, aggr=aggr),
+        lambda layer, x: layer(x, edge_index),
+        [x],
+        train=True,
+    )
 
 
 def test_datasets(compare, dataset):
     torch.manual_seed(0)
-    compare(SAGEConv(dataset.num_features, 16), pyg_nn.SAGEConv(dataset.num_features, 16),
-            lambda layer, x: layer(x, dataset.edge_index), [dataset.x], train=True)
+    compare(
+        SAGEConv(dataset.num_features, 16),
+        pyg_nn.SAGEConv(dataset.num_features, 16),
+        lambda layer, x: layer(x, dataset.edge_index),
+        [dataset.x],
+        train=True,
+    )

@@ -6,6 +6,7 @@ by them (or by ones) and replaces the stored diagonal by loops of the fill value
 than one dimension as edge features, as ``GINEConv`` does; ``GraphConv`` weighs by them;
 ``SAGEConv`` and ``GINConv`` drop them. The graphs have an isolated vertex, self loops and
 duplicate entries, which a SparseTensor keeps."""
+
 import gc
 import importlib.util
 import weakref
@@ -35,8 +36,12 @@ CASES: Dict[str, Tuple[str, Callable[[], tuple], dict, str]] = {
     "gcn_no_loops": ("GCNConv", lambda: (6, 4), {"add_self_loops": False}, "weights"),
     "gcn_raw_mean": ("GCNConv", lambda: (6, 4), {"normalize": False, "aggr": "mean"}, "weights"),
     "gat": ("GATConv", lambda: (6, 4), {"heads": 2}, "ignored"),
-    "gat_edge_dim_no_loops": ("GATConv", lambda: (6, 4), {"heads": 2, "edge_dim": 3, "add_self_loops": False},
-                              "features"),
+    "gat_edge_dim_no_loops": (
+        "GATConv",
+        lambda: (6, 4),
+        {"heads": 2, "edge_dim": 3, "add_self_loops": False},
+        "features",
+    ),
     "sage": ("SAGEConv", lambda: (6, 4), {}, "ignored"),
     "sage_max": ("SAGEConv", lambda: (6, 4), {"aggr": "max"}, "ignored"),
     "gin": ("GINConv", lambda: (_mlp(),), {}, "ignored"),
@@ -75,8 +80,9 @@ def call(layer: torch.nn.Module, x, graph, per_edge: Optional[torch.Tensor], siz
     return layer(x, graph, per_edge, **kwargs)
 
 
-def forwards(case: str, ours: torch.nn.Module, edge_index: torch.Tensor, num_src: int, num_dst: int,
-             valued: bool) -> Callable:
+def forwards(
+    case: str, ours: torch.nn.Module, edge_index: torch.Tensor, num_src: int, num_dst: int, valued: bool
+) -> Callable:
     """``forward(layer, x, value, edge_attr)``: ours given the SparseTensor of ``edge_index`` (with
     values if ``valued``: ``value``, or ``edge_attr`` where two-dimensional values are features),
     PyG's given the edge index and the per-edge tensor that PyG's layer reads from it."""
@@ -85,8 +91,12 @@ def forwards(case: str, ours: torch.nn.Module, edge_index: torch.Tensor, num_src
     def forward(layer, x, value, edge_attr):
         if layer is ours:
             if reads == "features":
-                return call(layer, x, adj_t(edge_index, edge_attr if valued else None, num_src, num_dst),
-                            None if valued else edge_attr)
+                return call(
+                    layer,
+                    x,
+                    adj_t(edge_index, edge_attr if valued else None, num_src, num_dst),
+                    None if valued else edge_attr,
+                )
             return call(layer, x, adj_t(edge_index, value if valued else None, num_src, num_dst), None)
         size = (num_src, num_dst) if isinstance(x, tuple) else None
         if reads == "features":
@@ -115,8 +125,13 @@ def test_matches_pyg(compare, small_graph, case, valued):
     edge_index = storage_order(edge_index, 12)
     assert (edge_index[0] == edge_index[1]).any() and edge_index.unique(dim=1).size(1) < edge_index.size(1)
     ours, theirs = twins(case)
-    compare(ours, theirs, forwards(case, ours, edge_index, 12, 12, valued),
-            [x, *per_edge_inputs(edge_index.size(1), seed=5)], train=True)
+    compare(
+        ours,
+        theirs,
+        forwards(case, ours, edge_index, 12, 12, valued),
+        [x, *per_edge_inputs(edge_index.size(1), seed=5)],
+        train=True,
+    )
 
 
 @pytest.mark.parametrize("with_dst", [True, False], ids=["x_dst", "no_x_dst"])
@@ -131,11 +146,17 @@ def test_bipartite_matches_pyg(compare, bipartite_graph, case, with_dst):
     forward = forwards(case, ours, edge_index, 10, 7, valued=True)
     value, edge_attr = per_edge_inputs(edge_index.size(1), seed=7)
     if with_dst:
-        compare(ours, theirs, lambda layer, a, b, w, e: forward(layer, (a, b), w, e), [x_src, x_dst, value, edge_attr],
-                train=True)
+        compare(
+            ours,
+            theirs,
+            lambda layer, a, b, w, e: forward(layer, (a, b), w, e),
+            [x_src, x_dst, value, edge_attr],
+            train=True,
+        )
     else:
-        compare(ours, theirs, lambda layer, a, w, e: forward(layer, (a, None), w, e), [x_src, value, edge_attr],
-                train=True)
+        compare(
+            ours, theirs, lambda layer, a, w, e: forward(layer, (a, None), w, e), [x_src, value, edge_attr], train=True
+        )
 
 
 def test_gcn_cached(small_graph):
@@ -202,8 +223,13 @@ def test_interpreter(compare, interpret, tiny_graph, case):
     torch.manual_seed(0)
     theirs = getattr(pyg_nn, name)(4, 3, **kwargs)
     ours = getattr(ug_nn, name)(4, 3, **kwargs)
-    compare(ours, theirs, forwards(case, ours, edge_index, 6, 6, valued=True),
-            [x, *per_edge_inputs(edge_index.size(1), seed=10)], train=True)
+    compare(
+        ours,
+        theirs,
+        forwards(case, ours, edge_index, 6, 6, valued=True),
+        [x, *per_edge_inputs(edge_index.size(1), seed=10)],
+        train=True,
+    )
 
 
 def test_bad_input(small_graph):
@@ -259,8 +285,9 @@ def test_real_sparse_tensor(compare, small_graph, case):
     ours, theirs = twins(case)
 
     def forward(layer, x, value, edge_attr):
-        graph = SparseTensor(row=edge_index[1], col=edge_index[0], value=edge_attr if features else value,
-                             sparse_sizes=(12, 12))
+        graph = SparseTensor(
+            row=edge_index[1], col=edge_index[0], value=edge_attr if features else value, sparse_sizes=(12, 12)
+        )
         return call(layer, x, graph, None)
 
     compare(ours, theirs, forward, [x, value, edge_attr], train=True)

@@ -1,0 +1,455 @@
+"""Training on several GPUs: data-parallel mini-batches (DDP) and a partitioned graph, full batch.
+
+Written for any number of processes: ``torchrun --nproc_per_node=K`` starts K ranks (NCCL, one GPU
+each); every case runs on all of them and rank 0 appends one row per case to
+``<out>/distributed.csv`` (default ``benchmarks/results/<gpu>/``) and redraws its plot::
+
+    torchrun --nproc_per_node=2 -m benchmarks.distributed --graphs collab power_law-2e7 --models gcn sage
+    python -m benchmarks.distributed --quick        # CPU, gloo, 2 processes spawned, a tiny graph
+
+Modes:
+
+* ``ddp``: every rank holds the graph and a replica of a two-layer model of our layers inside
+  ``DistributedDataParallel``, and trains on mini-batches sampled around its own shard of the
+  training vertices (:func:`pyg_ugrapher.distributed.sample_batches`, sampled before the timed
+  epochs). ``edges_per_s``: sampled edges of all ranks per second. ``--compile-modes`` adds
+  ``torch.compile``d (``default``) and recorded (``reduce-overhead``, CUDA graphs) runs.
+* ``partitioned``: the vertices split into one part per rank (``--partition``); a rank makes and
+  holds only its part's features and incoming edges, each layer exchanges its halo rows
+  (``all_to_all_single``), gradients are summed over the ranks. ``edges_per_s``: the whole
+  graph's edges per second of epoch time. ``halo_mib_per_layer`` and ``comm_ms_per_layer`` are a
+  layer's forward halo (received by the busiest rank) and the time of its exchanges, forward and
+  backward; ``compute_ms`` is the epoch's time outside the exchanges.
+
+Every time is the slowest rank's mean over the timed epochs (the first ``--warmup`` epochs, which
+build structures and decide schedules, not counted); ``peak_mib`` the largest peak of GPU memory
+on one rank. Graphs: ``collab`` (from the shared datasets), ``cora``, and ``power_law-<edges>``
+(:func:`pyg_ugrapher.datasets.power_law_graph`, mean degree 20, e.g. ``power_law-2e8``), with
+random features and labels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from pyg_ugrapher import nn as ug_nn
+from pyg_ugrapher.datasets import load_dataset, power_law_graph
+from pyg_ugrapher.distributed import (
+    DistributedGraph,
+    MiniBatch,
+    Worker,
+    all_reduce_gradients,
+    init_from_env,
+    layer_forward,
+    partition_graph,
+    record_exchanges,
+    sample_batches,
+    spawn,
+)
+
+from .report import plot
+from .rows import ResultsFile, default_out, environment
+
+MODES = ("ddp", "partitioned")
+MODELS = ("gcn", "sage")
+COMPILE_MODES = ("eager", "default", "reduce-overhead")
+POWER_LAW = "power_law"
+#: Mean degree of the synthetic power-law graphs.
+POWER_LAW_DEGREE = 20
+NUM_CLASSES = 16
+TRAIN_FRACTION = 0.6
+#: The columns of a row printed as it is written.
+PRINTED = ("mode", "graph", "model", "compile_mode", "world_size", "epoch_ms", "edges_per_s", "comm_ms", "status")
+QUICK = dict(
+    graphs=["power_law-20000"],
+    features=16,
+    hidden=16,
+    epochs=2,
+    warmup=1,
+    batch_size=64,
+    num_neighbors=[5, 5],
+    max_steps=3,
+    compile_modes=["eager"],
+    world_size=2,
+)
+
+
+class Net(nn.Module):
+    """Two layers of ``pyg_ugrapher.nn`` with a ReLU between them."""
+
+    def __init__(self, model: str, features: int, hidden: int) -> None:
+        super().__init__()
+        if model == "gcn":
+            self.conv1, self.conv2 = ug_nn.GCNConv(features, hidden), ug_nn.GCNConv(hidden, NUM_CLASSES)
+        else:
+            self.conv1, self.conv2 = ug_nn.SAGEConv(features, hidden), ug_nn.SAGEConv(hidden, NUM_CLASSES)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+    def forward_partitioned(self, x: Tensor, graph: DistributedGraph) -> Tensor:
+        return layer_forward(self.conv2, layer_forward(self.conv1, x, graph).relu(), graph)
+
+
+@dataclass
+class Graph:
+    """A whole graph's edges (in host memory) and its size."""
+
+    name: str
+    edge_index: Tensor
+    num_nodes: int
+
+
+def load_graph(name: str, device: torch.device, seed: int) -> Graph:
+    """``collab``/``cora`` from :func:`load_dataset`, or ``power_law-<edges>`` generated on
+    ``device`` (the same graph on every rank: same seed, same device type), kept in host memory."""
+    if name.startswith(POWER_LAW + "-"):
+        num_edges = edge_count(name)
+        num_nodes = max(num_edges // POWER_LAW_DEGREE, 2)
+        return Graph(name, power_law_graph(num_nodes, num_edges, seed=seed, device=device).cpu(), num_nodes)
+    data = load_dataset(name)
+    return Graph(name, data.edge_index, data.num_nodes)
+
+
+def edge_count(name: str) -> int:
+    """The edges of ``power_law-<edges>`` (``2e8``, ``20000000``, ``20M``)."""
+    text = name[len(POWER_LAW) + 1 :]
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9}.get(text[-1:].lower(), 1)
+    try:
+        value = float(text[:-1] if scale != 1 else text) * scale
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 1 or value != int(value):
+        raise ValueError(f"graph: {name!r} needs a whole number of edges, e.g. power_law-2e8")
+    return int(value)
+
+
+@dataclass
+class Task:
+    """Random features, labels and training vertices of ``num_nodes`` vertices."""
+
+    x: Tensor
+    y: Tensor
+    train: Tensor
+
+    @classmethod
+    def random(cls, num_nodes: int, features: int, seed: int, device: torch.device) -> "Task":
+        generator = torch.Generator(device=device).manual_seed(seed)
+        x = torch.randn(num_nodes, features, generator=generator, device=device)
+        y = torch.randint(0, NUM_CLASSES, (num_nodes,), generator=generator, device=device)
+        train = torch.rand(num_nodes, generator=generator, device=device) < TRAIN_FRACTION
+        return cls(x, y, train)
+
+
+# -- timing ------------------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _slowest(values: Sequence[float], device: torch.device) -> List[float]:
+    """Every value's maximum over the ranks."""
+    tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
+def _total(value: float, device: torch.device) -> float:
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def _epoch_ms(run_epoch, device: torch.device) -> float:
+    dist.barrier()
+    _sync(device)
+    start = time.perf_counter()
+    run_epoch()
+    _sync(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+# -- the two modes -----------------------------------------------------------------------------------
+def ddp_case(worker: Worker, graph: Graph, model_name: str, compile_mode: str, args: argparse.Namespace) -> Dict:
+    device = worker.device
+    edge_index = graph.edge_index.to(device)
+    task = Task.random(graph.num_nodes, args.features, args.seed, device)
+    train_nodes = task.train.nonzero().flatten()
+    torch.manual_seed(args.seed)
+    model = Net(model_name, args.features, args.hidden).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    forward = ddp if compile_mode == "eager" else torch.compile(ddp, mode=compile_mode, dynamic=True)
+    optimizer = torch.optim.Adam(ddp.parameters(), lr=0.01)
+    epochs = args.warmup + args.epochs
+    batches: List[List[MiniBatch]] = [
+        list(
+            itertools.islice(
+                sample_batches(
+                    edge_index, graph.num_nodes, train_nodes, args.batch_size, args.num_neighbors, epoch, seed=args.seed
+                ),
+                args.max_steps,
+            )
+        )
+        for epoch in range(epochs)
+    ]
+    losses: List[Tensor] = []
+
+    def run_epoch(epoch: int) -> None:
+        for batch in batches[epoch]:
+            optimizer.zero_grad(set_to_none=True)
+            out = forward(task.x[batch.node_ids], batch.edge_index)[: batch.num_seeds]
+            loss = F.cross_entropy(out, task.y[batch.node_ids[: batch.num_seeds]])
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+
+    times = [_epoch_ms(lambda: run_epoch(epoch), device) for epoch in range(epochs)]
+    epoch_ms = sum(times[args.warmup :]) / args.epochs
+    steps = len(batches[-1])
+    sampled = sum(b.edge_index.size(1) for epoch in batches[args.warmup :] for b in epoch) / args.epochs
+    (epoch_ms,) = _slowest([epoch_ms], device)
+    edges = _total(sampled, device)
+    return {
+        "num_nodes": graph.num_nodes,
+        "num_edges": edge_index.size(1),
+        "batch_size": args.batch_size,
+        "steps": steps,
+        "epoch_ms": epoch_ms,
+        "step_ms": epoch_ms / max(steps, 1),
+        "edges_per_s": edges / (epoch_ms / 1e3),
+        "final_loss": float(losses[-1]) if losses else math.nan,
+    }
+
+
+def partitioned_case(worker: Worker, graph: Graph, model_name: str, args: argparse.Namespace) -> Dict:
+    device = worker.device
+    edge_index = graph.edge_index.to(device)
+    num_edges = edge_index.size(1)
+    partition = partition_graph(edge_index, graph.num_nodes, worker.world_size, args.partition, seed=args.seed)
+    shard = DistributedGraph.from_partition(edge_index, partition, device=device)
+    # Only this rank's share of the edges stays on its device.
+    del edge_index
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    # Features and labels of this rank's vertices only, made here.
+    task = Task.random(shard.num_local, args.features, args.seed * 1009 + worker.rank, device)
+    x, y, train = task.x, task.y, task.train
+    num_train = _total(float(train.sum()), device)
+    torch.manual_seed(args.seed)
+    model = Net(model_name, args.features, args.hidden).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses: List[Tensor] = []
+
+    def run_epoch() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        out = model.forward_partitioned(x, shard)
+        loss = F.cross_entropy(out[train], y[train], reduction="sum") / num_train
+        loss.backward()
+        all_reduce_gradients(model)
+        optimizer.step()
+        losses.append(loss.detach())
+
+    times, comm, halo_bytes = [], [], []
+    for _ in range(args.warmup + args.epochs):
+        with record_exchanges() as exchanges:
+            times.append(_epoch_ms(run_epoch, device))
+        comm.append(sum(e.elapsed_ms() for e in exchanges))
+        halo_bytes = [e.bytes_received for e in exchanges if e.direction == "forward"]
+    layers = 2
+    epoch_ms = sum(times[args.warmup :]) / args.epochs
+    comm_ms = sum(comm[args.warmup :]) / args.epochs
+    # The normalisation's degree exchange happens once, in the first epoch: the layers' exchanges
+    # are the last ``layers`` forward ones of an epoch.
+    halo_mib = sum(halo_bytes[-layers:]) / layers / 2**20 if halo_bytes else 0.0
+    epoch_ms, comm_ms, compute_ms, halo_mib, halo_rows = _slowest(
+        [epoch_ms, comm_ms, epoch_ms - comm_ms, halo_mib, shard.num_halo], device
+    )
+    return {
+        "num_nodes": graph.num_nodes,
+        "num_edges": num_edges,
+        "steps": 1,
+        "epoch_ms": epoch_ms,
+        "step_ms": epoch_ms,
+        "edges_per_s": num_edges / (epoch_ms / 1e3),
+        "comm_ms": comm_ms,
+        "compute_ms": compute_ms,
+        "halo_rows": int(halo_rows),
+        "halo_mib_per_layer": halo_mib,
+        "comm_ms_per_layer": comm_ms / layers,
+        "cut_fraction": partition.cut_edges / max(num_edges, 1),
+        "partition": partition.method,
+        "final_loss": float(losses[-1]),
+    }
+
+
+# -- running the cases -------------------------------------------------------------------------------
+def cases(args: argparse.Namespace):
+    """``(graph, mode, model, compile_mode)`` in order; compile modes apply to DDP only, the
+    ``--partitioned-graphs`` to the partitioned mode only."""
+    for name in args.graphs + args.partitioned_graphs:
+        for mode in args.modes:
+            if mode == "ddp" and name not in args.graphs:
+                continue
+            for model in args.models:
+                for compile_mode in args.compile_modes if mode == "ddp" else ["eager"]:
+                    yield name, mode, model, compile_mode
+
+
+def run(worker: Worker, args: argparse.Namespace) -> List[Dict]:
+    """Every case on every rank; rank 0 appends the rows (and returns them)."""
+    device = worker.device
+    results = ResultsFile(args.out / "distributed.csv", kind="distributed") if worker.rank == 0 else None
+    rows: List[Dict] = []
+    loaded: Optional[Graph] = None
+    for name, mode, model, compile_mode in cases(args):
+        row = {
+            **environment(device),
+            "mode": mode,
+            "graph": name,
+            "model": model,
+            "compile_mode": compile_mode,
+            "world_size": worker.world_size,
+            "features": args.features,
+            "hidden": args.hidden,
+            "epochs": args.epochs,
+        }
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        try:
+            if loaded is None or loaded.name != name:
+                loaded = None  # the previous graph's memory is free before the next one loads
+                loaded = load_graph(name, device, args.seed)
+            if mode == "ddp":
+                row.update(ddp_case(worker, loaded, model, compile_mode, args))
+            else:
+                row.update(partitioned_case(worker, loaded, model, args))
+            row["status"] = "ok"
+        except Exception as error:
+            # A failure every rank meets (out of memory, a compile error) becomes the row's status;
+            # one that a single rank meets stops the run at the next collective.
+            status = "oom" if isinstance(error, torch.OutOfMemoryError) else "error"
+            row.update(status=status, note=f"{type(error).__name__}: {error}".splitlines()[0][:200])
+        if device.type == "cuda":
+            row["peak_mib"] = _slowest([torch.cuda.max_memory_allocated(device) / 2**20], device)[0]
+            torch.cuda.empty_cache()
+        torch._dynamo.reset()
+        if results is not None:
+            rows.append(results.write(row))
+            print(" ".join(f"{k}={row.get(k)}" for k in PRINTED), flush=True)
+            plot(results.path)  # after every row: a run cut short keeps its plot too
+    return rows
+
+
+def _spawned(worker: Worker, args: argparse.Namespace) -> None:
+    """One CPU process: the reference executor runs its graph operators (never Triton's interpreter)."""
+    os.environ["TRITON_INTERPRET"] = "0"
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // worker.world_size))
+    run(worker, args)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.distributed",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--graphs",
+        nargs="+",
+        default=["collab", "power_law-2e7"],
+        help="collab, cora, power_law-<edges> (e.g. power_law-2e8)",
+    )
+    parser.add_argument(
+        "--partitioned-graphs",
+        nargs="+",
+        default=[],
+        help="more graphs, partitioned mode only (sampling mini-batches from the whole edge "
+        "list of a 1e8-edge graph is the sampler's benchmark, not this one's)",
+    )
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument(
+        "--compile-modes",
+        nargs="+",
+        choices=COMPILE_MODES,
+        default=["eager"],
+        help="DDP runs: eager, torch.compile (default) and recorded steps (reduce-overhead)",
+    )
+    parser.add_argument("--features", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--epochs", type=int, default=5, help="timed epochs")
+    parser.add_argument("--warmup", type=int, default=1, help="epochs before the timed ones")
+    parser.add_argument("--batch-size", type=int, default=1024, help="DDP: seeds per batch and rank")
+    parser.add_argument("--num-neighbors", type=int, nargs="+", default=[10, 10], help="DDP: edges per vertex, hop")
+    parser.add_argument("--max-steps", type=int, default=50, help="DDP: batches per epoch and rank at most")
+    parser.add_argument(
+        "--partition",
+        default="contiguous",
+        choices=["auto", "metis", "contiguous", "random"],
+        help="partitioned: how the vertices are split",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--world-size", type=int, default=None, help="without torchrun: spawn this many CPU processes (gloo)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny power-law graph, 2 CPU processes, small widths: a check in under a minute",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder of distributed.csv (default: benchmarks/results/<gpu>/)"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:  # its sizes, where the command line left the defaults
+        for key, value in QUICK.items():
+            if getattr(args, key) == parser.get_default(key):
+                setattr(args, key, value)
+    for name in args.graphs + args.partitioned_graphs:
+        if name.startswith(POWER_LAW + "-"):
+            try:
+                edge_count(name)
+            except ValueError as error:
+                parser.error(f"--graphs: {error}")
+        elif name not in ("collab", "cora"):
+            parser.error(f"--graphs: unknown {name!r}; expected collab, cora or power_law-<edges>")
+    for name in ("features", "hidden", "epochs", "batch_size", "max_steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: must be positive")
+    if args.warmup < 0:
+        parser.error("--warmup: must be 0 or more")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
+    if dist.is_torchelastic_launched():
+        worker = init_from_env()
+        args.out = args.out or default_out(worker.device)
+        try:
+            run(worker, args)
+        finally:
+            dist.destroy_process_group()
+        return
+    args.out = args.out or default_out(torch.device("cpu"))
+    # A fork server imports the libraries (torch, PyG, ours, pandas) once; each spawned process would again.
+    mp.get_context("forkserver").set_forkserver_preload(["pyg_ugrapher.distributed", "benchmarks.report"])
+    spawn(_spawned, args.world_size or 1, (args,), backend="gloo", start_method="forkserver")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,655 @@
+r"""The graph argument of a drop-in layer, turned into a cached :class:`~pyg_ugrapher.GraphTensor`.
+
+PyG layers take the graph as a ``[2, E]`` index tensor, a PyG ``EdgeIndex``, a ``torch.sparse``
+adjacency ``adj_t`` (rows are destinations) or a ``torch_sparse.SparseTensor`` ``adj_t``. A
+:class:`~pyg_ugrapher.GraphTensor` builds its CSR, CSC and statistics once; building one per forward
+would redo that work every step. So everything derived from a graph argument is cached on that
+argument object itself, weakly and by identity (:func:`derived`): a graph used by several layers, or
+for many epochs, is prepared once, and the cache entry dies with the graph. An in-place change of the
+graph's index tensors (their ``_version``) drops its entries. Shared by threads: ``docs/caches.md``.
+
+A ``SparseTensor`` is read as the ``[2, nnz]`` edge index of its stored entries in its storage
+order, with its sizes and values (:func:`sparse_tensor_graph`), and the layer then runs its
+edge-index path: that keeps duplicate entries, as PyG's ``SparseTensor`` operators do (PyG's
+self-loop helpers coalesce a ``torch.sparse`` adjacency), and compiles. The values are read
+per layer as PyG's layer reads them: edge weights (``GCNConv``, ``GraphConv``), edge features where
+they have more than one dimension (``GINEConv``, ``GATConv``), or not at all (``SAGEConv``,
+``GINConv``).
+
+Under ``torch.compile`` that Python-side cache cannot be traced. There a layer's graph is the
+output of a custom op (``pyg_ugrapher::layer_graph`` / ``pyg_ugrapher::looped_graph``) that looks
+the same cache up at run time and returns the structure arrays that
+:func:`pyg_ugrapher.ops.graph_op` takes; the operators then go to ``graph_op`` directly, with their
+serialised :class:`~pyg_ugrapher.OpInfo` a trace-time constant (:func:`op_text`). A compiled model
+thus has no graph break, one graph serves every graph of a mini-batch loader (only tensors
+change), and the structure of a graph seen before is not rebuilt. Removing stored self loops
+(``GATConv``, ``GCNConv`` with mean, max or min aggregation) keeps a data-dependent number of
+edges: the fake implementation gives it as an unbacked size, which ``torch.compile`` traces with
+``fullgraph=True`` and breaks the graph at otherwise. ``GCNConv``'s sums keep the stored loops
+at weight 0 instead (:func:`padded_looped_graph`), and the other compiled layers point them to a
+spare destination row (:func:`spare_row_looped_graph`): fixed sizes, no break. Only
+``GATConv(return_attention_weights=True)``, which returns the looped index itself, still removes
+them when compiled. Reading a ``SparseTensor`` (duck-typed, and cached in Python) is a graph break;
+the rest of the layer compiles as for an edge index.
+
+A ``torch.sparse`` adjacency cannot enter a compiled graph at all: Dynamo does not trace a frame
+that reads a sparse tensor (even only to pass it on) but runs it eagerly as a whole, and still
+compiles each function that frame calls on its own. A layer's eager path would then be compiled in
+pieces (``GCNConv`` in up to ten graphs), or crash inside Dynamo where a piece gets a tensor that
+views the adjacency (``SAGEConv``, ``GINConv``, ``GraphConv``, ``GATConv``). So a layer given one
+runs its ``forward`` whole outside ``torch.compile`` (:func:`eager_with_torch_sparse`): exactly the
+eager computation, graph and normalisation cached on the adjacency as in eager mode, its values
+differentiable. (A model's ``forward`` that holds the adjacency runs eagerly for the same reason;
+what it calls without the adjacency still compiles.) With ``fullgraph=True`` Dynamo refuses the
+sparse tensor itself.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache, wraps
+from typing import Any, Callable, Hashable, List, Literal, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union, cast
+
+import torch
+from torch import Tensor
+from torch_geometric import EdgeIndex
+from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.typing import SparseTensor
+from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
+from torch_geometric.utils.loop import compute_loop_attr
+
+from . import ops
+from .graph import OP_TAGS, GraphTensor, validate_endpoints
+from .ir import OpInfo
+from .structure import CSR, STRUCTURE_ARRAYS, GraphStructure, IdentityMap, version
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_INT32_MAX = torch.iinfo(torch.int32).max
+
+# graph argument -> (its version when the entries were built, {key: entry}). Entries must not hold
+# the key itself (views of its tensors would): they are built from ``detach()``-ed aliases.
+_DERIVED = IdentityMap()
+
+GATHERS = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "min": "min"}
+
+
+def _version(graph: Union[Tensor, SparseTensor]) -> Hashable:
+    if isinstance(graph, Tensor):
+        return version(graph)
+    row, col, _ = graph.coo()
+    return version(row), version(col)
+
+
+def derived(graph: Union[Tensor, SparseTensor], key: Hashable, build: Callable[[], T]) -> T:
+    """``build()``, cached on ``graph`` (a tensor, or a ``SparseTensor`` and its index tensors) under
+    ``key`` until ``graph`` dies or changes in place."""
+    version = _version(graph)
+    slot = _DERIVED.get(graph)
+    if slot is None or slot[0] != version:
+        slot = (version, {})
+        _DERIVED[graph] = slot
+    entries = slot[1]
+    if key not in entries:
+        # Entries are constants of the graph: built outside autograd, and never as inference
+        # tensors, which a later training step could not save for its backward pass.
+        with torch.inference_mode(False), torch.no_grad():
+            entries[key] = build()
+    return entries[key]
+
+
+def gather_op(aggr: object) -> str:
+    """The IR gather op of a PyG ``aggr`` string."""
+    if not isinstance(aggr, str) or aggr not in GATHERS:
+        raise ValueError(
+            f"aggr: expected one of {sorted(GATHERS)}, got {aggr!r} (aggregation "
+            f"modules and lists of aggregations are not supported)"
+        )
+    return GATHERS[aggr]
+
+
+def check_features(name: str, x: object) -> Tensor:
+    """A ``[N, F]`` floating-point node or edge feature matrix."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: expected floating-point features, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(
+            f"{name}: expected shape [num_nodes, channels], got {list(x.shape)} "
+            f"(static graphs with a batch dimension are not supported)"
+        )
+    return x
+
+
+def is_sparse(edge_index: object) -> bool:
+    return isinstance(edge_index, Tensor) and is_torch_sparse_tensor(edge_index)
+
+
+def eager_with_torch_sparse(forward: F) -> F:
+    """A layer's ``forward``, run whole outside ``torch.compile`` (:func:`torch.compiler.disable`)
+    when its graph argument is a ``torch.sparse`` adjacency: exactly as in eager mode, graph and
+    normalisation cached on the adjacency, its values differentiable (see the module docstring).
+    Any other graph argument calls ``forward`` itself, which ``torch.compile`` traces."""
+    eager = torch.compiler.disable(forward)
+
+    @wraps(forward)
+    def dispatch(self: MessagePassing, x: Any, edge_index: Any, *args: Any, **kwargs: Any) -> Any:
+        return (eager if is_sparse(edge_index) else forward)(self, x, edge_index, *args, **kwargs)
+
+    return cast(F, dispatch)
+
+
+def endpoints(flow: str) -> Tuple[int, int]:
+    """Rows ``(j, i)`` of an edge index holding the sources and the destinations of messages."""
+    return (0, 1) if flow == "source_to_target" else (1, 0)
+
+
+def node_sizes(
+    layer, edge_index: Tensor, size: Optional[Tuple[int, int]], x_src: Optional[Tensor], x_dst: Optional[Tensor]
+) -> Tuple[int, int]:
+    """``(num_src, num_dst)`` as PyG's ``propagate`` infers them: from ``size``, an ``EdgeIndex``'s
+    or sparse tensor's own size, and the node features, which must agree."""
+    check_graph(layer, edge_index)
+    j, i = endpoints(layer.flow)
+    sizes: List[Optional[int]]
+    if isinstance(edge_index, EdgeIndex):
+        sizes = list(edge_index.sparse_size())
+    elif is_sparse(edge_index):
+        sizes = [edge_index.size(1), edge_index.size(0)]
+    elif size is not None:
+        if len(size) != 2:
+            raise ValueError(f"size: expected (num_src_nodes, num_dst_nodes), got {size}")
+        sizes = list(size)
+    else:
+        sizes = [None, None]
+    for dim, x in ((j, x_src), (i, x_dst)):
+        if x is None:
+            continue
+        if sizes[dim] is None:
+            sizes[dim] = x.size(0)
+        elif sizes[dim] != x.size(0):
+            raise ValueError(
+                f"size: the graph has {sizes[dim]} {'source' if dim == j else 'destination'} "
+                f"nodes but the node features have {x.size(0)} rows"
+            )
+    num_src = sizes[j] if sizes[j] is not None else sizes[i]
+    num_dst = sizes[i] if sizes[i] is not None else sizes[j]
+    if num_src is None or num_dst is None:
+        raise ValueError("size: cannot infer the number of nodes; pass size=(num_src, num_dst)")
+    return int(num_src), int(num_dst)
+
+
+def check_graph(layer, edge_index: object) -> None:
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(
+            f"edge_index: expected a [2, E] tensor, an EdgeIndex, a torch.sparse adjacency or a "
+            f"SparseTensor, got {type(edge_index).__name__}"
+        )
+    if is_sparse(edge_index):
+        if edge_index.dim() != 2:
+            raise ValueError(
+                f"edge_index: a sparse adjacency must be two-dimensional, got {edge_index.dim()} dimensions"
+            )
+        if layer.flow != "source_to_target":
+            raise ValueError(
+                "edge_index: flow='target_to_source' needs an edge index; for a "
+                "sparse adjacency pass its transpose instead"
+            )
+        return
+    if edge_index.is_floating_point() or edge_index.dtype == torch.bool or edge_index.is_complex():
+        raise TypeError(f"edge_index: expected integer indices, got {edge_index.dtype}")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"edge_index: expected shape [2, E], got {list(edge_index.shape)}")
+
+
+#: How a layer reads a SparseTensor's values (see :func:`sparse_tensor_graph`).
+SparseValues = Literal["weights", "features", "ignored"]
+
+
+def sparse_tensor_graph(
+    layer: MessagePassing,
+    edge_index: Union[Tensor, SparseTensor],
+    size: Optional[Tuple[int, int]],
+    per_edge: Optional[Tensor] = None,
+    values: SparseValues = "ignored",
+    remove_loops: bool = False,
+) -> Tuple[Tensor, Optional[Tuple[int, int]], Optional[Tensor]]:
+    """``(edge_index, size, per_edge)``, where a ``torch_sparse.SparseTensor`` ``edge_index`` (``adj_t``,
+    rows are destinations) becomes the ``[2, nnz]`` index of its stored entries (sources first, in
+    its storage order, duplicates kept; cached on it), its sizes ``(num_src, num_dst)`` (PyG does not
+    read ``size`` for one) and the per-edge tensor of the layer, from its values as the layer's PyG
+    namesake reads them:
+
+    * ``"weights"``: the edge weights are the values (``None`` without); ``per_edge`` must be
+      ``None``, as with a ``torch.sparse`` adjacency;
+    * ``"features"``: ``per_edge`` (edge features in its storage order), or else its values where
+      they have more than one dimension (PyG's ``propagate`` collects those as ``edge_attr``);
+    * ``"ignored"``: ``per_edge`` as it is.
+
+    ``remove_loops`` leaves out the stored diagonal, values included. Any other graph argument
+    passes through unchanged."""
+    if not isinstance(edge_index, SparseTensor):
+        return edge_index, size, per_edge
+    return _read_sparse_tensor(layer.flow, edge_index, per_edge, values, remove_loops)
+
+
+@torch.compiler.disable
+def _read_sparse_tensor(
+    flow: str, adj_t: SparseTensor, per_edge: Optional[Tensor], values: SparseValues, remove_loops: bool
+) -> Tuple[Tensor, Tuple[int, int], Optional[Tensor]]:
+    """:func:`sparse_tensor_graph` of a ``SparseTensor``: eager, as ``torch.compile`` cannot trace its
+    cache or the duck-typed reads (a graph break, after which the layer compiles as for an edge
+    index)."""
+    if flow != "source_to_target":
+        raise ValueError(
+            "edge_index: flow='target_to_source' needs an edge index; for a SparseTensor adj_t "
+            "pass its transpose instead"
+        )
+    row, col, value = adj_t.coo()
+    for name, index in (("row", row), ("col", col)):
+        if (
+            not isinstance(index, Tensor)
+            or index.is_floating_point()
+            or index.is_complex()
+            or index.dtype == torch.bool
+        ):
+            what = index.dtype if isinstance(index, Tensor) else type(index).__name__
+            raise TypeError(f"edge_index: expected a SparseTensor with integer {name} indices, got {what}")
+        if index.dim() != 1:
+            raise ValueError(
+                f"edge_index: expected a SparseTensor with one {name} index per stored entry, "
+                f"got shape {list(index.shape)}"
+            )
+    num_entries = row.numel()
+    if col.numel() != num_entries:
+        raise ValueError(
+            f"edge_index: a SparseTensor's row and col indices differ in length ({num_entries} and {col.numel()})"
+        )
+    if value is not None and (not isinstance(value, Tensor) or value.dim() == 0 or value.size(0) != num_entries):
+        raise ValueError(
+            f"edge_index: a SparseTensor's values must have one row per stored entry "
+            f"({num_entries}), got {list(value.shape) if isinstance(value, Tensor) else value!r}"
+        )
+    index, kept = derived(adj_t, ("index", remove_loops), lambda: _sparse_tensor_index(row, col, remove_loops))
+    if value is not None and kept is not None:
+        value = value.index_select(0, kept)
+    if values == "weights":
+        if per_edge is not None:
+            raise ValueError(
+                "edge_weight: a SparseTensor carries its edge weights as its values; pass edge_weight=None"
+            )
+        if value is not None and not value.is_floating_point():
+            raise TypeError(
+                f"edge_index: a SparseTensor's values are this layer's edge weights: expected "
+                f"floating-point values, got {value.dtype}"
+            )
+        if value is not None and value.dim() != 1:
+            raise ValueError(
+                f"edge_index: a SparseTensor's values are this layer's edge weights: expected "
+                f"one per stored entry, shape [nnz], got {list(value.shape)}"
+            )
+        per_edge = value
+    elif values == "features" and per_edge is None and value is not None and value.dim() > 1:
+        per_edge = value
+    return index, (int(adj_t.size(1)), int(adj_t.size(0))), per_edge
+
+
+def _sparse_tensor_index(row: Tensor, col: Tensor, remove_loops: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """The ``[2, nnz]`` int64 index of a SparseTensor's entries, sources first, and the ids of the
+    entries kept (``None``: all)."""
+    index = torch.stack([col.detach(), row.detach()]).long()
+    if not remove_loops:
+        return index, None
+    kept = (index[0] != index[1]).nonzero().view(-1)
+    return index[:, kept], kept
+
+
+def plain_index(edge_index: Tensor) -> Tensor:
+    """A ``[2, E]`` int64 alias of an edge index that holds no reference to it (see :data:`_DERIVED`)."""
+    if isinstance(edge_index, EdgeIndex):
+        edge_index = edge_index.as_tensor()
+    return edge_index.detach().long()
+
+
+def sparse_edges(adj_t: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(edge_index, values)`` of a sparse adjacency, row 0 = sources, in its stored order.
+
+    An uncoalesced COO tensor is coalesced first, as PyG's ``spmm`` does when it converts it to
+    CSR: duplicate entries are one edge whose value is their sum.
+    """
+    if adj_t.layout != torch.sparse_coo:
+        index, values = to_edge_index(adj_t)
+        return index.flip(0), values
+    # Not PyG's to_edge_index: it flags the adjacency coalesced in place (``_coalesced_``), which
+    # changed the caller's tensor and has no derivative, so its values got no gradient.
+    if not adj_t.is_coalesced():
+        adj_t = adj_t.coalesce()
+    return adj_t.indices().flip(0), adj_t.values()
+
+
+def graph_of(edge_index: Tensor, flow: str, num_src: int, num_dst: int, validate: bool = True) -> GraphTensor:
+    """A GraphTensor of a plain ``[2, E]`` int64 index (not cached: callers cache); ``validate=False``
+    for an index whose range the caller checked."""
+    j, i = endpoints(flow)
+    return GraphTensor(edge_index[j], edge_index[i], num_src, num_dst, validate=validate)
+
+
+class Graph(NamedTuple):
+    """The graph of one layer call: a cached :class:`GraphTensor` in eager mode (so that
+    :func:`pyg_ugrapher.compute` validates and ``ug.plan`` observes every op), or, under
+    ``torch.compile``, the structure a custom op returned (see the module docstring)."""
+
+    tensor: Optional[GraphTensor]
+    structure: Optional[GraphStructure]
+    num_edges: int
+    #: One destination row more than the layer's nodes (:func:`spare_row_looped_graph`): the layer
+    #: gives destination operands a spare row and drops the output's.
+    spare_row: bool = False
+
+
+class Looped(NamedTuple):
+    """A graph whose stored self loops were replaced by one loop per node below ``num_loops``:
+    the input's other edges in order, then the loops (PyG's ``add_remaining_self_loops``)."""
+
+    graph: Graph
+    kept: Tensor  #: ``[E']`` ids of the input edges that are kept, in order
+    loops: Tensor  #: ``[L]`` ids of the input's self loops
+    loop_nodes: Tensor  #: ``[L]`` their nodes
+    index: Tensor  #: ``[2, E' + num_loops]`` the looped edge index, as PyG returns it
+
+
+def _looped(
+    edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int
+) -> Tuple[GraphTensor, Tensor, Tensor, Tensor, Tensor]:
+    index = plain_index(edge_index)
+    is_loop = index[0] == index[1]
+    j, i = endpoints(flow)
+    if num_loops > min(num_src, num_dst):
+        raise ValueError(
+            f"size: {num_loops} self loops need as many source and destination nodes, got {num_src} and {num_dst}"
+        )
+    # One device sync for the index's bounds and its count of stored loops: with two nonzero()
+    # calls and the graph's own check, a new mini-batch graph waited three times.
+    (stored,) = validate_endpoints(index[j], index[i], num_src, num_dst, [is_loop.sum()])
+    kept = torch.nonzero_static(~is_loop, size=index.size(1) - stored).view(-1)
+    loops = torch.nonzero_static(is_loop, size=stored).view(-1)
+    added = torch.arange(num_loops, device=index.device).repeat(2, 1)
+    looped = torch.cat([index[:, kept], added], dim=1)
+    return graph_of(looped, flow, num_src, num_dst, validate=False), kept, loops, index[0, loops], looped
+
+
+def _cached(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> GraphTensor:
+    return derived(
+        edge_index, ("graph", flow, num_src, num_dst), lambda: graph_of(plain_index(edge_index), flow, num_src, num_dst)
+    )
+
+
+def _cached_looped(
+    edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int
+) -> Tuple[GraphTensor, Tensor, Tensor, Tensor, Tensor]:
+    return derived(
+        edge_index,
+        ("looped", flow, num_src, num_dst, num_loops),
+        lambda: _looped(edge_index, flow, num_src, num_dst, num_loops),
+    )
+
+
+def _unaliased(tensors: Sequence[Tensor], edge_index: Tensor) -> List[Tensor]:
+    """A custom op's outputs may not alias its input: copy the arrays that share its storage
+    (int64 endpoints are views of the index)."""
+    storage = edge_index.untyped_storage().data_ptr()
+    return [t.clone() if t.numel() and t.untyped_storage().data_ptr() == storage else t for t in tensors]
+
+
+@torch.library.custom_op("pyg_ugrapher::layer_graph", mutates_args=(), tags=OP_TAGS)
+def _layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> List[Tensor]:
+    """The structure arrays of the graph of ``edge_index``, from (or into) its cache."""
+    graph = _cached(edge_index, flow, num_src, num_dst)
+    return _unaliased(graph.structure(edge_index.device, sort=True).flat(), edge_index)
+
+
+def _structure_like(edge_index: Tensor, num_src: int, num_dst: int, num_edges: int, bound: int) -> List[Tensor]:
+    """Empty tensors shaped as :meth:`GraphTensor.structure` of ``num_edges`` edges, at most
+    ``bound``, flattened (for fake implementations: the index dtype depends on the sizes)."""
+    # index_dtype_for(max(num_src, num_dst), bound), without max(): on symbolic sizes that would
+    # guard on which side is larger, and recompile when a batch has more nodes than edges.
+    fits = all(size <= _INT32_MAX for size in (num_src, num_dst, bound))
+    dtype = torch.int32 if fits else torch.int64
+    new = lambda *shape: edge_index.new_empty(shape, dtype=dtype)  # noqa: E731
+    csr = CSR(new(num_dst + 1), new(num_edges), new(num_edges), new(num_edges), num_src)
+    csc = CSR(new(num_src + 1), new(num_edges), new(num_edges), new(num_edges), num_dst)
+    return GraphStructure(csr, csc, new(num_edges), new(num_edges)).flat()
+
+
+@_layer_graph.register_fake
+def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> List[Tensor]:
+    return _structure_like(edge_index, num_src, num_dst, edge_index.size(1), edge_index.size(1))
+
+
+@torch.library.custom_op("pyg_ugrapher::looped_graph", mutates_args=(), tags=OP_TAGS)
+def _looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
+    """The structure arrays of the looped graph (see :class:`Looped`), then its kept edge ids, loop
+    ids, loop nodes and edge index."""
+    graph, *extra = _cached_looped(edge_index, flow, num_src, num_dst, num_loops)
+    return _unaliased(graph.structure(edge_index.device, sort=True).flat() + extra, edge_index)
+
+
+@_looped_graph.register_fake
+def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
+    ctx = torch.library.get_ctx()
+    num_kept = ctx.new_dynamic_size()
+    num_loops_stored = ctx.new_dynamic_size()
+    structure = _structure_like(edge_index, num_src, num_dst, num_kept + num_loops, edge_index.size(1) + num_loops)
+    ids = lambda size: edge_index.new_empty(size, dtype=torch.long)  # noqa: E731
+    return structure + [ids(num_kept), ids(num_loops_stored), ids(num_loops_stored), ids((2, num_kept + num_loops))]
+
+
+def _spare_row_looped(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
+    index = plain_index(edge_index)
+    _, i = endpoints(flow)
+    routed = index.clone()
+    routed[i] = torch.where(index[0] == index[1], num_dst, index[i])
+    loops = torch.arange(num_loops, device=index.device).repeat(2, 1)
+    return graph_of(torch.cat([routed, loops], dim=1), flow, num_src, num_dst + 1)
+
+
+def _cached_spare_row(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
+    return derived(
+        edge_index,
+        ("spare_row", flow, num_src, num_dst, num_loops),
+        lambda: _spare_row_looped(edge_index, flow, num_src, num_dst, num_loops),
+    )
+
+
+@torch.library.custom_op("pyg_ugrapher::spare_row_looped_graph", mutates_args=(), tags=OP_TAGS)
+def _spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
+    """The structure arrays of :func:`spare_row_looped_graph`, from (or into) its cache."""
+    graph = _cached_spare_row(edge_index, flow, num_src, num_dst, num_loops)
+    return _unaliased(graph.structure(edge_index.device, sort=True).flat(), edge_index)
+
+
+@_spare_row_looped_graph.register_fake
+def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
+    num_edges = edge_index.size(1) + num_loops
+    return _structure_like(edge_index, num_src, num_dst + 1, num_edges, num_edges)
+
+
+def spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Graph:
+    """:func:`looped_graph`'s graph with fixed sizes: ``E + num_loops`` edges into ``num_dst + 1``
+    destination rows. Each stored self loop keeps its place but points to the spare last row, the
+    other edges keep theirs, then come the loops of the nodes below ``num_loops``. Every real row
+    gathers exactly the edges it has in :func:`looped_graph`'s graph, in the same order, whatever
+    the gather; the caller gives destination operands a spare row and drops the output's
+    (:attr:`Graph.spare_row`).
+
+    For ``torch.compile``, which without ``fullgraph`` breaks the graph at an op whose output size
+    depends on the data (:func:`looped_graph`'s kept edges); eager layers keep :func:`looped_graph`,
+    which needs no padded operands. So the graph is always the custom op's structure arrays."""
+    arrays = _spare_row_looped_graph(edge_index, flow, num_src, num_dst, num_loops)
+    return Graph(None, GraphStructure.from_flat(arrays, user_order=False), edge_index.size(1) + num_loops, True)
+
+
+def spare_row_loop_attr(edge_index: Tensor, edge_attr: Tensor, num_loops: int, fill_value: object) -> Tensor:
+    """The edge features of :func:`spare_row_looped_graph`'s graph: ``edge_attr`` in place (a stored
+    loop's row is read by the spare row alone), then each added loop's, from ``fill_value`` as
+    PyG's ``add_self_loops`` computes them after ``remove_self_loops``: the stored loops scatter to
+    a spare slot, which is dropped."""
+    index = plain_index(edge_index)
+    routed = torch.stack([index[0], torch.where(index[0] == index[1], num_loops, index[1])])
+    loop_attr = compute_loop_attr(routed, edge_attr, num_loops + 1, False, fill_value)[:num_loops]
+    return torch.cat([edge_attr, loop_attr], dim=0)
+
+
+def graph_with_loops(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor:
+    """A GraphTensor of an index with a self loop added to each of its ``num_nodes`` nodes after
+    its edges, stored loops kept (not cached: callers cache)."""
+    index = plain_index(edge_index)
+    loops = torch.arange(num_nodes, device=index.device).repeat(2, 1)
+    return graph_of(torch.cat([index, loops], dim=1), flow, num_nodes, num_nodes)
+
+
+def _cached_padded(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor:
+    return derived(edge_index, ("padded", flow, num_nodes), lambda: graph_with_loops(edge_index, flow, num_nodes))
+
+
+@torch.library.custom_op("pyg_ugrapher::padded_looped_graph", mutates_args=(), tags=OP_TAGS)
+def _padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> List[Tensor]:
+    """The structure arrays of :func:`padded_looped_graph`, from (or into) its cache."""
+    structure = _cached_padded(edge_index, flow, num_nodes).structure(edge_index.device, sort=True)
+    return _unaliased(structure.flat(), edge_index)
+
+
+@_padded_looped_graph.register_fake
+def _(edge_index: Tensor, flow: str, num_nodes: int) -> List[Tensor]:
+    num_edges = edge_index.size(1) + num_nodes
+    return _structure_like(edge_index, num_nodes, num_nodes, num_edges, num_edges)
+
+
+def padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> Graph:
+    """The graph of a ``[2, E]`` index with a self loop added to each of its ``num_nodes`` nodes
+    after its edges, stored self loops kept (``E + num_nodes`` edges). A layer that sums weighted
+    messages gives the stored loops weight 0 and gets :func:`looped_graph`'s result; unlike that
+    graph's, this one's size depends on shapes alone, so a compiled layer keeps one graph
+    (``torch.compile`` without ``fullgraph`` breaks the graph at an op whose output size depends on
+    the data)."""
+    num_edges = edge_index.size(1) + num_nodes
+    if torch.compiler.is_compiling():
+        arrays = _padded_looped_graph(edge_index, flow, num_nodes)
+        return Graph(None, GraphStructure.from_flat(arrays, user_order=False), num_edges)
+    return Graph(_cached_padded(edge_index, flow, num_nodes), None, num_edges)
+
+
+def layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> Graph:
+    """The graph of a ``[2, E]`` index (or ``EdgeIndex``) for one layer call."""
+    if torch.compiler.is_compiling():
+        # The index itself, not an alias made in the graph: the op finds its cache by identity.
+        arrays = _layer_graph(edge_index, flow, num_src, num_dst)
+        return Graph(None, GraphStructure.from_flat(arrays, user_order=False), edge_index.size(1))
+    graph = _cached(edge_index, flow, num_src, num_dst)
+    return Graph(graph, None, graph.num_edges)
+
+
+def looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Looped:
+    """The graph of a ``[2, E]`` index with its self loops replaced (see :class:`Looped`)."""
+    if torch.compiler.is_compiling():
+        arrays = _looped_graph(edge_index, flow, num_src, num_dst, num_loops)
+        structure = GraphStructure.from_flat(arrays[:STRUCTURE_ARRAYS], user_order=False)
+        return Looped(Graph(None, structure, structure.num_edges), *arrays[STRUCTURE_ARRAYS:])
+    graph, kept, loops, loop_nodes, index = _cached_looped(edge_index, flow, num_src, num_dst, num_loops)
+    return Looped(Graph(graph, None, graph.num_edges), kept, loops, loop_nodes, index)
+
+
+def adjacency(layer, edge_index: Tensor, num_src: int, num_dst: int) -> Tuple[Graph, Optional[Tensor]]:
+    """The cached graph of a layer's graph argument, and a sparse adjacency's values (per call, so
+    that they stay differentiable; ``None`` for an edge index)."""
+    if is_sparse(edge_index):
+        index, values = sparse_edges(edge_index)
+        graph = derived(
+            edge_index, ("graph", num_src, num_dst), lambda: graph_of(index, "source_to_target", num_src, num_dst)
+        )
+        return Graph(graph, None, graph.num_edges), values
+    return layer_graph(edge_index, layer.flow, num_src, num_dst), None
+
+
+# -- running operators --------------------------------------------------------------------------
+@lru_cache(maxsize=1024)
+def layer_op(build: Callable[..., OpInfo], *args: Hashable) -> OpInfo:
+    """``build(*args)``, once per argument tuple."""
+    return build(*args)
+
+
+@torch.compiler.assume_constant_result
+def op_text(build: Callable[..., OpInfo], *args: Hashable) -> str:
+    """The serialised op ``build(*args)``: a constant of the compiled graph, decided at trace time."""
+    return layer_op(build, *args).serialize()
+
+
+def named(name: str) -> OpInfo:
+    """A built-in op by its DGL-style name (a builder for :func:`run`)."""
+    return OpInfo.from_name(name)
+
+
+def run(graph: Graph, build: Callable[..., OpInfo], args: Tuple[Hashable, ...], operands: Sequence[Tensor]) -> Tensor:
+    """Run the op ``build(*args)`` on ``graph``: :func:`pyg_ugrapher.compute` in eager mode, the
+    custom op it calls under ``torch.compile`` (``compute``'s Python-side checks and caches are
+    not traceable; the layers pass it only shapes they checked)."""
+    if graph.structure is not None:
+        return ops.call_graph_op(graph.structure, list(operands), op_text(build, *args), ops.AUTO)
+    op = layer_op(build, *args)
+    if op.is_builtin:
+        return ops.compute(graph.tensor, op, *operands)
+    return ops.compute(graph.tensor, op, operands=operands)
+
+
+def pair(x: object) -> Tuple[Tensor, Optional[Tensor]]:
+    """``x`` or ``(x_src, x_dst)`` as a pair, checked; ``x_dst`` may be ``None``."""
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise ValueError(f"x: expected a tensor or a pair (x_src, x_dst), got {len(x)} items")
+        x_src = check_features("x[0]", x[0])
+        x_dst = None if x[1] is None else check_features("x[1]", x[1])
+        return x_src, x_dst
+    x = check_features("x", x)
+    return x, x
+
+
+def edge_tensor(name: str, value: Optional[Tensor], num_edges: int) -> Optional[Tensor]:
+    """An optional per-edge tensor with one row per edge of the graph argument."""
+    if value is None:
+        return None
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise TypeError(f"{name}: expected floating-point values, got {value.dtype}")
+    if value.dim() == 0 or value.size(0) != num_edges:
+        raise ValueError(f"{name}: expected {num_edges} rows (one per edge), got shape {list(value.shape)}")
+    return value
+
+
+def aggregate(
+    layer: MessagePassing,
+    gather: str,
+    x_src: Tensor,
+    x_dst: Optional[Tensor],
+    edge_index: Tensor,
+    size: Optional[Tuple[int, int]],
+    edge_weight: Optional[Tensor] = None,
+) -> Tensor:
+    """``gather`` over the incoming edges of ``x_src[u]`` (times the edge weight, if any): one IR op.
+
+    A sparse adjacency's values are edge weights, as in PyG's ``spmm``.
+    """
+    num_src, num_dst = node_sizes(layer, edge_index, size, x_src, x_dst)
+    graph, values = adjacency(layer, edge_index, num_src, num_dst)
+    if values is None:
+        weight = edge_tensor("edge_weight", edge_weight, graph.num_edges)
+    elif edge_weight is not None:
+        raise ValueError(
+            "edge_weight: a sparse adjacency carries its edge weights as its values; pass edge_weight=None"
+        )
+    else:
+        weight = values
+    if weight is None:
+        return run(graph, named, (f"copy_u_{gather}",), [x_src])
+    return run(graph, named, (f"u_mul_e_{gather}",), [x_src, weight.view(-1, 1)])

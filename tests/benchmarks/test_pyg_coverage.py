@@ -1,0 +1,31 @@
+"""The PyG coverage script on three classes: a swapped layer, a routed one that fuses and a routed one
+whose ``message()`` the capture refuses."""
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `benchmarks` is a plain folder at the repository root
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import pyg_coverage  # noqa: E402
+
+
+def test_three_classes(tmp_path):
+    pyg_coverage.main(["--classes", "GCNConv", "LEConv", "EdgeConv", "--out", str(tmp_path)])
+    frame = pd.read_csv(tmp_path / "pyg_coverage.csv").set_index("layer")
+    assert tuple(frame.reset_index().columns) == pyg_coverage.COLUMNS
+    assert list(frame.conversion) == ["swapped", "routed", "routed"]
+    assert (frame.runs == "yes").all() and frame.forward_match.all() and frame.grads_match.all()
+    assert (frame.forward_error <= pyg_coverage.TOLERANCE).all() and (frame.grads_error <= pyg_coverage.TOLERANCE).all()
+    assert list(frame.fully_fused) == [True, True, False]
+    assert frame.loc["LEConv", "ops"] == 1 and frame.loc["EdgeConv", "fallbacks"] == 1
+    assert "torch.cat" in frame.loc["EdgeConv", "reason"]
+    table = (tmp_path / "pyg_coverage.md").read_text()
+    assert "| 3 | 3 | 0 | 0 | 3 | 3 | 1 | 2 | 0 | 1 |" in table and "| EdgeConv | routed | yes |" in table
+
+
+def test_every_class_has_arguments():
+    assert set(pyg_coverage.message_passing_classes()) <= set(pyg_coverage.CASES)

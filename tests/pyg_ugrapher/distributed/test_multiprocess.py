@@ -1,0 +1,282 @@
+"""Several processes: a partitioned graph trains as the whole graph does in one process, and
+data-parallel mini-batch training under DDP keeps the replicas equal and steps on the mean
+gradient.
+
+Each group of spawned processes runs its scenarios and saves what it computed; the tests compare
+that with the same computation in this process, on the CPU's reference executor. On the CPU the
+processes use gloo and the reference executor too; the ``cuda`` tests run two GPUs (NCCL, Triton
+kernels), also with ``torch.compile`` and recorded steps (CUDA graphs) under DDP. Small random
+graphs with self loops, duplicate edges and an isolated vertex.
+"""
+
+import math
+import os
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from pyg_ugrapher import nn as ug_nn
+from pyg_ugrapher.datasets import load_cora
+from pyg_ugrapher.distributed import (
+    DistributedGraph,
+    Worker,
+    all_reduce_gradients,
+    example,
+    layer_forward,
+    partition_graph,
+    sample_batches,
+    spawn,
+)
+
+NUM_NODES, NUM_FEATURES, HIDDEN, NUM_CLASSES = 240, 12, 8, 4
+STEPS, LR, MOMENTUM = 3, 0.1, 0.9
+#: DDP: seeds per batch and rank, sampled edges per vertex and hop, epochs.
+BATCH_SIZE, FANOUTS, EPOCHS = 20, (4, 3), 2
+EXAMPLE_EPOCHS = 3
+LAYERS = {"gcn": ug_nn.GCNConv, "sage": ug_nn.SAGEConv, "graph": ug_nn.GraphConv}
+
+
+def problem():
+    """Edges (self loops, duplicates, vertex 5 without any edge), features, labels, training mask."""
+    generator = torch.Generator().manual_seed(0)
+    edges = torch.randint(0, NUM_NODES, (2, 1400), generator=generator)
+    edges[1, ::11] = edges[0, ::11]
+    edges = torch.cat([edges, edges[:, :60]], dim=1)
+    edges = edges[:, (edges != 5).all(0)]
+    x = torch.randn(NUM_NODES, NUM_FEATURES, generator=generator)
+    y = torch.randint(0, NUM_CLASSES, (NUM_NODES,), generator=generator)
+    train = torch.rand(NUM_NODES, generator=generator) < 0.5
+    return edges, x, y, train
+
+
+class Net(torch.nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.conv1, self.conv2 = LAYERS[kind](NUM_FEATURES, HIDDEN), LAYERS[kind](HIDDEN, NUM_CLASSES)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+    def forward_partitioned(self, x, graph: DistributedGraph):
+        return layer_forward(self.conv2, layer_forward(self.conv1, x, graph).relu(), graph)
+
+
+def train_steps(model: Net, forward, x, y, train, num_train: int, sync=None) -> Dict[str, object]:
+    """``STEPS`` SGD steps on the loss summed over ``train`` divided by ``num_train``: the first
+    step's output, input gradient and parameter gradients, and the parameters after the last."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    x = x.clone().requires_grad_(True)
+    record: Dict[str, object] = {}
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        out = forward(x)
+        loss = F.cross_entropy(out[train], y[train], reduction="sum") / num_train
+        loss.backward()
+        if sync is not None:
+            sync()
+        if step == 0:
+            record.update(
+                out=out.detach(), x_grad=x.grad.clone(), grads={k: p.grad.clone() for k, p in model.named_parameters()}
+            )
+        optimizer.step()
+    record["params"] = {k: p.detach().clone() for k, p in model.named_parameters()}
+    return record
+
+
+def partitioned_run(worker: Worker, method: str, own_edges: bool) -> Dict[str, object]:
+    """Training on this rank's share; built from the whole edge list, or (``own_edges``) from the
+    edges into this rank's vertices alone."""
+    edges, x, y, train = problem()
+    device = worker.device
+    partition = partition_graph(edges, NUM_NODES, worker.world_size, method, seed=3)
+    if own_edges:
+        edges = edges[:, partition.assignment[edges[1]] == worker.rank]
+    graph = DistributedGraph.from_partition(edges, partition, device=device)
+    nodes = graph.nodes.cpu()
+    result: Dict[str, object] = {"nodes": nodes, "num_halo": graph.num_halo}
+    for kind in LAYERS:
+        model = Net(kind).to(device)
+        result[kind] = train_steps(
+            model,
+            lambda x_local: model.forward_partitioned(x_local, graph),
+            x[nodes].to(device),
+            y[nodes].to(device),
+            train[nodes].to(device),
+            int(train.sum()),
+            lambda: all_reduce_gradients(model),
+        )
+    return result
+
+
+def ddp_run(worker: Worker, compile_mode: Optional[str]) -> Dict[str, object]:
+    """DDP on sampled mini-batches (eager, or under ``torch.compile(mode=compile_mode)``); after
+    every step, every rank's parameters as all_gather saw them."""
+    edges, x, y, train = problem()
+    device = worker.device
+    model = Net("gcn").to(device)
+    ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    forward = ddp if compile_mode is None else torch.compile(ddp, mode=compile_mode, dynamic=True)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
+    x, y = x.to(device), y.to(device)
+    gathered: List[List[torch.Tensor]] = []
+    for epoch in range(EPOCHS):
+        for batch in sample_batches(edges, NUM_NODES, train.nonzero().flatten(), BATCH_SIZE, FANOUTS, epoch):
+            node_ids, edge_index = batch.node_ids.to(device), batch.edge_index.to(device)
+            optimizer.zero_grad()
+            out = forward(x[node_ids], edge_index)[: batch.num_seeds]
+            F.cross_entropy(out, y[node_ids[: batch.num_seeds]]).backward()
+            optimizer.step()
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            every = [torch.empty_like(flat) for _ in range(worker.world_size)]
+            dist.all_gather(every, flat)
+            gathered.append(every)
+    return {"gathered": gathered}
+
+
+def run_scenarios(worker: Worker, out_dir: str, scenarios: List[str]) -> None:
+    """Run ``scenarios`` (``partitioned:<method>``, ``partitioned-own:<method>``, ``ddp``,
+    ``ddp:<compile mode>``, ``example``)."""
+    os.environ["TRITON_INTERPRET"] = "0"  # CPU tensors on the reference executor
+    torch.set_num_threads(1)  # the ranks share the cores
+    results = {}
+    for scenario in scenarios:
+        kind, _, option = scenario.partition(":")
+        if kind == "ddp":
+            results[scenario] = ddp_run(worker, option or None)
+        elif kind == "example":
+            cora = load_cora()
+            results[scenario] = {
+                "ddp": example.train_ddp(worker, cora, EXAMPLE_EPOCHS),
+                "partitioned": example.train_partitioned(worker, cora, EXAMPLE_EPOCHS),
+            }
+        else:
+            results[scenario] = partitioned_run(worker, option, own_edges=kind == "partitioned-own")
+    torch.save(results, Path(out_dir) / f"rank{worker.rank}.pt")
+
+
+def launch(tmp_path_factory, world_size: int, scenarios: List[str], backend: str = "gloo") -> List[Dict[str, object]]:
+    out_dir = tmp_path_factory.mktemp(f"{backend}{world_size}")
+    # A fork server imports the libraries once for every process of the module; each spawned
+    # process would import them again (seconds each on a CPU).
+    torch.multiprocessing.get_context("forkserver").set_forkserver_preload(["pyg_ugrapher.distributed", __name__])
+    spawn(run_scenarios, world_size, (str(out_dir), scenarios), backend=backend, start_method="forkserver")
+    return [torch.load(out_dir / f"rank{rank}.pt", map_location="cpu") for rank in range(world_size)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return launch(tmp_path_factory, 2, ["partitioned:random", "ddp", "example"])
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory):
+    return launch(tmp_path_factory, 3, ["partitioned-own:contiguous"])
+
+
+@pytest.fixture(scope="module")
+def two_gpus(tmp_path_factory):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    return launch(tmp_path_factory, 2, ["partitioned:random", "ddp:default", "ddp:reduce-overhead"], backend="nccl")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The training of every model on the whole graph in this process."""
+    edges, x, y, train = problem()
+    out = {}
+    for kind in LAYERS:
+        model = Net(kind)
+        out[kind] = train_steps(model, lambda features: model(features, edges), x, y, train, int(train.sum()))
+    return out
+
+
+def check_partitioned(ranks, scenario, reference, check_close):
+    nodes = torch.cat([r[scenario]["nodes"] for r in ranks])
+    assert torch.equal(nodes.sort().values, torch.arange(NUM_NODES)), "every vertex on exactly one rank"
+    assert all(r[scenario]["num_halo"] > 0 for r in ranks), "the split must cut edges for the test to mean anything"
+    for kind, expected in reference.items():
+        for name in ("out", "x_grad"):
+            rows = torch.cat([r[scenario][kind][name] for r in ranks])
+            check_close(rows, expected[name][nodes], context=f"{scenario} {kind} {name}")
+        for rank, r in enumerate(ranks):
+            for record in ("grads", "params"):
+                for key, value in r[scenario][kind][record].items():
+                    check_close(value, expected[record][key], context=f"{scenario} {kind} rank {rank} {record} {key}")
+
+
+def test_two_ranks_train_as_one_process(two_ranks, reference, check_close):
+    check_partitioned(two_ranks, "partitioned:random", reference, check_close)
+
+
+def test_three_ranks_built_from_their_own_edges_train_as_one_process(three_ranks, reference, check_close):
+    check_partitioned(three_ranks, "partitioned-own:contiguous", reference, check_close)
+
+
+@pytest.mark.cuda
+def test_two_gpus_train_as_one_process(two_gpus, reference, check_close):
+    check_partitioned(two_gpus, "partitioned:random", reference, check_close)
+
+
+def test_ddp_replicas_stay_equal_and_step_on_the_mean_gradient(two_ranks, check_close):
+    check_ddp(two_ranks, "ddp", check_close)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("scenario", ["ddp:default", "ddp:reduce-overhead"])
+def test_compiled_and_recorded_ddp_on_two_gpus(two_gpus, scenario, check_close):
+    check_ddp(two_gpus, scenario, check_close)
+
+
+def check_ddp(ranks, scenario, check_close):
+    edges, x, y, train = problem()
+    gathered = [r[scenario]["gathered"] for r in ranks]
+    assert len(gathered[0]) == len(gathered[1]) == EPOCHS * 3  # 60 seeds per rank, batches of 20
+    for step, every in enumerate(gathered[0]):
+        assert all(torch.equal(every[0], other) for other in every[1:]), f"step {step}: replicas differ"
+        assert all(torch.equal(a, b) for a, b in zip(every, gathered[1][step]))
+    # One process stepping on the mean of both ranks' batch losses takes the same steps.
+    model = Net("gcn")
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    train_nodes = train.nonzero().flatten()
+    step = 0
+    for epoch in range(EPOCHS):
+        per_rank = [
+            list(sample_batches(edges, NUM_NODES, train_nodes, BATCH_SIZE, FANOUTS, epoch, rank=rank, world_size=2))
+            for rank in range(2)
+        ]
+        for batches in zip(*per_rank):
+            optimizer.zero_grad()
+            losses = [
+                F.cross_entropy(model(x[b.node_ids], b.edge_index)[: b.num_seeds], y[b.node_ids[: b.num_seeds]])
+                for b in batches
+            ]
+            (sum(losses) / len(losses)).backward()
+            optimizer.step()
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            check_close(gathered[0][step][0], flat, context=f"{scenario} step {step}")
+            step += 1
+    assert step == len(gathered[0])
+    first_seeds = [
+        list(sample_batches(edges, NUM_NODES, train_nodes, BATCH_SIZE, FANOUTS, 0, rank=rank, world_size=2))[
+            0
+        ].node_ids[:BATCH_SIZE]
+        for rank in range(2)
+    ]
+    assert not set(first_seeds[0].tolist()) & set(first_seeds[1].tolist()), "each rank draws its own seeds"
+
+
+def test_the_documented_example_trains_on_two_ranks(two_ranks):
+    """``python -m pyg_ugrapher.distributed.example`` on Cora: both ways the loss falls, and both
+    ranks saw the same partitioned losses (they are all-reduced)."""
+    for mode in ("ddp", "partitioned"):
+        losses = two_ranks[0]["example"][mode]
+        assert len(losses) == EXAMPLE_EPOCHS and all(math.isfinite(v) for v in losses)
+        assert losses[-1] < losses[0], f"{mode}: {losses}"
+    assert two_ranks[0]["example"]["partitioned"] == two_ranks[1]["example"]["partitioned"]

@@ -1,0 +1,196 @@
+"""Partitions, one rank's share of a graph, seed shards and bad inputs, in one process.
+
+Several processes are tested in ``test_multiprocess.py``; here a partition of one part (no
+process group) must reproduce the layers on the whole graph, and the records must say what they
+hold.
+"""
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pyg_ugrapher import nn as ug_nn
+from pyg_ugrapher.distributed import (
+    DistributedGraph,
+    HaloPlan,
+    Worker,
+    halo_exchange,
+    init_from_env,
+    layer_forward,
+    metis_available,
+    partition_graph,
+    seed_batches,
+)
+
+NUM_NODES = 120
+
+
+@pytest.fixture(scope="module")
+def edge_index() -> torch.Tensor:
+    """Random edges with self loops and duplicates; vertex 7 has no edge."""
+    generator = torch.Generator().manual_seed(0)
+    edges = torch.randint(0, NUM_NODES, (2, 700), generator=generator)
+    edges[:, ::9] = edges[0, ::9]
+    edges = torch.cat([edges, edges[:, :40]], dim=1)
+    return edges[:, (edges != 7).all(0)]
+
+
+@pytest.mark.parametrize("method", ["contiguous", "random"])
+@pytest.mark.parametrize("num_parts", [1, 3])
+def test_partition_records(edge_index, method, num_parts):
+    partition = partition_graph(edge_index, NUM_NODES, num_parts, method, seed=1)
+    assert partition.method == method and partition.num_parts == num_parts and partition.num_nodes == NUM_NODES
+    assert sum(partition.sizes) == NUM_NODES and max(partition.sizes) - min(partition.sizes) <= 1
+    for part in range(num_parts):
+        nodes = partition.nodes(part)
+        assert nodes.numel() == partition.sizes[part]
+        assert torch.equal(partition.assignment[nodes], torch.full_like(nodes, part))
+        assert torch.equal(partition.local_index[nodes], torch.arange(nodes.numel()))
+    cut = (partition.assignment[edge_index[0]] != partition.assignment[edge_index[1]]).sum()
+    assert partition.cut_edges == int(cut)
+    assert (partition.cut_edges == 0) == (num_parts == 1)
+
+
+def test_contiguous_and_random_splits(edge_index):
+    contiguous = partition_graph(edge_index, NUM_NODES, 4, "contiguous")
+    assert torch.equal(contiguous.nodes(1), torch.arange(30, 60))
+    first, again = (partition_graph(edge_index, NUM_NODES, 4, "random", seed=5) for _ in range(2))
+    other = partition_graph(edge_index, NUM_NODES, 4, "random", seed=6)
+    assert torch.equal(first.assignment, again.assignment)
+    assert not torch.equal(first.assignment, other.assignment)
+
+
+@pytest.mark.skipif(not metis_available(), reason="needs pymetis")
+def test_metis_cuts_fewer_edges_than_a_random_split():
+    # Two dense clusters joined by three edges: METIS finds them.
+    generator = torch.Generator().manual_seed(0)
+    left = torch.randint(0, 50, (2, 400), generator=generator)
+    edges = torch.cat([left, left + 50, torch.tensor([[0, 60, 10], [70, 3, 99]])], dim=1)
+    metis = partition_graph(edges, 100, 2, "metis")
+    assert metis.method == "metis" and metis.cut_edges <= 3
+    assert metis.cut_edges < partition_graph(edges, 100, 2, "random").cut_edges
+
+
+def test_auto_method(edge_index):
+    expected = "metis" if metis_available() else "contiguous"
+    assert partition_graph(edge_index, NUM_NODES, 2).method == expected
+
+
+def test_bad_partition_arguments(edge_index):
+    with pytest.raises(ValueError, match="num_parts"):
+        partition_graph(edge_index, NUM_NODES, NUM_NODES + 1)
+    with pytest.raises(TypeError, match="num_parts"):
+        partition_graph(edge_index, NUM_NODES, 2.0)
+    with pytest.raises(ValueError, match="method"):
+        partition_graph(edge_index, NUM_NODES, 2, "spectral")
+    with pytest.raises(ValueError, match="edge_index"):
+        partition_graph(edge_index, 50, 2)
+    with pytest.raises(ValueError, match="edge_index"):
+        partition_graph(edge_index[0], NUM_NODES, 2)
+    with pytest.raises(TypeError, match="edge_index"):
+        partition_graph(edge_index.float(), NUM_NODES, 2)
+    if not metis_available():
+        with pytest.raises(ValueError, match="pymetis"):
+            partition_graph(edge_index, NUM_NODES, 2, "metis")
+    with pytest.raises(ValueError, match="part"):
+        partition_graph(edge_index, NUM_NODES, 2).nodes(2)
+
+
+def test_one_part_is_the_whole_graph(edge_index):
+    graph = DistributedGraph.from_partition(edge_index, partition_graph(edge_index, NUM_NODES, 1))
+    assert (graph.rank, graph.world_size, graph.num_local, graph.num_halo) == (0, 1, NUM_NODES, 0)
+    assert torch.equal(graph.edge_index, edge_index) and torch.equal(graph.nodes, torch.arange(NUM_NODES))
+    assert graph.plan.num_send == graph.plan.num_recv == 0
+    assert halo_exchange(torch.ones(NUM_NODES, 3), graph.plan).shape == (0, 3)
+    assert (graph.graph.num_src, graph.graph.num_dst, graph.graph.num_edges) == (
+        NUM_NODES,
+        NUM_NODES,
+        edge_index.size(1),
+    )
+
+
+@pytest.mark.parametrize("layer", ["gcn", "gcn_plain", "gcn_no_loops", "sage", "graph", "gin"])
+def test_one_part_layers_equal_the_whole_graph_layers(edge_index, layer, check_close):
+    torch.manual_seed(0)
+    conv = {
+        "gcn": lambda: ug_nn.GCNConv(6, 5),
+        "gcn_plain": lambda: ug_nn.GCNConv(6, 5, normalize=False),
+        "gcn_no_loops": lambda: ug_nn.GCNConv(6, 5, add_self_loops=False),
+        "sage": lambda: ug_nn.SAGEConv(6, 5),
+        "graph": lambda: ug_nn.GraphConv(6, 5),
+        "gin": lambda: ug_nn.GINConv(torch.nn.Linear(6, 5), train_eps=True),
+    }[layer]()
+    graph = DistributedGraph.from_partition(edge_index, partition_graph(edge_index, NUM_NODES, 1))
+    x = torch.randn(NUM_NODES, 6)
+    check_close(layer_forward(conv, x, graph), conv(x, edge_index), context=layer)
+
+
+def test_bad_layer_arguments(edge_index):
+    graph = DistributedGraph.from_partition(edge_index, partition_graph(edge_index, NUM_NODES, 1))
+    x = torch.randn(NUM_NODES, 6)
+    with pytest.raises(TypeError, match="conv"):
+        layer_forward(torch.nn.Linear(6, 5), x, graph)
+    with pytest.raises(TypeError, match="conv"):
+        layer_forward(ug_nn.GATConv(6, 5), x, graph)
+    with pytest.raises(ValueError, match="aggr"):
+        layer_forward(ug_nn.GCNConv(6, 5, aggr="max"), x, graph)
+    with pytest.raises(ValueError, match="flow"):
+        layer_forward(ug_nn.SAGEConv(6, 5, flow="target_to_source"), x, graph)
+    with pytest.raises(ValueError, match="x"):
+        layer_forward(ug_nn.SAGEConv(6, 5), x[:-1], graph)
+    with pytest.raises(TypeError, match="graph"):
+        layer_forward(ug_nn.SAGEConv(6, 5), x, edge_index)
+    with pytest.raises(TypeError, match="plan"):
+        halo_exchange(x, "plan")
+    with pytest.raises(ValueError, match="x"):
+        halo_exchange(x[:-1], graph.plan)
+    with pytest.raises(ValueError, match="partition"):
+        DistributedGraph.from_partition(edge_index, partition_graph(edge_index, NUM_NODES, 2))
+    with pytest.raises(TypeError, match="partition"):
+        DistributedGraph.from_partition(edge_index, graph.plan)
+    assert isinstance(graph.plan, HaloPlan)
+
+
+def test_seed_shards_are_disjoint_and_equal_in_size():
+    train = torch.arange(0, 200, 2)  # 100 vertices
+    for epoch in range(2):
+        shards = [seed_batches(train, 16, epoch, rank=r, world_size=3, seed=4) for r in range(3)]
+        assert [len(batches) for batches in shards] == [3, 3, 3]  # 34 seeds per rank (two pad the last)
+        assert [[b.numel() for b in batches] for batches in shards] == [[16, 16, 2]] * 3
+        seeds = torch.cat([torch.cat(batches) for batches in shards])
+        assert set(seeds.tolist()) == set(train.tolist())
+        assert seeds.numel() - seeds.unique().numel() == 2
+    first = seed_batches(train, 16, 0, rank=0, world_size=3, seed=4)[0]
+    assert not torch.equal(first, seed_batches(train, 16, 1, rank=0, world_size=3, seed=4)[0])
+    with pytest.raises(ValueError, match="rank"):
+        seed_batches(train, 16, 0, rank=3, world_size=3)
+    with pytest.raises(ValueError, match="batch_size"):
+        seed_batches(train, 0, 0, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="train_nodes"):
+        seed_batches(train[:2], 4, 0, rank=0, world_size=3)
+
+
+def test_init_from_env_joins_the_group_torchrun_describes(monkeypatch, edge_index):
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    worker = init_from_env("gloo")
+    try:
+        assert worker == Worker(0, 1, 0, torch.device("cpu")) and dist.get_world_size() == 1
+        graph = DistributedGraph.from_partition(edge_index, partition_graph(edge_index, NUM_NODES, 1))
+        assert graph.world_size == 1 and graph.num_halo == 0
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(ValueError, match="backend"):
+        init_from_env("mpi")
