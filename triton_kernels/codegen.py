@@ -76,17 +76,33 @@ _NAN_BITS = {
     "max": ("tl.int32", "0x7FFFFFFF", "tl.int64", "0x7FFFFFFFFFFFFFFF"),
     "min": ("tl.uint32", "0xFFFFFFFF", "tl.uint64", "0xFFFFFFFFFFFFFFFF"),
 }
-_NAN_HELPERS = """
+#: The NaN-propagating reduction of a max / min gather in a compiled kernel: one reduction whose
+#: combine propagates NaN (Triton inlines the combine, so it costs what ``tl.max`` does).
+_NAN_REDUCE_COMPILED = """
+
+@triton.jit
+def _{op}_combine(a, b):
+    return tl.{op}imum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
 
 @triton.jit
 def _{op}_reduce(x, axis: tl.constexpr):
-    # tl.{op} skips NaN: reduce a NaN flag beside it. Both are built-in reductions, which Triton's
-    # interpreter runs as one NumPy call each (a tl.reduce with a combine of ours: a call per element).
-    # NaN lanes enter tl.{op} as the identity, so no slice is all NaN (NumPy warns of those).
+    return tl.reduce(x, axis, _{op}_combine)
+"""
+#: The same reduction in Triton's interpreter, which runs a ``tl.reduce`` with a combine of ours as
+#: one Python call per element but a built-in reduction as one NumPy call: ``tl.{op}`` (which skips
+#: NaN) beside a reduced NaN flag. NaN lanes enter ``tl.{op}`` as the identity, so no slice is all
+#: NaN (NumPy warns of those). Both forms give NaN wherever a lane is NaN, else the same extremum.
+_NAN_REDUCE_INTERPRETED = """
+
+@triton.jit
+def _{op}_reduce(x, axis: tl.constexpr):
     isnan = x != x
     nan = tl.max(isnan.to(tl.int32), axis)
     return tl.where(nan != 0, float("nan"), tl.{op}(tl.where(isnan, {identity}, x), axis))
-
+"""
+#: The atomic of a max / min gather that writes a NaN lane through :data:`_NAN_BITS`.
+_NAN_ATOMIC = """
 
 @triton.jit
 def _{op}_atomic(ptr, value, mask):
@@ -529,7 +545,8 @@ class Snippets:
         if op not in _NAN_BITS:
             return ""
         int32, bits32, int64, bits64 = _NAN_BITS[op]
-        return _NAN_HELPERS.format(
+        reduction = _NAN_REDUCE_INTERPRETED if interpreting() else _NAN_REDUCE_COMPILED
+        return (reduction + _NAN_ATOMIC).format(
             op=op, int32=int32, bits32=bits32, int64=int64, bits64=bits64, identity=_IDENTITY[op]
         )
 

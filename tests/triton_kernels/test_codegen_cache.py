@@ -88,16 +88,18 @@ CONCURRENT = textwrap.dedent("""
     import pyg_ugrapher as ug
 
     gen = torch.Generator().manual_seed(0)
-    edges = torch.randint(0, 40, (2, 200), generator=gen)
-    x = torch.randn(40, 8, generator=gen)
-    w = torch.rand(200, generator=gen)
+    # On a GPU the kernels run compiled; on the CPU through the interpreter (set by the test).
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    edges = torch.randint(0, 40, (2, 200), generator=gen).to(device)
+    x = torch.randn(40, 8, generator=gen).to(device)
+    w = torch.rand(200, generator=gen).to(device)
     graph = ug.GraphTensor.from_edge_index(edges, 40)
     info = ug.ParallelInfo("vertex", block_v=8, block_e=4, block_f=8)
     for name, operands, gather in [("copy_u_sum", (x,), "sum"), ("copy_u_max", (x,), "amax"),
                                    ("u_mul_e_sum", (x, w), "sum")]:
         out = ug.compute(graph, name, *operands, parallel_info=info)
         message = x[edges[0]] * (w[:, None] if len(operands) == 2 else 1)
-        want = torch.zeros(40, 8).scatter_reduce(0, edges[1, :, None].expand(-1, 8), message, gather,
+        want = torch.zeros(40, 8, device=device).scatter_reduce(0, edges[1, :, None].expand(-1, 8), message, gather,
                                                  include_self=False)
         assert (out - want).abs().max() <= 1e-5 * want.abs().max(), name
     print("ok")
