@@ -1,12 +1,13 @@
 """``python -m autotune collect | train | evaluate``: the cost model's data, model and evaluation.
 
-Retrain on your own GPU (two commands)::
+Retrain on your own GPU (two commands; ``<gpu>`` is :func:`autotune.gpus.gpu_slug` of its name,
+``h100`` for an H100)::
 
     python -m autotune collect --out autotune/data/raw --workers 8 --time-budget 3000
-    python -m autotune train --data autotune/data/raw --out autotune/models/h100.json
+    python -m autotune train --data autotune/data/raw --out autotune/models/<gpu>.json
 
 ``collect`` is resumable (rerun it to continue), ``train`` writes the model that
-:func:`autotune.select` loads (``PYG_UGRAPHER_MODEL`` names another file).
+:func:`autotune.select` loads on that GPU (``PYG_UGRAPHER_MODEL`` names another file).
 
 Each command imports its module when it runs: ``collect`` (which ``train`` and ``evaluate`` import
 too) imports Triton, and ``collect --device cpu`` must set ``TRITON_INTERPRET`` before that.
@@ -20,6 +21,9 @@ import os
 import sys
 from pathlib import Path
 from typing import List, Optional
+
+#: ``evaluate``'s default output folder.
+EVAL_OUT = Path("autotune/data/eval")
 
 
 def _ints(text: str) -> List[int]:
@@ -39,9 +43,13 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("collect", help="time sampled schedules on the graph corpus")
     c.add_argument("--out", type=Path, default=Path("autotune/data/raw"), help="output folder")
     c.add_argument(
-        "--graphs", type=_names, default=None, help="comma-separated corpus names or prefixes (default: all)"
+        "--graphs",
+        type=_names,
+        default=None,
+        help="comma-separated corpus names, name prefixes or groups (real, synthetic, uniform, power_law, "
+        "rmat, hubs, batch, bipartite); default: all",
     )
-    c.add_argument("--list-graphs", action="store_true", help="print the corpus and exit")
+    c.add_argument("--list-graphs", action="store_true", help="print the graphs a run would cover and exit")
     c.add_argument("--ops", type=_names, default=None, help="forward operators (default: the six)")
     c.add_argument("--no-backward", action="store_true", help="skip the backward steps")
     c.add_argument("--features", type=_ints, default=None, help="message widths F (default: 16..512)")
@@ -57,7 +65,12 @@ def parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="fit the cost model on collected data")
     t.add_argument("--data", type=Path, nargs="+", required=True, help="collected files or folders")
-    t.add_argument("--out", type=Path, default=Path("autotune/models/h100.json"))
+    t.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="model file; select loads autotune/models/<gpu>.json on that GPU (h100, h200: the slug of its name)",
+    )
     t.add_argument("--n-estimators", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument(
@@ -70,8 +83,19 @@ def parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("evaluate", help="leave-graphs-out cross-validation")
     e.add_argument("--data", type=Path, nargs="+", required=True, help="collected files or folders")
-    e.add_argument("--out", type=Path, default=Path("autotune/data/eval"), help="CSV and plots")
+    e.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="CSV and plots (default: autotune/data/eval, and its leave_one_out_real folder with --leave-one-out)",
+    )
     e.add_argument("--folds", type=int, default=5)
+    e.add_argument(
+        "--leave-one-out",
+        choices=("real",),
+        default=None,
+        help="hold out each real graph in turn, trained on all other graphs, instead of folds",
+    )
     e.add_argument("--n-estimators", type=int, default=None)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--target", choices=("log_time", "relative", "rank"), default="rank")
@@ -88,8 +112,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from . import collect
 
         if args.list_graphs:
-            for spec in collect.corpus():
-                print(f"{spec.name:32s} {spec.kind:10s} {spec.num_edges or '':>12}")
+            for spec in collect.select_graphs(args.graphs, args.max_edges):
+                print(f"{spec.name:32s} {','.join(spec.groups):26s} {spec.num_edges:>12}")
             return 0
         settings = collect.Settings(
             out=args.out,
@@ -116,7 +140,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     from .evaluate import evaluate
 
-    evaluate(args.data, args.out, folds=args.folds, n_estimators=args.n_estimators, seed=args.seed, kind=args.target)
+    out = args.out
+    if out is None:
+        out = EVAL_OUT if args.leave_one_out is None else EVAL_OUT / f"leave_one_out_{args.leave_one_out}"
+    evaluate(
+        args.data,
+        out,
+        folds=args.folds,
+        n_estimators=args.n_estimators,
+        seed=args.seed,
+        kind=args.target,
+        leave_out=args.leave_one_out,
+    )
     return 0
 
 

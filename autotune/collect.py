@@ -6,8 +6,11 @@ A *case* is one (graph, operator, width ``F``, dtype); each case times a sample 
 ``skipped``, with the reason in ``note``).
 
 * **Corpus** (:func:`corpus`): seeded synthetic graphs (uniform, Chung-Lu power law at several
-  exponents, R-MAT, bipartite shapes) from :math:`10^3` to :math:`10^8` edges, and every real graph
-  of :func:`pyg_ugrapher.datasets.available_datasets`.
+  exponents, R-MAT, bipartite shapes, block-diagonal batches of small graphs, graphs with a few
+  hubs of :data:`HUB_DEGREE` edges) from :math:`10^3` to :math:`10^8` edges, and every real graph
+  of :func:`pyg_ugrapher.datasets.available_datasets` (:func:`real_graphs`; PROTEINS, DD and
+  COLLAB as block-diagonal batches of their graphs). ``--graphs`` picks graphs by name, name
+  prefix or group (:attr:`GraphSpec.groups`).
 * **Operators** (:func:`op_cases`): the forward operators users run and every step of their
   backward passes (:func:`pyg_ugrapher.backward.derive`), each on the graph it runs on (the
   reversed graph for gradients of source features).
@@ -81,23 +84,46 @@ _WRITE_EVERY = 30.0
 
 
 # -- the graph corpus ------------------------------------------------------------------------------
+#: In- and out-degree of each hub of a ``hubs`` graph: rows far longer than any other, so that a
+#: schedule in which one program walks a whole hub keeps the GPU waiting on that program.
+HUB_DEGREE = 100_000
+#: Nodes of each small graph of a ``batch`` graph (uniformly from this range, both ends included),
+#: the size of molecules and proteins batched for graph classification.
+BATCH_NODES = (10, 60)
+#: What ``--graphs`` selects by besides names: a synthetic generator (:attr:`GraphSpec.kind`),
+#: ``real`` or ``synthetic`` graphs, and ``bipartite`` ones.
+GROUPS = ("real", "synthetic", "uniform", "power_law", "rmat", "hubs", "batch", "bipartite")
+
+
 @dataclass(frozen=True)
 class GraphSpec:
     """One graph of the corpus: a real dataset or seeded generator arguments."""
 
     name: str
-    kind: str  #: "real", "uniform", "power_law" or "rmat"
+    kind: str  #: "real", "uniform", "power_law", "rmat", "hubs" or "batch"
     num_edges: int = 0  #: synthetic only (real graphs: known once loaded)
     num_nodes: int = 0
     num_dst: Optional[int] = None  #: bipartite destinations
     exponent: float = 0.8
+    hubs: int = 0  #: ``hubs`` graphs: how many
     seed: int = 0
+
+    @property
+    def groups(self) -> Tuple[str, ...]:
+        """The :data:`GROUPS` the graph belongs to."""
+        if self.kind == "real":
+            return ("real",)
+        return ("synthetic", self.kind) + (("bipartite",) if self.num_dst else ())
 
     def load(self, device: torch.device) -> GraphStructure:
         if self.kind == "real":
             data = datasets.load_dataset(self.name)
             return structure_of(data.edge_index.to(device), int(data.num_nodes), int(data.num_nodes))
-        if self.kind == "rmat":
+        if self.kind == "hubs":
+            edge_index = hub_graph(self.num_nodes, self.num_edges, self.hubs, seed=self.seed, device=device)
+        elif self.kind == "batch":
+            edge_index = batch_graph(self.num_nodes, self.num_edges, seed=self.seed, device=device)
+        elif self.kind == "rmat":
             edge_index = datasets.rmat_graph(
                 self.num_nodes.bit_length() - 1, self.num_edges, seed=self.seed, device=device
             )
@@ -116,6 +142,37 @@ class GraphSpec:
             )
         num_dst = self.num_nodes if self.num_dst is None else self.num_dst
         return structure_of(edge_index, self.num_nodes, num_dst)
+
+
+def hub_graph(num_nodes: int, num_edges: int, hubs: int, seed: int, device: torch.device) -> Tensor:
+    """``num_edges`` edges over ``num_nodes`` nodes: ``hubs`` random nodes with
+    :data:`HUB_DEGREE` edges to and from random nodes each, the other edges uniform (seeded)."""
+    spokes = hubs * HUB_DEGREE
+    if num_edges < 2 * spokes:
+        raise ValueError(f"num_edges: {hubs} hubs need {2 * spokes} edges, got {num_edges}")
+    background = datasets.uniform_graph(num_nodes, num_edges - 2 * spokes, seed=seed, device=device)
+    generator = torch.Generator(device=device).manual_seed(seed + 1)
+    centres = torch.randperm(num_nodes, generator=generator, device=device)[:hubs].repeat_interleave(HUB_DEGREE)
+    others = torch.randint(num_nodes, (spokes,), generator=generator, device=device)
+    return torch.cat([background, torch.stack([others, centres]), torch.stack([centres, others])], dim=1)
+
+
+def batch_graph(num_nodes: int, num_edges: int, seed: int, device: torch.device) -> Tensor:
+    """A block-diagonal batch of small uniform graphs of :data:`BATCH_NODES` nodes each (the last
+    one smaller where ``num_nodes`` ends), ``num_edges`` edges in all (a random one in both
+    directions per pair, rounded up to even), spread over the graphs by their sizes (seeded)."""
+    low, high = BATCH_NODES
+    generator = torch.Generator(device=device).manual_seed(seed)
+    sizes = torch.randint(low, high + 1, (num_nodes // low + 1,), generator=generator, device=device)
+    ends = torch.cumsum(sizes, 0)
+    ends = torch.cat([ends[ends < num_nodes], ends.new_tensor([num_nodes])])
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    pairs = (num_edges + 1) // 2
+    src = torch.randint(num_nodes, (pairs,), generator=generator, device=device)
+    block = torch.searchsorted(ends, src, right=True)
+    span = ends[block] - starts[block]
+    dst = starts[block] + (torch.rand(pairs, generator=generator, device=device) * span).long().clamp_(max=span - 1)
+    return torch.stack([torch.cat([src, dst]), torch.cat([dst, src])])
 
 
 def structure_of(edge_index: Tensor, num_src: int, num_dst: int) -> GraphStructure:
@@ -153,20 +210,29 @@ def _short(count: float) -> str:
 
 
 def _synthetic(kind: str, num_nodes: int, num_edges: int, **kwargs) -> GraphSpec:
-    label = {"uniform": "uni", "power_law": f"pl{kwargs.get('exponent', 0.8):g}", "rmat": "rmat"}[kind]
+    label = {
+        "uniform": "uni",
+        "power_law": f"pl{kwargs.get('exponent', 0.8):g}",
+        "rmat": "rmat",
+        "hubs": f"hub{kwargs.get('hubs', 0)}",
+        "batch": "batch",
+    }[kind]
     dst = kwargs.get("num_dst")
     nodes = _short(num_nodes) + (f"x{_short(dst)}" if dst else "")
     return GraphSpec(f"{label}-n{nodes}-e{_short(num_edges)}", kind, num_edges, num_nodes, **kwargs)
 
 
 def corpus() -> List[GraphSpec]:
-    """Every graph of the corpus, by increasing size (so that a time-limited run covers the small
+    r"""Every graph of the corpus, by increasing size (so that a time-limited run covers the small
     and middle sizes first).
 
     Synthetic families: uniform at mean degrees 2, 10 and 100; power law (exponent 0.8, maximum
     degree tens of times the mean) from :math:`10^3` to :math:`10^8` edges; milder (0.5) and
     heavier (1.0, 1.2) exponents at :math:`10^5..10^7`; R-MAT; bipartite graphs with many sources
-    and few destinations (mini-batch sampling) and the reverse.
+    and few destinations (mini-batch sampling) and the reverse; block-diagonal batches of small
+    graphs (mean degree 4, as a batch of molecules or proteins) from :math:`10^4` to
+    :math:`10^7` edges; uniform graphs with 1, 2 or 4 hubs of :data:`HUB_DEGREE` edges from
+    :math:`3 \cdot 10^5` to :math:`10^7` edges.
     """
     specs = [_synthetic("uniform", int(e // 10), int(e)) for e in (1e3, 1e4, 1e5, 1e6, 1e7, 1e8)]
     specs += [_synthetic("uniform", int(e // 2), int(e)) for e in (1e4, 1e6)]
@@ -181,17 +247,25 @@ def corpus() -> List[GraphSpec]:
         _synthetic("uniform", 2_000, 1_000_000, num_dst=100_000),
         _synthetic("power_law", 200_000, 4_000_000, num_dst=20_000),
     ]
-    specs += [GraphSpec(name, "real", _REAL_EDGES.get(name, 0)) for name in datasets.available_datasets()]
+    specs += [_synthetic("batch", int(e // 4), int(e)) for e in (1e4, 1e5, 1e6, 1e7)]
+    specs += [_synthetic("hubs", int(n), int(e), hubs=h) for n, e, h in ((1e5, 3e5, 1), (2e5, 1e6, 2), (1e6, 1e7, 4))]
+    specs += [GraphSpec(name, "real", _REAL_EDGES.get(name, 0)) for name in real_graphs()]
     return sorted(specs, key=lambda s: s.num_edges)
+
+
+def real_graphs() -> List[str]:
+    """The real graphs of the corpus (every dataset of
+    :func:`~pyg_ugrapher.datasets.available_datasets`); the rest is synthetic."""
+    return datasets.available_datasets()
 
 
 def family(spec: GraphSpec, graph: GraphStructure) -> str:
     """``"power_law"`` or ``"uniform"``: synthetic graphs by their generator (exponent 0.5 and up
-    is skewed), real graphs by their in-degrees (the largest over 8x the mean, the heuristic's
-    criterion)."""
-    if spec.kind in ("power_law", "rmat"):
+    is skewed, so are hubs; batches of small uniform graphs are not), real graphs by their
+    in-degrees (the largest over 8x the mean, the heuristic's criterion)."""
+    if spec.kind in ("power_law", "rmat", "hubs"):
         return "power_law"
-    if spec.kind == "uniform":
+    if spec.kind in ("uniform", "batch"):
         return "uniform"
     rows = csr_stats(graph.csr).rows
     return "power_law" if rows.max > 8 * max(rows.mean, 1.0) else "uniform"
@@ -423,7 +497,7 @@ class Settings:
     """What one ``collect`` run covers and how (the CLI's options)."""
 
     out: Path
-    graphs: Optional[List[str]] = None  #: names (or prefixes) from :func:`corpus`; None: all
+    graphs: Optional[List[str]] = None  #: see :func:`select_graphs`; None: all
     ops: Sequence[str] = FORWARD_OPS
     backward: bool = True
     features: Sequence[int] = FEATURE_SIZES
@@ -438,13 +512,20 @@ class Settings:
     device: str = "cuda"
 
 
-def _select_graphs(names: Optional[List[str]], max_edges: float) -> List[GraphSpec]:
+def _matches(spec: GraphSpec, name: str) -> bool:
+    return spec.name.startswith(name) or name.replace("-", "_") in spec.groups
+
+
+def select_graphs(names: Optional[Sequence[str]] = None, max_edges: float = math.inf) -> List[GraphSpec]:
+    """The graphs of :func:`corpus` named by ``names`` (``None`` or empty: all), by name, a prefix
+    of names (``pl0.8``) or one of :data:`GROUPS` (``real``, ``hubs``, ``power-law``), of at most
+    ``max_edges`` edges (a real graph's stored count; the loaded graph is checked again)."""
     specs = corpus()
     if names:
-        unknown = [n for n in names if not any(s.name == n or s.name.startswith(n) for s in specs)]
+        unknown = [n for n in names if not any(_matches(s, n) for s in specs)]
         if unknown:
-            raise ValueError(f"graphs: unknown {unknown}; known: {[s.name for s in specs]}")
-        specs = [s for s in specs if any(s.name == n or s.name.startswith(n) for n in names)]
+            raise ValueError(f"graphs: unknown {unknown}; known: {list(GROUPS)} and {[s.name for s in specs]}")
+        specs = [s for s in specs if any(_matches(s, n) for n in names)]
     return [s for s in specs if s.num_edges <= max_edges]
 
 
@@ -481,7 +562,7 @@ def collect(settings: Settings) -> Path:
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     gpu = gpu_info(device)
-    specs = _select_graphs(settings.graphs, settings.max_edges)
+    specs = select_graphs(settings.graphs, settings.max_edges)
     deadline = math.inf if settings.time_budget is None else time.monotonic() + settings.time_budget
     timer = Timer(device, settings.reps)
 

@@ -1,8 +1,14 @@
-r"""Leave-graphs-out cross-validation of the cost model: ``python -m autotune evaluate``.
+r"""Leave-graphs-out evaluation of the cost model: ``python -m autotune evaluate``.
 
-Graphs are dealt into ``folds`` groups (seeded); each fold trains on the other graphs' rows and
-predicts its own, so every prediction is for a graph the model never saw. For every case (graph,
-operator, ``F``, dtype, GPU) with measured schedules :math:`S`:
+Every prediction is for a graph the model never saw, in one of two ways:
+
+* ``--folds k`` (:func:`cross_validate`): graphs are dealt into ``k`` groups (seeded); each fold
+  trains on the other graphs' rows and predicts its own;
+* ``--leave-one-out real`` (:func:`leave_one_out`): each real graph of the data
+  (:func:`autotune.collect.real_graphs`) is predicted by a model trained on every other graph's
+  rows, real and synthetic: how the model does on a real graph it has not seen, given the corpus.
+
+For every case (graph, operator, ``F``, dtype, GPU) with measured schedules :math:`S`:
 
 .. math::
     \text{ratio}(c) = t_c / \min_{s \in S} t_s
@@ -22,7 +28,13 @@ Summaries (``summary.csv``): the geometric mean of the ratio and the fraction of
 10% of the best, over all cases and over the power-law and uniform halves of the corpus
 (``family``); ``sizes.csv``: the same per bin of the best time (small cases are the noisiest).
 ``cases.csv`` holds every case; two plots show predictions against measurements and chosen
-against best times.
+against best times. Leaving real graphs out also writes ``graphs.csv``, ``families.csv`` and
+``widths.csv``: the geometric mean, the fraction within 10% and the worst ratio per held-out
+graph, per family and per ``F`` (:func:`grouped`).
+
+Where the data measured a schedule of a case more than once (two collections of the same graphs
+read together), ``stability.csv`` says how far apart the two measurements are (:func:`stability`):
+the best a model can do against one measurement when it ranks like the other.
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from .collect import read_table
+from .collect import read_table, real_graphs
 from .features import frame_features
 from .train import CASE, fit, target, usable
 
@@ -85,21 +97,57 @@ def static_choices(train: pd.DataFrame, by: Sequence[str] = ("message", "F")) ->
     return choices
 
 
+def _timed_cases(table: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The usable rows of ``table`` with a ``case`` number and the ``target`` of ``kind``."""
+    rows = usable(table)
+    rows["case"] = rows.groupby(CASE, sort=False).ngroup()
+    rows["target"] = target(rows, kind)
+    return rows
+
+
 def cross_validate(
     table: pd.DataFrame, folds: int = 5, n_estimators: Optional[int] = None, seed: int = 0, kind: str = "rank"
 ) -> pd.DataFrame:
     """Held-out predictions: the rows of ``table`` that were timed, with ``target`` and ``pred``
     (the model's target ``kind`` and its held-out prediction), ``static`` and ``single`` (this
     row is its fold's static choice per width, or for every width) columns."""
-    rows = usable(table)
-    rows["case"] = rows.groupby(CASE, sort=False).ngroup()
-    rows["target"] = target(rows, kind)
-    fold_of = assign_folds(rows["graph"], folds, seed)
+    rows = _timed_cases(table, kind)
+    return _predict_held_out(rows, assign_folds(rows["graph"], folds, seed), n_estimators, seed, kind)
+
+
+def leave_one_out(
+    table: pd.DataFrame,
+    graphs: Optional[Sequence[str]] = None,
+    n_estimators: Optional[int] = None,
+    seed: int = 0,
+    kind: str = "rank",
+) -> pd.DataFrame:
+    """Held-out predictions of each of ``graphs`` (default: the real graphs,
+    :func:`~autotune.collect.real_graphs`) that ``table`` holds, each by a model trained on the
+    rows of every other graph of ``table``: those graphs' timed rows, with the columns of
+    :func:`cross_validate` (``fold``: the graph's position in the sorted list)."""
+    rows = _timed_cases(table, kind)
+    wanted = set(real_graphs() if graphs is None else graphs)
+    held_out = sorted(wanted & set(rows["graph"]))
+    if not held_out:
+        raise ValueError(f"graphs: none of {sorted(wanted)} has timed rows in the data")
+    if len(held_out) == rows["graph"].nunique():
+        raise ValueError("graphs: every graph of the data would be held out, none left to train on")
+    rows = _predict_held_out(rows, {graph: i for i, graph in enumerate(held_out)}, n_estimators, seed, kind)
+    return rows[rows["fold"].notna()].reset_index(drop=True)
+
+
+def _predict_held_out(
+    rows: pd.DataFrame, fold_of: Dict[str, int], n_estimators: Optional[int], seed: int, kind: str
+) -> pd.DataFrame:
+    """``rows`` with ``fold`` (of ``fold_of``; NaN for graphs never held out), ``pred``,
+    ``static`` and ``single``: each fold's rows predicted by a model, and judged by static choices,
+    fitted on the rows of every graph outside the fold."""
     rows["fold"] = rows["graph"].map(fold_of)
     rows["pred"] = np.nan
     rows["static"] = False
     rows["single"] = False
-    for fold in range(folds):
+    for fold in sorted(set(fold_of.values())):
         test = rows["fold"] == fold
         train = rows[~test]
         model = fit(train, n_estimators, seed, kind)
@@ -129,22 +177,34 @@ def case_table(rows: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+def _ratio_stats(ratio: pd.Series) -> Dict[str, float]:
+    """Case count, geometric mean and fraction within 10% of the best of the ratios ``ratio``."""
+    return {
+        "cases": len(ratio),
+        "geomean": float(np.exp(np.log(ratio).mean())) if len(ratio) else np.nan,
+        "within_10pct": float((ratio <= 1.1).mean()) if len(ratio) else np.nan,
+    }
+
+
+def grouped(cases: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Per value of the case column ``by`` (``graph``, ``family``, ``F``) and method: the case
+    count, geometric-mean ratio, fraction within 10% of the best and worst ratio."""
+    records = []
+    for value, part in cases.groupby(by, sort=True):
+        for method in METHODS:
+            ratio = part[method].dropna()
+            worst = float(ratio.max()) if len(ratio) else np.nan
+            records.append({by: value, "method": method, **_ratio_stats(ratio), "worst": worst})
+    return pd.DataFrame(records)
+
+
 def summarize(cases: pd.DataFrame) -> pd.DataFrame:
     """Geometric-mean ratio, fraction within 10% and case count per method and corpus half."""
     records = []
     for half in ("all", "power_law", "uniform"):
         part = cases if half == "all" else cases[cases["family"] == half]
         for method in METHODS:
-            ratio = part[method].dropna()
-            records.append(
-                {
-                    "half": half,
-                    "method": method,
-                    "cases": len(ratio),
-                    "geomean": float(np.exp(np.log(ratio).mean())) if len(ratio) else np.nan,
-                    "within_10pct": float((ratio <= 1.1).mean()) if len(ratio) else np.nan,
-                }
-            )
+            records.append({"half": half, "method": method, **_ratio_stats(part[method].dropna())})
     return pd.DataFrame(records)
 
 
@@ -161,6 +221,39 @@ def by_size(cases: pd.DataFrame) -> pd.DataFrame:
             record[f"{method}_within_10pct"] = float((ratio <= 1.1).mean()) if len(ratio) else np.nan
         records.append(record)
     return pd.DataFrame(records)
+
+
+def stability(table: pd.DataFrame) -> Optional[pd.DataFrame]:
+    """Schedules measured twice: per case (of at least two of them), the schedules measured twice
+    (``schedules``), the geometric mean of the larger time of each over the smaller (``spread``),
+    the fraction of them whose two times are within 10% (``within_10pct``), and ``oracle``: the
+    second time of the schedule best in the first measurement over the best second time, the ratio
+    that a perfect model of the first measurement scores against the second. The first two
+    measurements of a schedule count, in the order the data lists them. ``None`` where no schedule
+    was measured twice."""
+    rows = usable(table)
+    key = CASE + ["config"]
+    rows["run"] = rows.groupby(key, sort=False).cumcount()
+    twice = rows.groupby(key, sort=False)["run"].transform("max") >= 1
+    rows = rows[twice & (rows["run"] <= 1)]
+    if rows.empty:
+        return None
+    times = rows.pivot_table(index=key, columns="run", values="time_ms", aggfunc="first")
+    first, second = times[0], times[1]
+    spread = np.maximum(first, second) / np.minimum(first, second)
+    per_case = pd.DataFrame({"spread": spread, "first": first, "second": second}).groupby(level=CASE)
+    out = per_case.apply(
+        lambda case: pd.Series(
+            {
+                "schedules": len(case),
+                "spread": float(np.exp(np.log(case["spread"]).mean())),
+                "within_10pct": float((case["spread"] <= 1.1).mean()),
+                "oracle": float(case["second"].loc[case["first"].idxmin()] / case["second"].min()),
+            }
+        )
+    )
+    out = out[out["schedules"] >= 2]
+    return out.reset_index() if len(out) else None
 
 
 def plot(rows: pd.DataFrame, cases: pd.DataFrame, out: Path, kind: str = "rank") -> List[Path]:
@@ -227,6 +320,12 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+#: What ``--leave-one-out`` can hold out: every real graph of the data, one at a time.
+LEAVE_OUT = ("real",)
+#: The files of :func:`grouped` summaries that leaving graphs out writes, by case column.
+GROUPED_FILES = {"graph": "graphs.csv", "family": "families.csv", "F": "widths.csv"}
+
+
 def evaluate(
     data: Sequence[os.PathLike],
     out: os.PathLike,
@@ -234,12 +333,22 @@ def evaluate(
     n_estimators: Optional[int] = None,
     seed: int = 0,
     kind: str = "rank",
+    leave_out: Optional[str] = None,
 ) -> pd.DataFrame:
-    """Cross-validate a model of target ``kind`` on the tables under ``data``; write
-    ``cases.csv``, ``summary.csv``, ``sizes.csv`` and the plots to ``out``; return the summary."""
+    """Evaluate a model of target ``kind`` on the tables under ``data``: by ``folds``-fold
+    cross-validation, or with ``leave_out="real"`` by leaving each real graph out in turn
+    (:func:`leave_one_out`, which also writes the :data:`GROUPED_FILES`). Writes ``cases.csv``,
+    ``summary.csv``, ``sizes.csv``, the plots and, for data that measured schedules twice,
+    ``stability.csv`` to ``out``; returns the summary."""
+    if leave_out is not None and leave_out not in LEAVE_OUT:
+        raise ValueError(f"leave_out: unknown {leave_out!r}; expected one of {LEAVE_OUT}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = cross_validate(read_table(data), folds, n_estimators, seed, kind)
+    table = read_table(data)
+    if leave_out is None:
+        rows = cross_validate(table, folds, n_estimators, seed, kind)
+    else:
+        rows = leave_one_out(table, None, n_estimators, seed, kind)
     cases = case_table(rows)
     summary = summarize(cases)
     cases.to_csv(out / "cases.csv", index=False)
@@ -247,6 +356,28 @@ def evaluate(
     sizes = by_size(cases)
     sizes.to_csv(out / "sizes.csv", index=False)
     plot(rows, cases, out, kind)
-    print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(sizes.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    _show(summary, sizes)
+    if leave_out is not None:
+        for column, name in GROUPED_FILES.items():
+            part = grouped(cases, column)
+            part.to_csv(out / name, index=False)
+            _show(part[part["method"] == "model"])
+    repeated = stability(table)
+    if repeated is None:
+        log.info("no schedule was measured twice: no stability check")
+    else:
+        repeated.to_csv(out / "stability.csv", index=False)
+        oracle = repeated["oracle"]
+        log.info(
+            "stability of %d cases measured twice: oracle ratio geomean %.3f, %.0f%% within 10%%, worst %.3f",
+            len(repeated),
+            float(np.exp(np.log(oracle).mean())),
+            100 * float((oracle <= 1.1).mean()),
+            float(oracle.max()),
+        )
     return summary
+
+
+def _show(*frames: pd.DataFrame) -> None:
+    for frame in frames:
+        print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

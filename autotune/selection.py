@@ -1,16 +1,18 @@
 """Runtime selection: the schedule for one (graph, operator, width, dtype, device).
 
-On a CUDA device with a trained model (``autotune/models/h100.json``, or the file named by the
-environment variable ``PYG_UGRAPHER_MODEL``), every schedule of the design space is scored by the
+On a CUDA device with a trained model (the file named by the environment variable
+``PYG_UGRAPHER_MODEL``, else ``autotune/models/<gpu>.json`` of the device's GPU or of the nearest
+architecture shipped: :func:`model_path`), every schedule of the design space is scored by the
 cost model and the lowest score wins (a predicted time, or the shipped ranking model's score,
 which grows with time): one feature matrix (:func:`autotune.features.case_features`) and one walk
 of the model's trees on the GPU itself (:mod:`autotune.forest`, several times faster than
 XGBoost's ``inplace_predict`` on the host), so an uncached selection takes well under a
 millisecond. XGBoost scores on the host where the forest cannot run: a model that does not
-convert, or a CUDA graph being captured. A GPU the model was not trained on uses it as it is (its
-SM count and compute capability are features). Graphs of up to :data:`SMALL_GRAPH_EDGES` edges on
-a GPU get one schedule per operator and width (:func:`autotune.heuristic.small_graph_schedule`);
-larger ones are scored by the model whatever their size. From :data:`MEASURE_EDGES` edges on,
+convert, or a CUDA graph being captured. A GPU without a model of its own uses the nearest
+architecture's as it is (its SM count and compute capability are features). Graphs of up to
+:data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per operator and width
+(:func:`autotune.heuristic.small_graph_schedule`); larger ones are scored by the model whatever
+their size. From :data:`MEASURE_EDGES` edges on,
 where one kernel takes about a millisecond, the model's shortlist is timed once on the call's own
 operands, the winner refined through its neighbours (:func:`~triton_kernels.space.neighbours`),
 and the fastest wins (:func:`select_measured`; off with ``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a
@@ -36,6 +38,7 @@ decision run under one lock (:data:`_LOCK`); see ``docs/caches.md``.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import statistics
@@ -43,7 +46,7 @@ import threading
 import warnings
 import weakref
 from pathlib import Path
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -56,11 +59,16 @@ from triton_kernels.space import MAX_TILE, neighbours, space
 from .cost_model import CostModel
 from .features import GpuInfo, case_features, gpu_info
 from .forest import Forest
+from .gpus import CAPABILITY, gpu_slug
 from .heuristic import heuristic, small_graph_schedule
 from .timing import median_ms
 
-#: The model shipped with the package.
-DEFAULT_MODEL = Path(__file__).resolve().parent / "models" / "h100.json"
+log = logging.getLogger(__name__)
+
+#: The shipped models, one ``<gpu>.json`` per GPU they were trained on
+#: (:func:`autotune.gpus.gpu_slug` of its name).
+MODELS = Path(__file__).resolve().parent / "models"
+#: Names the model file that every device uses, in place of the shipped ones.
 MODEL_ENV = "PYG_UGRAPHER_MODEL"
 
 #: On a GPU, graphs of up to this many edges get :func:`~autotune.heuristic.small_graph_schedule`:
@@ -100,6 +108,8 @@ _CACHE: Dict[Tuple, ParallelInfo] = {}
 _RESOLVED: Dict[Tuple, ParallelInfo] = {}
 _MEASURED: Dict[Tuple, ParallelInfo] = {}
 _BOOSTERS: Dict[Path, object] = {}
+#: The shipped model of each device (by CUDA index; -1: no GPU to describe), chosen once.
+_DEVICE_MODELS: Dict[int, Optional[Path]] = {}
 _FORESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: Bumped by :func:`clear_cache`: callers that keep decisions of their own compare it.
 generation = 0
@@ -110,9 +120,105 @@ _LOCK = threading.RLock()
 _MISSING = object()
 
 
-def model_path() -> Path:
-    """The model file :func:`select` uses: ``$PYG_UGRAPHER_MODEL`` or the shipped one."""
-    return _path(os.environ.get(MODEL_ENV) or str(DEFAULT_MODEL))
+def shipped_models() -> List[str]:
+    """The GPUs with a model in :data:`MODELS` (the file names' stems)."""
+    return sorted(path.stem for path in MODELS.glob("*.json"))
+
+
+def _newness(slug: str) -> Tuple[bool, Tuple[int, int], int, str]:
+    """Orders model slugs from the oldest GPU to the newest: by compute capability, then by
+    :data:`~autotune.gpus.CAPABILITY`'s order; slugs it does not know before all others."""
+    known = slug in CAPABILITY
+    return known, CAPABILITY.get(slug, (0, 0)), list(CAPABILITY).index(slug) if known else -1, slug
+
+
+def model_for(name: str, capability: Optional[Tuple[int, int]], available: Iterable[str]) -> Optional[str]:
+    """The model, of the GPU slugs ``available``, for a GPU named ``name`` (as
+    ``torch.cuda.get_device_name`` gives it) of compute capability ``capability`` (``(major,
+    minor)``; ``None``: unknown): its own (:func:`~autotune.gpus.gpu_slug` of ``name``); else the
+    nearest architecture: a GPU of the same compute capability, then of the same major version
+    (the nearest minor one first); else the newest GPU. Among equals the newest wins. ``None`` if
+    nothing is available.
+
+    A model ranks the schedules of its training GPU, and GPUs of one architecture share what
+    orders schedules (warp schedulers, shared memory, atomics), whatever their memory or SM count.
+    """
+    available = sorted(set(available))
+    if not available:
+        return None
+    own = gpu_slug(name)
+    if own in available:
+        return own
+    if capability is not None:
+        major, minor = capability
+        known = [slug for slug in available if slug in CAPABILITY]
+        same = [slug for slug in known if CAPABILITY[slug] == (major, minor)]
+        if same:
+            return max(same, key=_newness)
+        family = [slug for slug in known if CAPABILITY[slug][0] == major]
+        if family:
+            return max(family, key=lambda slug: (-abs(CAPABILITY[slug][1] - minor), _newness(slug)))
+    return max(available, key=_newness)
+
+
+def _newest_model() -> Optional[Path]:
+    slug = model_for("", None, shipped_models())
+    return None if slug is None else MODELS / f"{slug}.json"
+
+
+#: The newest shipped model (``None`` if none is): the model of a machine without a GPU to
+#: describe, and of a GPU whose architecture no shipped model shares.
+DEFAULT_MODEL = _newest_model()
+
+
+def _device_index(device: Optional[Union[str, torch.device]]) -> int:
+    """The CUDA index of ``device`` (default and ``cuda`` without an index: the current device);
+    -1 for a CPU or on a machine without CUDA."""
+    device = torch.device("cuda" if device is None else device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return -1
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def _choose_model(index: int) -> Optional[Path]:
+    """The shipped model of the GPU of CUDA index ``index`` (:func:`model_for`), logged."""
+    if index < 0:
+        return _newest_model()
+    name, capability = torch.cuda.get_device_name(index), tuple(torch.cuda.get_device_capability(index))
+    slug = model_for(name, capability, shipped_models())
+    if slug is None:
+        log.info("no cost model in %s: schedules on %s come from the heuristic", MODELS, name)
+        return None
+    path = MODELS / f"{slug}.json"
+    if slug == gpu_slug(name):
+        log.info("cost model for %s: %s", name, path)
+    else:
+        log.info(
+            "cost model for %s (compute capability %d.%d): %s, the nearest shipped (none for %s)",
+            name,
+            *capability,
+            path,
+            gpu_slug(name),
+        )
+    return path
+
+
+def model_path(device: Optional[Union[str, torch.device]] = None) -> Optional[Path]:
+    """The model file :func:`select` uses on ``device`` (default: the current CUDA device):
+    ``$PYG_UGRAPHER_MODEL``, else the shipped model of the device's GPU or of the nearest one
+    (:func:`model_for`), chosen and logged once per device; on a CPU or a machine without CUDA,
+    the newest shipped model. ``None`` when no model is shipped."""
+    override = os.environ.get(MODEL_ENV)
+    if override:
+        return _path(override)
+    index = _device_index(device)
+    path = _DEVICE_MODELS.get(index, _MISSING)
+    if path is _MISSING:
+        with _LOCK:
+            if index not in _DEVICE_MODELS:
+                _DEVICE_MODELS[index] = _choose_model(index)
+            path = _DEVICE_MODELS[index]
+    return path
 
 
 @functools.lru_cache(maxsize=64)
@@ -122,10 +228,12 @@ def _path(text: str) -> Path:
 
 
 def load_booster(path: Optional[Path] = None):
-    """The XGBoost booster of ``path`` (default :func:`model_path`), loaded once and set to
-    :data:`PREDICT_THREADS` threads; ``None`` if there is no such file or xgboost is not installed
-    (with a warning)."""
+    """The XGBoost booster of ``path`` (default: :func:`model_path` of the current device), loaded
+    once and set to :data:`PREDICT_THREADS` threads; ``None`` if there is no such file or xgboost
+    is not installed (with a warning)."""
     path = model_path() if path is None else Path(path)
+    if path is None:
+        return None
     booster = _BOOSTERS.get(path, _MISSING)
     if booster is not _MISSING:
         return booster
@@ -150,10 +258,15 @@ def load_booster(path: Optional[Path] = None):
         return booster
 
 
-def _gpu_booster(on_gpu: bool):
-    """The model's booster for a decision on a GPU that this machine has; ``None`` otherwise (the
-    heuristic decides) or without a model."""
-    return load_booster() if on_gpu and torch.cuda.is_available() else None
+def _gpu_booster(device: torch.device):
+    """The booster of ``device``'s model (:func:`model_path`) for a decision on a GPU that this
+    machine has; ``None`` otherwise (the heuristic decides) or without a model."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    if device.index is None:  # the current device, whose model is load_booster's default
+        return load_booster()
+    path = model_path(device)
+    return None if path is None else load_booster(path)
 
 
 def _forest(booster) -> Optional[Forest]:
@@ -295,7 +408,7 @@ def select(
     key = (stats, op, F, reduce_size, dtype, device)
     choice = _CACHE.get(key)
     if choice is None:
-        booster = _gpu_booster(on_gpu)
+        booster = _gpu_booster(device)
         # The model decides at every size: on large graphs too its choices run faster than the
         # heuristic's.
         if booster is None:
@@ -382,7 +495,7 @@ def resolve(
     key = (stats, op, F, reduce_size, dtype, device, partial)
     choice = _RESOLVED.get(key)
     if choice is None:
-        booster = _gpu_booster(on_gpu)
+        booster = _gpu_booster(device)
         candidates = [] if booster is None else completions(partial, op, F)
         if candidates:
             choice = predict_best(booster, stats, op, F, reduce_size, dtype, gpu_info(device), device, candidates)
@@ -400,7 +513,7 @@ def chooser(graph: Union[CSR, GraphStats, HasStats], device: Union[str, torch.de
     device = torch.device(device)
     if not partial and _small_gpu_graph(graph.num_edges, device):
         return "small-graph rule"
-    return "heuristic" if _gpu_booster(device.type == "cuda") is None else "cost model"
+    return "heuristic" if _gpu_booster(device) is None else "cost model"
 
 
 def graph_independent(graph: Union[CSR, GraphStats, HasStats], device: Union[str, torch.device]) -> bool:
@@ -458,7 +571,7 @@ def shortlist(
     device = torch.device(device or getattr(graph, "device", "cuda"))
     stats = bucket(_stats(graph))
     on_gpu = device.type == "cuda"
-    booster = _gpu_booster(on_gpu)
+    booster = _gpu_booster(device)
     best_of_shape: Dict[Tuple[str, int], ParallelInfo] = {}
     if booster is not None:
         for info in predict_ranked(booster, stats, op, F, reduce_size, dtype, gpu_info(device), device):
@@ -589,13 +702,14 @@ def select_measured(
 
 
 def clear_cache() -> None:
-    """Forget cached decisions, measurements and loaded models (after retraining, or changing the
-    model file)."""
+    """Forget cached decisions, measurements, loaded models and each device's choice of model
+    (after retraining, or changing the model files)."""
     global generation
     with _LOCK:
         _CACHE.clear()
         _RESOLVED.clear()
         _MEASURED.clear()
         _BOOSTERS.clear()
+        _DEVICE_MODELS.clear()
         _FORESTS.clear()
         generation += 1

@@ -559,6 +559,35 @@ def train_plot(frame: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def steps_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (dataset, batching, model), one ``<impl> <mode>`` column of ms per step each."""
+    timed = frame[frame.status.isin(TIMED)]
+    table = timed.pivot_table(
+        index=["dataset", "batching", "model"], columns=["impl", "mode"], values="step_ms", aggfunc="last"
+    )
+    table.columns = [f"{impl} {mode}" for impl, mode in table.columns]
+    return table.reset_index()
+
+
+def steps_plot(frame: pd.DataFrame, path: Path) -> None:
+    """Speed-up of every way of running a step over eager PyG, per (dataset, batching, model)."""
+    table = steps_table(frame)
+    if "pyg eager" not in table:
+        return
+    labels = [f"{r.dataset}\n{r.model} {r.batching}" for r in table.itertuples(index=False)]
+    columns = [c for c in table.columns[3:] if c != "pyg eager"]
+    series = {c: [table["pyg eager"].iloc[i] / table[c].iloc[i] for i in range(len(table))] for c in columns}
+    series = {c: [None if pd.isna(v) else v for v in values] for c, values in series.items()}
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(labels) + 3), 5))
+    _bars(ax, labels, series, "speed-up over eager PyG (wall clock per step)")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"training steps, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def distributed_plot(frame: pd.DataFrame, path: Path) -> None:
     """Edges per second of every case per number of ranks; the partitioned cases' epoch split
     into compute and halo exchanges."""
@@ -605,6 +634,8 @@ def plot(csv: Path) -> Optional[Path]:
         train_plot(frame, png)
     elif kind == "distributed":
         distributed_plot(frame, png)
+    elif kind == "steps":
+        steps_plot(frame, png)
     elif len(_unique(frame, ("graph", "op", "F"))) <= FEW_CASES:
         headline_plot(frame, png)
     else:

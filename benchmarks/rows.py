@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import re
 import subprocess
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -27,6 +26,8 @@ import pandas as pd
 import torch
 import torch_geometric
 import triton
+
+from autotune.gpus import gpu_slug
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -136,6 +137,29 @@ DISTRIBUTED_COLUMNS = (
     + STATUS
 )
 DISTRIBUTED_KEY = ("commit", "mode", "graph", "model", "compile_mode", "world_size")
+#: ``benchmarks.steps``: wall-clock time of one training step, host included, per way of running it.
+STEP_COLUMNS = (
+    ENV_COLUMNS
+    + (
+        "dataset",
+        "model",
+        "impl",
+        "mode",
+        "batching",
+        "num_nodes",
+        "num_edges",
+        "features",
+        "hidden",
+        "steps",
+        "step_ms",
+        "step_ms_iqr",
+        "host_syncs",
+        "recordings",
+        "final_loss",
+    )
+    + STATUS
+)
+STEP_KEY = ("commit", "dataset", "model", "impl", "mode", "batching")
 
 
 #: File kind -> (columns, key, baselines of its speed-up columns).
@@ -144,6 +168,7 @@ KINDS: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...], Tuple[str, ...]]] = {
     "layers": (LAYER_COLUMNS, LAYER_KEY, LAYER_BASELINES),
     "train_e2e": (TRAIN_COLUMNS, TRAIN_KEY, ("pyg",)),
     "distributed": (DISTRIBUTED_COLUMNS, DISTRIBUTED_KEY, ()),
+    "steps": (STEP_COLUMNS, STEP_KEY, ()),
 }
 NUMERIC = frozenset(
     MEASURED
@@ -169,6 +194,9 @@ NUMERIC = frozenset(
         "halo_rows",
         "halo_mib_per_layer",
         "cut_fraction",
+        "step_ms_iqr",
+        "host_syncs",
+        "recordings",
     )
 )
 #: Statuses of rows whose times count.
@@ -184,21 +212,6 @@ def kind_of(path: Path) -> str:
 
 
 # -- where and with what ---------------------------------------------------------------------------
-def gpu_slug(name: str) -> str:
-    """A short folder name for a device name: ``NVIDIA H100 80GB HBM3`` -> ``h100``, ``NVIDIA
-    GeForce RTX 4090`` -> ``rtx4090``, ``NVIDIA A100-SXM4-80GB`` -> ``a100``; ``cpu`` for a CPU."""
-    if not name or name.lower().startswith("cpu"):
-        return "cpu"
-    vendor = {"nvidia", "geforce", "tesla", "amd", "radeon", "instinct", "quadro"}
-    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w not in vendor]
-    picked: List[str] = []
-    for word in words:
-        picked.append(word)
-        if any(c.isdigit() for c in word):
-            break
-    return "".join(picked) or "gpu"
-
-
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

@@ -25,6 +25,8 @@ _LAZY = {
     "plan": "inspect",
     "Plan": "inspect",
     "accelerate": "acceleration",
+    "RecordedStep": "recording",
+    "pad_to_bucket": "recording",
 }
 _SUBMODULES = ("nn", "datasets", "reference", "backward", "layout", "ops")
 

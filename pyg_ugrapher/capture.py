@@ -19,9 +19,15 @@ Shapes, dtypes and devices are the real ones, so shape-dependent Python (``x_j.s
 ``view(-1, self.heads, C)``) runs as it would on real tensors. What is captured:
 
 * ``+ - * /`` between arguments and Python numbers, negation, ``** 2`` / ``** 0.5`` / ``** -1``;
-* ``relu``, ``leaky_relu`` (with its slope), ``sigmoid``, ``tanh``, ``exp``, ``log``, ``abs``,
-  ``sqrt``, ``rsqrt``, ``square``, ``reciprocal``, ``maximum`` / ``minimum`` (also as ``torch.max(a, b)``),
-  from ``torch``, ``torch.Tensor`` or ``torch.nn.functional``; dropout outside training;
+* ``relu``, ``leaky_relu`` (with its slope), ``elu`` (with its alpha), ``sigmoid``, ``tanh``, ``silu``,
+  ``gelu`` (exact or ``approximate="tanh"``), ``softplus`` (with its beta and threshold), ``exp``,
+  ``log``, ``abs``, ``sign``, ``sin``, ``cos``, ``erf``, ``sqrt``, ``rsqrt``, ``square``, ``reciprocal``,
+  ``maximum`` / ``minimum`` (also as ``torch.max(a, b)``), ``clamp`` / ``clip`` / ``clamp_min`` /
+  ``clamp_max`` and ``hardtanh`` / ``relu6`` with Python-number bounds, from ``torch``, ``torch.Tensor``
+  or ``torch.nn.functional``; dropout outside training;
+* comparisons (``> < >= <= == !=``, also combined with ``& | ~``) as the condition of
+  ``torch.where``, as a 0 / 1 mask beside a floating-point tensor (``x * (x > 0)``) or converted
+  with ``.to(dtype)`` / ``.float()``;
 * ``view`` / ``reshape`` / ``unsqueeze`` / ``squeeze`` / ``flatten`` of the feature dimensions (the
   edge dimension stays first); on an argument they become a reshape of the real operand, on an
   intermediate result they are pushed down to its arguments where that keeps the broadcasting;
@@ -44,7 +50,7 @@ from torch import Tensor
 from torch.overrides import resolve_name
 
 from .backward import canonical
-from .ir import Expr, OpInfo
+from .ir import SOFTPLUS_THRESHOLD, Expr, OpInfo
 from .layout import infer_layout
 
 Shape = Tuple[int, ...]
@@ -242,6 +248,10 @@ _SCALARS = (bool, int, float)
 _ELEMENTWISE_HINT = (
     "only elementwise arithmetic, activations, feature views and a final sum over the last dimension are captured"
 )
+_MASK_USE = (
+    "message() computes with a comparison result (a boolean tensor) on its own; it is captured as the "
+    "condition of torch.where, beside a floating-point tensor (x * (x > 0)) or converted with .to(dtype)"
+)
 
 
 class _Trace:
@@ -296,7 +306,7 @@ class _Trace:
             (self.num_edges,) + tuple(features),
             dtype,
             device,
-            requires_grad and torch.is_grad_enabled(),
+            requires_grad and dtype.is_floating_point and torch.is_grad_enabled(),
             expr,
             computed=computed,
             reduce=reduce,
@@ -339,10 +349,13 @@ class _Trace:
             return func(*args, **kwargs)
 
     # -- operands of an operation -------------------------------------------------------------
-    def node(self, x: Any) -> Tuple[Expr, Optional[Shape], Optional[torch.dtype], bool]:
+    def node(self, x: Any, mask: bool = False) -> Tuple[Expr, Optional[Shape], Optional[torch.dtype], bool]:
         """``(expr, features, dtype, requires_grad)`` of a value; features and dtype are ``None`` for
-        a Python number."""
+        a Python number. A comparison result (a boolean tensor, 1.0 / 0.0 in the IR) is accepted only
+        with ``mask``: where torch reads it as a condition or promotes it to 0 / 1."""
         if isinstance(x, TracedTensor):
+            if x.dtype == torch.bool and not mask:
+                raise CaptureError(_MASK_USE)
             return self.traced(x)._expr, x.features, x.dtype, x.requires_grad
         if isinstance(x, _SCALARS):
             return Expr.const(float(x)), None, None, False
@@ -374,29 +387,57 @@ class _Trace:
             )
         return x
 
-    def combine(self, fn: str, a: Any, b: Any) -> TracedTensor:
-        """``fn(a, b)`` with torch's broadcasting, where both edge dimensions must line up."""
-        ea, fa, da, ga = self.node(a)
-        eb, fb, db, gb = self.node(b)
-        if fa is not None and fb is not None and len(fa) != len(fb):
+    def combine(self, fn: str, *values: Any, dtype: Optional[torch.dtype] = None, masks: bool = False) -> TracedTensor:
+        """``fn(*values)`` with torch's broadcasting, where every edge dimension must line up.
+
+        ``dtype`` is the result's (default: the tensors' promoted dtype). Comparison results may
+        take part beside a floating-point tensor, which torch promotes them to, as the condition of
+        ``where``, and everywhere with ``masks`` (logical operations).
+        """
+        floating = any(isinstance(v, TracedTensor) and v.dtype.is_floating_point for v in values)
+        nodes = [self.node(v, mask=masks or floating or (fn == "where" and i == 0)) for i, v in enumerate(values)]
+        shapes = [features for _, features, _, _ in nodes if features is not None]
+        ranks = sorted({len(features) + 1 for features in shapes})
+        if len(ranks) > 1:
             raise CaptureError(
-                f"message() combines tensors of {len(fa) + 1} and {len(fb) + 1} dimensions, "
+                f"message() combines tensors of {ranks[0]} and {ranks[-1]} dimensions, "
                 f"which broadcasts the edge dimension of one against a feature dimension "
                 f"of the other; view the smaller one first (e.g. w.view(-1, 1))"
             )
-        if fa is None or fb is None:
-            features = fa if fb is None else fb
-        else:
-            features = tuple(torch.broadcast_shapes(fa, fb))
-        dtype = da if db is None else db if da is None else torch.promote_types(da, db)
-        device = (a if isinstance(a, TracedTensor) else b).device
-        return self.value(Expr.apply(fn, ea, eb), features, dtype, device, ga or gb)
+        features = tuple(torch.broadcast_shapes(*shapes))
+        if dtype is None:
+            dtype = functools.reduce(torch.promote_types, [d for _, _, d, _ in nodes if d is not None])
+        device = next(v.device for v in values if isinstance(v, TracedTensor))
+        grad = any(g for _, _, _, g in nodes)
+        return self.value(Expr.apply(fn, *(e for e, _, _, _ in nodes)), features, dtype, device, grad)
 
-    def unary(self, fn: str, x: Any, *extra: float) -> TracedTensor:
+    def function(self, x: Any, build: Callable[[Expr], Expr]) -> TracedTensor:
+        """An elementwise function of one tensor: ``build`` makes its expression from ``x``'s."""
         expr, features, dtype, grad = self.node(x)
         if features is None:
             raise CaptureError("message() applies an activation to a Python number")
-        return self.value(Expr.apply(fn, expr, *extra), features, dtype, x.device, grad)
+        return self.value(build(expr), features, dtype, x.device, grad)
+
+    def unary(self, fn: str, x: Any, *extra: float) -> TracedTensor:
+        return self.function(x, lambda expr: Expr.apply(fn, expr, *extra))
+
+    def select(self, condition: Any, a: Any, b: Any) -> TracedTensor:
+        """``torch.where(condition, a, b)`` for a comparison ``condition`` of traced values."""
+        if not isinstance(condition, TracedTensor) or condition.dtype != torch.bool:
+            raise CaptureError(
+                "message() calls torch.where with a condition that is not a comparison of its tensor "
+                "arguments (>, <, >=, <=, ==, !=, combined with &, |, ~); only such conditions are captured"
+            )
+        arms = [x for x in (a, b) if isinstance(x, TracedTensor)]
+        if arms:
+            dtype = functools.reduce(torch.promote_types, [x.dtype for x in arms])
+        elif any(isinstance(x, float) for x in (a, b)):
+            dtype = torch.get_default_dtype()
+        else:
+            raise CaptureError(
+                "message() calls torch.where with Python integers (or booleans) for both values, an integer result"
+            )
+        return self.combine("where", condition, a, b, dtype=dtype)
 
     def reshape(self, x: TracedTensor, features: Shape) -> TracedTensor:
         """``x`` with new feature dimensions (same element order).
@@ -438,6 +479,11 @@ class _Trace:
             raise CaptureError(f"message() returns {what}, not a function of its tensor arguments")
         if result._expr is None:
             raise CaptureError(f"message() returns {result._why}")
+        if result.dtype == torch.bool:
+            raise CaptureError(
+                "message() returns a comparison result, a boolean tensor; messages are floating-point "
+                "(convert it with .to(dtype) or multiply it with a tensor)"
+            )
         reduced = result._reduce
         shape = result.features if result._computed is None else result._computed
         order: List[int] = []
@@ -515,13 +561,17 @@ def _check_kwargs(name: str, kwargs: Mapping[str, Any], allowed: Sequence[str] =
         raise CaptureError(f"message() calls {name} with {', '.join(extra)}=..., which the capture does not model")
 
 
+def _two_arguments(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], swap: bool) -> Tuple[Any, Any]:
+    """The two operands of a binary call (swapped for reflected operators such as ``__rsub__``)."""
+    _check_kwargs(name, kwargs)
+    if len(args) != 2:
+        raise CaptureError(f"message() calls {name} with {len(args)} arguments")
+    return (args[1], args[0]) if swap else (args[0], args[1])
+
+
 def _binary(fn: str, swap: bool = False):
     def handler(trace: _Trace, name: str, args, kwargs):
-        _check_kwargs(name, kwargs)
-        if len(args) != 2:
-            raise CaptureError(f"message() calls {name} with {len(args)} arguments")
-        a, b = (args[1], args[0]) if swap else args
-        return trace.combine(fn, a, b)
+        return trace.combine(fn, *_two_arguments(name, args, kwargs, swap))
 
     return handler
 
@@ -563,6 +613,140 @@ def _leaky_relu(trace: _Trace, name: str, args, kwargs):
     return trace.unary("leaky_relu", args[0], float(slope))
 
 
+def _number(name: str, what: str, value: Any, like: Any = None) -> float:
+    """``value``, which must be a Python number; a bound or a comparand of the tensor ``like`` is
+    rounded to its dtype, as torch compares in it (the kernels compare half precision in float32)."""
+    if not isinstance(value, _SCALARS):
+        raise CaptureError(f"message() calls {name} with {what} that is not a Python number")
+    if isinstance(like, TracedTensor) and like.dtype.is_floating_point:
+        return torch.tensor(float(value), dtype=like.dtype).item()
+    return float(value)
+
+
+def _elu(trace: _Trace, name: str, args, kwargs):
+    _check_kwargs(name, kwargs, ("alpha", "inplace"))
+    alpha = _number(name, "an alpha", args[1] if len(args) > 1 else kwargs.get("alpha", 1.0))
+    return trace.unary("elu", args[0], alpha)
+
+
+def _gelu(trace: _Trace, name: str, args, kwargs):
+    _check_kwargs(name, kwargs, ("approximate",))
+    if len(args) != 1:
+        raise CaptureError(f"message() calls {name} with {len(args)} positional arguments")
+    approximate = kwargs.get("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise CaptureError(
+            f"message() calls {name} with approximate={approximate!r}; only 'none' and 'tanh' are captured"
+        )
+    return trace.unary("gelu" if approximate == "none" else "gelu_tanh", args[0])
+
+
+def _softplus(trace: _Trace, name: str, args, kwargs):
+    """``softplus(x, beta, threshold)``: torch's ``x`` where ``beta * x > threshold``, else
+    ``log(1 + exp(beta * x)) / beta``; other parameters than the defaults select around the IR's
+    ``softplus``."""
+    _check_kwargs(name, kwargs, ("beta", "threshold"))
+    beta = _number(name, "a beta", args[1] if len(args) > 1 else kwargs.get("beta", 1.0))
+    threshold = _number(name, "a threshold", args[2] if len(args) > 2 else kwargs.get("threshold", 20.0))
+    if beta == 1.0 and threshold == SOFTPLUS_THRESHOLD:
+        return trace.unary("softplus", args[0])
+    return trace.function(
+        args[0],
+        lambda x: Expr.apply(
+            "where", Expr.apply("gt", beta * x, threshold), x, Expr.apply("softplus", beta * x) / beta
+        ),
+    )
+
+
+def _clamp(trace: _Trace, name: str, args, kwargs):
+    """``clamp`` / ``clip`` (and ``clamp_min`` / ``clamp_max``) with Python-number bounds: derivative
+    1 from bound to bound inclusive, as torch's."""
+    short = name.rsplit(".", 1)[-1]
+    keys = (short[-3:],) if short in ("clamp_min", "clamp_max") else ("min", "max")
+    _check_kwargs(name, kwargs, keys)
+    bounds = {key: args[i] if len(args) > i else kwargs.get(key) for i, key in enumerate(keys, start=1)}
+    if all(bound is None for bound in bounds.values()):
+        raise CaptureError(f"message() calls {name} without a bound")
+    x = args[0]
+    for key, fn in (("min", "clamp_min"), ("max", "clamp_max")):
+        if bounds.get(key) is not None:
+            x = trace.unary(fn, x, _number(name, f"a {key} bound", bounds[key], args[0]))
+    return x
+
+
+def _hardtanh(trace: _Trace, name: str, args, kwargs):
+    """``hardtanh`` / ``relu6``: the clamp whose derivative is 0 at both bounds (and 1 for NaN), as
+    torch's; written with ``where`` so that ties follow that rule."""
+    _check_kwargs(name, kwargs, ("min_val", "max_val", "inplace"))
+    if name.endswith("relu6"):
+        low, high = 0.0, 6.0
+    else:
+        low = _number(name, "a min_val", args[1] if len(args) > 1 else kwargs.get("min_val", -1.0), args[0])
+        high = _number(name, "a max_val", args[2] if len(args) > 2 else kwargs.get("max_val", 1.0), args[0])
+    if low > high:
+        raise CaptureError(f"message() calls {name} with min_val {low} above max_val {high}")
+
+    def build(x: Expr) -> Expr:
+        upper = Expr.apply("where", Expr.apply("ge", x, high), high, x)
+        return Expr.apply("where", Expr.apply("ge", low, x), low, upper)
+
+    return trace.function(args[0], build)
+
+
+def _sign(trace: _Trace, name: str, args, kwargs):
+    """``sign(x) = (x > 0) - (x < 0)``: 0 for 0 and NaN, as torch's; derivative 0."""
+    _check_kwargs(name, kwargs)
+    return trace.function(args[0], lambda x: Expr.apply("gt", x, 0.0) - Expr.apply("gt", 0.0, x))
+
+
+def _compare(fn: str, swap: bool = False):
+    """``a > b`` as ``gt(a, b)``, ``a < b`` as ``gt(b, a)``...: a boolean traced tensor."""
+
+    def handler(trace: _Trace, name: str, args, kwargs):
+        a, b = _two_arguments(name, args, kwargs, swap)
+        if isinstance(a, _SCALARS):
+            a = _number(name, "a number", a, b)
+        if isinstance(b, _SCALARS):
+            b = _number(name, "a number", b, a)
+        return trace.combine(fn, a, b, dtype=torch.bool)
+
+    return handler
+
+
+def _not_equal(trace: _Trace, name: str, args, kwargs):
+    equal = _compare("eq")(trace, name, args, kwargs)
+    return trace.value(1.0 - equal._expr, equal.features, torch.bool, equal.device, False)
+
+
+def _logical(fn: Optional[str]):
+    """``&`` (``mul``), ``|`` (``maximum``) and ``~`` (``None``: ``1 - c``) of comparison results."""
+
+    def handler(trace: _Trace, name: str, args, kwargs):
+        _check_kwargs(name, kwargs)
+        if len(args) != (1 if fn is None else 2) or not all(
+            isinstance(x, TracedTensor) and x.dtype == torch.bool for x in args
+        ):
+            raise CaptureError(f"message() calls {name} on values that are not comparison results of its tensors")
+        if fn is not None:
+            return trace.combine(fn, *args, dtype=torch.bool, masks=True)
+        (condition,) = args
+        expr, features, _, _ = trace.node(condition, mask=True)
+        return trace.value(1.0 - expr, features, torch.bool, condition.device, False)
+
+    return handler
+
+
+def _where(trace: _Trace, name: str, args, kwargs):
+    _check_kwargs(name, kwargs)
+    if len(args) != 3:
+        raise CaptureError(
+            f"message() calls {name} with {len(args)} arguments; only torch.where(condition, input, other) is captured"
+        )
+    if name == "torch.Tensor.where":  # input.where(condition, other)
+        return trace.select(args[1], args[0], args[2])
+    return trace.select(*args)
+
+
 _POWERS = {2: "square", 0.5: "sqrt", -1: "reciprocal"}
 
 
@@ -582,7 +766,7 @@ def _identity(trace: _Trace, name: str, args, kwargs):
 
 
 def _same(trace: _Trace, x: Any) -> TracedTensor:
-    trace.node(x)  # the argument must be computable
+    trace.node(x, mask=True)  # the argument must be computable
     return x
 
 
@@ -595,15 +779,23 @@ def _dropout(trace: _Trace, name: str, args, kwargs):
     return _same(trace, args[0])
 
 
+def _converted(trace: _Trace, x: Any, dtype: torch.dtype) -> TracedTensor:
+    """``x`` in ``dtype``: a conversion that changes nothing, or a comparison result made a
+    floating-point mask (its 1.0 / 0.0 are exact in every floating dtype)."""
+    if x.dtype == dtype:
+        return _same(trace, x)
+    if x.dtype == torch.bool and dtype.is_floating_point:
+        expr, features, _, _ = trace.node(x, mask=True)
+        return trace.value(expr, features, dtype, x.device, False)
+    raise CaptureError(
+        f"message() converts {x.dtype} to {dtype}; only floating-point math in the arguments' dtype is captured"
+    )
+
+
 def _cast(dtype: torch.dtype):
     def handler(trace: _Trace, name: str, args, kwargs):
         _check_kwargs(name, kwargs, ("memory_format",))
-        if args[0].dtype != dtype:
-            raise CaptureError(
-                f"message() converts {args[0].dtype} to {dtype}; only floating-point "
-                f"math in the arguments' dtype is captured"
-            )
-        return _same(trace, args[0])
+        return _converted(trace, args[0], dtype)
 
     return handler
 
@@ -611,28 +803,26 @@ def _cast(dtype: torch.dtype):
 def _to(trace: _Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("dtype", "device", "non_blocking", "copy", "memory_format"))
     x = args[0]
-    targets = list(args[1:]) + [kwargs.get("dtype"), kwargs.get("device")]
-    for target in targets:
+    dtype = x.dtype
+    for target in list(args[1:]) + [kwargs.get("dtype"), kwargs.get("device")]:
         if isinstance(target, Tensor):
-            same = target.dtype == x.dtype and target.device == x.device
+            moves, dtype = target.device != x.device, target.dtype
         elif isinstance(target, torch.dtype):
-            same = target == x.dtype
+            moves, dtype = False, target
         elif isinstance(target, (str, torch.device)):
-            same = torch.device(target).type == x.device.type
+            moves = torch.device(target).type != x.device.type
         else:
-            same = target is None
-        if not same or kwargs.get("copy"):
+            moves = target is not None
+        if moves or kwargs.get("copy"):
             raise CaptureError(
                 f"message() calls {name} with {target!r}; only conversions that change nothing are captured"
             )
-    return _same(trace, x)
+    return _converted(trace, x, dtype)
 
 
 def _type_as(trace: _Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs)
-    if args[1].dtype != args[0].dtype:
-        raise CaptureError("message() converts a tensor to another dtype (type_as)")
-    return _same(trace, args[0])
+    return _converted(trace, args[0], args[1].dtype)
 
 
 def _shape_arg(args: Sequence[Any]) -> Sequence[Any]:
@@ -783,6 +973,39 @@ def _table() -> Dict[str, Callable]:
     add(_unary("tanh"), "torch.nn.functional.tanh")
     add(_unary("relu", ("inplace",)), "torch.nn.functional.relu")
     add(_leaky_relu, "torch.nn.functional.leaky_relu")
+    for fn in ("erf", "sin", "cos"):
+        add(_unary(fn), f"torch.{fn}", f"torch.Tensor.{fn}")
+    add(_unary("erf"), "torch.special.erf")
+    add(_unary("silu", ("inplace",)), "torch.nn.functional.silu")
+    add(_gelu, "torch.nn.functional.gelu")
+    add(_elu, "torch.nn.functional.elu")
+    add(_softplus, "torch.nn.functional.softplus")
+    add(_sign, "torch.sign", "torch.Tensor.sign")
+    add(
+        _clamp,
+        *(f"{owner}.{n}" for owner in ("torch", "torch.Tensor") for n in ("clamp", "clip", "clamp_min", "clamp_max")),
+    )
+    add(_hardtanh, "torch.nn.functional.hardtanh", "torch.nn.functional.relu6")
+    for fn, swap, names in (
+        ("gt", False, ("gt", "greater", "__gt__")),
+        ("gt", True, ("lt", "less", "__lt__")),
+        ("ge", False, ("ge", "greater_equal", "__ge__")),
+        ("ge", True, ("le", "less_equal", "__le__")),
+        ("eq", False, ("eq", "__eq__")),
+    ):
+        add(
+            _compare(fn, swap),
+            *(f"torch.{n}" for n in names if not n.startswith("__")),
+            *(f"torch.Tensor.{n}" for n in names),
+        )
+    add(_not_equal, "torch.ne", "torch.not_equal", "torch.Tensor.ne", "torch.Tensor.not_equal", "torch.Tensor.__ne__")
+    for fn, names in (("mul", ("and", "__and__")), ("maximum", ("or", "__or__")), (None, ("not", "__invert__"))):
+        add(
+            _logical(fn),
+            *(f"torch.logical_{n}" for n in names if not n.startswith("__")),
+            *(f"torch.Tensor.{n if n.startswith('__') else 'logical_' + n}" for n in names),
+        )
+    add(_where, "torch.where", "torch.Tensor.where")
     add(_rsqrt, "torch.rsqrt", "torch.Tensor.rsqrt")
     add(_pow, "torch.pow", "torch.Tensor.pow", "torch.Tensor.__pow__")
     add(

@@ -46,8 +46,23 @@ sparse tensor itself.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import lru_cache, wraps
-from typing import Any, Callable, Hashable, List, Literal, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union, cast
+from typing import (
+    Any,
+    Callable,
+    Hashable,
+    Iterator,
+    List,
+    Literal,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+    cast,
+)
 
 import torch
 from torch import Tensor
@@ -74,6 +89,23 @@ _DERIVED = IdentityMap()
 GATHERS = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "min": "min"}
 
 
+# One list per open ``graphs_read_while_capturing`` block.
+_CAPTURE_READERS: List[List[Union[Tensor, SparseTensor]]] = []
+
+
+@contextmanager
+def graphs_read_while_capturing() -> Iterator[List[Union[Tensor, SparseTensor]]]:
+    """Collect the graph arguments whose cached structures are read inside the block while a CUDA
+    graph is being captured: the recording holds those structures, not the code that built them,
+    so a replay is right only while these arguments keep their values."""
+    read: List[Union[Tensor, SparseTensor]] = []
+    _CAPTURE_READERS.append(read)
+    try:
+        yield read
+    finally:
+        _CAPTURE_READERS.remove(read)
+
+
 def _version(graph: Union[Tensor, SparseTensor]) -> Hashable:
     if isinstance(graph, Tensor):
         return version(graph)
@@ -84,6 +116,9 @@ def _version(graph: Union[Tensor, SparseTensor]) -> Hashable:
 def derived(graph: Union[Tensor, SparseTensor], key: Hashable, build: Callable[[], T]) -> T:
     """``build()``, cached on ``graph`` (a tensor, or a ``SparseTensor`` and its index tensors) under
     ``key`` until ``graph`` dies or changes in place."""
+    if _CAPTURE_READERS and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        for read in _CAPTURE_READERS:
+            read.append(graph)
     version = _version(graph)
     slot = _DERIVED.get(graph)
     if slot is None or slot[0] != version:

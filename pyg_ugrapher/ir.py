@@ -34,10 +34,49 @@ EDGE_OPS = ("copy_lhs", "copy_rhs", "add", "sub", "mul", "div", "dot")
 TARGET_TO_KIND = {"u": "src_v", "v": "dst_v", "e": "edge"}
 KIND_TO_TARGET = {kind: letter for letter, kind in TARGET_TO_KIND.items()}
 
-#: Expression functions and their arity. Comparisons return 1.0 / 0.0 so that masks are
-#: arithmetic (the backward of max/min and of relu multiplies by them).
-UNARY_FNS = ("neg", "exp", "log", "relu", "sigmoid", "tanh", "abs", "sqrt", "square", "reciprocal")
-BINARY_FNS = ("add", "sub", "mul", "div", "maximum", "minimum", "eq", "gt", "leaky_relu")
+#: Expression functions and their arity. Comparisons (``eq``, ``gt``, ``ge``) return 1.0 / 0.0 so
+#: that masks are arithmetic (the backward of max/min and of relu multiplies by them);
+#: ``where(c, a, b)`` is ``a`` where ``c`` is not 0 and ``b`` elsewhere. ``gelu`` is the exact
+#: (erf) form, ``gelu_tanh`` torch's ``approximate="tanh"`` one; ``softplus`` has torch's defaults
+#: (``beta=1``, linear above ``threshold=20``).
+UNARY_FNS = (
+    "neg",
+    "exp",
+    "log",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "abs",
+    "sqrt",
+    "square",
+    "reciprocal",
+    "erf",
+    "sin",
+    "cos",
+    "silu",
+    "gelu",
+    "gelu_tanh",
+    "softplus",
+)
+BINARY_FNS = (
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "maximum",
+    "minimum",
+    "eq",
+    "gt",
+    "ge",
+    "leaky_relu",
+    "elu",
+    "clamp_min",
+    "clamp_max",
+)
+TERNARY_FNS = ("where",)
+#: Binary functions whose second argument is a constant parameter: the negative slope of
+#: ``leaky_relu``, ``alpha`` of ``elu``, the bound of ``clamp_min`` / ``clamp_max``.
+PARAMETRIZED_FNS = ("leaky_relu", "elu", "clamp_min", "clamp_max")
 _LEAVES = ("input", "const")
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
@@ -48,9 +87,9 @@ class Expr:
     """A node of an elementwise expression over the operands of one edge.
 
     ``Expr.input(i)`` is operand slot ``i``; ``Expr.const(c)`` a scalar constant; other nodes apply
-    one of :data:`UNARY_FNS` / :data:`BINARY_FNS` to their ``args``. ``leaky_relu``'s second argument
-    is its (constant) negative slope. Expressions are hashable and compare structurally, so they
-    key kernel caches.
+    one of :data:`UNARY_FNS` / :data:`BINARY_FNS` / :data:`TERNARY_FNS` to their ``args``; the second
+    argument of a :data:`PARAMETRIZED_FNS` function is its constant parameter. Expressions are
+    hashable and compare structurally, so they key kernel caches.
     """
 
     fn: str
@@ -62,18 +101,21 @@ class Expr:
             arity = 1
         elif self.fn in BINARY_FNS:
             arity = 2
+        elif self.fn in TERNARY_FNS:
+            arity = 3
         elif self.fn in _LEAVES:
             arity = 0
         else:
             raise ValueError(
-                f"Expr.fn: unknown function {self.fn!r}; expected one of {_LEAVES + UNARY_FNS + BINARY_FNS}"
+                f"Expr.fn: unknown function {self.fn!r}; expected one of "
+                f"{_LEAVES + UNARY_FNS + BINARY_FNS + TERNARY_FNS}"
             )
         if len(self.args) != arity:
             raise ValueError(f"Expr.args: {self.fn!r} takes {arity} arguments, got {len(self.args)}")
         if self.fn == "input" and (self.value != int(self.value) or self.value < 0):
             raise ValueError(f"Expr.value: an input index must be a non-negative integer, got {self.value}")
-        if self.fn == "leaky_relu" and self.args[1].fn != "const":
-            raise ValueError("Expr.args: the slope of leaky_relu must be a constant")
+        if self.fn in PARAMETRIZED_FNS and self.args[1].fn != "const":
+            raise ValueError(f"Expr.args: the second argument of {self.fn} (its parameter) must be a constant")
 
     def __hash__(self) -> int:
         # Expressions key the kernel and schedule caches that every operator call looks up: a
@@ -161,7 +203,13 @@ class Expr:
 
     # -- calculus ----------------------------------------------------------------------------
     def grad(self, index: int) -> "Expr":
-        """Symbolic derivative with respect to operand slot ``index``."""
+        """Symbolic derivative with respect to operand slot ``index``.
+
+        At kinks the derivative is torch's: ``relu``'s is 0 at 0, ``clamp_min`` / ``clamp_max``'s 1 at
+        the bound, ``elu``'s ``alpha`` at 0 (and 1 for NaN), ``softplus``'s the sigmoid up to its
+        threshold. ``where`` differentiates the branch it picks only: an unpicked branch that is
+        not finite there does not make the derivative NaN.
+        """
         fn, args = self.fn, self.args
         if fn == "input":
             return Expr.const(1.0 if self.index == index else 0.0)
@@ -180,9 +228,21 @@ class Expr:
                 "sqrt": lambda: 0.5 / self,
                 "square": lambda: 2.0 * x,
                 "reciprocal": lambda: -Expr.apply("square", self),
+                "erf": lambda: (2.0 / math.sqrt(math.pi)) * Expr.apply("exp", -Expr.apply("square", x)),
+                "sin": lambda: Expr.apply("cos", x),
+                "cos": lambda: -Expr.apply("sin", x),
+                "silu": lambda: _silu_derivative(x),
+                "gelu": lambda: _gelu_derivative(x),
+                "gelu_tanh": lambda: _gelu_tanh_derivative(x),
+                "softplus": lambda: Expr.apply(
+                    "where", Expr.apply("gt", x, SOFTPLUS_THRESHOLD), 1.0, Expr.apply("sigmoid", x)
+                ),
             }[fn]
             inner = x.grad(index)
             return Expr.const(0.0) if _is_const(inner, 0.0) else outer() * inner
+        if fn == "where":
+            condition, a, b = args
+            return Expr.apply("where", condition, a.grad(index), b.grad(index))
         a, b = args
         da, db = a.grad(index), b.grad(index)
         if fn == "add":
@@ -198,10 +258,15 @@ class Expr:
             wins = Expr.apply("gt", a, b) if fn == "maximum" else Expr.apply("gt", b, a)
             share = wins + 0.5 * Expr.apply("eq", a, b)
             return share * da + (1.0 - share) * db
-        if fn in ("eq", "gt"):
+        if fn in ("eq", "gt", "ge"):
             return Expr.const(0.0)
-        slope = b.value
-        return (slope + (1.0 - slope) * Expr.apply("gt", a, 0.0)) * da
+        parameter = b.value
+        if fn == "leaky_relu":
+            return (parameter + (1.0 - parameter) * Expr.apply("gt", a, 0.0)) * da
+        if fn == "elu":
+            return Expr.apply("where", Expr.apply("ge", 0.0, a), parameter * Expr.apply("exp", a), 1.0) * da
+        inside = Expr.apply("ge", a, b) if fn == "clamp_min" else Expr.apply("ge", b, a)
+        return inside * da
 
     # -- display -----------------------------------------------------------------------------
     def render(self, names: Sequence[str]) -> str:
@@ -244,17 +309,60 @@ def _is_const(node: Expr, value: Optional[float] = None) -> bool:
     return node.fn == "const" and (value is None or node.value == value)
 
 
+_SQRT1_2 = math.sqrt(0.5)
+_GELU_TANH_SCALE = math.sqrt(2.0 / math.pi)
+_GELU_TANH_CUBIC = 0.044715
+#: ``softplus`` is the identity above this (torch's default threshold).
+SOFTPLUS_THRESHOLD = 20.0
+
+
+def _silu_derivative(x: Expr) -> Expr:
+    s = Expr.apply("sigmoid", x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+def _gelu_derivative(x: Expr) -> Expr:
+    cdf = 0.5 * (1.0 + Expr.apply("erf", _SQRT1_2 * x))
+    pdf = (1.0 / math.sqrt(2.0 * math.pi)) * Expr.apply("exp", -0.5 * Expr.apply("square", x))
+    return cdf + x * pdf
+
+
+def _gelu_tanh_derivative(x: Expr) -> Expr:
+    t = Expr.apply("tanh", _GELU_TANH_SCALE * (x + _GELU_TANH_CUBIC * Expr.apply("square", x) * x))
+    slope = _GELU_TANH_SCALE * (1.0 + 3.0 * _GELU_TANH_CUBIC * Expr.apply("square", x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - Expr.apply("square", t)) * slope
+
+
+def _gelu(x: float) -> float:
+    return 0.5 * x * (1.0 + math.erf(x * _SQRT1_2))
+
+
+def _gelu_tanh(x: float) -> float:
+    return 0.5 * x * (1.0 + math.tanh(_GELU_TANH_SCALE * (x + _GELU_TANH_CUBIC * x * x * x)))
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
 _FOLD = {
     "neg": lambda x: -x,
     "exp": math.exp,
     "log": math.log,
     "relu": lambda x: max(x, 0.0),
-    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)),
+    "sigmoid": _sigmoid,
     "tanh": math.tanh,
     "abs": abs,
     "sqrt": math.sqrt,
     "square": lambda x: x * x,
     "reciprocal": lambda x: 1.0 / x,
+    "erf": math.erf,
+    "sin": math.sin,
+    "cos": math.cos,
+    "silu": lambda x: x * _sigmoid(x),
+    "gelu": _gelu,
+    "gelu_tanh": _gelu_tanh,
+    "softplus": lambda x: x if x > SOFTPLUS_THRESHOLD else math.log1p(math.exp(x)),
     "add": lambda a, b: a + b,
     "sub": lambda a, b: a - b,
     "mul": lambda a, b: a * b,
@@ -263,7 +371,12 @@ _FOLD = {
     "minimum": min,
     "eq": lambda a, b: float(a == b),
     "gt": lambda a, b: float(a > b),
+    "ge": lambda a, b: float(a >= b),
     "leaky_relu": lambda a, s: a if a >= 0 else a * s,
+    "elu": lambda a, alpha: a if a > 0 else alpha * math.expm1(a),
+    "clamp_min": lambda a, bound: bound if a < bound else a,
+    "clamp_max": lambda a, bound: bound if a > bound else a,
+    "where": lambda c, a, b: a if c != 0 else b,
 }
 
 
@@ -303,6 +416,8 @@ def _simplify(node: Expr) -> Expr:
         return args[0]
     if fn == "neg" and args[0].fn == "neg":
         return args[0].args[0]
+    if fn == "where" and (_is_const(args[0]) or args[1] == args[2]):
+        return args[2] if _is_const(args[0], 0.0) else args[1]
     return node
 
 

@@ -29,6 +29,13 @@ TORCH_FNS: Dict[str, Callable[..., Tensor]] = {
     "sqrt": torch.sqrt,
     "square": torch.square,
     "reciprocal": torch.reciprocal,
+    "erf": torch.erf,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "softplus": F.softplus,
     "add": torch.add,
     "sub": torch.sub,
     "mul": torch.mul,
@@ -37,6 +44,15 @@ TORCH_FNS: Dict[str, Callable[..., Tensor]] = {
     "minimum": torch.minimum,
     "eq": lambda a, b: (a == b).to(torch.result_type(a, b)),
     "gt": lambda a, b: (a > b).to(torch.result_type(a, b)),
+    "ge": lambda a, b: (a >= b).to(torch.result_type(a, b)),
+    "where": lambda c, a, b: torch.where(c != 0, a, b),
+}
+#: Functions whose second argument is a constant parameter, passed as a Python number.
+TORCH_PARAMETRIZED_FNS: Dict[str, Callable[[Tensor, float], Tensor]] = {
+    "leaky_relu": F.leaky_relu,
+    "elu": F.elu,
+    "clamp_min": torch.clamp_min,
+    "clamp_max": torch.clamp_max,
 }
 
 
@@ -48,8 +64,8 @@ def evaluate(expr: Expr, inputs: Sequence[Tensor]) -> Tensor:
         return torch.tensor(
             expr.value, dtype=inputs[0].dtype if inputs else torch.float32, device=inputs[0].device if inputs else None
         )
-    if expr.fn == "leaky_relu":
-        return F.leaky_relu(evaluate(expr.args[0], inputs), expr.args[1].value)
+    if expr.fn in TORCH_PARAMETRIZED_FNS:
+        return TORCH_PARAMETRIZED_FNS[expr.fn](evaluate(expr.args[0], inputs), expr.args[1].value)
     return TORCH_FNS[expr.fn](*(evaluate(arg, inputs) for arg in expr.args))
 
 

@@ -128,6 +128,15 @@ _UNARY = {
     "reciprocal": "(1.0 / {0})",
     # No tanh in triton.language: 1 - 2 / (exp(2x) + 1) saturates correctly at both ends.
     "tanh": "(1.0 - 2.0 / (tl.exp(2.0 * {0}) + 1.0))",
+    "erf": "tl.erf({0})",
+    "sin": "tl.sin({0})",
+    "cos": "tl.cos({0})",
+    "silu": "({0} * tl.sigmoid({0}))",
+    "gelu": "(0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476)))",
+    # 1 + tanh(y) written as 2 - 2 / (exp(2y) + 1), with y = sqrt(2 / pi) * (x + 0.044715 x^3).
+    "gelu_tanh": "(0.5 * {0} * (2.0 - 2.0 / (tl.exp(1.5957691216057308 * ({0} + 0.044715 * {0} * {0} * {0})) + 1.0)))",
+    # torch's softplus: the identity above its threshold 20, where exp would lose all digits.
+    "softplus": "tl.where({0} > 20.0, {0}, tl.log(1.0 + tl.exp({0})))",
 }
 _BINARY = {
     "add": "({0} + {1})",
@@ -138,9 +147,15 @@ _BINARY = {
     "minimum": f"tl.minimum({{0}}, {{1}}, {_NAN})",
     "eq": "tl.where({0} == {1}, 1.0, 0.0)",
     "gt": "tl.where({0} > {1}, 1.0, 0.0)",
+    "ge": "tl.where({0} >= {1}, 1.0, 0.0)",
     "leaky_relu": "tl.where({0} >= 0.0, {0}, {0} * {1})",
+    "elu": "tl.where({0} > 0.0, {0}, {1} * (tl.exp({0}) - 1.0))",
+    "clamp_min": f"tl.maximum({{0}}, {{1}}, {_NAN})",
+    "clamp_max": f"tl.minimum({{0}}, {{1}}, {_NAN})",
 }
-_COMPARISONS = ("eq", "gt")
+_COMPARISONS = ("eq", "gt", "ge")
+#: A comparison as a condition of ``where``: the boolean itself, not its 1.0 / 0.0.
+_CONDITIONS = {"eq": "({0} == {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})"}
 
 
 @dataclass(frozen=True)
@@ -193,6 +208,13 @@ def render_expr(expr: Expr, names: Sequence[str], acc: str) -> str:
         # Triton types a Python float literal float32, as it does a comparison's 0/1 values (below):
         # in a float64 kernel GAT's leaky-relu derivative, 0.2 + 0.8 * gt(s, 0), was a float32 sum.
         return f"tl.full([], {expr.value!r}, {acc})" if acc == "tl.float64" else f"{expr.value!r}"
+    if expr.fn == "where":
+        condition, *arms = expr.args
+        if condition.fn in _CONDITIONS:
+            test = _CONDITIONS[condition.fn].format(*(render_expr(arg, names, acc) for arg in condition.args))
+        else:
+            test = f"({render_expr(condition, names, acc)} != 0.0)"
+        return "tl.where({}, {}, {})".format(test, *(render_expr(arm, names, acc) for arm in arms))
     args = [render_expr(arg, names, acc) for arg in expr.args]
     if expr.fn in _UNARY:
         return _UNARY[expr.fn].format(*args)

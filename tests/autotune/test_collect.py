@@ -57,13 +57,13 @@ def test_corpus_is_ordered_and_unique():
     names = [s.name for s in specs]
     assert len(names) == len(set(names))
     assert [s.num_edges for s in specs] == sorted(s.num_edges for s in specs)
-    assert {s.kind for s in specs} == {"uniform", "power_law", "rmat", "real"}
+    assert {s.kind for s in specs} == {"uniform", "power_law", "rmat", "hubs", "batch", "real"}
     assert any(s.num_dst for s in specs)  # bipartite shapes
 
 
 def test_unknown_graph_is_an_error():
     with pytest.raises(ValueError, match="graphs: unknown"):
-        collect._select_graphs(["no-such-graph"], 1e9)
+        collect.select_graphs(["no-such-graph"], 1e9)
 
 
 def test_cpu_timer_counts_calls():

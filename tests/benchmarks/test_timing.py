@@ -99,21 +99,6 @@ def test_unknown_columns_and_files_are_refused(tmp_path):
         rows.ResultsFile(tmp_path / "headline.csv")
 
 
-@pytest.mark.parametrize(
-    "name, slug",
-    [
-        ("NVIDIA H100 80GB HBM3", "h100"),
-        ("NVIDIA H200", "h200"),
-        ("NVIDIA A100-SXM4-80GB", "a100"),
-        ("NVIDIA GeForce RTX 4090", "rtx4090"),
-        ("Tesla V100-SXM2-16GB", "v100"),
-        ("cpu (x86_64)", "cpu"),
-    ],
-)
-def test_gpu_slug(name, slug):
-    assert rows.gpu_slug(name) == slug
-
-
 def test_environment_columns():
     env = rows.environment(torch.device("cpu"))
     assert tuple(env) == rows.ENV_COLUMNS

@@ -1,0 +1,299 @@
+"""Training steps as PyG users run them: wall clock per step, host included.
+
+For every graph, model (GCN, GAT, GraphSAGE, GIN; two layers, default arguments: GCN normalises
+at every call, GAT adds its self loops), implementation (PyG's layers, ours) and way of running
+the step, a row of ``steps.csv`` holds the median wall-clock time of one training step (forward,
+loss, backward, Adam) over ``--repeats`` runs of ``--steps`` steps, warm-up excluded, with the
+host's time in it (the clock is read after ``torch.cuda.synchronize``). Modes:
+
+* ``eager``;
+* ``compiled``: ``torch.compile(model)`` (mini-batches: ``dynamic=True``);
+* ``reduce-overhead``: ``torch.compile(model, mode="reduce-overhead")`` (full batch);
+* ``recorded``: the whole step recorded once with :class:`pyg_ugrapher.RecordedStep`
+  (``torch.cuda.graph``, Adam with ``capturable=True``) and replayed; on mini-batches every batch
+  is padded to a size bucket (:func:`pyg_ugrapher.pad_to_bucket`), one recording per bucket.
+
+Full batch trains on the whole graph at every step; ``minibatch`` on the parts of PyG's
+``RandomNodeLoader`` (``--parts``, a new induced subgraph every step; the parts are made before
+timing and moved to the GPU inside the step). Features are random (``--features``), labels the
+dataset's where it has node labels, the loss a weighted sum over the training nodes (no boolean
+indexing: the same step is recordable). ``host_syncs`` counts the synchronising CUDA calls of one
+eager step on a graph already seen (``torch.cuda.set_sync_debug_mode``); a recorded row's
+``max_rel_err`` compares its loss with the eager step's on the same weights and batch.
+
+    python -m benchmarks.steps --datasets cora pubmed --models gcn sage
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+import torch_geometric.nn
+from torch import Tensor, nn
+from torch_geometric.data import Data
+from torch_geometric.loader import RandomNodeLoader
+from tqdm import tqdm
+
+import pyg_ugrapher.nn
+from pyg_ugrapher import RecordedStep, pad_to_bucket
+from pyg_ugrapher.datasets import load_dataset
+
+from .report import plot
+from .rows import ResultsFile, default_out, environment
+from .timing import failure
+from .train_e2e import MODELS, build_model
+
+IMPLEMENTATIONS = {"pyg": torch_geometric.nn, "ours": pyg_ugrapher.nn}
+FULL_MODES = ("eager", "compiled", "reduce-overhead", "recorded")
+MINIBATCH_MODES = ("eager", "compiled", "recorded")
+DATASETS = ("cora", "pubmed", "tolokers", "coauthor-physics", "github", "amazon-computers", "collab")
+#: Steps before timing: compilation, recording, the layers' caches.
+WARMUP_STEPS = 5
+
+
+@dataclass
+class Problem:
+    """Node classification on one graph: features, labels, loss weights (1/|train| on the
+    training nodes, 0 elsewhere)."""
+
+    name: str
+    data: Data  #: x, edge_index, y, weight (on the host)
+    num_classes: int
+
+
+def make_problem(name: str, features: int, seed: int) -> Problem:
+    data = load_dataset(name)
+    generator = torch.Generator().manual_seed(seed)
+    num_nodes = data.num_nodes
+    y = getattr(data, "y", None)
+    if y is None or y.dim() != 1 or y.size(0) != num_nodes:
+        y = torch.randint(0, 10, (num_nodes,), generator=generator)
+    train = getattr(data, "train_mask", None)
+    if train is None or train.size(0) != num_nodes:
+        train = torch.rand(num_nodes, generator=generator) < 0.6
+    elif train.dim() == 2:  # several splits: the first
+        train = train[:, 0]
+    weight = train.float() / max(int(train.sum()), 1)
+    x = torch.randn(num_nodes, features, generator=generator)
+    problem = Data(x=x, edge_index=data.edge_index, y=y.long(), weight=weight, num_nodes=num_nodes)
+    return Problem(name, problem, int(y.max()) + 1)
+
+
+def minibatches(problem: Problem, parts: int, seed: int) -> List[Data]:
+    """One epoch of PyG's ``RandomNodeLoader``: ``parts`` induced subgraphs (loss weights
+    renormalised to each part's training nodes)."""
+    torch.manual_seed(seed)
+    batches = []
+    for batch in RandomNodeLoader(problem.data, num_parts=parts, shuffle=True):
+        train = batch.weight > 0
+        batch.weight = train.float() / max(int(train.sum()), 1)
+        batches.append(batch)
+    return batches
+
+
+def loss_of(out: Tensor, y: Tensor, weight: Tensor) -> Tensor:
+    return (F.cross_entropy(out, y, reduction="none") * weight).sum()
+
+
+def make_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[..., Tensor]:
+    def step(x: Tensor, edge_index: Tensor, y: Tensor, weight: Tensor) -> Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of(model(x, edge_index), y, weight)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def wall_ms(run: Callable[[], object], steps: int, repeats: int, device: torch.device) -> List[float]:
+    """Wall-clock ms per step of ``repeats`` runs of ``steps`` calls, each run ended by a sync."""
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            run()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3 / steps)
+    return times
+
+
+def count_syncs(run: Callable[[], object], device: torch.device) -> Optional[int]:
+    """Synchronising CUDA calls of one ``run()`` (``None`` on a CPU)."""
+    if device.type != "cuda":
+        return None
+    _sync(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+class Case:
+    """One (problem, model, implementation, mode, batching) to time."""
+
+    def __init__(self, problem: Problem, model_name: str, impl: str, mode: str, batching: str, args) -> None:
+        self.problem, self.model_name, self.impl, self.mode, self.batching = problem, model_name, impl, mode, batching
+        self.args, self.device = args, torch.device(args.device)
+        torch.manual_seed(args.seed)
+        # PyG's model first: ours loads its weights, so both start equal.
+        reference = build_model(model_name, torch_geometric.nn, args.features, args.hidden, problem.num_classes, False)
+        model = build_model(model_name, IMPLEMENTATIONS[impl], args.features, args.hidden, problem.num_classes, False)
+        model.load_state_dict(reference.state_dict())
+        self.model = model.to(self.device)
+        self.eager_model = self.model
+        if mode == "compiled":
+            self.model = torch.compile(self.model, dynamic=True if batching == "minibatch" else None)
+        elif mode == "reduce-overhead":
+            self.model = torch.compile(self.model, mode="reduce-overhead")
+        recorded = mode == "recorded"
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01, capturable=recorded)
+        step = make_step(self.model, self.optimizer)
+        self.step = RecordedStep(step) if recorded else step
+        if batching == "full":
+            data = problem.data.clone().to(self.device)  # Data.to moves in place
+            self.batches = [(data.x, data.edge_index, data.y, data.weight)]
+        else:
+            self.batches = [(b.x, b.edge_index, b.y, b.weight) for b in minibatches(problem, args.parts, args.seed)]
+        self._next = self._cycle()
+
+    def _cycle(self) -> Iterator[Sequence[Tensor]]:
+        while True:
+            yield from self.batches
+
+    def inputs(self) -> Sequence[Tensor]:
+        tensors = next(self._next)
+        if self.batching == "minibatch":
+            tensors = [t.to(self.device, non_blocking=True) for t in tensors]
+            if self.mode == "recorded":
+                tensors = pad_to_bucket(*tensors)
+        return tensors
+
+    def run(self) -> Tensor:
+        return self.step(*self.inputs())
+
+
+def run_case(case: Case, args) -> Dict:
+    device = case.device
+    row: Dict = {}
+    for _ in range(WARMUP_STEPS):
+        case.run()
+    _sync(device)
+    if case.mode == "eager":
+        row["host_syncs"] = count_syncs(case.run, device)
+    times = wall_ms(case.run, args.steps, args.repeats, device)
+    quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    row.update(
+        step_ms=statistics.median(times),
+        step_ms_iqr=quartiles[2] - quartiles[0],
+        steps=args.steps * args.repeats,
+        final_loss=float(case.run()),
+    )
+    if isinstance(case.step, RecordedStep):
+        row["recordings"] = case.step.num_recordings
+    return row
+
+
+def cases(args) -> Iterator[tuple]:
+    for dataset in args.datasets:
+        for batching in args.batching:
+            for model in args.models:
+                for mode in FULL_MODES if batching == "full" else MINIBATCH_MODES:
+                    if mode not in args.modes or (mode == "recorded" and args.device == "cpu"):
+                        continue
+                    for impl in IMPLEMENTATIONS:
+                        yield dataset, batching, model, mode, impl
+
+
+def run(args) -> pd.DataFrame:
+    device = torch.device(args.device)
+    results = ResultsFile(args.out / "steps.csv", kind="steps")
+    todo = list(cases(args))
+    problems: Dict[str, Problem] = {}
+    rows = []
+    deadline = time.monotonic() + args.time_budget if args.time_budget else None
+    for dataset, batching, model, mode, impl in tqdm(todo, desc="steps", unit="case"):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        if dataset not in problems:
+            problems.clear()
+            problems[dataset] = make_problem(dataset, args.features, args.seed)
+        problem = problems[dataset]
+        row = {
+            **environment(device),
+            "dataset": dataset,
+            "model": model,
+            "impl": impl,
+            "mode": mode,
+            "batching": batching,
+            "num_nodes": problem.data.num_nodes,
+            "num_edges": problem.data.edge_index.size(1),
+            "features": args.features,
+            "hidden": args.hidden,
+        }
+        try:
+            case = Case(problem, model, impl, mode, batching, args)
+            row.update(run_case(case, args))
+            row["status"] = "ok"
+        except Exception as error:  # a case that fails is a row saying why
+            row.update(failure(error))
+        torch._dynamo.reset()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        rows.append(results.write(row))
+        tqdm.write(
+            f"{dataset:>16} {batching:>9} {model:>4} {impl:>4} {mode:>15}: "
+            + (f"{row['step_ms']:.3f} ms, syncs {row.get('host_syncs')}" if row["status"] == "ok" else row["note"])
+        )
+    plot(results.path)
+    return pd.DataFrame(rows)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.steps", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--modes", nargs="+", choices=FULL_MODES, default=list(FULL_MODES))
+    parser.add_argument("--batching", nargs="+", choices=("full", "minibatch"), default=["full", "minibatch"])
+    parser.add_argument("--parts", type=int, default=16, help="mini-batches: RandomNodeLoader's num_parts")
+    parser.add_argument("--features", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=20, help="steps per timed run")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs (the median is reported)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--time-budget", type=float, default=None, help="seconds; later cases are skipped")
+    parser.add_argument("--out", type=Path, default=None, help="folder of steps.csv")
+    args = parser.parse_args(argv)
+    for name in ("parts", "features", "hidden", "steps", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}: must be positive")
+    args.out = args.out or default_out(torch.device(args.device))
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

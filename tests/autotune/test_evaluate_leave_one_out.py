@@ -1,0 +1,195 @@
+"""Leaving each real graph out, and the stability of repeated measurements, on a table whose best
+schedules are known: on graphs of skewness 0 the smallest edge block is fastest, on skewed graphs
+the largest."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from autotune import __main__ as cli
+from autotune import evaluate as ev
+from autotune.features import CASE_COLUMNS, FEATURES, KNOB_COLUMNS
+
+#: graph -> (data family, row skewness); cora and citeseer are real graphs, the others synthetic.
+GRAPHS = {
+    "cora": ("power_law", 0.0),
+    "citeseer": ("uniform", 5.0),
+    "uni-a": ("uniform", 0.0),
+    "pl-b": ("power_law", 5.0),
+}
+BLOCKS = (1, 2, 4, 8)
+WIDTHS = (16, 32)
+#: The schedule the table marks as the heuristic's.
+HEURISTIC_BLOCK = 4
+
+
+def time_of(skew: float, block_e: int) -> float:
+    """1 ms for the best block, half a millisecond more per doubling away from it."""
+    steps = math.log2(block_e) if skew == 0 else 3 - math.log2(block_e)
+    return 1.0 + 0.5 * steps
+
+
+def make_table() -> pd.DataFrame:
+    base = {name: 1.0 for name in CASE_COLUMNS + KNOB_COLUMNS}
+    base.update(op="copy_u_sum", dtype="float32", gpu="g", gather="sum", strategy="vertex", status="ok")
+    rows = []
+    for graph, (family, skew) in GRAPHS.items():
+        for F in WIDTHS:
+            for block_e in BLOCKS:
+                rows.append(
+                    {
+                        **base,
+                        "graph": graph,
+                        "family": family,
+                        "row_skew": skew,
+                        "F": float(F),
+                        "block_e": float(block_e),
+                        "block_f": 16.0,
+                        "config": f"vertex:block_e={block_e}",
+                        "heuristic": int(block_e == HEURISTIC_BLOCK),
+                        "time_ms": time_of(skew, block_e),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+class Ranker:
+    """A model that ranks every case right (``sign=1``) or exactly wrong (``sign=-1``)."""
+
+    def __init__(self, sign: int) -> None:
+        self.sign = sign
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        block = X[:, FEATURES.index("log_block_e")]
+        skewed = X[:, FEATURES.index("row_skew")] != 0
+        return self.sign * np.where(skewed, -block, block)
+
+
+@pytest.fixture
+def fits(monkeypatch):
+    """The graphs of each training set given to ``fit``; the fitted model is :class:`Ranker`."""
+    seen = []
+    sign = [1]
+
+    def spy(train, n_estimators=None, seed=0, kind="rank"):
+        seen.append(set(train["graph"]))
+        return Ranker(sign[0])
+
+    monkeypatch.setattr(ev, "fit", spy)
+    return seen, sign
+
+
+def test_each_real_graph_is_predicted_by_a_model_that_never_saw_it(fits):
+    seen, _ = fits
+    rows = ev.leave_one_out(make_table())
+    assert set(rows["graph"]) == {"cora", "citeseer"}
+    assert rows["pred"].notna().all()
+    # One fit per real graph, on every other graph, real and synthetic.
+    assert sorted(map(sorted, seen)) == [["citeseer", "pl-b", "uni-a"], ["cora", "pl-b", "uni-a"]]
+    for graph in ("cora", "citeseer"):
+        fold = rows.loc[rows["graph"] == graph, "fold"].unique()
+        assert len(fold) == 1 and graph not in seen[int(fold[0])]
+
+
+def test_a_perfect_model_scores_one_and_the_baselines_their_known_ratios(fits, tmp_path):
+    table = make_table()
+    table.to_csv(tmp_path / "table.csv", index=False)
+    out = tmp_path / "eval"
+    ev.evaluate([tmp_path / "table.csv"], out, leave_out="real")
+    cases = pd.read_csv(out / "cases.csv")
+    assert sorted(set(cases["graph"])) == ["citeseer", "cora"] and len(cases) == 2 * len(WIDTHS)
+    assert (cases["model"] == 1.0).all()
+    # Trained on two graphs of the other skew and one of the same, the best static schedule is
+    # the other skew's: its block is 8x off, 2.5x the best time.
+    assert cases["static"].to_numpy() == pytest.approx(2.5)
+    graphs = pd.read_csv(out / "graphs.csv").set_index(["graph", "method"])
+    assert list(pd.read_csv(out / "graphs.csv").columns) == [
+        "graph",
+        "method",
+        "cases",
+        "geomean",
+        "within_10pct",
+        "worst",
+    ]
+    model = graphs.loc[("cora", "model")]
+    assert (model["cases"], model["geomean"], model["within_10pct"], model["worst"]) == (2, 1.0, 1.0, 1.0)
+    assert graphs.loc[("cora", "heuristic"), "geomean"] == pytest.approx(2.0)  # block 4: two doublings off
+    assert graphs.loc[("citeseer", "heuristic"), "geomean"] == pytest.approx(1.5)  # one doubling off
+    families = pd.read_csv(out / "families.csv").set_index(["family", "method"])
+    assert families.loc[("power_law", "heuristic"), "worst"] == pytest.approx(2.0)
+    assert families.loc[("uniform", "heuristic"), "within_10pct"] == 0.0
+    widths = pd.read_csv(out / "widths.csv").set_index(["F", "method"])
+    for F in WIDTHS:
+        heuristic = widths.loc[(F, "heuristic")]
+        assert heuristic["cases"] == 2 and heuristic["geomean"] == pytest.approx(3**0.5)
+        assert heuristic["worst"] == pytest.approx(2.0)
+    summary = pd.read_csv(out / "summary.csv").set_index(["half", "method"])
+    assert summary.loc[("all", "model"), "cases"] == 4 and summary.loc[("all", "model"), "geomean"] == 1.0
+    assert not (out / "stability.csv").exists()  # nothing was measured twice
+
+
+def test_a_model_that_ranks_backwards_picks_the_slowest(fits):
+    _, sign = fits
+    sign[0] = -1
+    cases = ev.case_table(ev.leave_one_out(make_table()))
+    assert cases["model"].to_numpy() == pytest.approx(2.5)
+    table = ev.grouped(cases, "F")
+    assert set(table["F"]) == set(WIDTHS)
+    assert table.loc[table["method"] == "model", "worst"].to_numpy() == pytest.approx(2.5)
+
+
+def test_folds_still_cross_validate(fits):
+    seen, _ = fits
+    rows = ev.cross_validate(make_table(), folds=2)
+    assert set(rows["graph"]) == set(GRAPHS) and rows["pred"].notna().all()
+    assert len(seen) == 2 and all(len(graphs) == 2 for graphs in seen)
+
+
+def test_leave_one_out_needs_real_graphs_and_others(fits):
+    table = make_table()
+    with pytest.raises(ValueError, match="graphs: none"):
+        ev.leave_one_out(table[~table["graph"].isin(["cora", "citeseer"])])
+    with pytest.raises(ValueError, match="graphs: every graph"):
+        ev.leave_one_out(table[table["graph"].isin(["cora", "citeseer"])])
+    with pytest.raises(ValueError, match="leave_out"):
+        ev.evaluate([], "unused", leave_out="synthetic")
+
+
+def test_stability_of_schedules_measured_twice(fits, tmp_path):
+    table = make_table()
+    assert ev.stability(table) is None
+    again = table.assign(time_ms=table["time_ms"] * 1.05)
+    # On cora at F = 16, the second measurement of the best schedule is 60% slower: the schedule
+    # one doubling away (1.5 ms, 1.575 ms the second time) wins it.
+    slow = (again["graph"] == "cora") & (again["F"] == 16) & (again["block_e"] == 1)
+    again.loc[slow, "time_ms"] = 1.6
+    result = ev.stability(pd.concat([table, again], ignore_index=True)).set_index(["graph", "F"])
+    assert len(result) == len(GRAPHS) * len(WIDTHS) and (result["schedules"] == len(BLOCKS)).all()
+    changed = result.loc[("cora", 16)]
+    assert changed["oracle"] == pytest.approx(1.6 / 1.575)
+    assert changed["spread"] == pytest.approx((1.6 * 1.05**3) ** 0.25)
+    assert changed["within_10pct"] == 0.75
+    steady = result.drop(("cora", 16))
+    assert steady["oracle"].to_numpy() == pytest.approx(1.0)
+    assert steady["spread"].to_numpy() == pytest.approx(1.05) and (steady["within_10pct"] == 1.0).all()
+    # evaluate writes it beside the cases.
+    pd.concat([table, again]).to_csv(tmp_path / "twice.csv", index=False)
+    ev.evaluate([tmp_path / "twice.csv"], tmp_path / "eval", folds=2)
+    assert len(pd.read_csv(tmp_path / "eval" / "stability.csv")) == len(result)
+
+
+def test_cli_leaves_real_graphs_out(tmp_path):
+    make_table().to_csv(tmp_path / "table.csv", index=False)
+    args = cli.parser().parse_args(["evaluate", "--data", str(tmp_path / "table.csv"), "--leave-one-out", "real"])
+    assert args.leave_one_out == "real" and args.out is None
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["evaluate", "--data", "x", "--leave-one-out", "everything"])
+    out = tmp_path / "eval"
+    argv = ["evaluate", "--data", str(tmp_path / "table.csv"), "--leave-one-out", "real", "--out", str(out)]
+    assert cli.main(argv + ["--n-estimators", "5"]) == 0
+    for name in ("cases.csv", "summary.csv", "graphs.csv", "families.csv", "widths.csv", "chosen_vs_oracle.png"):
+        assert (out / name).stat().st_size > 0
+    cases = pd.read_csv(out / "cases.csv")
+    assert set(cases["graph"]) == {"cora", "citeseer"} and (cases["model"] >= 1).all()

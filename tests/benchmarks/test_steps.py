@@ -1,0 +1,59 @@
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from benchmarks import report, rows, steps
+
+
+def test_eager_and_compiled_steps_on_cora(tmp_path, monkeypatch):
+    """Every case of a CPU run is a row; both implementations start from the same weights, so
+    their eager losses agree; the plot and the table are drawn from the file."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the reference executor on a CPU
+    steps.main(
+        ["--datasets", "cora", "--models", "gcn", "sage", "--modes", "eager", "--batching", "full", "minibatch"]
+        + ["--steps", "1", "--repeats", "2", "--parts", "4", "--device", "cpu", "--out", str(tmp_path)]
+    )
+    results = pd.read_csv(tmp_path / "steps.csv")
+    assert tuple(results.columns) == rows.STEP_COLUMNS
+    assert (results["status"] == "ok").all(), results["note"].tolist()
+    assert set(zip(results["model"], results["impl"], results["batching"])) == {
+        (m, i, b) for m in ("gcn", "sage") for i in ("pyg", "ours") for b in ("full", "minibatch")
+    }
+    assert all(math.isfinite(v) and v > 0 for v in results["step_ms"])
+    assert (results["steps"] == 2).all() and (results["num_edges"] == 10556).all()
+    assert results["recordings"].isna().all()  # no recording on a CPU
+    for (_, _), case in results.groupby(["model", "batching"]):
+        losses = case.set_index("impl")["final_loss"]
+        assert losses["ours"] == pytest.approx(losses["pyg"], rel=1e-4)
+    table = report.steps_table(results)
+    assert {"pyg eager", "ours eager"} <= set(table.columns) and len(table) == 4
+    assert (tmp_path / "steps.png").stat().st_size > 0
+
+
+def test_minibatches_cover_every_node_once():
+    problem = steps.make_problem("cora", features=8, seed=0)
+    batches = steps.minibatches(problem, parts=4, seed=0)
+    assert len(batches) == 4
+    assert sum(b.num_nodes for b in batches) == problem.data.num_nodes
+    for batch in batches:
+        assert batch.x.shape == (batch.num_nodes, 8)
+        assert int(batch.edge_index.max()) < batch.num_nodes
+        train = batch.weight > 0
+        if train.any():
+            assert float(batch.weight.sum()) == pytest.approx(1.0)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(SystemExit):
+        steps.parse_args(["--steps", "0"])
+    with pytest.raises(SystemExit):
+        steps.parse_args(["--models", "nope"])
+
+
+def test_wall_clock_counts_every_call():
+    calls = []
+    times = steps.wall_ms(lambda: calls.append(1), steps=3, repeats=4, device=torch.device("cpu"))
+    assert len(times) == 4 and len(calls) == 12 and all(t >= 0 for t in times)
+    assert steps.count_syncs(lambda: None, torch.device("cpu")) is None

@@ -1,0 +1,240 @@
+"""Recorded training steps (:class:`pyg_ugrapher.RecordedStep`) and padding to size buckets
+(:func:`pyg_ugrapher.pad_to_bucket`)."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_geometric.nn as pyg_nn
+from torch import nn
+
+import pyg_ugrapher as ug
+from pyg_ugrapher.recording import bucket
+from tests.conftest import relative_error as rel_err
+
+MODELS = ("gcn", "gat", "sage", "gin")
+
+
+def two_layers(name: str, layers, in_channels: int = 12, hidden: int = 16, classes: int = 5) -> nn.Module:
+    """Two layers with their default arguments (GCN normalises at every call, GAT adds self loops),
+    no dropout: a deterministic step."""
+    if name == "gcn":
+        convs = [layers.GCNConv(in_channels, hidden), layers.GCNConv(hidden, classes)]
+    elif name == "gat":
+        convs = [layers.GATConv(in_channels, hidden // 4, heads=4), layers.GATConv(hidden, classes)]
+    elif name == "sage":
+        convs = [layers.SAGEConv(in_channels, hidden), layers.SAGEConv(hidden, classes)]
+    else:
+        convs = [
+            layers.GINConv(nn.Sequential(nn.Linear(in_channels, hidden), nn.ReLU(), nn.Linear(hidden, hidden))),
+            layers.GINConv(nn.Sequential(nn.Linear(hidden, classes))),
+        ]
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = nn.ModuleList(convs)
+
+        def forward(self, x, edge_index):
+            return self.convs[1](self.convs[0](x, edge_index).relu(), edge_index)
+
+    return Net()
+
+
+def random_batch(num_nodes: int, num_edges: int, seed: int, device="cpu"):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_nodes, 12, generator=generator)
+    edge_index = torch.randint(0, num_nodes, (2, num_edges), generator=generator)
+    y = torch.randint(0, 5, (num_nodes,), generator=generator)
+    weight = (torch.rand(num_nodes, generator=generator) < 0.5).float()
+    weight = weight / weight.sum().clamp_min(1)
+    return [t.to(device) for t in (x, edge_index, y, weight)]
+
+
+def cuda_steps(model_name: str, layers):
+    """A model on the GPU, a recorded step of it and an eager step of an equal copy (both with
+    capturable Adam), from the same seed."""
+    torch.manual_seed(0)
+    model = two_layers(model_name, layers).to("cuda")
+    reference = copy.deepcopy(model)
+    step = ug.RecordedStep(make_step(model, torch.optim.Adam(model.parameters(), lr=0.01, capturable=True)))
+    eager = make_step(reference, torch.optim.Adam(reference.parameters(), lr=0.01, capturable=True))
+    return model, reference, step, eager
+
+
+def make_step(model, optimizer):
+    def step(x, edge_index, y, weight):
+        optimizer.zero_grad(set_to_none=True)
+        loss = (F.cross_entropy(model(x, edge_index), y, reduction="none") * weight).sum()
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+# -- buckets -------------------------------------------------------------------------------------
+def test_bucket_series():
+    assert bucket(0) == 64 and bucket(64) == 64
+    assert bucket(65) == 80 and bucket(80) == 80 and bucket(81) == 100
+    assert bucket(10, growth=2.0, minimum=3) == 12
+    sizes = [bucket(n) for n in range(1, 5000)]
+    assert all(b >= n for n, b in zip(range(1, 5000), sizes))
+    assert all(b <= max(64, 1.25 * n) + 1 for n, b in zip(range(1, 5000), sizes))
+    assert len(set(sizes)) <= 21  # 64 * 1.25**k for k = 0..20: a few recordings cover sizes up to 5000
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(size=-1), "size"),
+        (dict(size=3.0), "size"),
+        (dict(size=3, growth=1.0), "growth"),
+        (dict(size=3, growth=float("nan")), "growth"),
+        (dict(size=3, minimum=0), "minimum"),
+    ],
+)
+def test_bucket_rejects_bad_arguments(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        bucket(**kwargs)
+
+
+def test_pad_to_bucket_follows_pyg_pad():
+    x, edge_index, y, weight = random_batch(70, 300, seed=0)
+    px, pedges, py, pweight = ug.pad_to_bucket(x, edge_index, y, weight)
+    assert px.shape == (bucket(71), 12) and pedges.shape == (2, bucket(300))
+    assert torch.equal(px[:70], x) and not px[70:].any()
+    assert torch.equal(pedges[:, :300], edge_index) and bool((pedges[:, 300:] == 70).all())
+    assert torch.equal(py[:70], y) and not py[70:].any() and not pweight[70:].any()
+
+
+def test_pad_to_bucket_rejects_bad_arguments():
+    x, edge_index, y, _ = random_batch(10, 20, seed=0)
+    with pytest.raises(ValueError, match="edge_index"):
+        ug.pad_to_bucket(x, edge_index[0])
+    with pytest.raises(TypeError, match="edge_index"):
+        ug.pad_to_bucket(x, edge_index.float())
+    with pytest.raises(ValueError, match=r"node_tensors\[0\]"):
+        ug.pad_to_bucket(x, edge_index, y[:5])
+    with pytest.raises(TypeError, match="x"):
+        ug.pad_to_bucket([1, 2], edge_index)
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+@pytest.mark.parametrize("impl", ["ours", "pyg"])
+def test_padded_batch_gives_the_unpadded_outputs_and_gradients(model_name, impl):
+    """The real nodes' outputs and every parameter's gradient are those of the unpadded batch."""
+    torch.manual_seed(0)
+    model = two_layers(model_name, ug.nn if impl == "ours" else pyg_nn)
+    x, edge_index, y, weight = random_batch(70, 300, seed=1)
+    padded = ug.pad_to_bucket(x, edge_index, y, weight)
+    results = []
+    for tensors in ((x, edge_index, y, weight), padded):
+        model.zero_grad()
+        out = model(tensors[0], tensors[1])
+        (F.cross_entropy(out, tensors[2], reduction="none") * tensors[3]).sum().backward()
+        results.append([out[:70].detach()] + [p.grad.clone() for p in model.parameters()])
+    for index, (want, got) in enumerate(zip(*results)):
+        assert rel_err(got, want) < 1e-5, index
+
+
+# -- RecordedStep ----------------------------------------------------------------------------------
+def test_recorded_step_runs_eagerly_on_the_cpu():
+    torch.manual_seed(0)
+    model = two_layers("sage", ug.nn)
+    reference = copy.deepcopy(model)
+    step = ug.RecordedStep(make_step(model, torch.optim.Adam(model.parameters(), lr=0.01)))
+    eager = make_step(reference, torch.optim.Adam(reference.parameters(), lr=0.01))
+    batch = random_batch(40, 160, seed=2)
+    for _ in range(3):
+        assert rel_err(step(*batch), eager(*batch)) < 1e-5
+    assert step.num_recordings == 0
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert rel_err(a, b) < 1e-5
+
+
+def test_recorded_step_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="step"):
+        ug.RecordedStep(42)
+    with pytest.raises(ValueError, match="warmup"):
+        ug.RecordedStep(lambda: None, warmup=0)
+    with pytest.raises(ValueError, match="max_recordings"):
+        ug.RecordedStep(lambda: None, max_recordings=0)
+    with pytest.raises(TypeError, match=r"tensors\[1\]"):
+        ug.RecordedStep(lambda *t: None)(torch.zeros(1), 3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model_name", MODELS)
+def test_eager_step_on_a_seen_graph_never_synchronises(model_name):
+    """Our layers with their default arguments, on a graph they have seen: no host sync."""
+    *_, eager = cuda_steps(model_name, ug.nn)
+    batch = random_batch(500, 4000, seed=3, device="cuda")
+    eager(*batch)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager(*batch)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model_name", MODELS)
+def test_recorded_full_batch_steps_equal_eager_steps(model_name):
+    device = torch.device("cuda")
+    model, reference, step, eager = cuda_steps(model_name, ug.nn)
+    batch = random_batch(500, 4000, seed=4, device=device)
+    losses = [step(*batch).clone() for _ in range(3)]  # warm-up steps, recording, replays
+    assert step.num_recordings == 1
+    want = [eager(*batch) for _ in range(3 + 3)]
+    assert rel_err(losses[-1], want[-1]) < 1e-4
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert rel_err(a, b) < 1e-4
+    # New features and labels of the same graph are copied in before a replay.
+    other = random_batch(500, 4000, seed=5, device=device)
+    other[1] = batch[1]
+    assert rel_err(step(*other), eager(*other)) < 1e-4
+
+
+@pytest.mark.cuda
+def test_recorded_step_refuses_a_changed_graph():
+    device = torch.device("cuda")
+    model = two_layers("sage", ug.nn).to(device)
+    step = ug.RecordedStep(make_step(model, torch.optim.Adam(model.parameters(), lr=0.01, capturable=True)))
+    batch = random_batch(300, 2000, seed=6, device=device)
+    step(*batch)
+    same = [t.clone() for t in batch]
+    step(*same)  # equal values in another tensor: fine
+    changed = random_batch(300, 2000, seed=7, device=device)
+    with pytest.raises(ValueError, match=r"tensors\[1\]"):
+        step(*changed)
+
+
+@pytest.mark.cuda
+def test_recorded_step_refuses_a_step_that_synchronises():
+    device = torch.device("cuda")
+    x = torch.randn(10, device=device)
+    step = ug.RecordedStep(lambda t: t * float(t.sum()))
+    with pytest.raises(ValueError, match="waits for the GPU"):
+        step(x)
+    assert step.num_recordings == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model_name", ["sage", "gin"])
+def test_padded_minibatches_of_pyg_layers_replay_per_bucket(model_name):
+    """PyG layers rebuild everything from ``edge_index`` at every call: one recording per bucket
+    serves every batch of that bucket, with eager's losses."""
+    device = torch.device("cuda")
+    _, _, step, eager = cuda_steps(model_name, pyg_nn)
+    for seed in range(6):
+        batch = ug.pad_to_bucket(*random_batch(100 + 7 * seed, 600 + 11 * seed, seed=seed, device=device))
+        recorded_before = step.num_recordings
+        got = step(*batch).clone()
+        if step.num_recordings > recorded_before:  # a new bucket's first call also ran the warm-up steps
+            for _ in range(step.warmup):
+                eager(*batch)
+        assert rel_err(got, eager(*batch)) < 1e-4, seed
+    assert 1 <= step.num_recordings <= 3
