@@ -72,8 +72,11 @@ class SAGEConv(MessagePassing):
         if isinstance(in_channels, int):
             in_channels = (in_channels, in_channels)
 
+        # Checked before PyG resolves ``aggr``: it would build an aggregation module first
+        # (``"lstm"`` needs channel arguments PyG's own SAGEConv passes), failing obscurely.
+        gather = gather_op(aggr)
         super().__init__(aggr, **kwargs)
-        self._gather = gather_op(self.aggr)
+        self._gather = gather
 
         if self.project:
             if in_channels[0] <= 0:

@@ -117,3 +117,11 @@ def test_datasets(compare, dataset):
         [dataset.x],
         train=True,
     )
+
+
+@pytest.mark.parametrize("aggr", ["lstm", "softmax", ["mean", "max"], 3])
+def test_unsupported_aggregations_are_refused_by_name(aggr):
+    """PyG would resolve these into aggregation modules (``"lstm"`` fails there for want of
+    channel arguments); ours says that it runs only the four reductions, naming ``aggr``."""
+    with pytest.raises(ValueError, match="aggr: expected one of"):
+        SAGEConv(8, 16, aggr=aggr)
