@@ -18,8 +18,7 @@ Full batch trains on the whole graph at every step; ``minibatch`` on the parts o
 timing and moved to the GPU inside the step). Features are random (``--features``), labels the
 dataset's where it has node labels, the loss a weighted sum over the training nodes (no boolean
 indexing: the same step is recordable). ``host_syncs`` counts the synchronising CUDA calls of one
-eager step on a graph already seen (``torch.cuda.set_sync_debug_mode``); a recorded row's
-``max_rel_err`` compares its loss with the eager step's on the same weights and batch.
+eager step on a graph already seen (``torch.cuda.set_sync_debug_mode``).
 
     python -m benchmarks.steps --datasets cora pubmed --models gcn sage
 """
@@ -27,6 +26,7 @@ eager step on a graph already seen (``torch.cuda.set_sync_debug_mode``); a recor
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 import warnings
@@ -44,12 +44,13 @@ from torch_geometric.loader import RandomNodeLoader
 from tqdm import tqdm
 
 import pyg_ugrapher.nn
+from autotune.timing import wall_ms as call_ms
 from pyg_ugrapher import RecordedStep, pad_to_bucket
 from pyg_ugrapher.datasets import load_dataset
 
 from .report import plot
 from .rows import ResultsFile, default_out, environment
-from .timing import failure
+from .timing import failure, synchronize
 from .train_e2e import MODELS, build_model
 
 IMPLEMENTATIONS = {"pyg": torch_geometric.nn, "ours": pyg_ugrapher.nn}
@@ -115,29 +116,22 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[..
     return step
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def wall_ms(run: Callable[[], object], steps: int, repeats: int, device: torch.device) -> List[float]:
-    """Wall-clock ms per step of ``repeats`` runs of ``steps`` calls, each run ended by a sync."""
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
+    """Wall-clock ms per step of ``repeats`` runs of ``steps`` calls: the project's timer around a
+    whole run, so that steps queue on the GPU as in a training loop and only a run ends in a sync."""
+
+    def run_steps() -> None:
         for _ in range(steps):
             run()
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1e3 / steps)
-    return times
+
+    return [ms / steps for ms in call_ms(run_steps, warmup=0, reps=repeats, device=device)]
 
 
 def count_syncs(run: Callable[[], object], device: torch.device) -> Optional[int]:
     """Synchronising CUDA calls of one ``run()`` (``None`` on a CPU)."""
     if device.type != "cuda":
         return None
-    _sync(device)
+    synchronize(device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -152,33 +146,26 @@ class Case:
     """One (problem, model, implementation, mode, batching) to time."""
 
     def __init__(self, problem: Problem, model_name: str, impl: str, mode: str, batching: str, args) -> None:
-        self.problem, self.model_name, self.impl, self.mode, self.batching = problem, model_name, impl, mode, batching
-        self.args, self.device = args, torch.device(args.device)
+        self.mode, self.batching, self.device = mode, batching, torch.device(args.device)
         torch.manual_seed(args.seed)
         # PyG's model first: ours loads its weights, so both start equal.
         reference = build_model(model_name, torch_geometric.nn, args.features, args.hidden, problem.num_classes, False)
         model = build_model(model_name, IMPLEMENTATIONS[impl], args.features, args.hidden, problem.num_classes, False)
         model.load_state_dict(reference.state_dict())
-        self.model = model.to(self.device)
-        self.eager_model = self.model
+        model = model.to(self.device)
         if mode == "compiled":
-            self.model = torch.compile(self.model, dynamic=True if batching == "minibatch" else None)
+            model = torch.compile(model, dynamic=True if batching == "minibatch" else None)
         elif mode == "reduce-overhead":
-            self.model = torch.compile(self.model, mode="reduce-overhead")
+            model = torch.compile(model, mode="reduce-overhead")
         recorded = mode == "recorded"
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.01, capturable=recorded)
-        step = make_step(self.model, self.optimizer)
+        step = make_step(model, torch.optim.Adam(model.parameters(), lr=0.01, capturable=recorded))
         self.step = RecordedStep(step) if recorded else step
         if batching == "full":
             data = problem.data.clone().to(self.device)  # Data.to moves in place
-            self.batches = [(data.x, data.edge_index, data.y, data.weight)]
+            batches = [(data.x, data.edge_index, data.y, data.weight)]
         else:
-            self.batches = [(b.x, b.edge_index, b.y, b.weight) for b in minibatches(problem, args.parts, args.seed)]
-        self._next = self._cycle()
-
-    def _cycle(self) -> Iterator[Sequence[Tensor]]:
-        while True:
-            yield from self.batches
+            batches = [(b.x, b.edge_index, b.y, b.weight) for b in minibatches(problem, args.parts, args.seed)]
+        self._next = itertools.cycle(batches)
 
     def inputs(self) -> Sequence[Tensor]:
         tensors = next(self._next)
@@ -197,7 +184,7 @@ def run_case(case: Case, args) -> Dict:
     row: Dict = {}
     for _ in range(WARMUP_STEPS):
         case.run()
-    _sync(device)
+    synchronize(device)
     if case.mode == "eager":
         row["host_syncs"] = count_syncs(case.run, device)
     times = wall_ms(case.run, args.steps, args.repeats, device)

@@ -55,15 +55,17 @@ def test_special_values_are_torch(name, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("gather", ["sum", "max", None])
-def test_functions_in_every_dtype(gather, dtype, device, graph_factory, check_close):
+@pytest.mark.parametrize("case", ["hub", "isolated", "empty"])
+def test_functions_in_every_dtype(case, gather, dtype, device, graph_factory, check_close):
     """All the functions in one edge function, gathered or per edge, against the reference
-    executor (half precision is computed in float32 by both)."""
+    executor (half precision is computed in float32 by both), on a hub, on isolated vertices and
+    on a graph without edges."""
     terms = [expr.remap({0: i % 2}) * Expr.input(2) for i, expr in enumerate(FUNCTIONS.values())]
     expr = terms[0]
     for term in terms[1:]:
         expr = expr + term
     op = OpInfo(expr, gather, operands=("src_v", "edge", "dst_v"))
-    graph = graph_factory("hub")
+    graph = graph_factory(case)
     generator = torch.Generator().manual_seed(0)
     rows = (graph.num_src, graph.num_edges, graph.num_dst)
     operands = [(torch.randn(r, 8, generator=generator) * 2).to(dtype) for r in rows]
