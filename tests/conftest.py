@@ -69,6 +69,7 @@ from torch_geometric.typing import SparseTensor  # noqa: E402  (PyG imports Trit
 import pyg_ugrapher as ug  # noqa: E402
 import triton_kernels  # noqa: E402
 from autotune import selection  # noqa: E402
+from benchmarks import rows  # noqa: E402
 from pyg_ugrapher.ops import decisions  # noqa: E402
 from triton_kernels import buffers  # noqa: E402
 
@@ -504,3 +505,11 @@ def isolated_rows(graph: ug.GraphTensor) -> torch.Tensor:
 def isolated() -> Callable[[ug.GraphTensor], torch.Tensor]:
     """``isolated(graph)``: mask of the destinations without an in-edge."""
     return isolated_rows
+
+
+@pytest.fixture
+def uncached_commit():
+    """:func:`benchmarks.rows.commit` asked afresh, and forgotten after the test."""
+    rows.commit.cache_clear()
+    yield rows.commit
+    rows.commit.cache_clear()

@@ -4,7 +4,13 @@
 As torch operations it is a product, which writes an ``[rows, H, C]`` intermediate, and a sum over
 the last ``C`` features, whose reduction over a few contiguous elements per output runs far below
 the memory bandwidth. One kernel reads both tensors once: each program takes ``BLOCK_R``
-(row, head) pairs and walks their ``C`` features ``BLOCK_C`` at a time.
+(row, head) pairs, one per lane, and walks their ``C`` features ``UNROLL`` at a time.
+
+Each lane sums its own pair's features in order, with no reduction across lanes: a ``tl.sum`` over
+a tile leaves every lane of a butterfly shuffle a total rounded differently, and the lanes then
+write those unequal copies to one shared-memory word (a write-after-write race that
+``compute-sanitizer --tool racecheck`` reports, and a last bit that varies from run to run). The
+lanes' reads of ``C`` strided elements hit lines that the previous features brought into L1.
 """
 
 from __future__ import annotations
@@ -18,26 +24,31 @@ from . import buffers
 from .codegen import interpreting
 from .launch import jit_kernel
 
-BLOCK_R = 64
-MAX_BLOCK_C = 64
+BLOCK_R = 128
+#: Features each step of the loop reads per pair, as independent loads.
+UNROLL = 8
 
 
 def head_dot_kernel(
-    a_ptr, b_ptr, out_ptr, num_pairs, C, DOUBLE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr
+    a_ptr, b_ptr, out_ptr, num_pairs, C, DOUBLE: tl.constexpr, BLOCK_R: tl.constexpr, UNROLL: tl.constexpr
 ):
     pair = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     live = pair < num_pairs
+    start = pair * C
     if DOUBLE:
         total = tl.zeros([BLOCK_R], tl.float64)
     else:
         total = tl.zeros([BLOCK_R], tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)
-        offset = pair[:, None] * C + c[None, :]
-        valid = live[:, None] & (c < C)[None, :]
-        a = tl.load(a_ptr + offset, mask=valid, other=0.0).to(total.dtype)
-        b = tl.load(b_ptr + offset, mask=valid, other=0.0).to(total.dtype)
-        total += tl.sum(a * b, axis=1)
+    whole = C - C % UNROLL
+    for c0 in range(0, whole, UNROLL):
+        for k in tl.static_range(UNROLL):
+            a = tl.load(a_ptr + start + c0 + k, mask=live, other=0.0).to(total.dtype)
+            b = tl.load(b_ptr + start + c0 + k, mask=live, other=0.0).to(total.dtype)
+            total += a * b
+    for c in range(whole, C):
+        a = tl.load(a_ptr + start + c, mask=live, other=0.0).to(total.dtype)
+        b = tl.load(b_ptr + start + c, mask=live, other=0.0).to(total.dtype)
+        total += a * b
     tl.store(out_ptr + pair, total.to(out_ptr.dtype.element_ty), mask=live)
 
 
@@ -70,6 +81,6 @@ def head_dot(a: Tensor, b: Tensor) -> Tensor:
         channels,
         DOUBLE=a.dtype == torch.float64,
         BLOCK_R=BLOCK_R,
-        BLOCK_C=min(MAX_BLOCK_C, triton.next_power_of_2(channels)),
+        UNROLL=UNROLL,
     )
     return out

@@ -6,7 +6,13 @@ values weighted by those exponentials ``a_c``. With ``M = max_c m_c``, the row's
 ``z = sum_c z_c exp(m_c - M)``, its output ``sum_c a_c exp(m_c - M) / (z + 1e-16)`` and its
 log-normaliser ``M + log(z + 1e-16)``: what one program walking the whole row computes
 (:mod:`~triton_kernels.vertex_softmax`). One program combines one split row's chunks for a tile of
-features, ``BLOCK_C`` chunks per step of two loops (a hub of 1e5 edges in chunks of 128 has 782).
+features, ``BLOCK_C`` chunks per step of two loops (a hub of 1e5 edges in chunks of 128 has 782),
+as independent loads of one contiguous row of partials each.
+
+Each lane folds its own feature's chunks in order, with no reduction across lanes: a ``tl.sum``
+over a ``[chunks, features]`` tile leaves the lanes of a butterfly shuffle totals rounded
+differently, which they then write to one shared-memory word (a write-after-write race that
+``compute-sanitizer --tool racecheck`` reports, and a last bit that varies from run to run).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from torch import Tensor
 from .codegen import interpreting
 from .launch import jit_kernel
 
-#: Chunks whose partials one step of the loops reads.
+#: Chunks whose partials one step of the loops reads, unrolled.
 BLOCK_C = 16
 MAX_BLOCK_F = 128
 
@@ -46,22 +52,28 @@ def combine_kernel(
     fmask = f < F
     h = f // C
     acc_type = part_ptr.dtype.element_ty
+    whole = count - count % BLOCK_C
     largest = tl.full([BLOCK_F], float("-inf"), acc_type)
-    for c0 in range(0, count, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)
-        valid = (c < count)[:, None] & fmask[None, :]
-        chunk_max = tl.load(part_max_ptr + (first + c)[:, None] * H + h[None, :], mask=valid, other=float("-inf"))
-        largest = tl.maximum(largest, tl.max(chunk_max, axis=0))
+    for c0 in range(0, whole, BLOCK_C):
+        for k in tl.static_range(BLOCK_C):
+            largest = tl.maximum(
+                largest, tl.load(part_max_ptr + (first + c0 + k) * H + h, mask=fmask, other=float("-inf"))
+            )
+    for c in range(whole, count):
+        largest = tl.maximum(largest, tl.load(part_max_ptr + (first + c) * H + h, mask=fmask, other=float("-inf")))
     total = tl.zeros([BLOCK_F], acc_type)
     weighted = tl.zeros([BLOCK_F], acc_type)
-    for c0 in range(0, count, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)
-        valid = (c < count)[:, None] & fmask[None, :]
-        slot = (first + c)[:, None]
-        chunk_max = tl.load(part_max_ptr + slot * H + h[None, :], mask=valid, other=0.0)
-        scale = tl.where(valid, tl.exp(chunk_max - largest[None, :]), 0.0)
-        total += tl.sum(tl.load(part_sum_ptr + slot * H + h[None, :], mask=valid, other=0.0) * scale, axis=0)
-        weighted += tl.sum(tl.load(part_ptr + slot * F + f[None, :], mask=valid, other=0.0) * scale, axis=0)
+    for c0 in range(0, whole, BLOCK_C):
+        for k in tl.static_range(BLOCK_C):
+            slot = first + c0 + k
+            scale = tl.exp(tl.load(part_max_ptr + slot * H + h, mask=fmask, other=0.0) - largest)
+            total += tl.load(part_sum_ptr + slot * H + h, mask=fmask, other=0.0) * scale
+            weighted += tl.load(part_ptr + slot * F + f, mask=fmask, other=0.0) * scale
+    for c in range(whole, count):
+        slot = first + c
+        scale = tl.exp(tl.load(part_max_ptr + slot * H + h, mask=fmask, other=0.0) - largest)
+        total += tl.load(part_sum_ptr + slot * H + h, mask=fmask, other=0.0) * scale
+        weighted += tl.load(part_ptr + slot * F + f, mask=fmask, other=0.0) * scale
     total += 1e-16
     tl.store(out_ptr + row * F + f, (weighted / total).to(out_ptr.dtype.element_ty), mask=fmask)
     tl.store(

@@ -106,14 +106,6 @@ def test_environment_columns():
     assert rows.default_out(torch.device("cpu")) == rows.RESULTS / "cpu"
 
 
-@pytest.fixture
-def uncached_commit():
-    """:func:`benchmarks.rows.commit` asked afresh, and forgotten after the test."""
-    rows.commit.cache_clear()
-    yield rows.commit
-    rows.commit.cache_clear()
-
-
 def test_commit_is_the_short_hash_marked_dirty(monkeypatch, uncached_commit):
     outputs = {"rev-parse": "0c4048b", "status": " M benchmarks/run.py"}
     monkeypatch.setattr(rows, "_git", lambda *args: outputs[args[0]])
