@@ -96,6 +96,11 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="hold out each real graph in turn, trained on all other graphs, instead of folds",
     )
+    e.add_argument(
+        "--score-gpu",
+        default=None,
+        help="score only this GPU's held-out cases (a slug: h100, h200), the models trained on every GPU's rows",
+    )
     e.add_argument("--n-estimators", type=int, default=None)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--target", choices=("log_time", "relative", "rank"), default="rank")
@@ -151,6 +156,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         seed=args.seed,
         kind=args.target,
         leave_out=args.leave_one_out,
+        score_gpu=args.score_gpu,
     )
     return 0
 

@@ -50,6 +50,7 @@ import pandas as pd
 
 from .collect import read_table, real_graphs
 from .features import frame_features
+from .gpus import gpu_slug
 from .train import CASE, fit, target, usable
 
 log = logging.getLogger(__name__)
@@ -334,21 +335,30 @@ def evaluate(
     seed: int = 0,
     kind: str = "rank",
     leave_out: Optional[str] = None,
+    score_gpu: Optional[str] = None,
 ) -> pd.DataFrame:
     """Evaluate a model of target ``kind`` on the tables under ``data``: by ``folds``-fold
     cross-validation, or with ``leave_out="real"`` by leaving each real graph out in turn
-    (:func:`leave_one_out`, which also writes the :data:`GROUPED_FILES`). Writes ``cases.csv``,
-    ``summary.csv``, ``sizes.csv``, the plots and, for data that measured schedules twice,
-    ``stability.csv`` to ``out``; returns the summary."""
+    (:func:`leave_one_out`, which also writes the :data:`GROUPED_FILES`). With ``score_gpu`` (a
+    slug, :func:`~autotune.gpus.gpu_slug`), the models still train on every GPU's rows, and only
+    that GPU's held-out cases are scored: how a model trained on several GPUs' timings picks
+    schedules on one of them. Writes ``cases.csv``, ``summary.csv``, ``sizes.csv``, the plots and,
+    for data that measured schedules twice, ``stability.csv`` to ``out``; returns the summary."""
     if leave_out is not None and leave_out not in LEAVE_OUT:
         raise ValueError(f"leave_out: unknown {leave_out!r}; expected one of {LEAVE_OUT}")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     table = read_table(data)
+    if score_gpu is not None:
+        slugs = sorted({gpu_slug(name) for name in table["gpu"].astype(str).unique()})
+        if score_gpu not in slugs:
+            raise ValueError(f"score_gpu: no rows of {score_gpu!r} in the data; its GPUs are {slugs}")
+    out.mkdir(parents=True, exist_ok=True)
     if leave_out is None:
         rows = cross_validate(table, folds, n_estimators, seed, kind)
     else:
         rows = leave_one_out(table, None, n_estimators, seed, kind)
+    if score_gpu is not None:
+        rows = rows[rows["gpu"].astype(str).map(gpu_slug) == score_gpu]
     cases = case_table(rows)
     summary = summarize(cases)
     cases.to_csv(out / "cases.csv", index=False)

@@ -4,6 +4,7 @@ interpreter, a wrong result fails its case, the driver's dry run writes a report
 is parsed, and a missing ``compute-sanitizer`` is reported."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -172,3 +173,13 @@ def test_reduced_matrix_passes_on_the_gpu():
     """The plain run the driver starts with: every case of the reduced matrix matches on the GPU."""
     summary = sanitize_cases.run_cases(sanitize_cases.cases("reduced"), torch.device("cuda"))
     assert summary.failed == 0 and summary.cases == len(sanitize_cases.cases("reduced"))
+
+
+def test_a_gradient_that_cancels_to_zero_is_compared_at_the_layer_scale():
+    """Rounding noise against an exact zero fails a plain relative error and passes against the
+    layer's gradient scale; an error of that scale's size fails either way."""
+    zero, noise = torch.zeros(4), torch.full((4,), 3e-7)
+    assert sanitize_cases.compare(noise, zero, torch.float32, "g", 100.0)
+    assert not sanitize_cases.compare(noise, zero, torch.float32, "g", 100.0, scale=1.0)
+    assert sanitize_cases.compare(torch.full((4,), 0.5), zero, torch.float32, "g", 100.0, scale=1.0)
+    assert sanitize_cases.relative_error(torch.tensor([math.nan]), torch.zeros(1), scale=1.0) == math.inf
