@@ -348,16 +348,20 @@ def evaluate(
         raise ValueError(f"leave_out: unknown {leave_out!r}; expected one of {LEAVE_OUT}")
     out = Path(out)
     table = read_table(data)
+    scored = None
     if score_gpu is not None:
-        slugs = sorted({gpu_slug(name) for name in table["gpu"].astype(str).unique()})
-        if score_gpu not in slugs:
-            raise ValueError(f"score_gpu: no rows of {score_gpu!r} in the data; its GPUs are {slugs}")
+        slugs = table["gpu"].astype(str).map(gpu_slug)
+        if not (slugs == score_gpu).any():
+            raise ValueError(f"score_gpu: no rows of {score_gpu!r} in the data; its GPUs are {sorted(set(slugs))}")
+        scored = slugs == score_gpu
     out.mkdir(parents=True, exist_ok=True)
     if leave_out is None:
         rows = cross_validate(table, folds, n_estimators, seed, kind)
     else:
-        rows = leave_one_out(table, None, n_estimators, seed, kind)
-    if score_gpu is not None:
+        # Only the scored GPU's real graphs are held out: the others stay in every training set.
+        graphs = None if scored is None else sorted(set(real_graphs()) & set(table.loc[scored, "graph"]))
+        rows = leave_one_out(table, graphs, n_estimators, seed, kind)
+    if scored is not None:
         rows = rows[rows["gpu"].astype(str).map(gpu_slug) == score_gpu]
     cases = case_table(rows)
     summary = summarize(cases)

@@ -197,14 +197,18 @@ def test_cli_leaves_real_graphs_out(tmp_path):
 
 def test_one_gpus_cases_are_scored_by_models_trained_on_every_gpu(monkeypatch, tmp_path):
     """Two GPUs' tables: with ``score_gpu`` the models still train on both (every fit sees both
-    GPUs' rows) and only the named GPU's held-out cases are scored; an unknown slug is refused."""
-    seen_gpus = []
+    GPUs' rows), only the named GPU's real graphs are held out (citeseer, measured on the other
+    GPU only, stays in every training set) and only its cases are scored; an unknown slug is
+    refused."""
+    seen_gpus, seen_graphs = [], []
 
     def spy(train, n_estimators=None, seed=0, kind="rank"):
         seen_gpus.append(set(train["gpu"]))
+        seen_graphs.append(set(train["graph"]))
         return Ranker(1)
 
     one, other = make_table().assign(gpu="NVIDIA H200"), make_table().assign(gpu="NVIDIA H100 80GB HBM3")
+    one = one[one["graph"] != "citeseer"]
     other["time_ms"] = other["time_ms"] * 2.0
     pd.concat([one, other]).to_csv(tmp_path / "table.csv", index=False)
     monkeypatch.setattr(ev, "fit", spy)
@@ -212,8 +216,9 @@ def test_one_gpus_cases_are_scored_by_models_trained_on_every_gpu(monkeypatch, t
     argv = ["evaluate", "--data", str(tmp_path / "table.csv"), "--leave-one-out", "real", "--out", str(out)]
     assert cli.main(argv + ["--score-gpu", "h200"]) == 0
     assert seen_gpus and all(gpus == {"NVIDIA H200", "NVIDIA H100 80GB HBM3"} for gpus in seen_gpus)
+    assert seen_graphs == [{"citeseer", "uni-a", "pl-b"}]
     cases = pd.read_csv(out / "cases.csv")
-    assert set(cases["gpu"]) == {"NVIDIA H200"} and len(cases) == 2 * len(WIDTHS)
+    assert set(cases["gpu"]) == {"NVIDIA H200"} and set(cases["graph"]) == {"cora"} and len(cases) == len(WIDTHS)
     assert (cases["best_ms"] == 1.0).all() and (cases["model"] == 1.0).all()
     with pytest.raises(ValueError, match="^score_gpu: no rows of 'a100'"):
         ev.evaluate([tmp_path / "table.csv"], tmp_path / "none", leave_out="real", score_gpu="a100")
