@@ -143,18 +143,35 @@ def gather_op(aggr: object) -> str:
     return GATHERS[aggr]
 
 
-def check_features(name: str, x: object) -> Tensor:
-    """A ``[N, F]`` floating-point node or edge feature matrix."""
+def check_features(name: str, x: object, static: bool = False) -> Tensor:
+    """A ``[N, F]`` floating-point node or edge feature matrix; with ``static``, also a static
+    graph's ``[B, N, F]`` batch of feature matrices (see :func:`nodes_first`)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{name}: expected floating-point features, got {x.dtype}")
-    if x.dim() != 2:
+    if static and x.dim() not in (2, 3):
+        raise ValueError(
+            f"{name}: expected shape [num_nodes, channels] or [batch, num_nodes, channels], got {list(x.shape)}"
+        )
+    if not static and x.dim() != 2:
         raise ValueError(
             f"{name}: expected shape [num_nodes, channels], got {list(x.shape)} "
-            f"(static graphs with a batch dimension are not supported)"
+            f"(static graphs with a batch dimension are not supported by this layer)"
         )
     return x
+
+
+def nodes_first(x: Tensor) -> Tensor:
+    """Node features with the nodes in front: a static graph's ``[B, N, F]`` (one graph, ``B``
+    feature matrices, as PyG's ``node_dim=-2`` reads them) as an ``[N, B, F]`` view, whose batch
+    the IR reads as heads; an ``[N, F]`` matrix as it is."""
+    return x.transpose(0, 1) if x.dim() == 3 else x
+
+
+def batch_first(out: Tensor, static: bool) -> Tensor:
+    """The inverse of :func:`nodes_first` for a static graph's ``[N, B, F]`` output."""
+    return out.transpose(0, 1) if static else out
 
 
 def is_sparse(edge_index: object) -> bool:
@@ -637,15 +654,18 @@ def run(graph: Graph, build: Callable[..., OpInfo], args: Tuple[Hashable, ...], 
     return ops.compute(graph.tensor, op, operands=operands)
 
 
-def pair(x: object) -> Tuple[Tensor, Optional[Tensor]]:
-    """``x`` or ``(x_src, x_dst)`` as a pair, checked; ``x_dst`` may be ``None``."""
+def pair(x: object, static: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    """``x`` or ``(x_src, x_dst)`` as a pair, checked (``static``: see :func:`check_features`);
+    ``x_dst`` may be ``None``."""
     if isinstance(x, (tuple, list)):
         if len(x) != 2:
             raise ValueError(f"x: expected a tensor or a pair (x_src, x_dst), got {len(x)} items")
-        x_src = check_features("x[0]", x[0])
-        x_dst = None if x[1] is None else check_features("x[1]", x[1])
+        x_src = check_features("x[0]", x[0], static)
+        x_dst = None if x[1] is None else check_features("x[1]", x[1], static)
+        if x_dst is not None and x_dst.dim() != x_src.dim():
+            raise ValueError(f"x: expected x[0] and x[1] of one rank, got {list(x_src.shape)} and {list(x_dst.shape)}")
         return x_src, x_dst
-    x = check_features("x", x)
+    x = check_features("x", x, static)
     return x, x
 
 

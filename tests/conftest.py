@@ -423,26 +423,32 @@ def operand_shapes() -> Callable[[ug.OpInfo], List[str]]:
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``max |actual - expected| / max |expected|``; NaN anywhere in ``actual`` counts as infinite."""
+def relative_error(actual: torch.Tensor, expected: torch.Tensor, scale: float = 0.0) -> float:
+    """``max |actual - expected| / max(max |expected|, scale)``; NaN anywhere in ``actual`` counts as
+    infinite."""
     if actual.numel() == 0:
         return 0.0
     actual, expected = actual.double(), expected.double()
     if torch.isnan(actual).any():
         return math.inf
-    scale = max(expected.abs().max().item(), 1e-12)
+    scale = max(expected.abs().max().item(), scale, 1e-12)
     return (actual - expected).abs().max().item() / scale
 
 
 def assert_close(
-    actual: torch.Tensor, expected: torch.Tensor, dtype: Optional[torch.dtype] = None, context: str = ""
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    dtype: Optional[torch.dtype] = None,
+    context: str = "",
+    scale: float = 0.0,
 ) -> None:
     """Same shape and dtype, and a relative error within :data:`TOLERANCE` of ``dtype`` (default:
-    ``expected.dtype``)."""
+    ``expected.dtype``), against at least ``scale`` (the size of the quantities a value that cancels
+    to zero was summed from: relative to zero, rounding alone would fail)."""
     assert actual.shape == expected.shape, f"{context}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     assert actual.dtype == expected.dtype, f"{context}: dtype {actual.dtype} != {expected.dtype}"
     tolerance = TOLERANCE[dtype or expected.dtype]
-    error = relative_error(actual, expected)
+    error = relative_error(actual, expected, scale)
     assert error <= tolerance, f"{context}: relative error {error:.3g} > {tolerance:g}"
 
 

@@ -16,6 +16,7 @@ from ..graph_argument import (
     Graph,
     Looped,
     adjacency,
+    batch_first,
     check_features,
     derived,
     eager_with_torch_sparse,
@@ -29,6 +30,7 @@ from ..graph_argument import (
     looped_graph,
     named,
     node_sizes,
+    nodes_first,
     padded_looped_graph,
     plain_index,
     run,
@@ -270,24 +272,26 @@ class GCNConv(MessagePassing):
                 f"input while this layer does not support bipartite message passing. "
                 f"Please try other layers such as 'SAGEConv' or 'GraphConv' instead"
             )
-        x = check_features("x", x)
+        x = check_features("x", x, static=True)
+        static = x.dim() == 3
 
         slot = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"
         cache = getattr(self, slot)
         if cache is not None:
             graph, weight = cache
         else:
-            graph, weight = self._graph(x, edge_index, edge_weight)
+            graph, weight = self._graph(nodes_first(x), edge_index, edge_weight)
             if self.cached and self.normalize:
                 setattr(self, slot, (graph, weight))
 
-        x = self.lin(x)
+        x = nodes_first(self.lin(x))
         if weight is None:
             out = run(graph, named, (f"copy_u_{self._gather}",), [x])
         else:
             out = run(graph, named, (f"u_mul_e_{self._gather}",), [x, weight])
         if graph.spare_row:
             out = out[:-1]
+        out = batch_first(out, static)
 
         if self.bias is not None:
             out = add_bias(out, self.bias)

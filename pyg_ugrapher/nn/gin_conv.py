@@ -9,12 +9,14 @@ from torch_geometric.typing import SparseTensor
 from ..graph_argument import (
     adjacency,
     aggregate,
+    batch_first,
     eager_with_torch_sparse,
     edge_tensor,
     gather_op,
     is_sparse,
     named,
     node_sizes,
+    nodes_first,
     padded_looped_graph,
     pair,
     run,
@@ -101,7 +103,11 @@ class GINConv(MessagePassing):
         edge_index: Union[Tensor, SparseTensor],
         size: Optional[Tuple[int, int]] = None,
     ) -> Tensor:
-        x_src, x_dst = pair(x)
+        x_src, x_dst = pair(x, static=True)
+        static = x_src.dim() == 3
+        same = x_dst is x_src
+        x_src = nodes_first(x_src)
+        x_dst = x_src if same else None if x_dst is None else nodes_first(x_dst)
         edge_index, size, _ = sparse_tensor_graph(self, edge_index, size)
         if x_dst is x_src and self._with_loops(edge_index):
             num_nodes, num_dst = node_sizes(self, edge_index, size, x_src, x_dst)
@@ -109,12 +115,12 @@ class GINConv(MessagePassing):
                 # (A + I) X as one sum over the edges and a self loop per node: no [N, F] pass
                 # to add x (a sum over N more edges reads less memory than that pass).
                 graph = padded_looped_graph(edge_index, self.flow, num_nodes)
-                return network(self.nn, run(graph, named, ("copy_u_sum",), [x_src]))
+                return network(self.nn, batch_first(run(graph, named, ("copy_u_sum",), [x_src]), static))
         out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
         if x_dst is not None:
             # One pass over [N, F] instead of a product and a sum.
             out = torch.addcmul(out, x_dst, 1 + self.eps)
-        return network(self.nn, out)
+        return network(self.nn, batch_first(out, static))
 
     def _with_loops(self, edge_index: Tensor) -> bool:
         """Whether the sum may run on the graph with self loops: sum aggregation of an index (not
@@ -208,7 +214,9 @@ class GINEConv(MessagePassing):
         edge_attr: Optional[Tensor] = None,
         size: Optional[Tuple[int, int]] = None,
     ) -> Tensor:
-        x_src, x_dst = pair(x)
+        x_src, x_dst = pair(x, static=True)
+        static = x_src.dim() == 3
+        x_src, x_dst = nodes_first(x_src), None if x_dst is None else nodes_first(x_dst)
         edge_index, size, edge_attr = sparse_tensor_graph(self, edge_index, size, edge_attr, "features")
         num_src, num_dst = node_sizes(self, edge_index, size, x_src, x_dst)
         graph, _ = adjacency(self, edge_index, num_src, num_dst)
@@ -223,10 +231,11 @@ class GINEConv(MessagePassing):
         if self.lin is not None:
             edge_attr = self.lin(edge_attr)
 
-        out = run(graph, relu_sum, (self._gather,), [x_src, edge_attr])
+        # A static graph's edge features are shared by its feature matrices: one row per head.
+        out = run(graph, relu_sum, (self._gather,), [x_src, edge_attr.unsqueeze(1) if static else edge_attr])
         if x_dst is not None:
             out = torch.addcmul(out, x_dst, 1 + self.eps)
-        return network(self.nn, out)
+        return network(self.nn, batch_first(out, static))
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}(nn={self.nn})"

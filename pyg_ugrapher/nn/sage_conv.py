@@ -1,11 +1,12 @@
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch.nn.functional as F
 from torch import Tensor
+from torch_geometric.nn.aggr import Aggregation, MultiAggregation
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 
-from ..graph_argument import aggregate, eager_with_torch_sparse, gather_op, pair, sparse_tensor_graph
+from ..graph_argument import GATHERS, aggregate, eager_with_torch_sparse, pair, sparse_tensor_graph
 from ..message_passing import MessagePassing
 from ._dense import linear, linear_sum
 
@@ -25,14 +26,17 @@ class SAGEConv(MessagePassing):
     parameters (``lin_l``, ``lin_r``, ``lin``), so ``load_state_dict`` works both ways. The
     aggregation is **one** ``copy_u_<aggr>`` op (``u_mul_e_<aggr>`` for a ``torch.sparse`` adjacency,
     as PyG's ``spmm`` multiplies by its values; PyG drops a ``SparseTensor``'s values, and so does
-    this layer).
+    this layer). Any other aggregation PyG's layer takes (``"lstm"``, ``"softmax"``, an
+    :class:`~torch_geometric.nn.aggr.Aggregation` module, a list of them) is built as PyG builds it,
+    with PyG's parameters, and runs through PyG's propagation (:attr:`fallback_reason` says so).
 
     Args:
         in_channels (int or tuple): Size of each input sample, or :obj:`-1` to derive it from the
             first input. A tuple gives the source and target sizes.
         out_channels (int): Size of each output sample.
-        aggr (str, optional): :obj:`"mean"`, :obj:`"sum"` (or :obj:`"add"`), :obj:`"max"` or
-            :obj:`"min"`. (default: :obj:`"mean"`)
+        aggr (str or Aggregation or list, optional): :obj:`"mean"`, :obj:`"sum"` (or
+            :obj:`"add"`), :obj:`"max"` or :obj:`"min"` run fused; any other aggregation of PyG's
+            ``SAGEConv`` runs through PyG's path. (default: :obj:`"mean"`)
         normalize (bool, optional): :math:`\ell_2`-normalise the output features.
             (default: :obj:`False`)
         root_weight (bool, optional): Add the transformed root node features to the output.
@@ -56,7 +60,7 @@ class SAGEConv(MessagePassing):
         self,
         in_channels: Union[int, Tuple[int, int]],
         out_channels: int,
-        aggr: str = "mean",
+        aggr: Optional[Union[str, List[str], Aggregation]] = "mean",
         normalize: bool = False,
         root_weight: bool = True,
         project: bool = False,
@@ -72,11 +76,24 @@ class SAGEConv(MessagePassing):
         if isinstance(in_channels, int):
             in_channels = (in_channels, in_channels)
 
-        # Checked before PyG resolves ``aggr``: it would build an aggregation module first
-        # (``"lstm"`` needs channel arguments PyG's own SAGEConv passes), failing obscurely.
-        gather = gather_op(aggr)
-        super().__init__(aggr, **kwargs)
-        self._gather = gather
+        if not (aggr is None or isinstance(aggr, (str, list, tuple, Aggregation))):
+            raise TypeError(
+                f"aggr: expected a name, an Aggregation module or a list of them, got {type(aggr).__name__}"
+            )
+        gather = GATHERS.get(aggr) if isinstance(aggr, str) else None
+        if aggr == "lstm":
+            # PyG's SAGEConv gives the LSTM its channels; MessagePassing alone could not.
+            kwargs.setdefault("aggr_kwargs", {})
+            kwargs["aggr_kwargs"].setdefault("in_channels", in_channels[0])
+            kwargs["aggr_kwargs"].setdefault("out_channels", in_channels[0])
+        try:
+            super().__init__(aggr, **kwargs)
+        except ValueError as error:
+            if "Could not resolve" not in str(error):
+                raise
+            raise ValueError(f"aggr: {error}") from None
+        #: The IR gather op of a fused aggregation; None: PyG's aggregation module aggregates.
+        self._gather: Optional[str] = gather
 
         if self.project:
             if in_channels[0] <= 0:
@@ -85,7 +102,10 @@ class SAGEConv(MessagePassing):
                 )
             self.lin = Linear(in_channels[0], in_channels[0], bias=True)
 
-        self.lin_l = Linear(in_channels[0], out_channels, bias=bias)
+        aggr_channels = in_channels[0]
+        if isinstance(self.aggr_module, MultiAggregation):
+            aggr_channels = self.aggr_module.get_out_channels(in_channels[0])
+        self.lin_l = Linear(aggr_channels, out_channels, bias=bias)
         if self.root_weight:
             self.lin_r = Linear(in_channels[1], out_channels, bias=False)
 
@@ -111,7 +131,10 @@ class SAGEConv(MessagePassing):
         if self.project:
             x_src = self.lin(x_src).relu()
 
-        out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
+        if self._gather is None:
+            out = self.propagate(edge_index, x=(x_src, x_dst), size=size)
+        else:
+            out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
         if self.root_weight and x_dst is not None:
             out = linear_sum(self.lin_l, out, self.lin_r, x_dst)
         else:

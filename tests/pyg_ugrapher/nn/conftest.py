@@ -39,6 +39,17 @@ def tiny_graph():
 
 
 @pytest.fixture(scope="session")
+def static_graph():
+    """``(x, edge_index, edge_attr)``: a static graph, one graph of 12 vertices and 43 edges
+    with a batch of 3 feature matrices ``x`` of ``[3, 12, 6]``, and edge features of ``[43, 6]``
+    shared by the batch."""
+    generator = torch.Generator().manual_seed(4)
+    edge_index = make_graph(12, 40, seed=1)
+    x = torch.randn(3, 12, 6, generator=generator)
+    return x, edge_index, torch.randn(edge_index.size(1), 6, generator=generator)
+
+
+@pytest.fixture(scope="session")
 def bipartite_graph():
     """``(x_src, x_dst, edge_index)``: 10 source and 7 destination vertices."""
     generator = torch.Generator().manual_seed(3)

@@ -89,6 +89,10 @@ def test_compiled_reads_cached_normalisation(compare, compile_ours, small_graph,
     compare(ours, theirs, forward, [x], train=True)
 
 
+def _static_ids(kwargs):
+    return ",".join(f"{a}={b}" for a, b in kwargs.items()) or "default"
+
+
 def test_state_dict_round_trip():
     theirs, ours = pyg_nn.GCNConv(5, 3), GCNConv(5, 3)
     assert ours.state_dict().keys() == theirs.state_dict().keys()
@@ -242,10 +246,31 @@ def test_bad_input(small_graph):
         conv(x, edge_index, torch.rand(3))
     with pytest.raises(TypeError, match="x:"):
         conv(x.long(), edge_index)
+    with pytest.raises(ValueError, match=r"x: expected shape \[num_nodes, channels\] or \[batch"):
+        conv(x.view(1, 2, 6, 6), edge_index)
     with pytest.raises(ValueError, match="add_self_loops:"):
         GCNConv(6, 4, normalize=False, add_self_loops=True)
     with pytest.raises(ValueError, match="aggr:"):
         GCNConv(6, 4, aggr="std")
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"normalize": False}, {"aggr": "max"}, {"cached": True}], ids=_static_ids)
+def test_static_graph(compare, static_graph, kwargs):
+    """A static graph's ``[B, N, F]`` features, as PyG's layer takes them: one graph for every
+    matrix of the batch."""
+    x, edge_index, _ = static_graph
+    torch.manual_seed(0)
+    out = compare(
+        GCNConv(6, 4, **kwargs), pyg_nn.GCNConv(6, 4, **kwargs), lambda layer, x: layer(x, edge_index), [x], train=True
+    )
+    assert out[0].shape == (3, 12, 4)
+
+
+def test_static_graph_interpreted(compare, interpret, tiny_graph):
+    x, edge_index = tiny_graph
+    batch = torch.stack([x, x.flip(0), 2 * x])
+    torch.manual_seed(0)
+    compare(GCNConv(4, 3), pyg_nn.GCNConv(4, 3), lambda layer, x: layer(x, edge_index), [batch], train=True)
 
 
 def test_interpreter(compare, interpret, tiny_graph):

@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
@@ -138,6 +140,54 @@ def test_bad_input(small_graph):
         conv(x, edge_index, torch.randn(4, 6))
     with pytest.raises(ValueError, match="nn:"):
         GINEConv(torch.nn.ReLU(), edge_dim=3)
+
+
+@pytest.mark.parametrize("train_eps", [False, True], ids=["eps0", "train_eps"])
+def test_gin_static_graph(compare, static_graph, train_eps):
+    """A static graph's ``[B, N, F]`` features (PyG's ``node_dim=-2``): the default path (a sum over
+    the graph with self loops) and the one that adds ``(1 + eps) x``."""
+    x, edge_index, _ = static_graph
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    out = compare(
+        GINConv(copy.deepcopy(mlp), train_eps=train_eps),
+        pyg_nn.GINConv(mlp, train_eps=train_eps),
+        lambda layer, x: layer(x, edge_index),
+        [x],
+        train=True,
+    )
+    assert out[0].shape == (3, 12, 4)
+
+
+@pytest.mark.parametrize("edge_dim", [None, 3], ids=["same_width", "edge_dim"])
+def test_gine_static_graph(compare, static_graph, edge_dim):
+    """Edge features ``[E, F]`` are shared by the feature matrices of a static graph's batch."""
+    x, edge_index, edge_attr = static_graph
+    edge_attr = edge_attr[:, :3] if edge_dim else edge_attr
+    torch.manual_seed(0)
+    mlp = torch.nn.Linear(6, 4)
+    compare(
+        GINEConv(copy.deepcopy(mlp), edge_dim=edge_dim),
+        pyg_nn.GINEConv(mlp, edge_dim=edge_dim),
+        lambda layer, x, e: layer(x, edge_index, e),
+        [x, edge_attr],
+        train=True,
+    )
+
+
+def test_static_graph_interpreted(compare, interpret, tiny_graph):
+    x, edge_index = tiny_graph
+    batch = torch.stack([x, x.flip(0)])
+    edge_attr = torch.randn(edge_index.size(1), 4, generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(0)
+    mlp = torch.nn.Linear(4, 3)
+    compare(GINConv(copy.deepcopy(mlp)), pyg_nn.GINConv(mlp), lambda layer, x: layer(x, edge_index), [batch])
+    compare(
+        GINEConv(copy.deepcopy(mlp)),
+        pyg_nn.GINEConv(mlp),
+        lambda layer, x, e: layer(x, edge_index, e),
+        [batch, edge_attr],
+    )
 
 
 def test_interpreter(compare, interpret, tiny_graph):

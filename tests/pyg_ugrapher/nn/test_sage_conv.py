@@ -1,6 +1,7 @@
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
+import torch_geometric.nn.aggr as pyg_aggr
 from torch_geometric import EdgeIndex
 from torch_geometric.utils import to_torch_csr_tensor
 
@@ -85,8 +86,6 @@ def test_state_dict_round_trip():
 
 def test_bad_input(small_graph):
     x, edge_index = small_graph
-    with pytest.raises(ValueError, match="aggr:"):
-        SAGEConv(6, 4, aggr="std")
     with pytest.raises(ValueError, match="x:"):
         SAGEConv(6, 4)((x, x, x), edge_index)
     with pytest.raises(ValueError, match="size:"):
@@ -119,9 +118,35 @@ def test_datasets(compare, dataset):
     )
 
 
-@pytest.mark.parametrize("aggr", ["lstm", "softmax", ["mean", "max"], 3])
-def test_unsupported_aggregations_are_refused_by_name(aggr):
-    """PyG would resolve these into aggregation modules (``"lstm"`` fails there for want of
-    channel arguments); ours says that it runs only the four reductions, naming ``aggr``."""
-    with pytest.raises(ValueError, match="aggr: expected one of"):
+AGGREGATIONS = {
+    "lstm": lambda: "lstm",
+    "softmax": lambda: "softmax",
+    "list": lambda: ["mean", "max", "sum", "std"],
+    "module": lambda: pyg_aggr.MLPAggregation(6, 6, max_num_elements=3, num_layers=1),
+    "multi_module": lambda: pyg_aggr.MultiAggregation(
+        ["mean", "max"], mode="proj", mode_kwargs={"in_channels": 6, "out_channels": 6}
+    ),
+}
+
+
+@pytest.mark.parametrize("aggr", list(AGGREGATIONS))
+def test_other_aggregations_run_through_pyg(compare, aggr):
+    """Aggregations that are not a gather op of the IR are built as PyG builds them (same
+    parameters and state_dict keys) and run through PyG's propagation, with the reason recorded."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(7, 6, generator=gen)
+    # Sorted by destination, as PyG's sequence aggregations (LSTM, MLP) require.
+    edge_index = torch.tensor([[1, 2, 0, 3, 0, 4, 6, 5, 1], [0, 0, 1, 1, 2, 2, 3, 4, 4]])
+    torch.manual_seed(0)
+    ours = SAGEConv(6, 4, aggr=AGGREGATIONS[aggr]())
+    torch.manual_seed(0)
+    theirs = pyg_nn.SAGEConv(6, 4, aggr=AGGREGATIONS[aggr]())
+    assert sorted(ours.state_dict()) == sorted(theirs.state_dict())
+    compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x], train=True)
+    assert ours.fallback_reason is not None and "aggregation" in ours.fallback_reason
+
+
+@pytest.mark.parametrize("aggr,error,match", [(3, TypeError, "^aggr: expected a name"), ("foo", ValueError, "^aggr: ")])
+def test_bad_aggregations_are_refused_by_name(aggr, error, match):
+    with pytest.raises(error, match=match):
         SAGEConv(8, 16, aggr=aggr)
