@@ -322,6 +322,13 @@ class MessagePassing(PyGMessagePassing):
         return value
 
     # -- deciding -------------------------------------------------------------------------------
+    def unfused_reason(self) -> Optional[str]:
+        """Why no call of this module can run as a fused operator in its current state (explain
+        mode, decomposed layers, hooks on ``message()`` or ``aggregate()``, an aggregation that is
+        not a gather op), as a sentence; ``None`` when calls may. The drop-in layers then run their
+        PyG algorithm through :meth:`propagate`, which falls back to PyG's own propagation."""
+        return self._static_check()[1]
+
     def _static_check(self) -> Tuple[Optional[str], Optional[str]]:
         """``(gather_op, None)``, or ``(None, reason)`` when no call of this module can be captured
         in its current configuration."""

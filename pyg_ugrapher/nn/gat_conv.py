@@ -256,7 +256,18 @@ class GATConv(MessagePassing):
                 coefficients ``[E, H]`` (after dropout); not for a ``SparseTensor``, for which PyG
                 returns a ``SparseTensor`` of them that this layer cannot build.
                 (default: :obj:`None`)
+
+        Raises:
+            NotImplementedError: in explain mode, with hooks on ``message()`` or ``aggregate()`` or
+                with ``decomposed_layers > 1``: the attention runs fused only, and ignoring the
+                edge mask or the hooks would be silently wrong (PyG's ``GATConv`` does them).
         """
+        reason = self.unfused_reason()
+        if reason is not None:
+            raise NotImplementedError(
+                f"{self.__class__.__name__}: {reason}; this layer's attention runs fused only: use "
+                f"torch_geometric.nn.GATConv for this call (ug.accelerate keeps such layers on PyG's path)"
+            )
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
         if isinstance(edge_index, SparseTensor):

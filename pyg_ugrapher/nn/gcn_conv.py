@@ -3,6 +3,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 from torch.nn import Parameter
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import SparseTensor
@@ -273,6 +274,8 @@ class GCNConv(MessagePassing):
                 f"Please try other layers such as 'SAGEConv' or 'GraphConv' instead"
             )
         x = check_features("x", x, static=True)
+        if self.unfused_reason() is not None:
+            return self._propagated(x, edge_index, edge_weight)
         static = x.dim() == 3
 
         slot = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"
@@ -296,6 +299,20 @@ class GCNConv(MessagePassing):
         if self.bias is not None:
             out = add_bias(out, self.bias)
         return out
+
+    def _propagated(self, x: Tensor, edge_index: Union[Tensor, SparseTensor], edge_weight: Optional[Tensor]) -> Tensor:
+        """PyG's algorithm through :meth:`propagate` (PyG's normalisation, messages and aggregation),
+        for the calls :meth:`unfused_reason` keeps off the fused path; it leaves the caches alone."""
+        if self.normalize:
+            edge_index, edge_weight = gcn_norm(
+                edge_index, edge_weight, x.size(self.node_dim), self.improved, self.add_self_loops, self.flow, x.dtype
+            )
+        out = self.propagate(edge_index, x=self.lin(x), edge_weight=edge_weight)
+        return out if self.bias is None else out + self.bias
+
+    def message(self, x_j: Tensor, edge_weight: Optional[Tensor]) -> Tensor:
+        """PyG's message, for the calls that run PyG's propagation (:meth:`unfused_reason`)."""
+        return x_j if edge_weight is None else edge_weight.view(-1, 1) * x_j
 
     def _graph(
         self, x: Tensor, edge_index: Union[Tensor, SparseTensor], edge_weight: Optional[Tensor]

@@ -104,6 +104,10 @@ class GINConv(MessagePassing):
         size: Optional[Tuple[int, int]] = None,
     ) -> Tensor:
         x_src, x_dst = pair(x, static=True)
+        if self.unfused_reason() is not None:
+            edge_index, size, _ = sparse_tensor_graph(self, edge_index, size)
+            out = self.propagate(edge_index, x=(x_src, x_dst), size=size)
+            return self.nn(out if x_dst is None else out + (1 + self.eps) * x_dst)
         static = x_src.dim() == 3
         same = x_dst is x_src
         x_src = nodes_first(x_src)
@@ -230,12 +234,21 @@ class GINEConv(MessagePassing):
             )
         if self.lin is not None:
             edge_attr = self.lin(edge_attr)
+        if self.unfused_reason() is not None:
+            x_src, x_dst = batch_first(x_src, static), None if x_dst is None else batch_first(x_dst, static)
+            out = self.propagate(edge_index, x=(x_src, x_dst), edge_attr=edge_attr, size=size)
+            return self.nn(out if x_dst is None else out + (1 + self.eps) * x_dst)
 
         # A static graph's edge features are shared by its feature matrices: one row per head.
         out = run(graph, relu_sum, (self._gather,), [x_src, edge_attr.unsqueeze(1) if static else edge_attr])
         if x_dst is not None:
             out = torch.addcmul(out, x_dst, 1 + self.eps)
         return network(self.nn, batch_first(out, static))
+
+    def message(self, x_j: Tensor, edge_attr: Tensor) -> Tensor:
+        """PyG's message (edge features already mapped by ``lin``), for the calls that run PyG's
+        propagation (:meth:`unfused_reason`)."""
+        return (x_j + edge_attr).relu()
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}(nn={self.nn})"

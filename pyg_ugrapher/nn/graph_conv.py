@@ -82,10 +82,17 @@ class GraphConv(MessagePassing):
     ) -> Tensor:
         x_src, x_dst = pair(x)
         edge_index, size, edge_weight = sparse_tensor_graph(self, edge_index, size, edge_weight, "weights")
-        out = aggregate(self, self._gather, x_src, x_dst, edge_index, size, edge_weight)
+        if self.unfused_reason() is not None:
+            out = self.propagate(edge_index, x=(x_src, x_dst), edge_weight=edge_weight, size=size)
+        else:
+            out = aggregate(self, self._gather, x_src, x_dst, edge_index, size, edge_weight)
         if x_dst is None:
             return linear(self.lin_rel, out)
         return linear_sum(self.lin_rel, out, self.lin_root, x_dst)
+
+    def message(self, x_j: Tensor, edge_weight: Optional[Tensor]) -> Tensor:
+        """PyG's message, for the calls that run PyG's propagation (:meth:`unfused_reason`)."""
+        return x_j if edge_weight is None else edge_weight.view(-1, 1) * x_j
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels})"

@@ -131,7 +131,7 @@ class SAGEConv(MessagePassing):
         if self.project:
             x_src = self.lin(x_src).relu()
 
-        if self._gather is None:
+        if self._gather is None or self.unfused_reason() is not None:
             out = self.propagate(edge_index, x=(x_src, x_dst), size=size)
         else:
             out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
