@@ -49,14 +49,14 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
-import torch
-from torch.nn import Module, Parameter
+from torch.nn import Module
 from torch_geometric.nn import conv as pyg
 from torch_geometric.nn.conv import MessagePassing as PyGMessagePassing
 
 from . import nn as drop_ins
 from .inspect import plan
 from .message_passing import GATHER_OPS, MessagePassing, _State
+from .nn.twins import ARGUMENTS, BASE_SETTINGS, transplant
 
 #: Module methods a swapped layer implements itself: set on an instance, they would be dropped.
 _METHODS = (
@@ -72,76 +72,12 @@ _METHODS = (
 
 
 # -- swapping known layers ---------------------------------------------------------------------------
-def _gcn(layer: Any) -> Dict[str, Any]:
-    return dict(
-        in_channels=layer.in_channels,
-        out_channels=layer.out_channels,
-        improved=layer.improved,
-        cached=layer.cached,
-        add_self_loops=layer.add_self_loops,
-        normalize=layer.normalize,
-        bias=layer.bias is not None,
-    )
-
-
-def _gat(layer: Any) -> Dict[str, Any]:
-    return dict(
-        in_channels=layer.in_channels,
-        out_channels=layer.out_channels,
-        heads=layer.heads,
-        concat=layer.concat,
-        negative_slope=layer.negative_slope,
-        dropout=layer.dropout,
-        add_self_loops=layer.add_self_loops,
-        edge_dim=layer.edge_dim,
-        fill_value=layer.fill_value,
-        bias=layer.bias is not None,
-        residual=layer.residual,
-    )
-
-
-def _sage(layer: Any) -> Dict[str, Any]:
-    return dict(
-        in_channels=layer.in_channels,
-        out_channels=layer.out_channels,
-        normalize=layer.normalize,
-        root_weight=layer.root_weight,
-        project=layer.project,
-        bias=layer.lin_l.bias is not None,
-    )
-
-
-def _gin(layer: Any) -> Dict[str, Any]:
-    # The network is the user's module and moves over as it is; the constructor, which resets the
-    # network it is given, gets a stand-in.
-    return dict(nn=torch.nn.Identity(), eps=layer.initial_eps, train_eps=isinstance(layer.eps, Parameter))
-
-
-def _gine(layer: Any) -> Dict[str, Any]:
-    # With edge_dim, the constructor reads the network's input width from its first map.
-    edge_dim = None if layer.lin is None else layer.lin.in_channels
-    stand_in = torch.nn.Identity() if layer.lin is None else torch.nn.Linear(layer.lin.out_channels, 1)
-    return dict(nn=stand_in, eps=layer.initial_eps, train_eps=isinstance(layer.eps, Parameter), edge_dim=edge_dim)
-
-
-def _graph_conv(layer: Any) -> Dict[str, Any]:
-    return dict(in_channels=layer.in_channels, out_channels=layer.out_channels, bias=layer.lin_rel.bias is not None)
-
-
 #: PyG class -> (its drop-in, the drop-in's constructor arguments read from a layer).
 SWAPS: Dict[Type[PyGMessagePassing], Tuple[Type[MessagePassing], Callable[[Any], Dict[str, Any]]]] = {
-    pyg.GCNConv: (drop_ins.GCNConv, _gcn),
-    pyg.GATConv: (drop_ins.GATConv, _gat),
-    pyg.SAGEConv: (drop_ins.SAGEConv, _sage),
-    pyg.GINConv: (drop_ins.GINConv, _gin),
-    pyg.GINEConv: (drop_ins.GINEConv, _gine),
-    pyg.GraphConv: (drop_ins.GraphConv, _graph_conv),
+    getattr(pyg, name): (getattr(drop_ins, name), arguments) for name, arguments in ARGUMENTS.items()
 }
 
 _DROP_INS = tuple(cls for cls, _ in SWAPS.values())
-
-#: Attributes of PyG's base class a drop-in must reproduce; the constructor does not take them all.
-_BASE_SETTINGS = ("flow", "node_dim", "decomposed_layers")
 
 
 def _hooks(module: Module) -> List[str]:
@@ -179,41 +115,16 @@ def _swap(layer: PyGMessagePassing) -> Tuple[Optional[MessagePassing], Optional[
         return None, f"the drop-in {name} cannot be built with the layer's arguments: {error}"
     differing = [
         f"{setting}={getattr(layer, setting)!r}"
-        for setting in _BASE_SETTINGS
+        for setting in BASE_SETTINGS
         if getattr(new, setting) != getattr(layer, setting)
     ]
     if differing:
         return None, f"the drop-in {name} does not take {', '.join(differing)}"
-    why = _transplant(layer, new)
+    why = transplant(layer, new)
     if why is not None:
         return None, f"the drop-in {name} {why}"
     new.training = layer.training  # not train(): the moved submodules keep their own modes
     return new, None
-
-
-def _transplant(old: Module, new: Module) -> Optional[str]:
-    """Move ``old``'s direct submodules, parameters and buffers into ``new`` in place of its own;
-    why not (completes a sentence) when the two do not hold the same state under the same names."""
-    if (
-        set(old._modules) != set(new._modules)
-        or set(old._parameters) != set(new._parameters)
-        or set(old._buffers) != set(new._buffers)
-        or old._non_persistent_buffers_set != new._non_persistent_buffers_set
-    ):
-        return (
-            f"has other state (submodules {sorted(new._modules)}, parameters {sorted(new._parameters)}, "
-            f"buffers {sorted(new._buffers)}) than the layer ({sorted(old._modules)}, "
-            f"{sorted(old._parameters)}, {sorted(old._buffers)})"
-        )
-    for table in ("_modules", "_parameters", "_buffers"):
-        for key, value in getattr(old, table).items():
-            mine = getattr(new, table)[key]
-            if (value is None) != (mine is None):
-                kind = table.strip("_")[:-1]
-                return f"leaves {kind} {key!r} {'unset' if mine is None else 'set'}, the layer does not"
-    for table in ("_modules", "_parameters", "_buffers"):
-        getattr(new, table).update(getattr(old, table))
-    return None
 
 
 # -- routing other layers ------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from ..graph_argument import (
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._dense import add_bias, projection_attention
+from .twins import ScriptedAsPyG
 
 
 def exp_shifted() -> OpInfo:
@@ -58,7 +59,7 @@ def score_op(kinds: Tuple[str, ...], negative_slope: float) -> OpInfo:
     return OpInfo(Expr.apply("leaky_relu", total, float(negative_slope)), None, operands=kinds)
 
 
-class GATConv(MessagePassing):
+class GATConv(MessagePassing, ScriptedAsPyG):
     r"""The graph attentional operator from the `"Graph Attention Networks"
     <https://arxiv.org/abs/1710.10903>`_ paper, on uGrapher's graph operators.
 

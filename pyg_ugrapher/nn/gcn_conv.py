@@ -42,6 +42,7 @@ from ..graph_argument import (
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._dense import add_bias
+from .twins import ScriptedAsPyG
 
 
 def normalize_op() -> OpInfo:
@@ -149,7 +150,7 @@ def gcn_norm_weights(graph: Graph, weight: Tensor) -> Tensor:
     return run(graph, normalize_op, (), [source, weight, deg_inv_sqrt])
 
 
-class GCNConv(MessagePassing):
+class GCNConv(MessagePassing, ScriptedAsPyG):
     r"""The graph convolutional operator from the `"Semi-supervised
     Classification with Graph Convolutional Networks"
     <https://arxiv.org/abs/1609.02907>`_ paper, on uGrapher's graph operators.

@@ -26,6 +26,7 @@ from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ..structure import version
 from ._dense import network
+from .twins import ScriptedAsPyG
 
 
 def relu_sum(gather: str) -> OpInfo:
@@ -33,7 +34,7 @@ def relu_sum(gather: str) -> OpInfo:
     return OpInfo(Expr.apply("relu", Expr.input(0) + Expr.input(1)), gather, operands=("src_v", "edge"))
 
 
-class GINConv(MessagePassing):
+class GINConv(MessagePassing, ScriptedAsPyG):
     r"""The graph isomorphism operator from the `"How Powerful are
     Graph Neural Networks?" <https://arxiv.org/abs/1810.00826>`_ paper, on uGrapher's graph
     operators.
@@ -142,7 +143,7 @@ class GINConv(MessagePassing):
         return f"{self.__class__.__name__}(nn={self.nn})"
 
 
-class GINEConv(MessagePassing):
+class GINEConv(MessagePassing, ScriptedAsPyG):
     r"""The modified :class:`GINConv` operator from the `"Strategies for
     Pre-training Graph Neural Networks" <https://arxiv.org/abs/1905.12265>`_ paper, on uGrapher's
     graph operators.

@@ -7,9 +7,10 @@ from torch_geometric.typing import SparseTensor
 from ..graph_argument import aggregate, eager_with_torch_sparse, gather_op, pair, sparse_tensor_graph
 from ..message_passing import MessagePassing
 from ._dense import linear, linear_sum
+from .twins import ScriptedAsPyG
 
 
-class GraphConv(MessagePassing):
+class GraphConv(MessagePassing, ScriptedAsPyG):
     r"""The graph neural network operator from the `"Weisfeiler and Leman Go
     Neural: Higher-order Graph Neural Networks" <https://arxiv.org/abs/1810.02244>`_ paper, on
     uGrapher's graph operators.

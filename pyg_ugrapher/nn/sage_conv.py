@@ -9,9 +9,10 @@ from torch_geometric.typing import SparseTensor
 from ..graph_argument import GATHERS, aggregate, eager_with_torch_sparse, pair, sparse_tensor_graph
 from ..message_passing import MessagePassing
 from ._dense import linear, linear_sum
+from .twins import ScriptedAsPyG
 
 
-class SAGEConv(MessagePassing):
+class SAGEConv(MessagePassing, ScriptedAsPyG):
     r"""The GraphSAGE operator from the `"Inductive Representation Learning on
     Large Graphs" <https://arxiv.org/abs/1706.02216>`_ paper, on uGrapher's graph operators.
 
