@@ -50,13 +50,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 from torch.nn import Module
-from torch_geometric.nn import conv as pyg
 from torch_geometric.nn.conv import MessagePassing as PyGMessagePassing
 
 from . import nn as drop_ins
 from .inspect import plan
 from .message_passing import GATHER_OPS, MessagePassing, _State
-from .nn.twins import ARGUMENTS, BASE_SETTINGS, transplant
+from .nn.twins import ARGUMENTS, BASE_SETTINGS, PYG_CLASSES, transplant
 
 #: Module methods a swapped layer implements itself: set on an instance, they would be dropped.
 _METHODS = (
@@ -74,7 +73,7 @@ _METHODS = (
 # -- swapping known layers ---------------------------------------------------------------------------
 #: PyG class -> (its drop-in, the drop-in's constructor arguments read from a layer).
 SWAPS: Dict[Type[PyGMessagePassing], Tuple[Type[MessagePassing], Callable[[Any], Dict[str, Any]]]] = {
-    getattr(pyg, name): (getattr(drop_ins, name), arguments) for name, arguments in ARGUMENTS.items()
+    PYG_CLASSES[name]: (getattr(drop_ins, name), arguments) for name, arguments in ARGUMENTS.items()
 }
 
 _DROP_INS = tuple(cls for cls, _ in SWAPS.values())

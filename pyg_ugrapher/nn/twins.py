@@ -14,8 +14,12 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch.nn import Module, Parameter
-from torch_geometric.nn import conv as pyg
 from torch_geometric.nn.conv import MessagePassing as PyGMessagePassing
+from torch_geometric.nn.conv.gat_conv import GATConv
+from torch_geometric.nn.conv.gcn_conv import GCNConv
+from torch_geometric.nn.conv.gin_conv import GINConv, GINEConv
+from torch_geometric.nn.conv.graph_conv import GraphConv
+from torch_geometric.nn.conv.sage_conv import SAGEConv
 
 
 def _gcn(layer: Any) -> Dict[str, Any]:
@@ -84,6 +88,10 @@ ARGUMENTS: Dict[str, Callable[[Any], Dict[str, Any]]] = {
     "GraphConv": _graph_conv,
 }
 
+#: Class name -> PyG's class, from the module that defines it: code that puts the drop-ins in
+#: ``torch_geometric.nn``'s place (a test harness) leaves these alone.
+PYG_CLASSES: Dict[str, type] = {cls.__name__: cls for cls in (GCNConv, GATConv, SAGEConv, GINConv, GINEConv, GraphConv)}
+
 #: Attributes of PyG's base class a layer keeps beside its constructor arguments.
 BASE_SETTINGS = ("flow", "node_dim", "decomposed_layers")
 
@@ -119,7 +127,7 @@ def pyg_twin(layer: PyGMessagePassing) -> PyGMessagePassing:
     ``layer``'s very submodules, parameters and buffers, in its training mode."""
     name = type(layer).__name__
     aggr = layer.aggr if isinstance(layer.aggr, (str, list)) else layer.aggr_module
-    twin = getattr(pyg, name)(**ARGUMENTS[name](layer), aggr=aggr)
+    twin = PYG_CLASSES[name](**ARGUMENTS[name](layer), aggr=aggr)
     for setting in BASE_SETTINGS:
         setattr(twin, setting, getattr(layer, setting))
     why = transplant(layer, twin)
