@@ -525,8 +525,12 @@ def graph_independent(graph: Union[CSR, GraphStats, HasStats], device: Union[str
 
 def _small_gpu_graph(num_edges: int, device: Union[str, torch.device]) -> bool:
     """Whether :func:`select` gives a graph of ``num_edges`` edges on ``device`` the small-graph
-    schedules (the one rule that :func:`graph_independent` and :func:`reads_user_order` follow)."""
-    return torch.device(device).type == "cuda" and num_edges <= SMALL_GRAPH_EDGES
+    schedules (the one rule that :func:`graph_independent` and :func:`reads_user_order` follow): up
+    to :data:`SMALL_GRAPH_EDGES` edges, or any size while a CUDA graph is being captured, where the
+    statistics a schedule of a larger graph reads would wait for the GPU (a graph whose structures
+    were built before the capture keeps the decisions made then)."""
+    device = torch.device(device)
+    return device.type == "cuda" and (num_edges <= SMALL_GRAPH_EDGES or torch.cuda.is_current_stream_capturing())
 
 
 def reads_user_order(num_edges: int, device: Union[str, torch.device]) -> bool:

@@ -28,6 +28,7 @@ from .structure import (
     GraphStats,
     GraphStructure,
     build_csr,
+    capturing,
     chunk_table,
     csr_stats,
     derived_cache,
@@ -90,7 +91,8 @@ class GraphTensor:
         num_src: number of source vertices.
         num_dst: number of destination vertices.
         index_dtype: force int32 or int64 indices in the kernels; default: int32 where it fits.
-        validate: check dtypes, shapes and index ranges (one device sync).
+        validate: check dtypes, shapes and index ranges (one device sync; not while a CUDA graph
+            is being captured).
     """
 
     def __init__(
@@ -105,7 +107,9 @@ class GraphTensor:
     ) -> None:
         num_src = _check_num("num_src", num_src)
         num_dst = _check_num("num_dst", num_dst)
-        if validate:
+        # Inside a CUDA graph capture a check would wait for the GPU: the recorder checks instead
+        # (see pyg_ugrapher.graph_argument.built_in_recording).
+        if validate and not (isinstance(src, Tensor) and capturing(src)):
             validate_endpoints(src, dst, num_src, num_dst)
         if index_dtype is None:
             index_dtype = index_dtype_for(max(num_src, num_dst), src.numel())

@@ -72,6 +72,8 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
 from torch_geometric.utils.loop import compute_loop_attr
 
+from autotune import selection
+
 from . import ops
 from .graph import OP_TAGS, GraphTensor, validate_endpoints
 from .ir import OpInfo
@@ -85,25 +87,93 @@ _INT32_MAX = torch.iinfo(torch.int32).max
 # graph argument -> (its version when the entries were built, {key: entry}). Entries must not hold
 # the key itself (views of its tensors would): they are built from ``detach()``-ed aliases.
 _DERIVED = IdentityMap()
+# The same for entries built inside a CUDA graph capture (:func:`built_in_recording`): they live in
+# the recording's memory pool and hold what its replays compute, so only captures read them.
+_RECORDED = IdentityMap()
 
 GATHERS = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "min": "min"}
 
 
 # One list per open ``graphs_read_while_capturing`` block.
 _CAPTURE_READERS: List[List[Union[Tensor, SparseTensor]]] = []
+# One list per open ``graph_bounds_noted`` block.
+_BOUND_LOGS: List[List["GraphBounds"]] = []
+
+
+class GraphBounds(NamedTuple):
+    """What a layer call requires of a ``[2, E]`` edge index: row ``src_row`` holds sources below
+    ``num_src``, row ``dst_row`` destinations below ``num_dst``."""
+
+    edge_index: Tensor
+    src_row: int
+    dst_row: int
+    num_src: int
+    num_dst: int
 
 
 @contextmanager
 def graphs_read_while_capturing() -> Iterator[List[Union[Tensor, SparseTensor]]]:
     """Collect the graph arguments whose cached structures are read inside the block while a CUDA
     graph is being captured: the recording holds those structures, not the code that built them,
-    so a replay is right only while these arguments keep their values."""
+    so a replay is right only while these arguments keep their values (graphs that the capture
+    builds itself, :func:`built_in_recording`, are not collected)."""
     read: List[Union[Tensor, SparseTensor]] = []
     _CAPTURE_READERS.append(read)
     try:
         yield read
     finally:
         _CAPTURE_READERS.remove(read)
+
+
+@contextmanager
+def graph_bounds_noted() -> Iterator[List[GraphBounds]]:
+    """Collect the :class:`GraphBounds` of every ``[2, E]`` edge index a layer reads inside the
+    block: what :class:`~pyg_ugrapher.RecordedStep` checks a replayed graph against."""
+    noted: List[GraphBounds] = []
+    _BOUND_LOGS.append(noted)
+    try:
+        yield noted
+    finally:
+        _BOUND_LOGS.remove(noted)
+
+
+def note_bounds(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> None:
+    """Record a layer call's bounds on a dense edge index in every open :func:`graph_bounds_noted`."""
+    if _BOUND_LOGS and type(edge_index) is Tensor and edge_index.layout == torch.strided:
+        j, i = endpoints(flow)
+        for noted in _BOUND_LOGS:
+            noted.append(GraphBounds(edge_index, j, i, num_src, num_dst))
+
+
+def rebuilt_by_recordings(graph: object) -> bool:
+    """Whether a CUDA graph that captures a layer call on ``graph`` builds its structures itself
+    (:func:`built_in_recording`): a dense CUDA edge index of up to
+    :data:`autotune.selection.SMALL_GRAPH_EDGES` edges."""
+    return (
+        isinstance(graph, Tensor)
+        and graph.is_cuda
+        and graph.layout == torch.strided
+        and graph.size(-1) <= selection.SMALL_GRAPH_EDGES
+    )
+
+
+def built_in_recording(graph: object) -> bool:
+    """Whether ``graph``'s structures are built inside the CUDA graph being captured
+    (:func:`rebuilt_by_recordings`, while its stream captures). Such a recording rebuilds them from
+    the index at every replay, with fixed sizes, without a host sync, and picks the schedules of
+    small graphs (which read no statistics), so one recording serves every graph of its sizes (a
+    mini-batch loader's, padded to a few sizes). The indices are not checked there (that would
+    wait for the GPU): :class:`~pyg_ugrapher.RecordedStep` checks and clamps them inside its
+    recordings. A larger graph's structures are built outside and read from the cache: a recording
+    holds them, and serves that graph alone."""
+    return rebuilt_by_recordings(graph) and torch.cuda.is_current_stream_capturing()
+
+
+def fixed_sizes(edge_index: object) -> bool:
+    """Whether a layer call must build graphs whose sizes follow from shapes alone (no self loops
+    removed, which keeps a data-dependent number of edges): under ``torch.compile``, and inside a
+    CUDA graph capture that builds the structures of ``edge_index`` (:func:`built_in_recording`)."""
+    return torch.compiler.is_compiling() or built_in_recording(edge_index)
 
 
 def _version(graph: Union[Tensor, SparseTensor]) -> Hashable:
@@ -115,15 +185,18 @@ def _version(graph: Union[Tensor, SparseTensor]) -> Hashable:
 
 def derived(graph: Union[Tensor, SparseTensor], key: Hashable, build: Callable[[], T]) -> T:
     """``build()``, cached on ``graph`` (a tensor, or a ``SparseTensor`` and its index tensors) under
-    ``key`` until ``graph`` dies or changes in place."""
-    if _CAPTURE_READERS and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    ``key`` until ``graph`` dies or changes in place. Inside a capture that builds ``graph``'s
+    structures (:func:`built_in_recording`), ``build()`` is recorded and its entries kept apart."""
+    recording = built_in_recording(graph)
+    if not recording and _CAPTURE_READERS and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         for read in _CAPTURE_READERS:
             read.append(graph)
+    cache = _RECORDED if recording else _DERIVED
     version = _version(graph)
-    slot = _DERIVED.get(graph)
+    slot = cache.get(graph)
     if slot is None or slot[0] != version:
         slot = (version, {})
-        _DERIVED[graph] = slot
+        cache[graph] = slot
     entries = slot[1]
     if key not in entries:
         # Entries are constants of the graph: built outside autograd, and never as inference
@@ -229,7 +302,9 @@ def node_sizes(
     num_dst = sizes[i] if sizes[i] is not None else sizes[j]
     if num_src is None or num_dst is None:
         raise ValueError("size: cannot infer the number of nodes; pass size=(num_src, num_dst)")
-    return int(num_src), int(num_dst)
+    num_src, num_dst = int(num_src), int(num_dst)
+    note_bounds(edge_index, layer.flow, num_src, num_dst)
+    return num_src, num_dst
 
 
 def check_graph(layer, edge_index: object) -> None:

@@ -39,10 +39,10 @@ from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
 from .capture import Argument, Capture, CaptureError
 from .capture import capture as trace_message
 from .graph import GraphTensor
-from .graph_argument import layer_graph
+from .graph_argument import derived, layer_graph, note_bounds
 from .ir import OpInfo
 from .ops import AUTO, call_graph_op, compute
-from .structure import GraphStructure, IdentityMap, version
+from .structure import GraphStructure
 
 #: PyG aggregation modules that are IR gather ops (exact types: a subclass may reduce differently).
 GATHER_OPS = {SumAggregation: "sum", MeanAggregation: "mean", MaxAggregation: "max", MinAggregation: "min"}
@@ -653,22 +653,18 @@ def _count(index: Tensor) -> int:
     return int(index.max()) + 1 if index.numel() else 0
 
 
-# Graphs are cached on the graph argument (weakly, by identity, until it changes in place), so that
-# the CSR and its statistics are built once for every layer and epoch that use it.
-_GRAPHS = IdentityMap()
-
-
 def _graph(edge_index: Adj, flow: str, src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> GraphTensor:
+    """The graph of a call, cached on the graph argument as the drop-in layers' graphs are
+    (:func:`~pyg_ugrapher.graph_argument.derived`): built once for every layer and epoch that use
+    it, and inside a CUDA graph capture built by the recording itself."""
     if not isinstance(edge_index, Tensor):
         return _new_graph(src, dst, num_src, num_dst)
-    slot = _GRAPHS.get(edge_index)
-    if slot is None or slot[0] != version(edge_index):
-        slot = (version(edge_index), {})
-        _GRAPHS[edge_index] = slot
-    key = (flow, num_src, num_dst)
-    if key not in slot[1]:
-        slot[1][key] = _new_graph(src, dst, num_src, num_dst)
-    return slot[1][key]
+    note_bounds(edge_index, flow, num_src, num_dst)
+    return derived(
+        edge_index,
+        ("message_passing", flow, num_src, num_dst),
+        lambda: _new_graph(src.detach(), dst.detach(), num_src, num_dst),
+    )
 
 
 def _new_graph(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> GraphTensor:

@@ -31,9 +31,17 @@ labels and zero loss weight, so the real nodes' outputs, the loss and the gradie
 the unpadded batch (a padded node never sends a message to a real one).
 
 What the step may do: anything CUDA graphs allow (no host synchronisation, no CPU tensors
-created from GPU values, no data-dependent shapes); our layers meet this on a graph they have
-already seen and on padded batches. The step must read its inputs only through its arguments:
-they are copied into the recording's own tensors before every replay.
+created from GPU values, no data-dependent shapes). The step must read its inputs only through its
+arguments: they are copied into the recording's own tensors before every replay.
+
+Our layers meet this. A graph argument of up to
+:data:`~autotune.selection.SMALL_GRAPH_EDGES` edges has its structures built inside the recording
+(:func:`~pyg_ugrapher.graph_argument.built_in_recording`): every replay rebuilds them from the
+edge index it was given, so one recording serves every batch of its sizes. Its indices are
+checked inside the recording against the node counts the layers read them with in the warm-up
+steps and clamped into range, so a wrong batch never makes a kernel read outside its tensors; the
+next call raises ``ValueError``. A larger graph's structures are built once, before the recording,
+which then serves that graph alone (a call with another graph raises ``ValueError``).
 """
 
 from __future__ import annotations
@@ -45,7 +53,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .graph_argument import graphs_read_while_capturing
+from autotune.selection import SMALL_GRAPH_EDGES
+from triton_kernels.index_bounds import clamp_edge_index_
+
+from .graph_argument import GraphBounds, graph_bounds_noted, graphs_read_while_capturing, rebuilt_by_recordings
 from .structure import version
 
 #: Default growth of the bucket series: a padded batch is at most this much larger than the batch.
@@ -140,17 +151,36 @@ def _without_host_sync(step: Callable[..., object], inputs: Sequence[Tensor]) ->
         torch.cuda.set_sync_debug_mode(previous)
 
 
+def _clamp_indices(index: Tensor, bounds: Sequence[GraphBounds], flag: Tensor) -> None:
+    """Clamp the rows of the edge index ``index`` in place into the ranges of ``bounds``, setting
+    the int32 scalar ``flag`` where any index was out of range (no host sync)."""
+    for check in bounds:
+        clamp_edge_index_(index, check.src_row, check.num_src, check.num_dst, flag)
+
+
 class _Recording:
     """One CUDA graph of the step, its input tensors and its outputs. ``fixed`` are the inputs our
-    layers built graph structures from: the recording holds those structures, so these inputs must
-    keep their values; ``seen`` remembers the caller's tensor last found equal for each."""
+    layers read cached graph structures of: the recording holds those structures, so these inputs
+    must keep their values; ``seen`` remembers the caller's tensor last found equal for each. The
+    other graph inputs are checked and clamped inside the recording, which sets the device flag
+    ``seen_out_of_range`` where a replay finds an index out of range and copies it to the pinned
+    ``out_of_range`` (read once ``replayed`` is done: no host sync)."""
 
     def __init__(
-        self, inputs: List[Tensor], graph: torch.cuda.CUDAGraph, outputs: object, fixed: Sequence[int]
+        self,
+        inputs: List[Tensor],
+        graph: torch.cuda.CUDAGraph,
+        outputs: object,
+        fixed: Sequence[int],
+        seen_out_of_range: Optional[Tensor],
+        out_of_range: Optional[Tensor],
     ) -> None:
         self.inputs, self.graph, self.outputs = inputs, graph, outputs
         self.fixed = frozenset(fixed)
         self.seen: Dict[int, Tuple[weakref.ref, object]] = {}
+        # The recording reads and writes the flag: it must live as long as the recording.
+        self.seen_out_of_range, self.out_of_range = seen_out_of_range, out_of_range
+        self.replayed = torch.cuda.Event()
 
     def remember(self, index: int, tensor: Tensor) -> None:
         self.seen[index] = (weakref.ref(tensor), version(tensor))
@@ -163,11 +193,21 @@ class _Recording:
             return
         if not torch.equal(self.inputs[index], tensor):
             raise ValueError(
-                f"tensors[{index}]: a graph that differs from the one recorded. pyg_ugrapher's layers keep a "
-                "graph's structures (built once per graph, with host synchronisations) outside the recording, "
-                "so a recorded step serves one graph per recording; record one RecordedStep per graph"
+                f"tensors[{index}]: a graph that differs from the one recorded. pyg_ugrapher's layers keep the "
+                f"structures of a graph of more than {SMALL_GRAPH_EDGES} edges (built once per graph, with "
+                "host synchronisations) outside the recording, so a recording serves one such graph; record "
+                "one RecordedStep per graph"
             )
         self.remember(index, tensor)
+
+    def check_indices(self) -> None:
+        """Raise if a finished replay clamped an edge index that was out of range."""
+        if self.out_of_range is not None and self.replayed.query() and bool(self.out_of_range):
+            raise ValueError(
+                "tensors: a replayed step had an edge index out of range of its nodes; the recording clamped "
+                "it (no memory outside the tensors was read), so that step trained on a wrong graph. Check "
+                "the batches given to this RecordedStep"
+            )
 
 
 class RecordedStep:
@@ -223,32 +263,50 @@ class RecordedStep:
                     f"exceeds max_recordings={self.max_recordings}; pad the inputs to a few sizes (pad_to_bucket)"
                 )
             return self._record(key, tensors)
+        recording.check_indices()
         for index, (static, tensor) in enumerate(zip(recording.inputs, tensors)):
             if index in recording.fixed:
                 recording.check_fixed(index, tensor)
             else:
                 static.copy_(tensor, non_blocking=True)
         recording.graph.replay()
+        recording.replayed.record()
         return recording.outputs
 
     def _record(self, key: Tuple, tensors: Sequence[Tensor]) -> object:
         inputs = [t.detach().clone() for t in tensors]
         side = torch.cuda.Stream(device=inputs[0].device)
         side.wait_stream(torch.cuda.current_stream(inputs[0].device))
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), graph_bounds_noted() as noted:
             for _ in range(self.warmup - 1):
                 self.step(*inputs)
             _without_host_sync(self.step, inputs)
         torch.cuda.current_stream(inputs[0].device).wait_stream(side)
+        # The edge indices whose structures the recording builds, and what the layers need of them.
+        checked = {
+            index: list(dict.fromkeys(bounds for bounds in noted if bounds.edge_index is static))
+            for index, static in enumerate(inputs)
+            if rebuilt_by_recordings(static)
+        }
+        checked = {index: bounds for index, bounds in checked.items() if bounds}
+        seen_out_of_range = out_of_range = None
+        if checked:
+            out_of_range = torch.zeros((), dtype=torch.int32).pin_memory()
+            seen_out_of_range = torch.zeros((), dtype=torch.int32, device=inputs[0].device)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with graphs_read_while_capturing() as read, torch.cuda.graph(graph, pool=self._pool):
+            for index, bounds in checked.items():
+                _clamp_indices(inputs[index], bounds, seen_out_of_range)
+            if out_of_range is not None:
+                out_of_range.copy_(seen_out_of_range, non_blocking=True)
             outputs = self.step(*inputs)
         fixed = [index for index, static in enumerate(inputs) if any(static is other for other in read)]
-        recording = _Recording(inputs, graph, outputs, fixed)
+        recording = _Recording(inputs, graph, outputs, fixed, seen_out_of_range, out_of_range)
         for index in fixed:
             recording.remember(index, tensors[index])
         self._recordings[key] = recording
         graph.replay()
+        recording.replayed.record()
         return outputs

@@ -19,6 +19,7 @@ from ..graph_argument import (
     derived,
     eager_with_torch_sparse,
     edge_tensor,
+    fixed_sizes,
     gather_op,
     graph_of,
     is_sparse,
@@ -412,8 +413,9 @@ class GATConv(MessagePassing, ScriptedAsPyG):
         if not self.add_self_loops:
             graph, _ = adjacency(self, edge_index, num_src, num_dst)
             return graph, edge_index, edge_attr
-        if torch.compiler.is_compiling() and not return_attention_weights:
-            # Fixed sizes: one compiled graph without fullgraph, where the kept edges would break it.
+        if fixed_sizes(edge_index) and not return_attention_weights:
+            # Fixed sizes: one compiled graph without fullgraph, where the kept edges would break
+            # it, and a recording that serves every graph of the index's size.
             graph = spare_row_looped_graph(edge_index, self.flow, num_src, num_dst, num_loops)
             if edge_attr is not None:
                 edge_attr = spare_row_loop_attr(edge_index, edge_attr, num_loops, self.fill_value)

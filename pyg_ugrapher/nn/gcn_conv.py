@@ -23,6 +23,7 @@ from ..graph_argument import (
     eager_with_torch_sparse,
     edge_tensor,
     endpoints,
+    fixed_sizes,
     gather_op,
     graph_of,
     graph_with_loops,
@@ -364,8 +365,8 @@ class GCNConv(MessagePassing, ScriptedAsPyG):
         looped: Optional[Looped] = None
         # Sums keep stored self loops at weight 0 in a graph of fixed size: no graph break when
         # compiled. Other aggregations would read the zero-weight messages: eager, they replace
-        # them; compiled, they send them to a spare row, again in a graph of fixed size.
-        if self.add_self_loops and self._gather != "sum" and not torch.compiler.is_compiling():
+        # them; compiled or recorded, they send them to a spare row, again in a graph of fixed size.
+        if self.add_self_loops and self._gather != "sum" and not fixed_sizes(edge_index):
             looped = looped_graph(edge_index, self.flow, num_nodes, num_nodes, num_nodes)
             graph = looped.graph
         else:

@@ -10,7 +10,9 @@ import torch_geometric.nn as pyg_nn
 from torch import nn
 
 import pyg_ugrapher as ug
-from pyg_ugrapher.recording import bucket
+from autotune.selection import SMALL_GRAPH_EDGES
+from pyg_ugrapher.graph_argument import GraphBounds, graph_bounds_noted, rebuilt_by_recordings
+from pyg_ugrapher.recording import _clamp_indices, bucket
 from tests.conftest import relative_error as rel_err
 
 MODELS = ("gcn", "gat", "sage", "gin")
@@ -139,6 +141,35 @@ def test_padded_batch_gives_the_unpadded_outputs_and_gradients(model_name, impl)
         assert rel_err(got, want) < 1e-5, index
 
 
+@pytest.mark.parametrize("model_name", MODELS)
+def test_layers_note_the_bounds_of_their_edge_index(model_name):
+    """What RecordedStep checks a replayed graph against: each layer's node counts on the index."""
+    model = two_layers(model_name, ug.nn)
+    x, edge_index, *_ = random_batch(40, 160, seed=2)
+    with graph_bounds_noted() as noted:
+        model(x, edge_index)
+    assert noted and {(b.src_row, b.dst_row, b.num_src, b.num_dst) for b in noted} == {(0, 1, 40, 40)}
+    assert all(b.edge_index is edge_index for b in noted)
+    assert not rebuilt_by_recordings(edge_index)  # a CPU index: never built inside a recording
+
+
+def test_clamp_indices_clamps_in_place_and_flags_any_out_of_range(device):
+    """Through the public RecordedStep helper: the Triton kernel (GPU, interpreter) or torch."""
+    fine = torch.tensor([[0, 3, 9], [1, 2, 2]], device=device)
+    flag = torch.zeros((), dtype=torch.int32, device=device)
+    _clamp_indices(fine, [GraphBounds(fine, 0, 1, 10, 3)], flag)
+    assert int(flag) == 0 and torch.equal(fine.cpu(), torch.tensor([[0, 3, 9], [1, 2, 2]]))
+    # Flow target_to_source: row 1 holds the sources; a strided [2, E] view is clamped in place too.
+    index = torch.tensor([[1, 0], [1, 3], [0, 9], [0, -2]], device=device).t()
+    _clamp_indices(index, [GraphBounds(index, 1, 0, 5, 2)], flag)
+    assert int(flag) == 1
+    assert torch.equal(index.cpu(), torch.tensor([[1, 1, 0, 0], [0, 3, 4, 0]]))
+    many = torch.randint(-3, 3000, (2, 5000), device=device)
+    flag.zero_()
+    _clamp_indices(many, [GraphBounds(many, 0, 1, 2000, 2500)], flag)
+    assert int(flag) == 1 and int(many[0].max()) == 1999 and int(many[1].max()) == 2499 and int(many.min()) == 0
+
+
 # -- RecordedStep ----------------------------------------------------------------------------------
 def test_recorded_step_runs_eagerly_on_the_cpu():
     torch.manual_seed(0)
@@ -199,17 +230,110 @@ def test_recorded_full_batch_steps_equal_eager_steps(model_name):
 
 
 @pytest.mark.cuda
-def test_recorded_step_refuses_a_changed_graph():
+def test_recorded_step_refuses_a_changed_large_graph():
+    """The structures of a graph above SMALL_GRAPH_EDGES are built before the recording, which then
+    serves that graph alone."""
     device = torch.device("cuda")
     model = two_layers("sage", ug.nn).to(device)
     step = ug.RecordedStep(make_step(model, torch.optim.Adam(model.parameters(), lr=0.01, capturable=True)))
-    batch = random_batch(300, 2000, seed=6, device=device)
+    num_edges = SMALL_GRAPH_EDGES + 1000
+    batch = random_batch(5000, num_edges, seed=6, device=device)
     step(*batch)
     same = [t.clone() for t in batch]
     step(*same)  # equal values in another tensor: fine
-    changed = random_batch(300, 2000, seed=7, device=device)
+    changed = random_batch(5000, num_edges, seed=7, device=device)
     with pytest.raises(ValueError, match=r"tensors\[1\]"):
         step(*changed)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model_name", MODELS)
+def test_padded_minibatches_of_our_layers_replay_per_bucket(model_name):
+    """Our layers build a small graph's structures inside the recording: one recording per bucket
+    serves every batch of that bucket, with eager's losses and weights."""
+    device = torch.device("cuda")
+    model, reference, step, eager = cuda_steps(model_name, ug.nn)
+    for seed in range(8):
+        batch = ug.pad_to_bucket(*random_batch(100 + 7 * seed, 600 + 11 * seed, seed=seed, device=device))
+        recorded_before = step.num_recordings
+        got = step(*batch).clone()
+        if step.num_recordings > recorded_before:  # a new bucket's first call also ran the warm-up steps
+            for _ in range(step.warmup):
+                eager(*batch)
+        assert rel_err(got, eager(*batch)) < 1e-4, seed
+    assert 1 <= step.num_recordings < 8
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert rel_err(a, b) < 1e-3
+
+
+@pytest.mark.cuda
+def test_recorded_step_clamps_and_reports_indices_out_of_range():
+    device = torch.device("cuda")
+    model, _, step, _ = cuda_steps("gcn", ug.nn)
+    batch = ug.pad_to_bucket(*random_batch(100, 600, seed=1, device=device))
+    step(*batch)
+    bad = [t.clone() for t in batch]
+    bad[1][0, 5] = bad[0].size(0) + 1000
+    step(*bad)  # clamped in the recording: no access outside the tensors
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match="out of range"):
+        step(*batch)
+    assert all(bool(p.isfinite().all()) for p in model.parameters())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model_name", MODELS)
+def test_a_users_own_capture_of_a_whole_step_serves_new_graphs(model_name):
+    """A step captured with torch.cuda.graph (PyTorch's whole-network example): new graphs of the
+    recorded sizes copied into its inputs give eager's losses."""
+    device = torch.device("cuda")
+    model, reference, _, eager = cuda_steps(model_name, ug.nn)
+    step = make_step(model, torch.optim.Adam(model.parameters(), lr=0.01, capturable=True))
+    static = random_batch(300, 2000, seed=0, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    for _ in range(3):
+        eager(*static)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            loss = step(*static)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for seed in range(1, 4):
+        batch = random_batch(300, 2000, seed=seed, device=device)
+        for mine, theirs in zip(static, batch):
+            mine.copy_(theirs)
+        graph.replay()
+        assert rel_err(loss, eager(*batch)) < 1e-4, seed
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model_name", MODELS)
+def test_graphed_callables_serve_new_graphs(model_name):
+    """torch.cuda.make_graphed_callables of a model of our layers: forward and backward recorded,
+    each call on a new graph of the recorded sizes equal to the eager model's."""
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = two_layers(model_name, ug.nn).to(device)
+    reference = copy.deepcopy(model)
+    x, edge_index, *_ = random_batch(300, 2000, seed=0, device=device)
+    graphed = torch.cuda.make_graphed_callables(model, (x.requires_grad_(), edge_index))
+    for seed in range(1, 4):
+        x, edge_index, *_ = random_batch(300, 2000, seed=seed, device=device)
+        x.requires_grad_()
+        got = graphed(x, edge_index)
+        got.square().sum().backward()
+        want_x = x.detach().clone().requires_grad_()
+        want = reference(want_x, edge_index)
+        want.square().sum().backward()
+        assert rel_err(got, want) < 1e-4, seed
+        assert rel_err(x.grad, want_x.grad) < 1e-4, seed
 
 
 @pytest.mark.cuda
