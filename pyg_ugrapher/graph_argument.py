@@ -46,6 +46,7 @@ sparse tensor itself.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from functools import lru_cache, wraps
 from typing import (
@@ -157,6 +158,24 @@ def rebuilt_by_recordings(graph: object) -> bool:
     )
 
 
+# Per thread (a capture is): whether the capture under way holds small graphs' structures.
+_HOLDING = threading.local()
+
+
+@contextmanager
+def holding_graphs(hold: bool = True) -> Iterator[None]:
+    """Inside the block, a CUDA graph capture reads the cached structures of every graph instead of
+    building small ones itself (:func:`built_in_recording`), as for a large graph: its replays
+    build nothing, and serve the graphs captured alone. For a first recording of a step, whose
+    graphs may never change (:class:`~pyg_ugrapher.RecordedStep`)."""
+    previous = getattr(_HOLDING, "value", False)
+    _HOLDING.value = hold
+    try:
+        yield
+    finally:
+        _HOLDING.value = previous
+
+
 def built_in_recording(graph: object) -> bool:
     """Whether ``graph``'s structures are built inside the CUDA graph being captured
     (:func:`rebuilt_by_recordings`, while its stream captures). Such a recording rebuilds them from
@@ -164,9 +183,13 @@ def built_in_recording(graph: object) -> bool:
     small graphs (which read no statistics), so one recording serves every graph of its sizes (a
     mini-batch loader's, padded to a few sizes). The indices are not checked there (that would
     wait for the GPU): :class:`~pyg_ugrapher.RecordedStep` checks and clamps them inside its
-    recordings. A larger graph's structures are built outside and read from the cache: a recording
-    holds them, and serves that graph alone."""
-    return rebuilt_by_recordings(graph) and torch.cuda.is_current_stream_capturing()
+    recordings. A larger graph's structures, and every graph's inside :func:`holding_graphs`, are
+    built outside and read from the cache: a recording holds them, and serves that graph alone."""
+    return (
+        rebuilt_by_recordings(graph)
+        and torch.cuda.is_current_stream_capturing()
+        and not getattr(_HOLDING, "value", False)
+    )
 
 
 def fixed_sizes(edge_index: object) -> bool:

@@ -56,7 +56,13 @@ from torch import Tensor
 from autotune.selection import SMALL_GRAPH_EDGES
 from triton_kernels.index_bounds import clamp_edge_index_
 
-from .graph_argument import GraphBounds, graph_bounds_noted, graphs_read_while_capturing, rebuilt_by_recordings
+from .graph_argument import (
+    GraphBounds,
+    graph_bounds_noted,
+    graphs_read_while_capturing,
+    holding_graphs,
+    rebuilt_by_recordings,
+)
 from .structure import version
 
 #: Default growth of the bucket series: a padded batch is at most this much larger than the batch.
@@ -159,12 +165,17 @@ def _clamp_indices(index: Tensor, bounds: Sequence[GraphBounds], flag: Tensor) -
 
 
 class _Recording:
-    """One CUDA graph of the step, its input tensors and its outputs. ``fixed`` are the inputs our
-    layers read cached graph structures of: the recording holds those structures, so these inputs
-    must keep their values; ``seen`` remembers the caller's tensor last found equal for each. The
-    other graph inputs are checked and clamped inside the recording, which sets the device flag
-    ``seen_out_of_range`` where a replay finds an index out of range and copies it to the pinned
-    ``out_of_range`` (read once ``replayed`` is done: no host sync)."""
+    """One CUDA graph of the step, its input tensors and its outputs.
+
+    ``fixed`` are the inputs our layers read cached graph structures of: the recording holds those
+    structures, so these inputs must keep their values; ``seen`` remembers the caller's tensor
+    last found equal for each. ``checked`` are the edge indices whose structures a recording can
+    build itself (:func:`~pyg_ugrapher.graph_argument.rebuilt_by_recordings`), with the bounds the
+    layers read them with. A first recording ``holds`` them too (its replays then build nothing);
+    once one changes, the step is recorded again building them, and that recording checks and
+    clamps them, setting the device flag ``seen_out_of_range`` where a replay finds an index out
+    of range and copying it to the pinned ``out_of_range`` (read once ``replayed`` is done: no
+    host sync)."""
 
     def __init__(
         self,
@@ -172,11 +183,14 @@ class _Recording:
         graph: torch.cuda.CUDAGraph,
         outputs: object,
         fixed: Sequence[int],
+        checked: Dict[int, List[GraphBounds]],
+        holds: bool,
         seen_out_of_range: Optional[Tensor],
         out_of_range: Optional[Tensor],
     ) -> None:
         self.inputs, self.graph, self.outputs = inputs, graph, outputs
         self.fixed = frozenset(fixed)
+        self.checked, self.holds = checked, holds
         self.seen: Dict[int, Tuple[weakref.ref, object]] = {}
         # The recording reads and writes the flag: it must live as long as the recording.
         self.seen_out_of_range, self.out_of_range = seen_out_of_range, out_of_range
@@ -185,20 +199,27 @@ class _Recording:
     def remember(self, index: int, tensor: Tensor) -> None:
         self.seen[index] = (weakref.ref(tensor), version(tensor))
 
-    def check_fixed(self, index: int, tensor: Tensor) -> None:
-        """Raise unless ``tensor`` holds the values the recording's structures were built from
-        (free when it is the tensor last checked, unchanged; one comparison otherwise)."""
-        ref, seen_version = self.seen.get(index, (None, None))
-        if ref is not None and ref() is tensor and version(tensor) == seen_version:
-            return
-        if not torch.equal(self.inputs[index], tensor):
-            raise ValueError(
-                f"tensors[{index}]: a graph that differs from the one recorded. pyg_ugrapher's layers keep the "
-                f"structures of a graph of more than {SMALL_GRAPH_EDGES} edges (built once per graph, with "
-                "host synchronisations) outside the recording, so a recording serves one such graph; record "
-                "one RecordedStep per graph"
-            )
-        self.remember(index, tensor)
+    def holds_changed_graph(self, tensors: Sequence[Tensor]) -> bool:
+        """Whether a held graph that the step can build itself changed (record again, building
+        it); raise if a graph too large for that changed. Free for the tensors last checked,
+        unchanged; one comparison each otherwise."""
+        for index in self.fixed:
+            tensor = tensors[index]
+            ref, seen_version = self.seen.get(index, (None, None))
+            if ref is not None and ref() is tensor and version(tensor) == seen_version:
+                continue
+            if torch.equal(self.inputs[index], tensor):
+                self.remember(index, tensor)
+            elif self.holds and index in self.checked:
+                return True
+            else:
+                raise ValueError(
+                    f"tensors[{index}]: a graph that differs from the one recorded. pyg_ugrapher's layers keep "
+                    f"the structures of a graph of more than {SMALL_GRAPH_EDGES} edges (built once per graph, "
+                    "with host synchronisations) outside the recording, so a recording serves one such graph; "
+                    "record one RecordedStep per graph"
+                )
+        return False
 
     def check_indices(self) -> None:
         """Raise if a finished replay clamped an edge index that was out of range."""
@@ -264,46 +285,55 @@ class RecordedStep:
                 )
             return self._record(key, tensors)
         recording.check_indices()
+        if recording.holds_changed_graph(tensors):
+            return self._record(key, tensors, recording)
         for index, (static, tensor) in enumerate(zip(recording.inputs, tensors)):
-            if index in recording.fixed:
-                recording.check_fixed(index, tensor)
-            else:
+            if index not in recording.fixed:
                 static.copy_(tensor, non_blocking=True)
         recording.graph.replay()
         recording.replayed.record()
         return recording.outputs
 
-    def _record(self, key: Tuple, tensors: Sequence[Tensor]) -> object:
+    def _record(self, key: Tuple, tensors: Sequence[Tensor], held: Optional[_Recording] = None) -> object:
+        """Record the step on ``tensors``: after the warm-up steps, holding the structures of the
+        graphs it reads; or, where the graphs of the recording ``held`` changed, building them
+        (its warm-up already ran)."""
         inputs = [t.detach().clone() for t in tensors]
-        side = torch.cuda.Stream(device=inputs[0].device)
-        side.wait_stream(torch.cuda.current_stream(inputs[0].device))
-        with torch.cuda.stream(side), graph_bounds_noted() as noted:
-            for _ in range(self.warmup - 1):
-                self.step(*inputs)
-            _without_host_sync(self.step, inputs)
-        torch.cuda.current_stream(inputs[0].device).wait_stream(side)
-        # The edge indices whose structures the recording builds, and what the layers need of them.
-        checked = {
-            index: list(dict.fromkeys(bounds for bounds in noted if bounds.edge_index is static))
-            for index, static in enumerate(inputs)
-            if rebuilt_by_recordings(static)
-        }
-        checked = {index: bounds for index, bounds in checked.items() if bounds}
+        device = inputs[0].device
+        holds = held is None
+        if holds:
+            side = torch.cuda.Stream(device=device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side), graph_bounds_noted() as noted:
+                for _ in range(self.warmup - 1):
+                    self.step(*inputs)
+                _without_host_sync(self.step, inputs)
+            torch.cuda.current_stream(device).wait_stream(side)
+            # The edge indices a recording can build the structures of, and the layers' bounds.
+            checked = {
+                index: list(dict.fromkeys(bounds for bounds in noted if bounds.edge_index is static))
+                for index, static in enumerate(inputs)
+                if rebuilt_by_recordings(static)
+            }
+            checked = {index: bounds for index, bounds in checked.items() if bounds}
+        else:
+            checked = held.checked
+            self._recordings.pop(key)
         seen_out_of_range = out_of_range = None
-        if checked:
+        if checked and not holds:
             out_of_range = torch.zeros((), dtype=torch.int32).pin_memory()
-            seen_out_of_range = torch.zeros((), dtype=torch.int32, device=inputs[0].device)
+            seen_out_of_range = torch.zeros((), dtype=torch.int32, device=device)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with graphs_read_while_capturing() as read, torch.cuda.graph(graph, pool=self._pool):
-            for index, bounds in checked.items():
-                _clamp_indices(inputs[index], bounds, seen_out_of_range)
-            if out_of_range is not None:
+        with holding_graphs(holds), graphs_read_while_capturing() as read, torch.cuda.graph(graph, pool=self._pool):
+            if seen_out_of_range is not None:
+                for index, bounds in checked.items():
+                    _clamp_indices(inputs[index], bounds, seen_out_of_range)
                 out_of_range.copy_(seen_out_of_range, non_blocking=True)
             outputs = self.step(*inputs)
         fixed = [index for index, static in enumerate(inputs) if any(static is other for other in read)]
-        recording = _Recording(inputs, graph, outputs, fixed, seen_out_of_range, out_of_range)
+        recording = _Recording(inputs, graph, outputs, fixed, checked, holds, seen_out_of_range, out_of_range)
         for index in fixed:
             recording.remember(index, tensors[index])
         self._recordings[key] = recording
