@@ -2,11 +2,13 @@
 
     python -m benchmarks.pyg_tests --pyg-tests /tmp/pyg_src/test --out benchmarks/results/cpu/
     python -m benchmarks.pyg_tests --pyg-tests /tmp/pyg_src/test --modules gcn sage --executors reference
+    python -m benchmarks.pyg_tests --pyg-tests /tmp/pyg_src/test --group explain
 
 ``--pyg-tests`` is the ``test/`` folder of a PyG source checkout (the repository holds none of PyG's
 code), ideally at the tag of the installed ``torch_geometric``; ``git archive <tag> test | tar -x``
 of a clone extracts just that folder. For every module ``test/nn/conv/test_<name>_conv.py``
-of :data:`MODULES` pytest runs in a subprocess twice: once plain, PyG's layers (the baseline), and
+of :data:`MODULES` (``--group explain``: every module of ``test/explain``, written to
+``pyg_explain_tests.csv``/``.md``) pytest runs in a subprocess twice: once plain, PyG's layers (the baseline), and
 once with :mod:`benchmarks.pyg_tests_plugin`, which hands the test module our classes under PyG's
 names. Both runs report with ``-q -rA --no-fold-skipped --tb=short``; :func:`parse_report` reads
 every test's outcome and first message line from the short summary and the test's failing statement
@@ -50,6 +52,16 @@ PLUGIN = "benchmarks.pyg_tests_plugin"
 EXTENSIONS = ("torch_sparse", "torch_scatter", "pyg_lib")
 #: PyG's test modules of the replaced layers: ``test/nn/conv/test_<name>_conv.py``.
 MODULES = ("gcn", "gat", "sage", "gin", "graph")
+#: Group -> (its folder under ``test/``, the stem of its result files, what its modules are).
+GROUPS: Dict[str, Tuple[str, str, str]] = {
+    "conv": ("nn/conv", "pyg_tests", "PyG's test modules `test/nn/conv/test_<layer>_conv.py`"),
+    "explain": (
+        "explain",
+        "pyg_explain_tests",
+        "PyG's explain tests, every `test/explain/**/test_*.py` (their models are built from the layers: "
+        "explainers set edge masks, register message hooks, run `to_hetero` copies)",
+    ),
+}
 #: Suite -> environment: PyG's quick suite and its full one.
 SUITES: Dict[str, Dict[str, str]] = {"default": {"FULL_TEST": "0"}, "full": {"FULL_TEST": "1"}}
 #: Executor of our graph operators on a CPU -> environment.
@@ -281,15 +293,24 @@ def module_path(pyg_tests: Path, name: str) -> Path:
     return pyg_tests / "nn" / "conv" / f"test_{name}_conv.py"
 
 
+def test_files(pyg_tests: Path, group: str, modules: Sequence[str] = MODULES) -> List[Path]:
+    """The test modules of ``group``: the conv modules named ``modules``, or every explain module."""
+    if group == "conv":
+        return [module_path(pyg_tests, name) for name in modules]
+    return sorted((pyg_tests / GROUPS[group][0]).rglob("test_*.py"))
+
+
 def run(
     pyg_tests: Path,
-    modules: Sequence[str],
+    paths: Sequence[Path],
     suites: Sequence[str],
     executors: Sequence[str],
     timeout: float,
     source: str,
+    group: str = "conv",
 ) -> pd.DataFrame:
-    """Every module, suite and executor: the baseline once per suite, ours once per executor."""
+    """Every test module of ``paths``, suite and executor: the baseline once per suite, ours once per
+    executor. A module is named by its path under ``group``'s folder."""
     environment = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": commit(),
@@ -300,10 +321,10 @@ def run(
         "extensions": ", ".join(name for name in EXTENSIONS if find_spec(name)) or "none",
     }
     rootdir = pyg_tests.resolve().parent
+    folder = pyg_tests.resolve() / GROUPS[group][0]
     rows = []
-    cases = [(module, suite) for module in modules for suite in suites]
-    for module, suite in tqdm(cases, desc="pyg_tests", unit="module"):
-        path = module_path(pyg_tests.resolve(), module)
+    cases = [(Path(path).resolve(), suite) for path in paths for suite in suites]
+    for path, suite in tqdm(cases, desc="pyg_tests", unit="module"):
         baseline, returncode, output = run_pytest(path, rootdir, env=SUITES[suite], timeout=timeout)
         if not any(baseline):
             raise RuntimeError(f"{path}: PyG's own run reported no test (exit status {returncode}):\n{output[-3000:]}")
@@ -311,7 +332,8 @@ def run(
             env = {**SUITES[suite], **EXECUTORS[executor]}
             ours, returncode, output = run_pytest(path, rootdir, PLUGIN, env, timeout)
             for row in compare(baseline, ours, returncode, output):
-                rows.append({**environment, "module": path.name, "suite": suite, "executor": executor, **row})
+                module = path.relative_to(folder).as_posix()
+                rows.append({**environment, "module": module, "suite": suite, "executor": executor, **row})
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -344,13 +366,13 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(blocks, ignore_index=True)[["suite", "executor", "module", *columns]]
 
 
-def markdown(frame: pd.DataFrame) -> str:
+def markdown(frame: pd.DataFrame, group: str = "conv") -> str:
     """Counts per module, then every failure of ours grouped by reason."""
     first = frame.iloc[0]
     lines = [
-        "# PyG's own tests on pyg_ugrapher.nn",
+        "# PyG's own tests on pyg_ugrapher.nn" + ("" if group == "conv" else f": {group}"),
         "",
-        f"PyG's test modules `test/nn/conv/test_<layer>_conv.py` ({first.pyg_tests}), torch_geometric "
+        f"{GROUPS[group][2]} ({first.pyg_tests}), torch_geometric "
         f"{first.torch_geometric}, torch {first.torch}, Triton {first.triton}, commit {first.commit}, "
         f"{first.date}; PyG's optional packages installed: {first.extensions} (a test's "
         "`if torch_geometric.typing.WITH_TORCH_SPARSE:` blocks and tests marked for them run only "
@@ -412,19 +434,22 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
     )
     parser.add_argument("--pyg-tests", type=Path, required=True, help="the test/ folder of a PyG source checkout")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder of pyg_tests.csv/.md")
-    parser.add_argument("--modules", nargs="+", default=list(MODULES), help=f"of test_<name>_conv.py ({MODULES})")
+    parser.add_argument("--group", default="conv", choices=list(GROUPS), help="PyG's conv tests or its explain tests")
+    parser.add_argument("--modules", nargs="+", default=list(MODULES), help=f"conv: of test_<name>_conv.py ({MODULES})")
     parser.add_argument("--suites", nargs="+", default=list(SUITES), choices=list(SUITES))
     parser.add_argument("--executors", nargs="+", default=list(EXECUTORS), choices=list(EXECUTORS))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one pytest run may take")
     parser.add_argument("--source", default="", help="what the tests are, for the table (e.g. PyG's tag)")
     args = parser.parse_args(argv)
-    missing = [name for name in args.modules if not module_path(args.pyg_tests, name).is_file()]
-    if missing:
-        parser.error(f"--pyg-tests: {args.pyg_tests} has no nn/conv/test_<name>_conv.py for {missing}")
-    frame = run(args.pyg_tests, args.modules, args.suites, args.executors, args.timeout, args.source)
+    paths = test_files(args.pyg_tests, args.group, args.modules)
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing or not paths:
+        parser.error(f"--pyg-tests: {args.pyg_tests} has no test module {missing or GROUPS[args.group][0]}")
+    frame = run(args.pyg_tests, paths, args.suites, args.executors, args.timeout, args.source, args.group)
     args.out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out / "pyg_tests.csv", index=False)
-    (args.out / "pyg_tests.md").write_text(markdown(frame))
+    stem = GROUPS[args.group][1]
+    frame.to_csv(args.out / f"{stem}.csv", index=False)
+    (args.out / f"{stem}.md").write_text(markdown(frame, args.group))
     print(summary(frame).to_string(index=False), file=sys.stderr)
     return frame
 

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
+from torch_geometric.nn.conv.gat_conv import GATConv as PyGGATConv
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 from torch_geometric.typing import SparseTensor
@@ -214,6 +215,11 @@ class GATConv(MessagePassing, ScriptedAsPyG):
 
         self.reset_parameters()
 
+    # PyG's per-edge functions, which its propagation calls when a call runs PyG's forward (see
+    # forward()): the same parameters under the same names make them this layer's.
+    message = PyGGATConv.message
+    edge_update = PyGGATConv.edge_update
+
     @property
     def negative_slope(self) -> float:
         return float(self._negative_slope)
@@ -259,17 +265,14 @@ class GATConv(MessagePassing, ScriptedAsPyG):
                 returns a ``SparseTensor`` of them that this layer cannot build.
                 (default: :obj:`None`)
 
-        Raises:
-            NotImplementedError: in explain mode, with hooks on ``message()`` or ``aggregate()`` or
-                with ``decomposed_layers > 1``: the attention runs fused only, and ignoring the
-                edge mask or the hooks would be silently wrong (PyG's ``GATConv`` does them).
+        In explain mode, with hooks on ``message()`` or ``aggregate()`` or with
+        ``decomposed_layers > 1`` (:meth:`unfused_reason`), the call runs PyG's ``GATConv.forward``
+        on this layer: its edge masks weigh the per-edge messages, its hooks see them.
         """
-        reason = self.unfused_reason()
-        if reason is not None:
-            raise NotImplementedError(
-                f"{self.__class__.__name__}: {reason}; this layer's attention runs fused only: use "
-                f"torch_geometric.nn.GATConv for this call (ug.accelerate keeps such layers on PyG's path)"
-            )
+        if self.unfused_reason() is not None:
+            # Explain mode, hooks, decomposed layers: PyG's algorithm on this layer's parameters,
+            # through PyG's propagation (which honours them).
+            return PyGGATConv.forward(self, x, edge_index, edge_attr, size, return_attention_weights)
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
         if isinstance(edge_index, SparseTensor):

@@ -162,3 +162,21 @@ def test_replace_and_restore():
     assert module.GCNConv is original
     with pytest.raises(AttributeError, match="GATConv"):
         replace([module], {"GATConv": ours})
+
+
+def test_test_files_of_each_group(tmp_path):
+    for relative in (
+        "nn/conv/test_gcn_conv.py",
+        "explain/test_explainer.py",
+        "explain/algorithm/test_gnn_explainer.py",
+    ):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text("")
+    (tmp_path / "explain" / "conftest.py").write_text("")
+    assert pyg_tests.test_files(tmp_path, "conv", ["gcn"]) == [tmp_path / "nn/conv/test_gcn_conv.py"]
+    assert pyg_tests.test_files(tmp_path, "explain") == [
+        tmp_path / "explain/algorithm/test_gnn_explainer.py",
+        tmp_path / "explain/test_explainer.py",
+    ]
+    with pytest.raises(SystemExit):
+        pyg_tests.main(["--pyg-tests", str(tmp_path / "missing"), "--group", "explain"])

@@ -18,6 +18,8 @@ LAYERS = {
     "GINConv": (lambda ns: ns.GINConv(torch.nn.Linear(6, 4), train_eps=True), lambda layer, x, ei, w, e: layer(x, ei)),
     "GINEConv": (lambda ns: ns.GINEConv(torch.nn.Linear(6, 4), edge_dim=3), lambda layer, x, ei, w, e: layer(x, ei, e)),
     "GraphConv": (lambda ns: ns.GraphConv(6, 4, aggr="max"), lambda layer, x, ei, w, e: layer(x, ei, w)),
+    "GATConv": (lambda ns: ns.GATConv(6, 4, heads=2), lambda layer, x, ei, w, e: layer(x, ei)),
+    "GATConv_edge_dim": (lambda ns: ns.GATConv(6, 4, heads=2, edge_dim=3), lambda layer, x, ei, w, e: layer(x, ei, e)),
 }
 
 
@@ -91,18 +93,21 @@ def test_decomposed_layers(small_graph, check_close, name):
     assert "decomposed_layers" in ours.unfused_reason()
 
 
-def test_gat_refuses_what_it_would_ignore(small_graph):
-    """GAT's attention runs fused only: an edge mask or a message hook it cannot honour is refused
-    with a clear error, never silently ignored; cleared, the layer runs again."""
-    x, edge_index = small_graph
-    layer = ug_nn.GATConv(6, 4, heads=2)
-    set_masks(layer, torch.ones(edge_index.size(1)), edge_index)
-    with pytest.raises(NotImplementedError, match="explain mode"):
-        layer(x, edge_index)
-    clear_masks(layer)
-    assert layer(x, edge_index).shape == (12, 8)
-    handle = layer.register_message_forward_pre_hook(lambda module, inputs: None)
-    with pytest.raises(NotImplementedError, match="hooks"):
-        layer(x, edge_index)
-    handle.remove()
-    assert layer(x, edge_index).shape == (12, 8)
+def test_gat_hooks_see_the_attention_coefficients(small_graph, check_close):
+    """PyG's AttentionExplainer reads ``alpha`` from a message hook: GAT's PyG path passes it, with
+    PyG's coefficients, and the layer runs fused again once the hook is gone."""
+    ours, theirs, forward = _pair("GATConv")
+    x, edge_index, weight, edge_attr = _inputs(small_graph)
+    plain = forward(ours, x, edge_index, weight, edge_attr)
+    seen = []
+    handles = [
+        layer.register_message_forward_hook(lambda module, inputs, output: seen.append(inputs[0]["alpha"]))
+        for layer in (ours, theirs)
+    ]
+    for layer in (ours, theirs):
+        forward(layer, x, edge_index, weight, edge_attr)
+    check_close(seen[0], seen[1], context="alpha")
+    for handle in handles:
+        handle.remove()
+    assert ours.unfused_reason() is None
+    check_close(forward(ours, x, edge_index, weight, edge_attr), plain, context="fused again")
