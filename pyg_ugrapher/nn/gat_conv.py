@@ -338,14 +338,21 @@ class GATConv(MessagePassing, ScriptedAsPyG):
             kinds += ("edge",)
 
         score = (kinds, self._negative_slope)
-        if self._gather == "sum" and not return_attention_weights:
+        dropping = self.training and self.dropout > 0
+        alpha: Optional[Tensor] = None
+        # Returned coefficients come from their own ops, and the output from the plain call's
+        # fused op (the same numbers as a call without them), unless dropout must drop both alike.
+        if self._gather == "sum" and not (return_attention_weights and dropping):
             keep = None
-            if self.training and self.dropout > 0:
+            if dropping:
                 keep = F.dropout(alpha_src.new_ones(graph.num_edges, H), p=self.dropout, training=True)
             if graph.structure is None:
                 out = softmax_aggregate(graph.tensor, operands, x_src, keep, score=layer_op(score_op, *score))
             else:
                 out = softmax_aggregate_op(graph.structure.flat(), operands, x_src, keep, op_text(score_op, *score))[0]
+            if return_attention_weights:
+                numer, denom = self._softmax(graph, run(graph, score_op, score, operands))
+                alpha = run(graph, named, ("e_div_v",), [numer, denom])
         else:
             logits = run(graph, score_op, score, operands)
             out, alpha = self._attend(graph, logits, x_src, return_attention_weights)
@@ -371,11 +378,8 @@ class GATConv(MessagePassing, ScriptedAsPyG):
         self, graph: Graph, logits: Tensor, x_src: Tensor, return_attention_weights: Optional[bool]
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Softmax and aggregation as separate ops: where the attention coefficients are returned
-        or the aggregation is not a sum."""
-        shift = run(graph, named, ("copy_e_max",), [logits.detach()])
-        numer = run(graph, exp_shifted, (), [logits, shift])
-        # PyG's 1e-16 keeps destinations without edges finite (and their gradients 0).
-        denom = run(graph, named, ("copy_e_sum",), [numer]) + EPSILON
+        with dropout, or the aggregation is not a sum."""
+        numer, denom = self._softmax(graph, logits)
         if return_attention_weights or (self.training and self.dropout > 0):
             alpha = run(graph, named, ("e_div_v",), [numer, denom])
             alpha = F.dropout(alpha, p=self.dropout, training=self.training)
@@ -384,6 +388,14 @@ class GATConv(MessagePassing, ScriptedAsPyG):
             graph, weighted_source, (self._gather,), [x_src, numer.unsqueeze(-1), denom.reciprocal().unsqueeze(-1)]
         )
         return out, None
+
+    @staticmethod
+    def _softmax(graph: Graph, logits: Tensor) -> Tuple[Tensor, Tensor]:
+        """The edge softmax of ``logits`` over each destination's edges, as ``numer / denom[v]``."""
+        shift = run(graph, named, ("copy_e_max",), [logits.detach()])
+        numer = run(graph, exp_shifted, (), [logits, shift])
+        # PyG's 1e-16 keeps destinations without edges finite (and their gradients 0).
+        return numer, run(graph, named, ("copy_e_sum",), [numer]) + EPSILON
 
     def _graph(
         self,

@@ -155,6 +155,22 @@ def test_return_attention_weights(compare, small_graph):
     compare(GATConv(6, 4, heads=2), theirs, forward, [x])
 
 
+@pytest.mark.parametrize("executor", ["reference", "interpreter"])
+def test_returned_weights_leave_the_output_as_it_is(request, small_graph, tiny_graph, executor):
+    """The output of a call that returns the coefficients is the plain call's, bit for bit (PyG's
+    own test compares them with ``torch.allclose``'s default tolerance)."""
+    if executor == "interpreter":
+        request.getfixturevalue("interpret")
+    x, edge_index = tiny_graph if executor == "interpreter" else small_graph
+    torch.manual_seed(0)
+    layer = GATConv(x.size(1), 3, heads=2).eval()
+    out, (index, alpha) = layer(x, edge_index, return_attention_weights=True)
+    assert torch.equal(out, layer(x, edge_index))
+    assert alpha.shape == (index.size(1), 2) and torch.allclose(
+        torch.zeros(x.size(0), 2).index_add_(0, index[1], alpha), torch.ones(x.size(0), 2)
+    )
+
+
 def test_returned_index_is_the_callers_own(small_graph):
     """The looped edge index returned with the coefficients is a new tensor every call, as PyG's:
     the layer caches its looped graph, and a caller that changed the returned index in place
@@ -170,21 +186,21 @@ def test_returned_index_is_the_callers_own(small_graph):
     torch.testing.assert_close(out, layer(x, edge_index), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("return_weights", [False, True], ids=["fused", "separate_ops"])
-def test_gradient_penalty_matches_pyg(small_graph, return_weights):
+@pytest.mark.parametrize("aggr", ["add", "mean"], ids=["fused", "separate_ops"])
+def test_gradient_penalty_matches_pyg(small_graph, aggr):
     """A double backward (a gradient penalty on the input, the upstream gradient a constant) gives
     PyG's parameter and input gradients on both attention paths: the fused softmax and the
     projection's attention halves dropped their second-order terms without an error."""
     x0, edge_index = small_graph
     torch.manual_seed(0)
-    theirs = pyg_nn.GATConv(6, 4, heads=2).double()
-    ours = GATConv(6, 4, heads=2).double()
+    theirs = pyg_nn.GATConv(6, 4, heads=2, aggr=aggr).double()
+    ours = GATConv(6, 4, heads=2, aggr=aggr).double()
     ours.load_state_dict(theirs.state_dict())
     weights = torch.randn(x0.size(0), 8, dtype=torch.float64)
     found = []
     for layer in (ours, theirs):
         x = x0.double().clone().requires_grad_()
-        out = layer(x, edge_index, return_attention_weights=True)[0] if return_weights else layer(x, edge_index)
+        out = layer(x, edge_index, return_attention_weights=True)[0] if aggr == "mean" else layer(x, edge_index)
         (grad,) = torch.autograd.grad((out * weights).sum(), x, create_graph=True)
         grad.square().sum().backward()
         found.append([x.grad] + [p.grad for p in layer.parameters()])
