@@ -88,9 +88,12 @@ def messages(graph: GraphTensor, op: OpInfo, operands: Sequence[Tensor], layout:
     gathered = []
     for kind, tensor in zip(op.inputs, operands):
         features = tensor.shape[1:]
-        picked = tensor if kind == "edge" else tensor.index_select(0, rows[kind])
+        # Widened before the gather: its backward sums each vertex's gradients (a scatter-add),
+        # which in a half type would round at every add, in an order the GPU does not fix.
+        wide = tensor.to(dtype)
+        picked = wide if kind == "edge" else wide.index_select(0, rows[kind])
         padded = (1,) * (len(layout.message_shape) - len(features)) + tuple(features)
-        gathered.append(picked.to(dtype).reshape((graph.num_edges,) + padded))
+        gathered.append(picked.reshape((graph.num_edges,) + padded))
     out = evaluate(op.expr, gathered)
     out = out.expand((graph.num_edges,) + layout.message_shape)
     if op.reduces:

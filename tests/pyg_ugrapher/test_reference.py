@@ -100,6 +100,28 @@ def test_half_inputs_accumulate_in_float32():
     assert out.dtype == torch.float16 and out.tolist() == [[3000.0, 3000.0]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_gradients_round_once(dtype, device):
+    """The gradient of a gathered half-type operand is summed in float32 and rounded once (on a
+    GPU, a gather in the half type has a backward that rounds at every one of a hub's atomic
+    additions, in no fixed order)."""
+    num_edges = 4000
+    graph = GraphTensor(torch.zeros(num_edges, dtype=torch.long), torch.arange(num_edges) % 2, 1, 2)
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.rand(1, 3, generator=generator, dtype=torch.float64) + 1).to(device)
+    weight = (torch.rand(num_edges, 3, generator=generator, dtype=torch.float64) + 1).to(device)
+    op = OpInfo.from_name("u_mul_e")
+    found = {}
+    for wanted in (dtype, torch.float64):
+        x_in = x.to(wanted).requires_grad_()
+        reference.execute(graph, op, [x_in, weight.to(wanted)]).backward(
+            torch.ones(num_edges, 3, dtype=wanted, device=device)
+        )
+        found[wanted] = x_in.grad
+    # Each gradient is a sum of 4000 weights: one rounding of it is within half an ulp.
+    assert torch.equal(found[dtype], found[torch.float64].to(dtype))
+
+
 def test_mixed_dtypes_promote():
     graph = GraphTensor.from_edge_index(torch.tensor([[0, 1], [1, 0]]))
     x = torch.randn(2, 3, dtype=torch.float16)
