@@ -54,7 +54,7 @@ from torch_geometric.nn.conv import MessagePassing as PyGMessagePassing
 
 from . import nn as drop_ins
 from .inspect import plan
-from .message_passing import GATHER_OPS, MessagePassing, _State
+from .message_passing import GATHER_OPS, MessagePassing, adopt
 from .nn.twins import ARGUMENTS, BASE_SETTINGS, PYG_CLASSES, transplant
 
 #: Module methods a swapped layer implements itself: set on an instance, they would be dropped.
@@ -202,7 +202,7 @@ def _route(layer: PyGMessagePassing) -> Optional[str]:
         return "the instance has a propagate() of its own, which routing would bypass"
     vars(layer).pop("propagate", None)  # PyG's setters bind its generated propagate() to the instance
     layer.__class__ = routed_class(type(layer))
-    layer.__dict__["_ug_state"] = _State(layer)
+    adopt(layer)
     return None
 
 

@@ -138,6 +138,17 @@ def _propagate_eagerly(module: "MessagePassing", edge_index: Tensor, size: Size,
     return module._propagate(edge_index, size, kwargs)
 
 
+#: Where a module keeps its propagate() pre-hooks (PyG's ``_propagate_forward_pre_hooks``).
+PRE_HOOKS = "_ug_propagate_forward_pre_hooks"
+
+
+def adopt(layer: PyGMessagePassing) -> None:
+    """Give a PyG layer whose class was just made a subclass of :class:`MessagePassing` (in place:
+    :func:`pyg_ugrapher.accelerate` routes a layer so) the state of one built as such."""
+    layer.__dict__["_ug_state"] = _State(layer)
+    layer.__dict__[PRE_HOOKS] = layer.__dict__.pop("_propagate_forward_pre_hooks", OrderedDict())
+
+
 class MessagePassing(PyGMessagePassing):
     r"""A drop-in for :class:`torch_geometric.nn.MessagePassing` whose propagation runs as one fused
     uGrapher operator.
@@ -203,16 +214,17 @@ class MessagePassing(PyGMessagePassing):
 
     @property
     def _propagate_forward_pre_hooks(self) -> "OrderedDict[int, Callable]":
-        # Kept in the instance dictionary under its own name, as PyG keeps it. PyG's propagate()
-        # running a fallback whose pre-hooks already ran (:meth:`_fallback`) finds none, in that
-        # thread only: the module itself is never changed for a call.
+        # PyG's propagate() running a fallback whose pre-hooks already ran (:meth:`_fallback`) finds
+        # none, in that thread only: the module itself is never changed for a call. Kept in the
+        # instance dictionary under another name than the property's, which Dynamo (torch 2.11)
+        # would resolve through the property again, endlessly.
         if self._ug.call.hooks_ran:
             return OrderedDict()
-        return self.__dict__["_propagate_forward_pre_hooks"]
+        return self.__dict__[PRE_HOOKS]
 
     @_propagate_forward_pre_hooks.setter
     def _propagate_forward_pre_hooks(self, hooks: "OrderedDict[int, Callable]") -> None:
-        self.__dict__["_propagate_forward_pre_hooks"] = hooks
+        self.__dict__[PRE_HOOKS] = hooks
 
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
         # PyG installs a generated copy of its own propagate() on every subclass, which would bypass
