@@ -52,6 +52,7 @@ from functools import lru_cache, wraps
 from typing import (
     Any,
     Callable,
+    ContextManager,
     Hashable,
     Iterator,
     List,
@@ -113,29 +114,28 @@ class GraphBounds(NamedTuple):
 
 
 @contextmanager
-def graphs_read_while_capturing() -> Iterator[List[Union[Tensor, SparseTensor]]]:
+def _collecting(logs: List[List[T]]) -> Iterator[List[T]]:
+    """A new list in ``logs`` for the duration of the block (one per open block, nested or not)."""
+    items: List[T] = []
+    logs.append(items)
+    try:
+        yield items
+    finally:
+        logs.remove(items)
+
+
+def graphs_read_while_capturing() -> ContextManager[List[Union[Tensor, SparseTensor]]]:
     """Collect the graph arguments whose cached structures are read inside the block while a CUDA
     graph is being captured: the recording holds those structures, not the code that built them,
     so a replay is right only while these arguments keep their values (graphs that the capture
     builds itself, :func:`built_in_recording`, are not collected)."""
-    read: List[Union[Tensor, SparseTensor]] = []
-    _CAPTURE_READERS.append(read)
-    try:
-        yield read
-    finally:
-        _CAPTURE_READERS.remove(read)
+    return _collecting(_CAPTURE_READERS)
 
 
-@contextmanager
-def graph_bounds_noted() -> Iterator[List[GraphBounds]]:
+def graph_bounds_noted() -> ContextManager[List[GraphBounds]]:
     """Collect the :class:`GraphBounds` of every ``[2, E]`` edge index a layer reads inside the
     block: what :class:`~pyg_ugrapher.RecordedStep` checks a replayed graph against."""
-    noted: List[GraphBounds] = []
-    _BOUND_LOGS.append(noted)
-    try:
-        yield noted
-    finally:
-        _BOUND_LOGS.remove(noted)
+    return _collecting(_BOUND_LOGS)
 
 
 def note_bounds(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> None:
