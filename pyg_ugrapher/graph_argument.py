@@ -79,7 +79,7 @@ from autotune import selection
 from . import ops
 from .graph import OP_TAGS, GraphTensor, validate_endpoints
 from .ir import OpInfo
-from .structure import CSR, STRUCTURE_ARRAYS, GraphStructure, IdentityMap, version
+from .structure import CSR, STRUCTURE_ARRAYS, GraphStructure, IdentityMap, collecting, version
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -99,29 +99,16 @@ GATHERS = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "min": "min
 # One list per open ``graphs_read_while_capturing`` block.
 _CAPTURE_READERS: List[List[Union[Tensor, SparseTensor]]] = []
 # One list per open ``graph_bounds_noted`` block.
-_BOUND_LOGS: List[List["GraphBounds"]] = []
+_BOUND_LOGS: List[List[Tuple[Tensor, "GraphBounds"]]] = []
 
 
 class GraphBounds(NamedTuple):
     """What a layer call requires of a ``[2, E]`` edge index: row ``src_row`` holds sources below
-    ``num_src``, row ``dst_row`` destinations below ``num_dst``."""
+    ``num_src``, the other row destinations below ``num_dst``."""
 
-    edge_index: Tensor
     src_row: int
-    dst_row: int
     num_src: int
     num_dst: int
-
-
-@contextmanager
-def _collecting(logs: List[List[T]]) -> Iterator[List[T]]:
-    """A new list in ``logs`` for the duration of the block (one per open block, nested or not)."""
-    items: List[T] = []
-    logs.append(items)
-    try:
-        yield items
-    finally:
-        logs.remove(items)
 
 
 def graphs_read_while_capturing() -> ContextManager[List[Union[Tensor, SparseTensor]]]:
@@ -129,21 +116,21 @@ def graphs_read_while_capturing() -> ContextManager[List[Union[Tensor, SparseTen
     graph is being captured: the recording holds those structures, not the code that built them,
     so a replay is right only while these arguments keep their values (graphs that the capture
     builds itself, :func:`built_in_recording`, are not collected)."""
-    return _collecting(_CAPTURE_READERS)
+    return collecting(_CAPTURE_READERS)
 
 
-def graph_bounds_noted() -> ContextManager[List[GraphBounds]]:
-    """Collect the :class:`GraphBounds` of every ``[2, E]`` edge index a layer reads inside the
-    block: what :class:`~pyg_ugrapher.RecordedStep` checks a replayed graph against."""
-    return _collecting(_BOUND_LOGS)
+def graph_bounds_noted() -> ContextManager[List[Tuple[Tensor, GraphBounds]]]:
+    """Collect every ``[2, E]`` edge index a layer reads inside the block with its
+    :class:`GraphBounds`: what :class:`~pyg_ugrapher.RecordedStep` checks a replayed graph against."""
+    return collecting(_BOUND_LOGS)
 
 
 def note_bounds(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> None:
     """Record a layer call's bounds on a dense edge index in every open :func:`graph_bounds_noted`."""
     if _BOUND_LOGS and type(edge_index) is Tensor and edge_index.layout == torch.strided:
-        j, i = endpoints(flow)
+        bounds = GraphBounds(endpoints(flow)[0], num_src, num_dst)
         for noted in _BOUND_LOGS:
-            noted.append(GraphBounds(edge_index, j, i, num_src, num_dst))
+            noted.append((edge_index, bounds))
 
 
 def rebuilt_by_recordings(graph: object) -> bool:

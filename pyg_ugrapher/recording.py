@@ -311,7 +311,7 @@ class RecordedStep:
             torch.cuda.current_stream(device).wait_stream(side)
             # The edge indices a recording can build the structures of, and the layers' bounds.
             checked = {
-                index: list(dict.fromkeys(bounds for bounds in noted if bounds.edge_index is static))
+                index: list(dict.fromkeys(bounds for read, bounds in noted if read is static))
                 for index, static in enumerate(inputs)
                 if rebuilt_by_recordings(static)
             }

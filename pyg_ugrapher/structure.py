@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import threading
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, Hashable, Iterator, List, NamedTuple, Optional, Protocol, Sequence, Tuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -204,6 +205,21 @@ class IdentityMap:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+T = TypeVar("T")
+
+
+@contextmanager
+def collecting(logs: List[List[T]]) -> Iterator[List[T]]:
+    """A new list in ``logs`` for the duration of the block, one per open block (nested or in
+    several threads): code that records into every list of ``logs`` reaches each open block."""
+    items: List[T] = []
+    logs.append(items)
+    try:
+        yield items
+    finally:
+        logs.remove(items)
 
 
 # Derived structures are cached on the rowptr tensor itself (by identity, weakly): the custom op

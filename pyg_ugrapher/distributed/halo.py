@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import ContextManager, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
+
+from ..structure import collecting
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,7 @@ class Exchange:
 _RECORDERS: List[List[Exchange]] = []
 
 
-@contextmanager
-def record_exchanges() -> Iterator[List[Exchange]]:
+def record_exchanges() -> ContextManager[List[Exchange]]:
     """Collect an :class:`Exchange` for every halo exchange inside the block (forward and
     backward), in order::
 
@@ -132,12 +132,7 @@ def record_exchanges() -> Iterator[List[Exchange]]:
         torch.cuda.synchronize()
         total_ms = sum(e.elapsed_ms() for e in exchanges)
     """
-    exchanges: List[Exchange] = []
-    _RECORDERS.append(exchanges)
-    try:
-        yield exchanges
-    finally:
-        _RECORDERS.remove(exchanges)
+    return collecting(_RECORDERS)
 
 
 def _mark(device: torch.device) -> object:

@@ -22,43 +22,25 @@ from torch_geometric.nn.conv.graph_conv import GraphConv
 from torch_geometric.nn.conv.sage_conv import SAGEConv
 
 
+def _attributes(layer: Any, *names: str) -> Dict[str, Any]:
+    """The constructor arguments a layer stores under their own names."""
+    return {name: getattr(layer, name) for name in names}
+
+
 def _gcn(layer: Any) -> Dict[str, Any]:
-    return dict(
-        in_channels=layer.in_channels,
-        out_channels=layer.out_channels,
-        improved=layer.improved,
-        cached=layer.cached,
-        add_self_loops=layer.add_self_loops,
-        normalize=layer.normalize,
-        bias=layer.bias is not None,
-    )
+    names = ("in_channels", "out_channels", "improved", "cached", "add_self_loops", "normalize")
+    return dict(_attributes(layer, *names), bias=layer.bias is not None)
 
 
 def _gat(layer: Any) -> Dict[str, Any]:
-    return dict(
-        in_channels=layer.in_channels,
-        out_channels=layer.out_channels,
-        heads=layer.heads,
-        concat=layer.concat,
-        negative_slope=layer.negative_slope,
-        dropout=layer.dropout,
-        add_self_loops=layer.add_self_loops,
-        edge_dim=layer.edge_dim,
-        fill_value=layer.fill_value,
-        bias=layer.bias is not None,
-        residual=layer.residual,
-    )
+    names = ("in_channels", "out_channels", "heads", "concat", "negative_slope", "dropout")
+    names += ("add_self_loops", "edge_dim", "fill_value", "residual")
+    return dict(_attributes(layer, *names), bias=layer.bias is not None)
 
 
 def _sage(layer: Any) -> Dict[str, Any]:
-    return dict(
-        in_channels=layer.in_channels,
-        out_channels=layer.out_channels,
-        normalize=layer.normalize,
-        root_weight=layer.root_weight,
-        project=layer.project,
-        bias=layer.lin_l.bias is not None,
-    )
+    names = ("in_channels", "out_channels", "normalize", "root_weight", "project")
+    return dict(_attributes(layer, *names), bias=layer.lin_l.bias is not None)
 
 
 def _gin(layer: Any) -> Dict[str, Any]:
@@ -75,7 +57,7 @@ def _gine(layer: Any) -> Dict[str, Any]:
 
 
 def _graph_conv(layer: Any) -> Dict[str, Any]:
-    return dict(in_channels=layer.in_channels, out_channels=layer.out_channels, bias=layer.lin_rel.bias is not None)
+    return dict(_attributes(layer, "in_channels", "out_channels"), bias=layer.lin_rel.bias is not None)
 
 
 #: Class name (a drop-in's is its PyG namesake's) -> the constructor arguments read from a layer.

@@ -148,8 +148,8 @@ def test_layers_note_the_bounds_of_their_edge_index(model_name):
     x, edge_index, *_ = random_batch(40, 160, seed=2)
     with graph_bounds_noted() as noted:
         model(x, edge_index)
-    assert noted and {(b.src_row, b.dst_row, b.num_src, b.num_dst) for b in noted} == {(0, 1, 40, 40)}
-    assert all(b.edge_index is edge_index for b in noted)
+    assert noted and {bounds for _, bounds in noted} == {GraphBounds(src_row=0, num_src=40, num_dst=40)}
+    assert all(read is edge_index for read, _ in noted)
     assert not rebuilt_by_recordings(edge_index)  # a CPU index: never built inside a recording
 
 
@@ -157,17 +157,24 @@ def test_clamp_indices_clamps_in_place_and_flags_any_out_of_range(device):
     """Through the public RecordedStep helper: the Triton kernel (GPU, interpreter) or torch."""
     fine = torch.tensor([[0, 3, 9], [1, 2, 2]], device=device)
     flag = torch.zeros((), dtype=torch.int32, device=device)
-    _clamp_indices(fine, [GraphBounds(fine, 0, 1, 10, 3)], flag)
+    _clamp_indices(fine, [GraphBounds(0, 10, 3)], flag)
     assert int(flag) == 0 and torch.equal(fine.cpu(), torch.tensor([[0, 3, 9], [1, 2, 2]]))
     # Flow target_to_source: row 1 holds the sources; a strided [2, E] view is clamped in place too.
     index = torch.tensor([[1, 0], [1, 3], [0, 9], [0, -2]], device=device).t()
-    _clamp_indices(index, [GraphBounds(index, 1, 0, 5, 2)], flag)
+    _clamp_indices(index, [GraphBounds(1, 5, 2)], flag)
     assert int(flag) == 1
     assert torch.equal(index.cpu(), torch.tensor([[1, 1, 0, 0], [0, 3, 4, 0]]))
     many = torch.randint(-3, 3000, (2, 5000), device=device)
     flag.zero_()
-    _clamp_indices(many, [GraphBounds(many, 0, 1, 2000, 2500)], flag)
+    _clamp_indices(many, [GraphBounds(0, 2000, 2500)], flag)
     assert int(flag) == 1 and int(many[0].max()) == 1999 and int(many[1].max()) == 2499 and int(many.min()) == 0
+    # An empty graph reads nothing and is in range; edges without nodes are not.
+    empty = torch.zeros(2, 0, dtype=torch.long, device=device)
+    flag.zero_()
+    _clamp_indices(empty, [GraphBounds(0, 3, 3)], flag)
+    assert int(flag) == 0 and empty.shape == (2, 0)
+    _clamp_indices(torch.zeros(2, 4, dtype=torch.long, device=device), [GraphBounds(0, 0, 3)], flag)
+    assert int(flag) == 1
 
 
 # -- RecordedStep ----------------------------------------------------------------------------------
