@@ -1,10 +1,11 @@
 """Layer level: one training step (forward, MSE loss, backward, Adam step) of one layer.
 
 Ours is ``pyg_ugrapher.nn.<Layer>`` (another module with PyG's layer names can stand in, see
-``--ours-layers``), PyG is ``torch_geometric.nn.<Layer>``, both built with PyG's constructor
-arguments, each eager and under ``torch.compile(model, dynamic=False)`` (the optimizer step stays
-eager, as users write it). Every model starts from the PyG model's weights, so the first step's
-output of each is checked against eager PyG's.
+``--ours-layers``), or for the layers of :data:`ROUTED`, which have no drop-in, ``ug.accelerate`` of
+PyG's layer (its ``message()`` captured or run staged); PyG is ``torch_geometric.nn.<Layer>``, both
+built with PyG's constructor arguments, each eager and under ``torch.compile(model, dynamic=False)``
+(the optimizer step stays eager, as users write it). Every model starts from the PyG model's
+weights, so the first step's output of each is checked against eager PyG's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch.nn.functional as F
 import torch_geometric.nn
 from torch import nn
 from tqdm import tqdm
+
+import pyg_ugrapher
 
 from .graphs import GraphSpec, LoadedGraph
 from .rows import ResultsFile
@@ -38,6 +41,14 @@ LAYERS: Dict[str, Callable[[ModuleType, int], nn.Module]] = {
     "GraphConv": lambda ns, w: ns.GraphConv(w, w, aggr="max"),
     "GINConv": lambda ns, w: ns.GINConv(nn.Sequential(nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w))),
 }
+#: PyG layers without a drop-in: ours is ``ug.accelerate`` of PyG's layer.
+ROUTED: Dict[str, Callable[[ModuleType, int], nn.Module]] = {
+    "GATv2Conv": lambda ns, w: ns.GATv2Conv(w, w // HEADS, heads=HEADS),
+    "TransformerConv": lambda ns, w: ns.TransformerConv(w, w // HEADS, heads=HEADS),
+    "EdgeConv": lambda ns, w: ns.EdgeConv(nn.Sequential(nn.Linear(2 * w, w), nn.ReLU(), nn.Linear(w, w)), aggr="max"),
+    "GENConv": lambda ns, w: ns.GENConv(w, w),
+}
+LAYERS.update(ROUTED)
 SEED = 0
 
 
@@ -169,8 +180,11 @@ def _measure(
 ) -> dict:
     try:
         # Imported here, per row: a module that is missing or incomplete makes "unavailable" rows.
-        namespace = torch_geometric.nn if method.startswith("pyg") else importlib.import_module(ours_module)
+        routed = layer in ROUTED
+        namespace = torch_geometric.nn if method.startswith("pyg") or routed else importlib.import_module(ours_module)
         model = LAYERS[layer](namespace, width).to(device)
+        if routed and method.startswith("ours"):
+            model = pyg_ugrapher.accelerate(model)
     except (ImportError, AttributeError) as error:
         return {"status": "unavailable", "note": f"{ours_module}.{layer}: {failure(error)['note']}"}
     except Exception as error:  # noqa: BLE001 - a layer that fails to build is a row, not a crash

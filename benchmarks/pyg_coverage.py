@@ -18,8 +18,9 @@ same loss on the CPU (our graph operators on the reference executor, or on Trito
   floating-point input, within a relative error of :data:`TOLERANCE` of PyG's (the errors are
   columns too);
 * ``ops``: graph operators our side ran in the forward pass; ``fallbacks``: propagations that took
-  PyG's own path; ``edge_updates``: calls of PyG's ``edge_updater()`` (per-edge tensors that are
-  not fused); ``fully_fused``: at least one operator and neither of the other two;
+  PyG's own path; ``edge_updates``: calls of ``edge_updater()`` that took PyG's path;
+  ``staged``: ``message()`` ran staged (graph operators around what it computes in PyTorch, see
+  :mod:`pyg_ugrapher.staging`); ``fully_fused``: at least one operator, no PyG path and not staged;
 * ``reason``: the fallback reasons the capture gives, then why a known layer was not swapped.
 
 The CSV and a markdown table with the summary counts go to ``--out``.
@@ -50,6 +51,8 @@ from pyg_ugrapher.message_passing import observe_fallbacks
 
 #: Largest relative error (to the largest magnitude of PyG's tensor) that counts as a match (float64).
 TOLERANCE = 1e-9
+#: A tensor whose magnitude is below this fraction of the largest of its kind counts as zero (float64).
+NEGLIGIBLE = 1e-9
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "cpu"
 NUM_NODES, NUM_EDGES, CHANNELS, EDGE_DIM, NUM_RELATIONS = 12, 40, 8, 4, 3
 COLUMNS = (
@@ -63,6 +66,7 @@ COLUMNS = (
     "ops",
     "fallbacks",
     "edge_updates",
+    "staged",
     "fully_fused",
     "reason",
 )
@@ -319,7 +323,15 @@ def _run(model: torch.nn.Module, inputs: Callable[[Inputs], Tuple[Tuple[Any, ...
 
 
 def _error(ours: Sequence[Optional[Tensor]], theirs: Sequence[Optional[Tensor]]) -> float:
-    """The largest relative error over pairs of tensors; infinite where shapes or presence differ."""
+    """The largest relative error over pairs of tensors; infinite where shapes or presence differ.
+
+    Each error is relative to the larger of the tensor's largest magnitude and
+    :data:`NEGLIGIBLE` times the largest over all of PyG's tensors: a gradient that is zero up to
+    rounding (a bias before a softmax, which the softmax's shift invariance cancels) is compared
+    as the zero it is, not as rounding noise against rounding noise.
+    """
+    scale = max((b.abs().max().item() for b in theirs if b is not None and b.numel()), default=0.0)
+    floor = max(NEGLIGIBLE * scale, 1e-12)
     worst = 0.0
     for a, b in zip(ours, theirs):
         if a is None or b is None:
@@ -329,7 +341,7 @@ def _error(ours: Sequence[Optional[Tensor]], theirs: Sequence[Optional[Tensor]])
         if a.shape != b.shape or torch.isnan(a).any() != torch.isnan(b).any():
             return math.inf
         if b.numel():
-            worst = max(worst, ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item())
+            worst = max(worst, ((a - b).abs().max() / b.abs().max().clamp_min(floor)).item())
     return worst if len(ours) == len(theirs) else math.inf
 
 
@@ -346,6 +358,7 @@ def cover(name: str) -> Dict[str, Any]:
         ops=0,
         fallbacks=0,
         edge_updates=0,
+        staged=False,
         forward_match=False,
         grads_match=False,
         fully_fused=False,
@@ -373,10 +386,11 @@ def cover(name: str) -> Dict[str, Any]:
     reasons: List[str] = []
     edge_updates = [0]
 
-    def count_edge_update(module: torch.nn.Module, inputs: Any) -> None:
-        edge_updates[0] += 1
+    def count_edge_update(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if getattr(module, "edge_fallback_reason", "PyG's layer") is not None:
+            edge_updates[0] += 1
 
-    hooks = [layer.layer.register_edge_update_forward_pre_hook(count_edge_update) for layer in report]
+    hooks = [layer.layer.register_edge_update_forward_hook(count_edge_update) for layer in report]
     calls: List[Any] = []
     try:
         with ops.observe(calls.append), observe_fallbacks(lambda module, reason: reasons.append(reason)):
@@ -397,6 +411,9 @@ def cover(name: str) -> Dict[str, Any]:
     if edge_updates[0]:
         distinct.append("edge_updater() runs PyG's path")
     distinct += [layer.reason for layer in report if layer.reason]
+    staged = [layer.layer.staged_reason for layer in report if getattr(layer.layer, "staged_reason", None)]
+    if not reasons:
+        distinct += staged
     row.update(
         runs="yes",
         forward_error=forward,
@@ -406,7 +423,8 @@ def cover(name: str) -> Dict[str, Any]:
         ops=len(calls),
         fallbacks=len(reasons),
         edge_updates=edge_updates[0],
-        fully_fused=bool(calls) and not reasons and not edge_updates[0],
+        staged=bool(staged),
+        fully_fused=bool(calls) and not reasons and not edge_updates[0] and not staged,
         reason=" | ".join(distinct),
     )
     return row
@@ -423,7 +441,8 @@ def summary(frame: pd.DataFrame) -> Dict[str, int]:
         "forward and gradients match": int((runs & frame.forward_match & frame.grads_match).sum()),
         "swapped": int((frame.conversion == "swapped").sum()),
         "fully fused": int((runs & frame.fully_fused).sum()),
-        "partly fused": int((runs & (frame.ops > 0) & ~frame.fully_fused).sum()),
+        "staged": int((runs & frame.staged & (frame.fallbacks == 0) & (frame.edge_updates == 0)).sum()),
+        "partly fused": int((runs & (frame.ops > 0) & ((frame.fallbacks > 0) | (frame.edge_updates > 0))).sum()),
         "no graph operator (all PyG)": int((runs & (frame.ops == 0)).sum()),
     }
 
@@ -452,6 +471,7 @@ def markdown(frame: pd.DataFrame) -> str:
         "ops",
         "fallbacks",
         "edge_updates",
+        "staged",
         "fully_fused",
         "reason",
     ]

@@ -19,9 +19,11 @@ function ``pyg_ugrapher.accelerate`` by the module.)
   ``message()`` and ``update()``; its class becomes ``Accelerated<Class>``, a subclass of
   :class:`pyg_ugrapher.MessagePassing` and of its own class, in that order, so that its propagations
   run through the capture of ``message()`` (one fused graph operator, see
-  :mod:`pyg_ugrapher.message_passing`), and through PyG's own ``propagate()`` where the capture
-  cannot express it. The order matters: PyG installs a ``propagate()`` generated for each class on
-  that class itself, which would come first in the other order.
+  :mod:`pyg_ugrapher.message_passing`); a ``message()`` or ``edge_update()`` that is not one
+  elementwise operator runs staged (graph operators around what it computes in PyTorch, see
+  :mod:`pyg_ugrapher.staging`), and PyG's own ``propagate()`` runs where neither can. The order
+  matters: PyG installs a ``propagate()`` generated for each class on that class itself, which
+  would come first in the other order.
 * **kept**: a class that defines its own ``propagate()`` (or an instance given one) keeps it;
   routing would bypass it.
 
@@ -34,10 +36,10 @@ Example::
     >>> model = torch_geometric.nn.models.GAT(16, 32, num_layers=2, v2=True)
     >>> model = ug.accelerate(model)
     >>> print(model.ugrapher_report.observe(x, edge_index))
-    ug.accelerate: 0 swapped, 2 routed, 0 kept, 0 already pyg_ugrapher; runs as: 2 partly fused
-    layer    PyG class  conversion  runs as       ops  reason
-    convs.0  GATv2Conv  routed      partly fused  1    edge_updater() runs PyG's path (1 call(s))
-    convs.1  GATv2Conv  routed      partly fused  1    edge_updater() runs PyG's path (1 call(s))
+    ug.accelerate: 0 swapped, 2 routed, 0 kept, 0 already pyg_ugrapher; runs as: 2 fused
+    layer    PyG class  conversion  runs as  ops  reason
+    convs.0  GATv2Conv  routed      fused    5
+    convs.1  GATv2Conv  routed      fused    5
 
 ``benchmarks/pyg_coverage.py`` runs every ``MessagePassing`` class of ``torch_geometric.nn.conv``
 through it (``benchmarks/results/cpu/pyg_coverage.md``).
@@ -220,14 +222,17 @@ class LayerReport:
     layer: Module  #: the layer now in the model
     ops: Optional[int] = None  #: graph operators it ran in :meth:`AccelerationReport.observe`
     fallbacks: Tuple[str, ...] = ()  #: reasons of its propagations that took PyG's path there, each once
-    edge_updates: int = 0  #: calls of PyG's ``edge_updater()`` there (per-edge tensors, not fused)
+    edge_updates: int = 0  #: calls of PyG's ``edge_updater()`` path there (per-edge tensors in PyTorch)
+    #: how its last propagation there ran ``message()`` staged (see :mod:`pyg_ugrapher.staging`), if it did
+    staged: Optional[str] = None
 
     @property
     def runs_as(self) -> str:
         """``"drop-in"``; ``"PyG"`` for a kept layer; for the others, from :meth:`AccelerationReport.observe`:
-        ``"fused"`` (graph operators only), ``"partly fused"`` (also PyG fallbacks or ``edge_updater()``
-        calls), ``"PyG fallback"`` or ``"no propagation"``; before it, from the layer's last propagation:
-        ``"fused"``, ``"PyG fallback"`` or ``"not run"``."""
+        ``"fused"`` (one graph operator per propagation), ``"staged"`` (graph operators around what
+        ``message()`` computes in PyTorch, no PyG propagation), ``"partly fused"`` (also PyG fallbacks
+        or PyG's ``edge_updater()`` path), ``"PyG fallback"`` or ``"no propagation"``; before it, from
+        the layer's last propagation: ``"fused"``, ``"staged"``, ``"PyG fallback"`` or ``"not run"``."""
         if isinstance(self.layer, _DROP_INS):
             return "drop-in"
         if self.conversion == "kept":
@@ -235,9 +240,13 @@ class LayerReport:
         if self.ops is not None:
             if not self.ops:
                 return "PyG fallback" if self.fallbacks else "no propagation"
-            return "partly fused" if self.fallbacks or self.edge_updates else "fused"
+            if self.fallbacks or self.edge_updates:
+                return "partly fused"
+            return "staged" if self.staged else "fused"
         if self.layer.fallback_reason is not None:
             return "PyG fallback"
+        if self.layer.staged_reason is not None:
+            return "staged"
         return "not run" if self.layer.capture is None else "fused"
 
     @property
@@ -248,8 +257,12 @@ class LayerReport:
         if self.conversion in ("routed", "none") and not isinstance(self.layer, _DROP_INS):
             if self.ops is not None:
                 reasons += self.fallbacks
+                if self.staged and not self.fallbacks:
+                    reasons.append(self.staged)
             elif self.layer.fallback_reason is not None:
                 reasons.append(self.layer.fallback_reason)
+            elif self.layer.staged_reason is not None:
+                reasons.append(self.layer.staged_reason)
         if self.edge_updates:
             reasons.append(f"edge_updater() runs PyG's path ({self.edge_updates} call(s))")
         if self.reason:
@@ -289,10 +302,12 @@ class AccelerationReport:
         that took PyG's path and its ``edge_updater()`` calls. Returns the report itself."""
         counts: Dict[int, int] = {}
 
-        def count(module: Module, inputs: Any) -> None:
-            counts[id(module)] = counts.get(id(module), 0) + 1
+        def count(module: Module, inputs: Any, output: Any) -> None:
+            # Our layers run edge_update() staged unless they say why not.
+            if getattr(module, "edge_fallback_reason", "PyG's layer") is not None:
+                counts[id(module)] = counts.get(id(module), 0) + 1
 
-        handles = [layer.layer.register_edge_update_forward_pre_hook(count) for layer in self.layers]
+        handles = [layer.layer.register_edge_update_forward_hook(count) for layer in self.layers]
         try:
             entries = plan(self.model, *args, **kwargs)
         finally:
@@ -303,6 +318,7 @@ class AccelerationReport:
             layer.ops = sum(entry.op is not None for entry in mine)
             layer.fallbacks = tuple(dict.fromkeys(entry.fallback_reason for entry in mine if entry.op is None))
             layer.edge_updates = counts.get(id(layer.layer), 0)
+            layer.staged = getattr(layer.layer, "staged_reason", None)
         return self
 
     def __str__(self) -> str:

@@ -163,7 +163,7 @@ def capture(message: Callable[..., Any], arguments: Mapping[str, Any], num_edges
     Raises:
         CaptureError: ``message()`` is not one elementwise IR operator (or raised an error).
     """
-    trace = _Trace(num_edges)
+    trace = Trace(num_edges)
     try:
         kwargs = {
             name: trace.wrap(name, value) if isinstance(value, Argument) else value for name, value in arguments.items()
@@ -191,16 +191,20 @@ class TracedTensor(Tensor):
     may only be viewed again or returned.
     """
 
-    _trace: "_Trace"
+    _trace: "Trace"
     _expr: Optional[Expr]
     _why: str
     _computed: Optional[Shape]
     _reduce: bool
+    #: its real value, once a staged run (:mod:`pyg_ugrapher.staging`) has computed it
+    _value: Optional[Tensor] = None
+    #: the pieces of a ``torch.cat`` along the features that a staged run keeps apart (``expr is None``)
+    _parts: Optional[Tuple[Any, ...]] = None
 
     @staticmethod
     def __new__(
         cls,
-        trace: "_Trace",
+        trace: "Trace",
         shape: Shape,
         dtype: torch.dtype,
         device: torch.device,
@@ -226,7 +230,7 @@ class TracedTensor(Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        trace = next(t._trace for t in _flat(args, kwargs) if isinstance(t, TracedTensor))
+        trace = next(t._trace for t in flat_arguments(args, kwargs) if isinstance(t, TracedTensor))
         return trace.call(func, args, kwargs)
 
     @classmethod
@@ -235,7 +239,7 @@ class TracedTensor(Tensor):
         raise CaptureError(f"message() runs {func} on a traced tensor, which the capture does not model")
 
 
-def _flat(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Iterable[Any]:
+def flat_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Iterable[Any]:
     for value in list(args) + list(kwargs.values()):
         if isinstance(value, (list, tuple)):
             yield from value
@@ -254,7 +258,7 @@ _MASK_USE = (
 )
 
 
-class _Trace:
+class Trace:
     """The state of one trace: the operand leaves met so far and whether the edge count was read."""
 
     def __init__(self, num_edges: int) -> None:
@@ -315,19 +319,19 @@ class _Trace:
     # -- dispatch -----------------------------------------------------------------------------
     def call(self, func: Callable, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
         name = resolve_name(func) or getattr(func, "__name__", repr(func))
-        if name in _METADATA:
+        if name in METADATA:
             return self.metadata(name, func, args, kwargs)
         short = name.rsplit(".", 1)[-1]
         if (
             (short.endswith("_") and not short.endswith("__"))
-            or short in _INPLACE_OPERATORS
+            or short in INPLACE_OPERATORS
             or kwargs.get("inplace")
             or kwargs.get("out") is not None
         ):
             raise CaptureError(
                 f"message() modifies a tensor in place ({name}); the capture only models functional code"
             )
-        handler = _HANDLERS.get(name)
+        handler = HANDLERS.get(name)
         if handler is None:
             if name in _VALUE_READS:
                 raise CaptureError(
@@ -500,12 +504,12 @@ class _Trace:
         expr = result._expr.remap({old: new for new, old in enumerate(order)})
         operands = tuple(self.leaves[i] for i in order)
         op_gather = None if reduced else gather_op
-        op, operands = _fit(expr, operands, shape, op_gather, reduced)
+        op, operands = fit_operands(expr, operands, shape, op_gather, reduced)
         gather = canonical(Expr.input(0), ("edge",), gather_op, False) if reduced else None
         return Capture(op, operands, result.features, gather, self.num_edges if self.reads_rows else None)
 
 
-def _fit(
+def fit_operands(
     expr: Expr, operands: Tuple[Operand, ...], shape: Shape, gather_op: Optional[str], reduce: bool
 ) -> Tuple[OpInfo, Tuple[Operand, ...]]:
     """The op, with operands the kernels can broadcast to the message shape ``shape``.
@@ -570,7 +574,7 @@ def _two_arguments(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], sw
 
 
 def _binary(fn: str, swap: bool = False):
-    def handler(trace: _Trace, name: str, args, kwargs):
+    def handler(trace: Trace, name: str, args, kwargs):
         return trace.combine(fn, *_two_arguments(name, args, kwargs, swap))
 
     return handler
@@ -579,7 +583,7 @@ def _binary(fn: str, swap: bool = False):
 def _extremum(fn: str):
     """``torch.max(a, b)`` is ``maximum``; ``torch.max(a)`` and ``torch.max(a, dim)`` reduce."""
 
-    def handler(trace: _Trace, name: str, args, kwargs):
+    def handler(trace: Trace, name: str, args, kwargs):
         _check_kwargs(name, kwargs)
         if len(args) != 2 or not isinstance(args[1], Tensor):
             raise CaptureError(
@@ -591,7 +595,7 @@ def _extremum(fn: str):
 
 
 def _unary(fn: str, allowed: Sequence[str] = ()):
-    def handler(trace: _Trace, name: str, args, kwargs):
+    def handler(trace: Trace, name: str, args, kwargs):
         _check_kwargs(name, kwargs, allowed)
         if len(args) != 1:
             raise CaptureError(f"message() calls {name} with {len(args)} positional arguments")
@@ -600,12 +604,12 @@ def _unary(fn: str, allowed: Sequence[str] = ()):
     return handler
 
 
-def _rsqrt(trace: _Trace, name: str, args, kwargs):
+def _rsqrt(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs)
     return trace.unary("reciprocal", trace.unary("sqrt", args[0]))
 
 
-def _leaky_relu(trace: _Trace, name: str, args, kwargs):
+def _leaky_relu(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("negative_slope", "inplace"))
     slope = args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01)
     if not isinstance(slope, _SCALARS):
@@ -623,13 +627,13 @@ def _number(name: str, what: str, value: Any, like: Any = None) -> float:
     return float(value)
 
 
-def _elu(trace: _Trace, name: str, args, kwargs):
+def _elu(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("alpha", "inplace"))
     alpha = _number(name, "an alpha", args[1] if len(args) > 1 else kwargs.get("alpha", 1.0))
     return trace.unary("elu", args[0], alpha)
 
 
-def _gelu(trace: _Trace, name: str, args, kwargs):
+def _gelu(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("approximate",))
     if len(args) != 1:
         raise CaptureError(f"message() calls {name} with {len(args)} positional arguments")
@@ -641,7 +645,7 @@ def _gelu(trace: _Trace, name: str, args, kwargs):
     return trace.unary("gelu" if approximate == "none" else "gelu_tanh", args[0])
 
 
-def _softplus(trace: _Trace, name: str, args, kwargs):
+def _softplus(trace: Trace, name: str, args, kwargs):
     """``softplus(x, beta, threshold)``: torch's ``x`` where ``beta * x > threshold``, else
     ``log(1 + exp(beta * x)) / beta``; other parameters than the defaults select around the IR's
     ``softplus``."""
@@ -658,7 +662,7 @@ def _softplus(trace: _Trace, name: str, args, kwargs):
     )
 
 
-def _clamp(trace: _Trace, name: str, args, kwargs):
+def _clamp(trace: Trace, name: str, args, kwargs):
     """``clamp`` / ``clip`` (and ``clamp_min`` / ``clamp_max``) with Python-number bounds: derivative
     1 from bound to bound inclusive, as torch's."""
     short = name.rsplit(".", 1)[-1]
@@ -674,7 +678,7 @@ def _clamp(trace: _Trace, name: str, args, kwargs):
     return x
 
 
-def _hardtanh(trace: _Trace, name: str, args, kwargs):
+def _hardtanh(trace: Trace, name: str, args, kwargs):
     """``hardtanh`` / ``relu6``: the clamp whose derivative is 0 at both bounds (and 1 for NaN), as
     torch's; written with ``where`` so that ties follow that rule."""
     _check_kwargs(name, kwargs, ("min_val", "max_val", "inplace"))
@@ -693,7 +697,7 @@ def _hardtanh(trace: _Trace, name: str, args, kwargs):
     return trace.function(args[0], build)
 
 
-def _sign(trace: _Trace, name: str, args, kwargs):
+def _sign(trace: Trace, name: str, args, kwargs):
     """``sign(x) = (x > 0) - (x < 0)``: 0 for 0 and NaN, as torch's; derivative 0."""
     _check_kwargs(name, kwargs)
     return trace.function(args[0], lambda x: Expr.apply("gt", x, 0.0) - Expr.apply("gt", 0.0, x))
@@ -702,7 +706,7 @@ def _sign(trace: _Trace, name: str, args, kwargs):
 def _compare(fn: str, swap: bool = False):
     """``a > b`` as ``gt(a, b)``, ``a < b`` as ``gt(b, a)``...: a boolean traced tensor."""
 
-    def handler(trace: _Trace, name: str, args, kwargs):
+    def handler(trace: Trace, name: str, args, kwargs):
         a, b = _two_arguments(name, args, kwargs, swap)
         if isinstance(a, _SCALARS):
             a = _number(name, "a number", a, b)
@@ -713,7 +717,7 @@ def _compare(fn: str, swap: bool = False):
     return handler
 
 
-def _not_equal(trace: _Trace, name: str, args, kwargs):
+def _not_equal(trace: Trace, name: str, args, kwargs):
     equal = _compare("eq")(trace, name, args, kwargs)
     return trace.value(1.0 - equal._expr, equal.features, torch.bool, equal.device, False)
 
@@ -721,7 +725,7 @@ def _not_equal(trace: _Trace, name: str, args, kwargs):
 def _logical(fn: Optional[str]):
     """``&`` (``mul``), ``|`` (``maximum``) and ``~`` (``None``: ``1 - c``) of comparison results."""
 
-    def handler(trace: _Trace, name: str, args, kwargs):
+    def handler(trace: Trace, name: str, args, kwargs):
         _check_kwargs(name, kwargs)
         if len(args) != (1 if fn is None else 2) or not all(
             isinstance(x, TracedTensor) and x.dtype == torch.bool for x in args
@@ -736,7 +740,7 @@ def _logical(fn: Optional[str]):
     return handler
 
 
-def _where(trace: _Trace, name: str, args, kwargs):
+def _where(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs)
     if len(args) != 3:
         raise CaptureError(
@@ -750,7 +754,7 @@ def _where(trace: _Trace, name: str, args, kwargs):
 _POWERS = {2: "square", 0.5: "sqrt", -1: "reciprocal"}
 
 
-def _pow(trace: _Trace, name: str, args, kwargs):
+def _pow(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs)
     exponent = args[1]
     if not isinstance(exponent, _SCALARS) or (exponent != 1 and exponent not in _POWERS):
@@ -760,17 +764,17 @@ def _pow(trace: _Trace, name: str, args, kwargs):
     return trace.unary(_POWERS[exponent], args[0])
 
 
-def _identity(trace: _Trace, name: str, args, kwargs):
+def _identity(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("memory_format",))
     return _same(trace, args[0])
 
 
-def _same(trace: _Trace, x: Any) -> TracedTensor:
+def _same(trace: Trace, x: Any) -> TracedTensor:
     trace.node(x, mask=True)  # the argument must be computable
     return x
 
 
-def _dropout(trace: _Trace, name: str, args, kwargs):
+def _dropout(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("p", "training", "train", "inplace"))
     p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
     training = args[2] if len(args) > 2 else kwargs.get("training", kwargs.get("train", True))
@@ -779,7 +783,7 @@ def _dropout(trace: _Trace, name: str, args, kwargs):
     return _same(trace, args[0])
 
 
-def _converted(trace: _Trace, x: Any, dtype: torch.dtype) -> TracedTensor:
+def _converted(trace: Trace, x: Any, dtype: torch.dtype) -> TracedTensor:
     """``x`` in ``dtype``: a conversion that changes nothing, or a comparison result made a
     floating-point mask (its 1.0 / 0.0 are exact in every floating dtype)."""
     if x.dtype == dtype:
@@ -793,14 +797,14 @@ def _converted(trace: _Trace, x: Any, dtype: torch.dtype) -> TracedTensor:
 
 
 def _cast(dtype: torch.dtype):
-    def handler(trace: _Trace, name: str, args, kwargs):
+    def handler(trace: Trace, name: str, args, kwargs):
         _check_kwargs(name, kwargs, ("memory_format",))
         return _converted(trace, args[0], dtype)
 
     return handler
 
 
-def _to(trace: _Trace, name: str, args, kwargs):
+def _to(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("dtype", "device", "non_blocking", "copy", "memory_format"))
     x = args[0]
     dtype = x.dtype
@@ -820,7 +824,7 @@ def _to(trace: _Trace, name: str, args, kwargs):
     return _converted(trace, x, dtype)
 
 
-def _type_as(trace: _Trace, name: str, args, kwargs):
+def _type_as(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs)
     return _converted(trace, args[0], args[1].dtype)
 
@@ -831,7 +835,7 @@ def _shape_arg(args: Sequence[Any]) -> Sequence[Any]:
     return args
 
 
-def _view(trace: _Trace, name: str, args, kwargs):
+def _view(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("shape",))
     x = args[0]
     shape = list(_shape_arg(args[1:]) if len(args) > 1 else kwargs.get("shape", ()))
@@ -840,7 +844,7 @@ def _view(trace: _Trace, name: str, args, kwargs):
     return trace.reshape(x, _resolve_view(trace, x.features, shape))
 
 
-def _resolve_view(trace: _Trace, features: Shape, shape: List[int]) -> Shape:
+def _resolve_view(trace: Trace, features: Shape, shape: List[int]) -> Shape:
     """The feature shape of ``view(*shape)`` on ``[E, *features]``, which must keep the ``E`` rows."""
     head, rest = shape[0], list(shape[1:])
     if head != -1:
@@ -863,7 +867,7 @@ def _resolve_view(trace: _Trace, features: Shape, shape: List[int]) -> Shape:
     return tuple(rest)
 
 
-def _view_as(trace: _Trace, name: str, args, kwargs):
+def _view_as(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs)
     other = args[1]
     if not isinstance(other, TracedTensor):
@@ -871,7 +875,7 @@ def _view_as(trace: _Trace, name: str, args, kwargs):
     return trace.reshape(args[0], other.features)
 
 
-def _unsqueeze(trace: _Trace, name: str, args, kwargs):
+def _unsqueeze(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("dim",))
     x = args[0]
     dim = _normalize(args[1] if len(args) > 1 else kwargs["dim"], x.dim() + 1)
@@ -881,7 +885,7 @@ def _unsqueeze(trace: _Trace, name: str, args, kwargs):
     return trace.reshape(x, features[: dim - 1] + (1,) + features[dim - 1 :])
 
 
-def _squeeze(trace: _Trace, name: str, args, kwargs):
+def _squeeze(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("dim",))
     x = args[0]
     dims = args[1] if len(args) > 1 else kwargs.get("dim")
@@ -901,7 +905,7 @@ def _squeeze(trace: _Trace, name: str, args, kwargs):
     return trace.reshape(x, kept)
 
 
-def _flatten(trace: _Trace, name: str, args, kwargs):
+def _flatten(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("start_dim", "end_dim"))
     x = args[0]
     start = args[1] if len(args) > 1 else kwargs.get("start_dim", 0)
@@ -919,7 +923,7 @@ def _flatten(trace: _Trace, name: str, args, kwargs):
     return trace.reshape(x, merged)
 
 
-def _sum(trace: _Trace, name: str, args, kwargs):
+def _sum(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("dim", "keepdim", "dtype"))
     x = trace.traced(args[0])
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
@@ -1036,10 +1040,10 @@ def _table() -> Dict[str, Callable]:
     return table
 
 
-_HANDLERS = _table()
+HANDLERS = _table()
 
 #: Queries answered from the (real) metadata of a traced tensor.
-_METADATA = {
+METADATA = {
     f"torch.Tensor.{n}"
     for n in (
         "size",
@@ -1071,7 +1075,7 @@ _ROW_METADATA = {
     "torch.numel",
 }
 #: Python's augmented assignments (``x += y``), when torch does not name them ``add_`` etc.
-_INPLACE_OPERATORS = {
+INPLACE_OPERATORS = {
     f"__i{op}__"
     for op in (
         "add",

@@ -18,6 +18,7 @@ A module may be called from several threads at once; what it shares between them
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import threading
@@ -31,21 +32,27 @@ from torch import Tensor
 from torch.nn import Parameter
 from torch_geometric import EdgeIndex
 from torch_geometric.index import ptr2index
-from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, MinAggregation, SumAggregation
+from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, MinAggregation, SoftmaxAggregation, SumAggregation
 from torch_geometric.nn.conv import MessagePassing as PyGMessagePassing
 from torch_geometric.typing import Adj, Size
 from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
 
-from .capture import Argument, Capture, CaptureError
+from .backward import canonical
+from .capture import Argument, Capture, CaptureError, TracedTensor
 from .capture import capture as trace_message
 from .graph import GraphTensor
 from .graph_argument import derived, layer_graph, note_bounds
-from .ir import OpInfo
+from .ir import Expr, OpInfo
 from .ops import AUTO, call_graph_op, compute
+from .staging import Staged, StagedTrace, stage
 from .structure import GraphStructure
 
 #: PyG aggregation modules that are IR gather ops (exact types: a subclass may reduce differently).
 GATHER_OPS = {SumAggregation: "sum", MeanAggregation: "mean", MaxAggregation: "max", MinAggregation: "min"}
+
+#: The gather op :meth:`MessagePassing._static_check` names for PyG's ``SoftmaxAggregation``: a staged
+#: run weighs the messages by their softmax over each receiver, then sums them.
+SOFTMAX_GATHER = "softmax"
 
 #: How many argument signatures a module keeps captures for.
 MAX_CAPTURES = 64
@@ -80,6 +87,10 @@ class _Fallback(Exception):
     """Raised while preparing a captured propagation: run PyG's path; ``str()`` is the reason."""
 
 
+class _Stage(_Fallback):
+    """Raised when ``message()`` is not one fused operator: run it staged (:mod:`pyg_ugrapher.staging`)."""
+
+
 class _Lifted(NamedTuple):
     """A node tensor PyG would index by one endpoint of every edge (``x_i``, ``x_j``), not indexed."""
 
@@ -91,6 +102,7 @@ class _Lifted(NamedTuple):
 class _Failure(NamedTuple):
     reason: str
     num_edges: Optional[int]  #: the verdict holds for this edge count only (the trace read it)
+    stageable: bool = False  #: a staged run may still serve the signature
 
 
 #: Modules by their :attr:`_State.token`: what :func:`_compiled_capture` is given instead of the
@@ -123,6 +135,9 @@ class _State:
         self.captures: "OrderedDict[Hashable, Union[Capture, _Failure]]" = OrderedDict()
         self.last: Optional[Capture] = None
         self.fallback_reason: Optional[str] = None
+        self.staged: Optional[str] = None  #: what the latest staged call ran, as a sentence
+        #: why the latest edge_updater() call ran PyG's path; ``None`` when it ran staged
+        self.edge_fallback: Optional[str] = None
         self.trace_count = 0
         self.call = _Call()
         self.defaults: Optional[Dict[str, Any]] = None  #: of message()/update() arguments
@@ -241,6 +256,12 @@ class MessagePassing(PyGMessagePassing):
         return self._ug.fallback_reason
 
     @property
+    def staged_reason(self) -> Optional[str]:
+        """When the last :meth:`propagate` ran ``message()`` staged (graph operators around what ran
+        in PyTorch, see :mod:`pyg_ugrapher.staging`): what ran and why, as a sentence; else ``None``."""
+        return self._ug.staged
+
+    @property
     def capture(self) -> Optional[Capture]:
         """The capture the last :meth:`propagate` ran (its ops, operands and message shape), or
         ``None`` after a fallback."""
@@ -282,10 +303,13 @@ class MessagePassing(PyGMessagePassing):
             captured, graph, operands, collected = self._prepare(edge_index, mutable_size, kwargs, gather)
         except _Fallback as fallback:
             return self._fallback(str(fallback), edge_index, size, kwargs)
-        if isinstance(captured, _Compiled):
+        if isinstance(captured, _StagedRun):
+            self._ug.fallback_reason, self._ug.last = None, None
+            out = captured.run(graph, operands)
+        elif isinstance(captured, _Compiled):
             out = captured.run(graph, operands)
         else:
-            self._ug.fallback_reason, self._ug.last = None, captured
+            self._ug.fallback_reason, self._ug.last, self._ug.staged = None, captured, None
             out = _run(graph, captured.op, operands)
             out = out.reshape(out.shape[:1] + captured.message_shape)
             if captured.gather is not None:
@@ -298,6 +322,70 @@ class MessagePassing(PyGMessagePassing):
             if res is not None:
                 out = res
         return out
+
+    def edge_updater(self, edge_index: Adj, size: Size = None, **kwargs: Any) -> Any:
+        """PyG's ``edge_updater()``, with ``edge_update()`` run staged (see :mod:`pyg_ugrapher.staging`):
+        its elementwise parts and PyG's ``softmax`` as graph operators, on the node tensors as they
+        are. A class with its own ``edge_updater()``, a sparse adjacency or ``torch.compile`` get
+        PyG's path (:attr:`edge_fallback_reason` says why)."""
+        custom = _custom_edge_updater(type(self))
+        if custom is not None:
+            self._ug.edge_fallback = "the class defines its own edge_updater()"
+            return custom(self, edge_index, size=size, **kwargs)
+        for hook in self._edge_update_forward_pre_hooks.values():
+            res = hook(self, (edge_index, size, kwargs))
+            if res is not None:
+                edge_index, size, kwargs = res
+        try:
+            out = self._staged_edge_update(edge_index, kwargs)
+            self._ug.edge_fallback = None
+        except _Fallback as fallback:
+            self._ug.edge_fallback = str(fallback)
+            out = self._pyg_edge_update(edge_index, kwargs)
+        for hook in self._edge_update_forward_hooks.values():
+            res = hook(self, (edge_index, size, kwargs), out)
+            if res is not None:
+                out = res
+        return out
+
+    @property
+    def edge_fallback_reason(self) -> Optional[str]:
+        """Why the last ``edge_updater()`` call ran PyG's path, as a sentence; ``None`` when it ran staged."""
+        return self._ug.edge_fallback
+
+    def _pyg_edge_update(self, edge_index: Adj, kwargs: Dict[str, Any]) -> Any:
+        # As PyG's generic edge_updater() after its pre-hooks (its size argument is not used there).
+        mutable_size = self._check_input(edge_index, size=None)
+        collected = self._collect(self._edge_user_args, edge_index, mutable_size, kwargs)
+        return self.edge_update(**self.inspector.collect_param_data("edge_update", collected))
+
+    def _staged_edge_update(self, edge_index: Adj, kwargs: Dict[str, Any]) -> Tensor:
+        if torch.compiler.is_compiling():
+            raise _Fallback("under torch.compile edge_update() runs as PyG's")
+        if not isinstance(edge_index, Tensor) or is_torch_sparse_tensor(edge_index):
+            raise _Fallback("only a [2, E] edge_index runs edge_update() staged")
+        mutable_size = self._check_input(edge_index, size=None)
+        self._ug.call.collecting = True
+        try:
+            collected = self._collect(self._edge_user_args, edge_index, mutable_size, kwargs)
+        finally:
+            self._ug.call.collecting = False
+        edge_kwargs = self.inspector.collect_param_data("edge_update", collected)
+        num_edges = _num_edges(edge_index)
+        arguments, tensors, _ = self._describe(edge_kwargs, num_edges)
+        src, dst = _endpoints(edge_index, self.flow)
+        num_src = collected["size_j"] if collected["size_j"] is not None else _count(src)
+        num_dst = collected["dim_size"] if collected["dim_size"] is not None else _count(dst)
+        graph = _graph(edge_index, self.flow, src, dst, num_src, num_dst)
+        staged_arguments = {
+            name: arguments[name] if name in tensors else self._materialize(value, edge_index)
+            for name, value in edge_kwargs.items()
+        }
+        trace = StagedTrace(num_edges, tensors, functools.partial(_run, graph), _receivers(collected), num_dst)
+        try:
+            return stage(self.edge_update, staged_arguments, trace, None, owner=self).messages
+        except CaptureError as error:
+            raise _Fallback(str(error)) from None
 
     def _lift(self, src: Tensor, edge_index: Adj, dim: int) -> Any:
         # While message() arguments are collected, node tensors stay unindexed: the fused op reads
@@ -362,6 +450,8 @@ class MessagePassing(PyGMessagePassing):
             return None, "hooks on message() or aggregate() need the materialised per-edge messages"
         module = self.aggr_module
         gather = GATHER_OPS.get(type(module)) if isinstance(self.aggr, str) else None
+        if type(module) is SoftmaxAggregation and (module.channels == 1 or isinstance(module.t, Tensor)):
+            gather = SOFTMAX_GATHER
         if gather is None:
             what = (
                 "aggr=None (the module aggregates itself)"
@@ -403,18 +493,74 @@ class MessagePassing(PyGMessagePassing):
         arguments, tensors, signature = self._describe(
             self.inspector.collect_param_data("message", collected), num_edges
         )
+        if gather == SOFTMAX_GATHER and torch.compiler.is_compiling():
+            raise _Fallback("under torch.compile SoftmaxAggregation runs as PyG's")
         if torch.compiler.is_compiling():
             return self._prepare_compiled(edge_index, collected, tensors, signature, num_edges, gather)
-        captured = self._lookup(
-            (gather, torch.is_grad_enabled(), _settings(self)) + signature, arguments, num_edges, gather
-        )
-        self._check_node_dim(captured.message_shape)
+        key = (gather, torch.is_grad_enabled(), _settings(self)) + signature
+        try:
+            if gather == SOFTMAX_GATHER:
+                raise _Stage(
+                    "the aggregation SoftmaxAggregation weighs the messages by their softmax over each receiver"
+                )
+            captured: Union[Capture, _StagedRun] = self._lookup(key, arguments, num_edges, gather)
+            self._check_node_dim(captured.message_shape)
+            reason = None
+        except _Stage as stage:
+            reason = str(stage)
         src, dst = _endpoints(edge_index, self.flow)
         num_src = collected["size_j"] if collected["size_j"] is not None else _count(src)
         num_dst = collected["dim_size"] if collected["dim_size"] is not None else _count(dst)
         graph = _graph(edge_index, self.flow, src, dst, num_src, num_dst)
+        if reason is not None:
+            message_kwargs = self.inspector.collect_param_data("message", collected)
+            captured = self._stage(
+                key, reason, graph, edge_index, message_kwargs, arguments, tensors, collected, gather
+            )
+            return captured, graph, [], collected
         operands = [operand.build(tensors[operand.argument]) for operand in captured.operands]
         return captured, graph, operands, collected
+
+    def _stage(
+        self,
+        key: Tuple[Hashable, ...],
+        reason: str,
+        graph: GraphTensor,
+        edge_index: Adj,
+        message_kwargs: Dict[str, Any],
+        arguments: Dict[str, Any],
+        tensors: Dict[str, Tensor],
+        collected: Dict[str, Any],
+        gather: str,
+    ) -> "_StagedRun":
+        """Run ``message()`` staged (:func:`~pyg_ugrapher.staging.stage`): its operand arguments
+        traced over their real tensors, the others as PyG gives them."""
+        staged_arguments = {
+            name: arguments[name] if name in tensors else self._materialize(value, edge_index)
+            for name, value in message_kwargs.items()
+        }
+        trace = StagedTrace(
+            graph.num_edges, tensors, functools.partial(_run, graph), _receivers(collected), graph.num_dst
+        )
+        weigh = None
+        if gather == SOFTMAX_GATHER:
+            module = self.aggr_module
+            temperature = module.t if module.channels == 1 else module.t.view(-1, module.channels)
+            semi_grad = not module.learn and module.semi_grad
+
+            def weigh(trace: StagedTrace, messages: Any) -> Any:
+                return trace.softmax_weighted(messages, temperature, semi_grad)
+
+            gather = "sum"
+        try:
+            staged = stage(self.message, staged_arguments, trace, gather, owner=self, weigh=weigh)
+            message_shape = staged.capture.message_shape if staged.capture else tuple(staged.messages.shape[1:])
+            self._check_node_dim(message_shape)
+        except (CaptureError, _Fallback) as error:
+            self._ug.captures[key] = _Failure(f"{reason}; a staged run fails too: {error}", None)
+            raise _Fallback(self._ug.captures[key].reason) from None
+        self._ug.staged = f"{staged.describe()} ({reason})"
+        return _StagedRun(staged, gather)
 
     def _check_node_dim(self, message_shape: Tuple[int, ...]) -> None:
         rank = 1 + len(message_shape)
@@ -529,11 +675,20 @@ class MessagePassing(PyGMessagePassing):
         entry = captures.get(key)
         if entry is None or entry.num_edges not in (None, num_edges):
             self._ug.trace_count += 1
+            before = dict(vars(self))
             try:
                 # The trace runs Python on tensor subclasses: under torch.compile it runs eagerly.
                 entry = torch.compiler.disable(trace_message)(self.message, arguments, num_edges, gather)
             except CaptureError as error:
-                entry = _Failure(str(error), error.num_edges)
+                entry = _Failure(str(error), error.num_edges, stageable=True)
+            stored = _restore_traced_attributes(self, before)
+            if stored and isinstance(entry, Capture):
+                entry = _Failure(
+                    f"message() stores a value on the module ({', '.join('self.' + n for n in stored)}), "
+                    f"so it must run on every call",
+                    None,
+                    stageable=True,
+                )
             captures[key] = entry
             if len(captures) > MAX_CAPTURES:
                 captures.popitem(last=False)
@@ -543,12 +698,12 @@ class MessagePassing(PyGMessagePassing):
             except KeyError:  # evicted by another thread's call since the lookup
                 pass
         if isinstance(entry, _Failure):
-            raise _Fallback(entry.reason)
+            raise (_Stage if entry.stageable else _Fallback)(entry.reason)
         return entry
 
     def _fallback(self, reason: str, edge_index: Adj, size: Size, kwargs: Dict[str, Any]) -> Tensor:
         """PyG's own propagation of inputs the propagate pre-hooks already rewrote."""
-        self._ug.fallback_reason, self._ug.last = reason, None
+        self._ug.fallback_reason, self._ug.last, self._ug.staged = reason, None, None
         for callback in list(_FALLBACK_OBSERVERS.callbacks):
             callback(self, reason)
         call = self._ug.call
@@ -557,6 +712,58 @@ class MessagePassing(PyGMessagePassing):
             return _pyg_propagate()(self, edge_index, size, **kwargs)
         finally:
             call.hooks_ran = False
+
+
+class _StagedRun(NamedTuple):
+    """A staged ``message()`` call, aggregated by :meth:`run`."""
+
+    staged: Staged
+    gather: str
+
+    def run(self, graph: GraphTensor, operands: List[Tensor]) -> Tensor:
+        capture = self.staged.capture
+        if capture is None:
+            copy = canonical(Expr.input(0), ("edge",), self.gather, False)
+            return _run(graph, copy, [self.staged.messages])
+        tensors = self.staged.tensors
+        out = _run(graph, capture.op, [operand.build(tensors[operand.argument]) for operand in capture.operands])
+        out = out.reshape(out.shape[:1] + capture.message_shape)
+        if capture.gather is not None:
+            out = _run(graph, capture.gather, [out])
+        return out
+
+
+def _receivers(collected: Dict[str, Any]) -> List[Tensor]:
+    """What PyG's collection gives ``message()`` as the receiver of each edge (``index``, ``ptr``)."""
+    return [collected[name] for name in ("index", "ptr") if isinstance(collected.get(name), Tensor)]
+
+
+def _custom_edge_updater(cls: type) -> Optional[Callable[..., Any]]:
+    """A class's own ``edge_updater()`` (one PyG's generic one is not), if it has one after ours."""
+    base = vars(PyGMessagePassing)
+    generic = base.get("_orig_edge_updater", base["edge_updater"])
+    mro = cls.__mro__
+    for owner in mro[mro.index(MessagePassing) + 1 :]:
+        attributes = vars(owner)
+        if "edge_updater" in attributes:
+            method = attributes["edge_updater"]
+            # PyG installs a generated copy of its generic method on every class it instantiates.
+            generated = method is attributes.get("_jinja_edge_updater") or method is base.get("_jinja_edge_updater")
+            original = attributes.get("_orig_edge_updater", method) if generated else method
+            return None if original is generic else method
+    return None
+
+
+def _restore_traced_attributes(module: torch.nn.Module, before: Dict[str, Any]) -> List[str]:
+    """Put back the attributes a trace of ``message()`` set to traced tensors (which have no values);
+    returns their names."""
+    stored = [name for name, value in vars(module).items() if isinstance(value, TracedTensor)]
+    for name in stored:
+        if name in before:
+            vars(module)[name] = before[name]
+        else:
+            del vars(module)[name]
+    return stored
 
 
 # -- torch.compile ----------------------------------------------------------------------------------

@@ -169,6 +169,18 @@ def small_graph_mode(monkeypatch, user_order):
     monkeypatch.setattr(decisions, "SHARED_DECISIONS", {})
 
 
+@pytest.fixture(params=["reference", "interpreter"])
+def executor(request, monkeypatch) -> str:
+    """Run ``compute`` on the reference executor, or the Triton kernels through the interpreter."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1" if request.param == "interpreter" else "0")
+    if request.param == "interpreter":
+        try:
+            triton_kernels.interpreting()
+        except RuntimeError as error:
+            pytest.skip(f"Triton interpreter unavailable in this process: {error}")
+    return request.param
+
+
 @pytest.fixture
 def interpret(monkeypatch):
     """Run ``compute`` through the Triton interpreter in this test (in a child process when this

@@ -1,5 +1,5 @@
-"""The PyG coverage script on three classes: a swapped layer, a routed one that fuses and a routed one
-whose ``message()`` the capture refuses."""
+"""The PyG coverage script on four classes: a swapped layer, a routed one that fuses, a routed one
+whose ``message()`` runs staged and one whose custom ``aggregate()`` takes PyG's path."""
 
 import sys
 from pathlib import Path
@@ -13,18 +13,22 @@ if str(ROOT) not in sys.path:  # `benchmarks` is a plain folder at the repositor
 from benchmarks import pyg_coverage  # noqa: E402
 
 
-def test_three_classes(tmp_path):
-    pyg_coverage.main(["--classes", "GCNConv", "LEConv", "EdgeConv", "--out", str(tmp_path)])
+def test_four_classes(tmp_path):
+    classes = ["GCNConv", "LEConv", "EdgeConv", "EGConv"]
+    pyg_coverage.main(["--classes", *classes, "--out", str(tmp_path)])
     frame = pd.read_csv(tmp_path / "pyg_coverage.csv").set_index("layer")
     assert tuple(frame.reset_index().columns) == pyg_coverage.COLUMNS
-    assert list(frame.conversion) == ["swapped", "routed", "routed"]
+    assert list(frame.index) == classes
+    assert list(frame.conversion) == ["swapped", "routed", "routed", "routed"]
     assert (frame.runs == "yes").all() and frame.forward_match.all() and frame.grads_match.all()
     assert (frame.forward_error <= pyg_coverage.TOLERANCE).all() and (frame.grads_error <= pyg_coverage.TOLERANCE).all()
-    assert list(frame.fully_fused) == [True, True, False]
-    assert frame.loc["LEConv", "ops"] == 1 and frame.loc["EdgeConv", "fallbacks"] == 1
-    assert "torch.cat" in frame.loc["EdgeConv", "reason"]
+    assert list(frame.fully_fused) == [True, True, False, False]
+    assert list(frame.staged) == [False, False, True, False]
+    assert frame.loc["LEConv", "ops"] == 1 and frame.loc["EdgeConv", "fallbacks"] == 0
+    assert frame.loc["EGConv", "ops"] == 0 and frame.loc["EGConv", "fallbacks"] >= 1
+    assert "torch.cat" in frame.loc["EdgeConv", "reason"] and "aggregate()" in frame.loc["EGConv", "reason"]
     table = (tmp_path / "pyg_coverage.md").read_text()
-    assert "| 3 | 3 | 0 | 0 | 3 | 3 | 1 | 2 | 0 | 1 |" in table and "| EdgeConv | routed | yes |" in table
+    assert "| 4 | 4 | 0 | 0 | 4 | 4 | 1 | 2 | 1 | 0 | 1 |" in table and "| EdgeConv | routed | yes |" in table
 
 
 def test_every_class_has_arguments():

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch_geometric.nn import MessagePassing as PyGMessagePassing
 
 import pyg_ugrapher as ug
-import triton_kernels
 from pyg_ugrapher.capture import Argument, CaptureError, capture
 from pyg_ugrapher.ir import Expr
 
@@ -187,18 +186,6 @@ def test_half_precision_compares_with_numbers_rounded_as_torch(dtype):
 
 
 # -- through ug.MessagePassing, against PyG --------------------------------------------------------
-@pytest.fixture(params=["reference", "interpreter"])
-def executor(request, monkeypatch) -> str:
-    """Run ``compute`` on the reference executor, or the Triton kernels through the interpreter."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1" if request.param == "interpreter" else "0")
-    if request.param == "interpreter":
-        try:
-            triton_kernels.interpreting()
-        except RuntimeError as error:
-            pytest.skip(f"Triton interpreter unavailable in this process: {error}")
-    return request.param
-
-
 def _module(base, message, aggr):
     def forward(self, x, edge_index, w):
         return self.propagate(edge_index, x=x, w=w)

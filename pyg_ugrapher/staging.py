@@ -1,0 +1,475 @@
+r"""Run a ``message()`` that is not one elementwise operator as graph operators, call by call.
+
+A ``message()`` that :func:`~pyg_ugrapher.capture.capture` cannot make one fused operator (a Linear
+or an MLP on per-edge values, ``torch.cat``, PyG's segment ``softmax``, a parameter, a norm, an
+index...) still computes mostly elementwise values of its arguments. A *staged* run calls it on
+every propagation with the same :class:`~pyg_ugrapher.capture.TracedTensor` arguments, but on a
+trace that holds the real tensors behind them (:class:`StagedTrace`):
+
+* elementwise code stays symbolic, as in a capture;
+* ``F.linear`` (``nn.Linear``, the first layer of an MLP) of a linear combination of arguments, or
+  of a ``torch.cat`` of such pieces, is split by linearity into products of the node tensors
+  (:math:`W [\mathbf{x}_i \| \mathbf{x}_j - \mathbf{x}_i] = (W_1 - W_2)\mathbf{x}_i + W_2
+  \mathbf{x}_j`): ``N`` rows multiplied instead of ``E``, and the result stays symbolic;
+* ``torch_geometric.utils.softmax`` over the receivers of the edges is three graph operators:
+  a max gather, a fused exp-sum gather and one normalising message-creation operator;
+* a parameter or any real tensor that broadcasts against the edges joins the expression as an
+  operand;
+* any other call first computes its traced arguments with one message-creation operator each
+  (their whole elementwise expression in one kernel) and then runs in PyTorch on the real values.
+
+What ``message()`` returns is aggregated by one operator: fused with the message's last
+elementwise part when it is symbolic, a ``copy_e`` gather of the real messages otherwise. Tensors
+that ``message()`` stores on the module (``self._alpha``) are computed for real. Everything is
+differentiable: the operators through their backward, the rest through PyTorch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.overrides import resolve_name
+from torch.utils._pytree import tree_map
+from torch_geometric.utils import softmax as pyg_softmax
+
+from .backward import canonical
+from .capture import (
+    HANDLERS,
+    INPLACE_OPERATORS,
+    METADATA,
+    Argument,
+    Capture,
+    CaptureError,
+    Operand,
+    Trace,
+    TracedTensor,
+    fit_operands,
+)
+from .ir import Expr, OpInfo
+
+Shape = Tuple[int, ...]
+
+#: Runs one IR operator on the graph of the propagation: ``run(op, operands) -> Tensor``.
+Runner = Callable[[OpInfo, List[Tensor]], Tensor]
+
+#: What PyG adds to the softmax denominator.
+SOFTMAX_EPSILON = 1e-16
+
+
+@dataclass(frozen=True)
+class Staged:
+    """One staged ``message()`` call: either a :class:`Capture` whose operator aggregates the
+    symbolic messages (its operand arguments name entries of ``tensors``), or the real ``messages``
+    (``[E, *message_shape]``) to aggregate. ``dense`` names the calls that ran in PyTorch on
+    per-edge values."""
+
+    capture: Optional[Capture]
+    tensors: Dict[str, Tensor]
+    messages: Optional[Tensor]
+    dense: Tuple[str, ...]
+
+    def describe(self) -> str:
+        """Why the call was staged and what ran in PyTorch, as a sentence."""
+        if not self.dense:
+            return "message() runs per call on graph operators only"
+        calls = ", ".join(dict.fromkeys(self.dense))
+        return f"message() runs per call on graph operators, with {calls} in PyTorch on per-edge values"
+
+
+class _Active(threading.local):
+    def __init__(self) -> None:
+        self.traces: List["StagedTrace"] = []
+
+
+_ACTIVE = _Active()
+
+
+class StagedTrace(Trace):
+    """A trace whose operands have real values (``tensors``, by operand argument name), so that
+    what the IR cannot express is computed instead of refused.
+
+    Args:
+        num_edges: rows of every per-edge value.
+        tensors: the real tensor of every operand argument: node tensors (``[N, ...]``) for
+            ``src_v``/``dst_v`` arguments, ``[E, ...]`` for ``edge`` arguments.
+        run: runs an operator on the propagation's graph.
+        receivers: the tensors PyG passes ``softmax`` as the receiver of each edge (``index``,
+            ``ptr``), by identity; a softmax over anything else runs PyG's.
+        num_dst: the number of receivers.
+    """
+
+    def __init__(
+        self, num_edges: int, tensors: Mapping[str, Tensor], run: Runner, receivers: Sequence[Tensor], num_dst: int
+    ) -> None:
+        super().__init__(num_edges)
+        self.tensors: Dict[str, Tensor] = dict(tensors)
+        self.run = run
+        self.receivers = tuple(receivers)
+        self.num_dst = num_dst
+        self.dense: List[str] = []
+        self._names: Dict[int, str] = {}  #: id of a real tensor -> its operand argument
+        self._held: List[Tensor] = []  #: keeps those ids valid
+
+    # -- real values ------------------------------------------------------------------------------
+    def real(self, x: Any) -> Any:
+        """``x`` with its traced tensors computed."""
+        return self.materialize(x) if isinstance(x, TracedTensor) else x
+
+    def materialize(self, x: TracedTensor) -> Tensor:
+        """The real ``[E, *features]`` value of ``x``: one message-creation operator for its expression."""
+        if x._value is not None:
+            return x._value
+        if x._parts is not None:
+            value = torch.cat([self.real(part) for part in x._parts], dim=-1)
+        elif x._expr is None:
+            raise CaptureError(f"message() computes with {x._why}")
+        else:
+            shape = x.features if x._computed is None else x._computed
+            order = list(dict.fromkeys(node.index for node in x._expr.walk() if node.fn == "input"))
+            if not order:
+                raise CaptureError("message() computes a constant that does not depend on its tensor arguments")
+            expr = x._expr.remap({old: new for new, old in enumerate(order)})
+            op, operands = fit_operands(expr, tuple(self.leaves[i] for i in order), shape, None, x._reduce)
+            value = self.run(op, [operand.build(self.tensors[operand.argument]) for operand in operands])
+            value = value.reshape((self.num_edges,) + x.features)
+            value = value != 0 if x.dtype == torch.bool else value.to(x.dtype)
+        x._value = value
+        return value
+
+    def operand(self, tensor: Tensor, kind: str, rank: int) -> TracedTensor:
+        """``tensor`` as an operand of kind ``kind`` in an expression of ``rank`` dimensions: a
+        per-edge value (``[E, ...]``), a node tensor, or a value that broadcasts over the edges (a
+        parameter), read through a stride-0 view."""
+        if not tensor.is_floating_point():
+            raise CaptureError(f"message() combines its values with a {tensor.dtype} tensor")
+        if kind == "edge" and not (tensor.dim() == rank and tensor.shape[0] == self.num_edges):
+            if tensor.dim() > rank:
+                raise CaptureError("message() broadcasts its per-edge values against a larger tensor")
+            padded = tensor.reshape((1,) * (rank - tensor.dim()) + tuple(tensor.shape))
+            if padded.shape[0] != 1:
+                raise CaptureError(f"message() combines its edges with a tensor of {padded.shape[0]} rows")
+            tensor = padded.expand((self.num_edges,) + tuple(padded.shape[1:]))
+        name = self._names.get(id(tensor))
+        if name is None:
+            name = f"%{len(self._names)}"
+            self._names[id(tensor)] = name
+            self._held.append(tensor)
+            self.tensors[name] = tensor
+        features = tuple(tensor.shape[1:])
+        expr = Expr.input(self.leaf(Operand(name, kind, features), tensor.dtype))
+        return self.value(expr, features, tensor.dtype, tensor.device, tensor.requires_grad)
+
+    # -- dispatch ---------------------------------------------------------------------------------
+    def call(self, func: Callable, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+        name = resolve_name(func) or getattr(func, "__name__", repr(func))
+        if name in METADATA:
+            return super().call(func, args, kwargs)
+        special = _STAGED_HANDLERS.get(name)
+        if special is not None:
+            result = special(self, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        elif name in HANDLERS:
+            try:
+                return super().call(func, args, kwargs)
+            except CaptureError:
+                pass
+        return self.eager(name, func, args, kwargs)
+
+    def eager(self, name: str, func: Callable, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+        """``func`` in PyTorch on the real values of its arguments."""
+        short = name.rsplit(".", 1)[-1]
+        inplace = (
+            (short.endswith("_") and not short.endswith("__")) or short in INPLACE_OPERATORS or kwargs.get("inplace")
+        )
+        if (inplace and args and isinstance(args[0], TracedTensor)) or isinstance(kwargs.get("out"), TracedTensor):
+            raise CaptureError(f"message() modifies a traced value in place ({name}), which a staged run cannot follow")
+        self.dense.append(name)
+        args, kwargs = tree_map(self.real, (tuple(args), dict(kwargs)))
+        return func(*args, **kwargs)
+
+    def traced(self, x: TracedTensor) -> TracedTensor:
+        if x._expr is None or x._reduce or x._computed is not None:
+            return self.operand(self.materialize(x), "edge", x.dim())
+        return x
+
+    def combine(self, fn: str, *values: Any, dtype: Optional[torch.dtype] = None, masks: bool = False) -> TracedTensor:
+        rank = max(v.dim() for v in values if isinstance(v, Tensor))
+        values = tuple(
+            self.operand(v, "edge", rank) if isinstance(v, Tensor) and not isinstance(v, TracedTensor) else v
+            for v in values
+        )
+        return super().combine(fn, *values, dtype=dtype, masks=masks)
+
+    def reshape(self, x: TracedTensor, features: Shape) -> Any:
+        if x._expr is None:
+            return self.materialize(x).reshape((self.num_edges,) + tuple(features))
+        return super().reshape(x, features)
+
+    # -- what the IR gains in a staged run --------------------------------------------------------
+    def linear(self, x: Any, weight: Any, bias: Any) -> Any:
+        """``F.linear(x, weight, bias)`` of a linear combination of operands (or a ``torch.cat`` of
+        such pieces): the weight applied to each operand's own rows, summed symbolically."""
+        if not isinstance(x, TracedTensor) or not isinstance(weight, Tensor) or isinstance(weight, TracedTensor):
+            return NotImplemented
+        if weight.dim() != 2 or weight.dtype != x.dtype or (bias is not None and not isinstance(bias, Tensor)):
+            return NotImplemented
+        pieces = x._parts if x._parts is not None else (x,)
+        matrices: Dict[int, Tensor] = {}
+        start = 0
+        for piece in pieces:
+            width = piece.shape[-1]
+            columns = weight[:, start : start + width]
+            start += width
+            if not isinstance(piece, TracedTensor):
+                piece = self.operand(piece, "edge", piece.dim())
+            terms = _linear_terms(piece._expr) if piece._expr is not None and piece._computed is None else None
+            if terms is None or piece._reduce:
+                return NotImplemented
+            for index, coefficient in terms.items():
+                if self.leaves[index].shape != piece.features:
+                    return NotImplemented
+                contribution = columns * coefficient if coefficient != 1.0 else columns
+                matrices[index] = matrices[index] + contribution if index in matrices else contribution
+        if start != weight.shape[1] or not matrices:
+            return NotImplemented
+        result: Optional[TracedTensor] = None
+        for index, matrix in matrices.items():
+            leaf = self.leaves[index]
+            source = self.tensors[leaf.argument]
+            rows = source.reshape((source.shape[0],) + leaf.shape) @ matrix.t()
+            if bias is not None and result is None:
+                rows = rows + bias
+            term = self.operand(rows, leaf.kind, rows.dim())
+            result = term if result is None else self.combine("add", result, term)
+        self.dense.append("torch.nn.functional.linear (split by linearity)")
+        return result
+
+    def concatenate(self, tensors: Sequence[Any], dim: int) -> Any:
+        """``torch.cat`` along the features of traced values: kept in pieces, for a Linear to split."""
+        if not any(isinstance(t, TracedTensor) for t in tensors):
+            return NotImplemented
+        ranks = {t.dim() for t in tensors}
+        if len(ranks) != 1 or not isinstance(dim, int):
+            return NotImplemented
+        (rank,) = ranks
+        if dim % rank != rank - 1 or rank < 2:
+            return NotImplemented
+        heads = {tuple(t.shape[:-1]) for t in tensors}
+        dtypes = {t.dtype for t in tensors}
+        if len(heads) != 1 or len(dtypes) != 1 or next(iter(heads))[0] != self.num_edges:
+            return NotImplemented
+        features = tuple(tensors[0].shape[1:-1]) + (sum(t.shape[-1] for t in tensors),)
+        device = next(t.device for t in tensors if isinstance(t, TracedTensor))
+        grad = any(t.requires_grad for t in tensors) and torch.is_grad_enabled()
+        out = TracedTensor(
+            self, (self.num_edges,) + features, dtypes.pop(), device, grad, None, "the pieces of a torch.cat"
+        )
+        out._parts = tuple(tensors)
+        return out
+
+    def edge_softmax(self, src: Any) -> Tensor:
+        r"""PyG's ``softmax(src, index)`` over the edges of each receiver, as graph operators:
+        :math:`m_i = \max_j s_{ji}` (no gradient, as PyG's), :math:`t_i = \sum_j e^{s_{ji} - m_i}`
+        in one fused gather, then :math:`e^{s_{ji} - m_i} / (t_i + 10^{-16})` per edge; half-precision
+        scores are normalised in float32 (the weights of a large receiver would round away)."""
+        scores = self.real(src)
+        logits = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+        maximum = self.run(canonical(Expr.input(0), ("edge",), "max", False), [logits.detach()])
+        shifted = Expr.apply("exp", Expr.input(0) - Expr.input(1))
+        total = self.run(canonical(shifted, ("edge", "dst_v"), "sum", False), [logits, maximum])
+        normalised = shifted / (Expr.input(2) + SOFTMAX_EPSILON)
+        weights = self.run(canonical(normalised, ("edge", "dst_v", "dst_v"), None, False), [logits, maximum, total])
+        return weights.to(scores.dtype)
+
+    def softmax_weighted(self, messages: Any, temperature: Any, semi_grad: bool) -> TracedTensor:
+        r"""PyG's ``SoftmaxAggregation`` before its sum: :math:`\mathbf{m}_{ji} \odot
+        \operatorname{softmax}_j(t\,\mathbf{m}_{ji})` per feature, the softmax without gradient for
+        ``semi_grad``."""
+        if not isinstance(messages, TracedTensor):
+            messages = self.operand(messages, "edge", messages.dim())
+        scaled = messages
+        if not isinstance(temperature, (int, float)) or temperature != 1:
+            scaled = self.combine("mul", messages, temperature)
+        with torch.no_grad() if semi_grad else contextlib.nullcontext():
+            weights = self.edge_softmax(scaled)
+        return self.combine("mul", messages, weights)
+
+    def owns_receivers(self, index: Optional[Tensor], ptr: Optional[Tensor], num_nodes: Optional[int]) -> bool:
+        receiver = index if index is not None else ptr
+        return (
+            receiver is not None
+            and any(receiver is r for r in self.receivers)
+            and (num_nodes is None or num_nodes == self.num_dst)
+        )
+
+    # -- the result -------------------------------------------------------------------------------
+    def result(self, value: Any, gather_op: Optional[str]) -> Staged:
+        """The staged call of a ``message()`` that returned ``value`` (aggregated with ``gather_op``;
+        ``None`` keeps the per-edge values, as ``edge_update()``'s)."""
+        if isinstance(value, TracedTensor) and gather_op is not None and value._parts is None:
+            try:
+                return Staged(self.finish(value, gather_op), self.tensors, None, tuple(self.dense))
+            except CaptureError:
+                pass
+        if isinstance(value, TracedTensor):
+            value = self.materialize(value)
+        if not isinstance(value, Tensor) or value.dim() == 0 or value.shape[0] != self.num_edges:
+            raise CaptureError("message() returns a value that has no row per edge")
+        return Staged(None, self.tensors, value, tuple(self.dense))
+
+
+def _linear_terms(expr: Expr) -> Optional[Dict[int, float]]:
+    """``expr`` as ``{operand slot: coefficient}`` when it is a linear combination of operands."""
+    if expr.fn == "input":
+        return {expr.index: 1.0}
+    if expr.fn == "neg":
+        inner = _linear_terms(expr.args[0])
+        return None if inner is None else {i: -c for i, c in inner.items()}
+    if expr.fn in ("add", "sub"):
+        left, right = (_linear_terms(arg) for arg in expr.args)
+        if left is None or right is None:
+            return None
+        sign = 1.0 if expr.fn == "add" else -1.0
+        out = dict(left)
+        for index, coefficient in right.items():
+            out[index] = out.get(index, 0.0) + sign * coefficient
+        return out
+    if expr.fn in ("mul", "div"):
+        left, right = expr.args
+        if right.fn == "const":
+            inner = _linear_terms(left)
+            scale = right.value if expr.fn == "mul" else 1.0 / right.value
+        elif left.fn == "const" and expr.fn == "mul":
+            inner, scale = _linear_terms(right), left.value
+        else:
+            return None
+        return None if inner is None else {i: c * scale for i, c in inner.items()}
+    return None
+
+
+def _linear(trace: StagedTrace, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    x = args[0] if args else kwargs.get("input")
+    weight = args[1] if len(args) > 1 else kwargs.get("weight")
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    return trace.linear(x, weight, bias)
+
+
+def _cat(trace: StagedTrace, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    tensors = args[0] if args else kwargs.get("tensors")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if not isinstance(tensors, (list, tuple)) or set(kwargs) - {"tensors", "dim"}:
+        return NotImplemented
+    return trace.concatenate(list(tensors), dim)
+
+
+_STAGED_HANDLERS: Dict[str, Callable[[StagedTrace, Sequence[Any], Mapping[str, Any]], Any]] = {
+    "torch.nn.functional.linear": _linear,
+    "torch.cat": _cat,
+    "torch.concat": _cat,
+    "torch.concatenate": _cat,
+}
+
+
+def staged_softmax(
+    src: Tensor,
+    index: Optional[Tensor] = None,
+    ptr: Optional[Tensor] = None,
+    num_nodes: Optional[int] = None,
+    dim: int = 0,
+) -> Tensor:
+    """``torch_geometric.utils.softmax`` inside a staged ``message()``: graph operators when it
+    normalises over the receivers of the propagation's edges, PyG's own otherwise."""
+    trace = _ACTIVE.traces[-1] if _ACTIVE.traces else None
+    if trace is None:
+        return pyg_softmax(src, index, ptr, num_nodes, dim)
+    if (
+        isinstance(src, Tensor)
+        and src.is_floating_point()
+        and src.dim() >= 1
+        and dim in (0, -src.dim())
+        and src.shape[0] == trace.num_edges
+        and trace.owns_receivers(index, ptr, num_nodes)
+    ):
+        return trace.edge_softmax(src)
+    trace.dense.append("torch_geometric.utils.softmax")
+    return pyg_softmax(trace.real(src), index, ptr, num_nodes, dim)
+
+
+_PATCHED: Dict[Any, Callable] = {}
+_PATCHED_LOCK = threading.Lock()
+
+
+def _with_staged_softmax(function: Callable) -> Callable:
+    """``function`` (a plain function) reading :func:`staged_softmax` wherever its module's
+    globals hold PyG's ``softmax``; the same function when they do not."""
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return function
+    key = (code, id(function.__globals__))
+    patched = _PATCHED.get(key)
+    if patched is None:
+        names = [name for name, value in function.__globals__.items() if value is pyg_softmax]
+        if not names or not any(name in code.co_names for name in names):
+            patched = function
+        else:
+            namespace = dict(function.__globals__)
+            namespace.update({name: staged_softmax for name in names})
+            patched = types.FunctionType(
+                code, namespace, function.__name__, function.__defaults__, function.__closure__
+            )
+            patched.__kwdefaults__ = function.__kwdefaults__
+        with _PATCHED_LOCK:
+            _PATCHED[key] = patched
+    return patched
+
+
+def stage(
+    method: Callable[..., Any],
+    arguments: Mapping[str, Any],
+    trace: StagedTrace,
+    gather_op: Optional[str],
+    owner: Optional[torch.nn.Module] = None,
+    weigh: Optional[Callable[[StagedTrace, Any], Any]] = None,
+) -> Staged:
+    """Run ``method`` (a bound ``message`` or ``edge_update``) on ``arguments``: :class:`Argument`
+    values whose tensor is in ``trace.tensors`` become traced tensors, anything else is passed as
+    it is. ``owner``'s attributes that ``method`` set to traced values are computed for real.
+    ``weigh(trace, messages)``, if given, transforms the messages before they are aggregated
+    (an aggregation module's per-edge part, such as :meth:`StagedTrace.softmax_weighted`).
+
+    Raises:
+        CaptureError: ``method`` modifies a traced value in place, or raised on traced values.
+    """
+    kwargs = {
+        name: trace.wrap(name, value) if isinstance(value, Argument) else value for name, value in arguments.items()
+    }
+    function = getattr(method, "__func__", None)
+    if function is not None:
+        method = types.MethodType(_with_staged_softmax(function), method.__self__)
+    _ACTIVE.traces.append(trace)
+    try:
+        try:
+            value = method(**kwargs)
+        except CaptureError:
+            raise
+        except Exception as error:
+            raise CaptureError(f"{getattr(method, '__name__', 'message')}() raised {type(error).__name__} ({error})")
+        if owner is not None:
+            for name, attribute in list(vars(owner).items()):
+                if isinstance(attribute, TracedTensor):
+                    vars(owner)[name] = trace.materialize(attribute)
+        if weigh is not None:
+            value = weigh(trace, value)
+        return trace.result(value, gather_op)
+    finally:
+        _ACTIVE.traces.pop()
+
+
+__all__ = ["SOFTMAX_EPSILON", "Staged", "StagedTrace", "stage", "staged_softmax"]

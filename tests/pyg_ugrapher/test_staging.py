@@ -1,0 +1,307 @@
+"""Staged ``message()`` and ``edge_update()`` runs (:mod:`pyg_ugrapher.staging`) against PyG's own
+propagation: outputs and gradients of every input and parameter, on the reference executor and on
+the Triton kernels through the interpreter, on graphs with an isolated vertex, self loops and
+duplicate edges; and what ran where."""
+
+import copy
+import types
+
+import pytest
+import torch
+from torch import nn
+from torch_geometric.nn import MessagePassing as PyGMessagePassing
+from torch_geometric.nn.aggr import SoftmaxAggregation
+from torch_geometric.nn.conv import (
+    AGNNConv,
+    EdgeConv,
+    FAConv,
+    GATv2Conv,
+    GENConv,
+    NNConv,
+    PointTransformerConv,
+    TransformerConv,
+)
+from torch_geometric.utils import softmax
+
+import pyg_ugrapher as ug
+from pyg_ugrapher import ops
+
+from ..conftest import TOLERANCE, assert_close, relative_error
+
+
+def inputs(executor: str, features: int = 4, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """``(x, edge_index)``: the last vertex isolated, self loops, duplicate edges; small for the interpreter."""
+    num_nodes, num_edges = (6, 12) if executor == "interpreter" else (12, 48)
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, num_nodes - 1, (num_edges,), generator=generator)
+    dst = torch.randint(0, num_nodes - 1, (num_edges,), generator=generator)
+    src[-2:] = dst[-2:]
+    edge_index = torch.cat([torch.stack([src, dst]), torch.stack([src[:3], dst[:3]])], dim=1)
+    x = torch.randn(num_nodes, features, generator=generator, dtype=dtype)
+    return x, edge_index
+
+
+def run(model, x, *args, **kwargs):
+    """The output and the gradients of every parameter and of ``x`` (and of a floating ``edge_attr``)."""
+    x = x.clone().requires_grad_()
+    floating = [
+        a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+    ]
+    out = model(x, *floating, **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    probe = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    leaves = [x] + [a for a in floating if isinstance(a, torch.Tensor) and a.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad((out * probe).sum(), leaves + params, allow_unused=True)
+    return [out.detach()] + list(grads)
+
+
+def assert_same(ours, theirs, context=""):
+    """Equal outputs and gradients; each gradient against the largest one at least (a bias before a
+    softmax has a gradient that cancels to zero, where rounding alone differs)."""
+    largest = max(t.abs().max().item() for t in theirs[1:] if t is not None and t.numel())
+    assert len(ours) == len(theirs)
+    for index, (a, b) in enumerate(zip(ours, theirs)):
+        assert (a is None) == (b is None), f"{context}: tensor {index}"
+        if a is not None:
+            assert_close(a, b, context=f"{context}: tensor {index}", scale=largest if index else 0.0)
+
+
+def ran_ops(model, *args, **kwargs):
+    """The names of the graph operators one forward pass runs."""
+    calls = []
+    with ops.observe(calls.append), torch.no_grad():
+        model(*args, **kwargs)
+    return [call.op.name for call in calls]
+
+
+def twins(body, setup=None, **init):
+    """A user layer (its methods in ``body``) on ``ug.MessagePassing`` and the same on PyG's, with
+    equal weights; ``setup(module)`` adds its submodules and parameters."""
+    pair = []
+    for base in (ug.MessagePassing, PyGMessagePassing):
+        torch.manual_seed(0)
+        methods = {name: _named(function, name) for name, function in body.items()}
+        module = type(f"Layer_{base.__module__.split('.')[0]}", (base,), methods)(**init)
+        if setup is not None:
+            setup(module)
+        pair.append(module)
+    pair[0].load_state_dict(pair[1].state_dict())
+    return pair
+
+
+def _named(function, name):
+    """``function`` under ``name``: PyG inspects a method by its function's name."""
+    renamed = types.FunctionType(function.__code__, function.__globals__, name, function.__defaults__)
+    renamed.__qualname__ = name
+    return renamed
+
+
+def forward(self, x, edge_index):
+    return self.propagate(edge_index, x=x)
+
+
+def edge_mlp_message(self, x_i, x_j):
+    return self.mlp(torch.cat([x_i, x_j - x_i], dim=-1))
+
+
+def add_mlp(module, channels: int = 4, hidden: int = 5):
+    module.mlp = nn.Sequential(nn.Linear(2 * channels, hidden), nn.ReLU(), nn.Linear(hidden, 3))
+
+
+def attention_message(self, x_i, x_j, index, ptr, size_i):
+    alpha = torch.nn.functional.leaky_relu((x_i * self.att_dst).sum(-1) + (x_j * self.att_src).sum(-1), 0.2)
+    alpha = softmax(alpha, index, ptr, size_i)
+    return x_j * alpha.unsqueeze(-1)
+
+
+def add_attention(module, channels: int = 4):
+    module.att_src = nn.Parameter(torch.randn(channels))
+    module.att_dst = nn.Parameter(torch.randn(channels))
+
+
+EDGE_MLP = ({"forward": forward, "message": edge_mlp_message}, add_mlp)
+ATTENTION = ({"forward": forward, "message": attention_message}, add_attention)
+
+
+@pytest.mark.parametrize("aggr", ["max", "mean"])
+def test_linear_of_a_concatenation_is_split_by_linearity(executor, aggr):
+    x, edge_index = inputs(executor)
+    ours, theirs = twins(*EDGE_MLP, aggr=aggr)
+    assert_same(run(ours, x, edge_index), run(theirs, x, edge_index), aggr)
+    assert ours.fallback_reason is None and ours.capture is None
+    assert "split by linearity" in ours.staged_reason and "torch.cat" in ours.staged_reason
+    # The first Linear runs on node rows: one operator computes relu(A[dst] + B[src]) per edge,
+    # PyTorch the second Linear, and one operator aggregates; no [E, 2F] concatenation is made.
+    names = ran_ops(ours, x, edge_index)
+    assert len(names) == 2 and names[-1] == f"copy_e_{aggr}", names
+
+
+def test_segment_softmax_runs_as_graph_operators(executor):
+    x, edge_index = inputs(executor)
+    ours, theirs = twins(*ATTENTION)
+    assert_same(run(ours, x, edge_index), run(theirs, x, edge_index))
+    assert "torch_geometric.utils.softmax" not in ours.staged_reason
+    names = ran_ops(ours, x, edge_index)
+    assert "copy_e_max" in names and names[-1] == "u_mul_e_sum", names
+
+
+def test_softmax_over_another_index_is_pygs():
+    x, edge_index = inputs("reference")
+
+    def message(self, x_j, index):
+        return x_j * softmax((x_j * self.att_src).sum(-1), index.flip(0)).unsqueeze(-1)
+
+    ours, theirs = twins({"forward": forward, "message": message}, add_attention)
+    assert_same(run(ours, x, edge_index), run(theirs, x, edge_index))
+    assert "torch_geometric.utils.softmax" in ours.staged_reason
+
+
+def test_softmax_leaves_isolated_receivers_empty_and_handles_a_hub():
+    generator = torch.Generator().manual_seed(1)
+    num_nodes, hub_edges = 50, 100_000
+    hub = torch.stack([torch.randint(0, num_nodes, (hub_edges,), generator=generator), torch.zeros(hub_edges).long()])
+    rest = torch.randint(1, num_nodes - 1, (2, 300), generator=generator)
+    edge_index = torch.cat([hub, rest], dim=1)
+    x = torch.randn(num_nodes, 4, generator=generator)
+    ours, theirs = twins(*ATTENTION)
+    mine, reference = run(ours, x, edge_index), run(theirs, x, edge_index)
+    assert_same(mine, reference)
+    assert mine[0][num_nodes - 1].abs().max() == 0
+
+
+def test_empty_graph():
+    x = torch.randn(5, 4)
+    edge_index = torch.empty(2, 0, dtype=torch.long)
+    for body, setup in (ATTENTION, EDGE_MLP):
+        ours, theirs = twins(body, setup)
+        assert_same(run(ours, x, edge_index), run(theirs, x, edge_index), body["message"].__name__)
+
+
+def test_half_precision_softmax():
+    """bfloat16 against float64 PyG: the output and the input gradient within the half-type
+    tolerance; the attention vectors' gradients are sums over every edge of terms that cancel (the
+    receiver's own term cancels in the softmax up to the leaky ReLU), where bfloat16 rounding alone
+    moves PyG's own bfloat16 gradients by about 1% of the largest gradient: twice that is allowed."""
+    x, edge_index = inputs("reference", dtype=torch.bfloat16)
+    ours, theirs = twins(*ATTENTION)
+    mine, reference = run(ours.to(torch.bfloat16), x, edge_index), run(theirs.double(), x.double(), edge_index)
+    largest = max(t.abs().max().item() for t in reference[1:])
+    assert all(t.dtype == torch.bfloat16 for t in mine)
+    assert relative_error(mine[0].double(), reference[0]) <= TOLERANCE[torch.bfloat16]
+    assert relative_error(mine[1].double(), reference[1], largest) <= TOLERANCE[torch.bfloat16]
+    for a, b in zip(mine[2:], reference[2:]):
+        assert relative_error(a.double(), b, largest) <= 2 * TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("learn", [False, True])
+def test_softmax_aggregation(executor, learn):
+    x, edge_index = inputs(executor)
+    aggr = SoftmaxAggregation(t=0.5, learn=learn, channels=4 if learn else 1, semi_grad=not learn)
+
+    def message(self, x_j, x_i):
+        return torch.relu(x_j - x_i) + 0.1
+
+    ours, theirs = twins({"forward": forward, "message": message}, aggr=copy.deepcopy(aggr))
+    theirs.aggr_module = aggr
+    assert_same(run(ours, x, edge_index), run(theirs, x, edge_index))
+    assert "SoftmaxAggregation" in ours.staged_reason
+
+
+def test_stored_attention_weights_are_real_tensors(executor):
+    x, edge_index = inputs(executor)
+    theirs = FAConv(4)
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    for _ in range(2):  # the second call takes the cached verdict
+        out, (_, alpha) = ours(x, x, edge_index, return_attention_weights=True)
+        expected, (_, expected_alpha) = theirs(x, x, edge_index, return_attention_weights=True)
+        assert type(alpha) is torch.Tensor
+        assert_close(out, expected)
+        assert_close(alpha, expected_alpha)
+    assert ours._alpha is None
+
+
+def test_edge_updater_runs_staged(executor):
+    x, edge_index = inputs(executor, features=6)
+    attr = torch.randn(edge_index.size(1), 3)
+    theirs = GATv2Conv(6, 2, heads=2, edge_dim=3)
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    assert_same(run(ours, x, edge_index, attr), run(theirs, x, edge_index, attr))
+    assert ours.edge_fallback_reason is None and ours.fallback_reason is None
+    names = ran_ops(ours, x, edge_index, attr)
+    assert "copy_e_max" in names, names
+
+
+def test_own_edge_updater_is_kept():
+    x, edge_index = inputs("reference", features=6)
+
+    class OwnUpdater(GATv2Conv):
+        def edge_updater(self, edge_index, size=None, **kwargs):
+            return PyGMessagePassing.edge_updater(self, edge_index, size=size, **kwargs) * 1.0
+
+    theirs = OwnUpdater(6, 2, heads=2)
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    assert_same(run(ours, x, edge_index), run(theirs, x, edge_index))
+    assert "its own edge_updater()" in ours.edge_fallback_reason
+
+
+@pytest.mark.parametrize(
+    "build, extra",
+    [
+        (lambda: TransformerConv(6, 3, heads=2, edge_dim=3), "edge_attr"),
+        (lambda: EdgeConv(nn.Sequential(nn.Linear(12, 5), nn.ReLU(), nn.Linear(5, 4)), aggr="max"), None),
+        (lambda: GENConv(6, 6, edge_dim=3), "edge_attr"),
+        (lambda: AGNNConv(), None),
+        (lambda: NNConv(6, 4, nn.Linear(3, 24), aggr="mean"), "edge_attr"),
+        (lambda: PointTransformerConv(6, 4), "pos"),
+    ],
+    ids=["TransformerConv", "EdgeConv", "GENConv", "AGNNConv", "NNConv", "PointTransformerConv"],
+)
+def test_pyg_layers_run_staged(build, extra):
+    x, edge_index = inputs("reference", features=6, dtype=torch.float64)
+    torch.manual_seed(0)
+    theirs = build().double()
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    generator = torch.Generator().manual_seed(3)
+    args = {
+        None: (edge_index,),
+        "edge_attr": (edge_index, torch.randn(edge_index.size(1), 3, generator=generator, dtype=torch.float64)),
+        "pos": (torch.randn(x.size(0), 3, generator=generator, dtype=torch.float64), edge_index),
+    }[extra]
+    assert_same(run(ours, x, *args), run(theirs, x, *args), type(theirs).__name__)
+    report = ours.ugrapher_report.observe(x, *args)
+    assert report[""].runs_as == "staged" and report[""].fallbacks == (), str(report)
+
+
+def test_in_place_change_of_a_traced_value_takes_pygs_path():
+    x, edge_index = inputs("reference")
+
+    def message(self, x_j):
+        return torch.cat([x_j, x_j.relu_()], dim=-1)
+
+    ours, theirs = twins({"forward": forward, "message": message})
+    assert_same(run(ours, x, edge_index), run(theirs, x, edge_index))
+    assert "in place" in ours.fallback_reason and ours.staged_reason is None
+
+
+@pytest.mark.parametrize(
+    "build, edge_dim",
+    [
+        (lambda: GATv2Conv(6, 3, heads=2, edge_dim=3), 3),
+        (lambda: TransformerConv(6, 3, heads=2, edge_dim=3), 3),
+        (lambda: EdgeConv(nn.Sequential(nn.Linear(12, 5), nn.ReLU(), nn.Linear(5, 4)), aggr="max"), None),
+        (lambda: GENConv(6, 6), None),
+    ],
+    ids=["GATv2Conv", "TransformerConv", "EdgeConv", "GENConv"],
+)
+def test_staged_layers_on_the_device(device, build, edge_dim):
+    """The kernels themselves (the GPU, or the interpreter), float32, against PyG on the same device."""
+    x, edge_index = inputs("interpreter", features=6)
+    args = [edge_index.to(device)]
+    if edge_dim:
+        args.append(torch.randn(edge_index.size(1), edge_dim, generator=torch.Generator().manual_seed(5)).to(device))
+    torch.manual_seed(0)
+    theirs = build().to(device)
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    assert_same(run(ours, x.to(device), *args), run(theirs, x.to(device), *args), type(theirs).__name__)
+    assert ours.fallback_reason is None and ours.edge_fallback_reason is None
