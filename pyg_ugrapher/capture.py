@@ -239,6 +239,24 @@ class TracedTensor(Tensor):
         raise CaptureError(f"message() runs {func} on a traced tensor, which the capture does not model")
 
 
+_NAMES: Dict[Any, str] = {}
+
+
+def function_name(func: Callable) -> str:
+    """``torch.add``, ``torch.Tensor.__mul__``...: the name torch gives ``func`` (cached: torch's
+    lookup guards itself against warnings at every call)."""
+    try:
+        return _NAMES[func]
+    except (KeyError, TypeError):
+        pass
+    name = resolve_name(func) or getattr(func, "__name__", repr(func))
+    try:
+        _NAMES[func] = name
+    except TypeError:  # an unhashable callable
+        pass
+    return name
+
+
 def flat_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Iterable[Any]:
     for value in list(args) + list(kwargs.values()):
         if isinstance(value, (list, tuple)):
@@ -318,7 +336,7 @@ class Trace:
 
     # -- dispatch -----------------------------------------------------------------------------
     def call(self, func: Callable, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
-        name = resolve_name(func) or getattr(func, "__name__", repr(func))
+        name = function_name(func)
         if name in METADATA:
             return self.metadata(name, func, args, kwargs)
         short = name.rsplit(".", 1)[-1]

@@ -328,6 +328,9 @@ class MessagePassing(PyGMessagePassing):
         its elementwise parts and PyG's ``softmax`` as graph operators, on the node tensors as they
         are. A class with its own ``edge_updater()``, a sparse adjacency or ``torch.compile`` get
         PyG's path (:attr:`edge_fallback_reason` says why)."""
+        if torch.compiler.is_compiling():
+            # Exactly PyG's code, for Dynamo to trace as it traces PyG's own layer.
+            return _generic_edge_updater()(self, edge_index, size=size, **kwargs)
         custom = _custom_edge_updater(type(self))
         if custom is not None:
             self._ug.edge_fallback = "the class defines its own edge_updater()"
@@ -450,7 +453,9 @@ class MessagePassing(PyGMessagePassing):
             return None, "hooks on message() or aggregate() need the materialised per-edge messages"
         module = self.aggr_module
         gather = GATHER_OPS.get(type(module)) if isinstance(self.aggr, str) else None
-        if type(module) is SoftmaxAggregation and (module.channels == 1 or isinstance(module.t, Tensor)):
+        if type(module) is SoftmaxAggregation:
+            if torch.compiler.is_compiling():
+                return None, "under torch.compile SoftmaxAggregation runs as PyG's"
             gather = SOFTMAX_GATHER
         if gather is None:
             what = (
@@ -493,8 +498,6 @@ class MessagePassing(PyGMessagePassing):
         arguments, tensors, signature = self._describe(
             self.inspector.collect_param_data("message", collected), num_edges
         )
-        if gather == SOFTMAX_GATHER and torch.compiler.is_compiling():
-            raise _Fallback("under torch.compile SoftmaxAggregation runs as PyG's")
         if torch.compiler.is_compiling():
             return self._prepare_compiled(edge_index, collected, tensors, signature, num_edges, gather)
         key = (gather, torch.is_grad_enabled(), _settings(self)) + signature
@@ -723,8 +726,7 @@ class _StagedRun(NamedTuple):
     def run(self, graph: GraphTensor, operands: List[Tensor]) -> Tensor:
         capture = self.staged.capture
         if capture is None:
-            copy = canonical(Expr.input(0), ("edge",), self.gather, False)
-            return _run(graph, copy, [self.staged.messages])
+            return _run(graph, _copy_edges(self.gather), [self.staged.messages])
         tensors = self.staged.tensors
         out = _run(graph, capture.op, [operand.build(tensors[operand.argument]) for operand in capture.operands])
         out = out.reshape(out.shape[:1] + capture.message_shape)
@@ -733,15 +735,27 @@ class _StagedRun(NamedTuple):
         return out
 
 
+@functools.lru_cache(maxsize=None)
+def _copy_edges(gather: str) -> OpInfo:
+    """``copy_e_<gather>``: the aggregation of real per-edge messages."""
+    return canonical(Expr.input(0), ("edge",), gather, False)
+
+
 def _receivers(collected: Dict[str, Any]) -> List[Tensor]:
     """What PyG's collection gives ``message()`` as the receiver of each edge (``index``, ``ptr``)."""
     return [collected[name] for name in ("index", "ptr") if isinstance(collected.get(name), Tensor)]
 
 
+def _generic_edge_updater() -> Callable[..., Any]:
+    """PyG's generic ``edge_updater()`` (kept as ``_orig_edge_updater`` where PyG replaced it)."""
+    base = vars(PyGMessagePassing)
+    return base.get("_orig_edge_updater", base["edge_updater"])
+
+
 def _custom_edge_updater(cls: type) -> Optional[Callable[..., Any]]:
     """A class's own ``edge_updater()`` (one PyG's generic one is not), if it has one after ours."""
     base = vars(PyGMessagePassing)
-    generic = base.get("_orig_edge_updater", base["edge_updater"])
+    generic = _generic_edge_updater()
     mro = cls.__mro__
     for owner in mro[mro.index(MessagePassing) + 1 :]:
         attributes = vars(owner)

@@ -27,6 +27,7 @@ differentiable: the operators through their backward, the rest through PyTorch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import types
 from dataclasses import dataclass
@@ -34,7 +35,6 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
-from torch.overrides import resolve_name
 from torch.utils._pytree import tree_map
 from torch_geometric.utils import softmax as pyg_softmax
 
@@ -50,6 +50,7 @@ from .capture import (
     Trace,
     TracedTensor,
     fit_operands,
+    function_name,
 )
 from .ir import Expr, OpInfo
 
@@ -60,6 +61,19 @@ Runner = Callable[[OpInfo, List[Tensor]], Tensor]
 
 #: What PyG adds to the softmax denominator.
 SOFTMAX_EPSILON = 1e-16
+
+_SHIFTED = Expr.apply("exp", Expr.input(0) - Expr.input(1))
+#: The edge softmax's three operators: the receivers' maxima, their sums of shifted exponentials,
+#: and each edge's weight.
+SOFTMAX_OPS = (
+    canonical(Expr.input(0), ("edge",), "max", False),
+    canonical(_SHIFTED, ("edge", "dst_v"), "sum", False),
+    canonical(_SHIFTED / (Expr.input(2) + SOFTMAX_EPSILON), ("edge", "dst_v", "dst_v"), None, False),
+)
+
+#: The operator (and operands) of an expression, per expression, operands, shape and reduction:
+#: a staged run asks again on every call.
+_fitted = functools.lru_cache(maxsize=4096)(fit_operands)
 
 
 @dataclass(frozen=True)
@@ -135,7 +149,7 @@ class StagedTrace(Trace):
             if not order:
                 raise CaptureError("message() computes a constant that does not depend on its tensor arguments")
             expr = x._expr.remap({old: new for new, old in enumerate(order)})
-            op, operands = fit_operands(expr, tuple(self.leaves[i] for i in order), shape, None, x._reduce)
+            op, operands = _fitted(expr, tuple(self.leaves[i] for i in order), shape, None, x._reduce)
             value = self.run(op, [operand.build(self.tensors[operand.argument]) for operand in operands])
             value = value.reshape((self.num_edges,) + x.features)
             value = value != 0 if x.dtype == torch.bool else value.to(x.dtype)
@@ -167,7 +181,7 @@ class StagedTrace(Trace):
 
     # -- dispatch ---------------------------------------------------------------------------------
     def call(self, func: Callable, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
-        name = resolve_name(func) or getattr(func, "__name__", repr(func))
+        name = function_name(func)
         if name in METADATA:
             return super().call(func, args, kwargs)
         special = _STAGED_HANDLERS.get(name)
@@ -281,12 +295,10 @@ class StagedTrace(Trace):
         scores are normalised in float32 (the weights of a large receiver would round away)."""
         scores = self.real(src)
         logits = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
-        maximum = self.run(canonical(Expr.input(0), ("edge",), "max", False), [logits.detach()])
-        shifted = Expr.apply("exp", Expr.input(0) - Expr.input(1))
-        total = self.run(canonical(shifted, ("edge", "dst_v"), "sum", False), [logits, maximum])
-        normalised = shifted / (Expr.input(2) + SOFTMAX_EPSILON)
-        weights = self.run(canonical(normalised, ("edge", "dst_v", "dst_v"), None, False), [logits, maximum, total])
-        return weights.to(scores.dtype)
+        maximum_op, total_op, weight_op = SOFTMAX_OPS
+        maximum = self.run(maximum_op, [logits.detach()])
+        total = self.run(total_op, [logits, maximum])
+        return self.run(weight_op, [logits, maximum, total]).to(scores.dtype)
 
     def softmax_weighted(self, messages: Any, temperature: Any, semi_grad: bool) -> TracedTensor:
         r"""PyG's ``SoftmaxAggregation`` before its sum: :math:`\mathbf{m}_{ji} \odot

@@ -49,7 +49,7 @@ def run(model, x, *args, **kwargs):
     ]
     out = model(x, *floating, **kwargs)
     out = out[0] if isinstance(out, tuple) else out
-    probe = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    probe = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
     leaves = [x] + [a for a in floating if isinstance(a, torch.Tensor) and a.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
     grads = torch.autograd.grad((out * probe).sum(), leaves + params, allow_unused=True)
