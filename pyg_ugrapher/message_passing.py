@@ -294,15 +294,22 @@ class MessagePassing(PyGMessagePassing):
             res = hook(self, (edge_index, size, kwargs))
             if res is not None:
                 edge_index, size, kwargs = res
+        return self._propagate_hooked(edge_index, size, kwargs)
+
+    def _propagate_hooked(self, edge_index: Adj, size: Size, kwargs: Dict[str, Any]) -> Tensor:
+        """:meth:`propagate` once its pre-hooks ran."""
         kwargs = self._with_defaults(kwargs)
         gather, reason = self._static_check()
         if reason is not None:
             return self._fallback(reason, edge_index, size, kwargs)
         mutable_size = self._check_input(edge_index, size)
         try:
-            captured, graph, operands, collected = self._prepare(edge_index, mutable_size, kwargs, gather)
+            prepared = self._prepare(edge_index, mutable_size, kwargs, gather)
         except _Fallback as fallback:
             return self._fallback(str(fallback), edge_index, size, kwargs)
+        if prepared is None:
+            return _staged_eagerly(self, edge_index, size, kwargs)
+        captured, graph, operands, collected = prepared
         if isinstance(captured, _StagedRun):
             self._ug.fallback_reason, self._ug.last = None, None
             out = captured.run(graph, operands)
@@ -454,8 +461,6 @@ class MessagePassing(PyGMessagePassing):
         module = self.aggr_module
         gather = GATHER_OPS.get(type(module)) if isinstance(self.aggr, str) else None
         if type(module) is SoftmaxAggregation:
-            if torch.compiler.is_compiling():
-                return None, "under torch.compile SoftmaxAggregation runs as PyG's"
             gather = SOFTMAX_GATHER
         if gather is None:
             what = (
@@ -473,9 +478,10 @@ class MessagePassing(PyGMessagePassing):
 
     def _prepare(
         self, edge_index: Adj, size: List[Optional[int]], kwargs: Dict[str, Any], gather: str
-    ) -> Tuple[Capture, GraphTensor, List[Tensor], Dict[str, Any]]:
+    ) -> Optional[Tuple[Capture, GraphTensor, List[Tensor], Dict[str, Any]]]:
         """The capture, graph and operands of this call, and PyG's collected arguments (for
-        ``update()``); raises :class:`_Fallback` when the call cannot be captured."""
+        ``update()``); raises :class:`_Fallback` when the call cannot be captured. ``None`` under
+        ``torch.compile`` for a call that runs staged: it runs outside the compiled graph."""
         if self.fuse and _runs_fused(self, edge_index):
             raise _Fallback("PyG runs the module's message_and_aggregate() for this graph input, not message()")
         num_edges = _num_edges(edge_index)
@@ -499,6 +505,8 @@ class MessagePassing(PyGMessagePassing):
             self.inspector.collect_param_data("message", collected), num_edges
         )
         if torch.compiler.is_compiling():
+            if gather == SOFTMAX_GATHER:
+                return None
             return self._prepare_compiled(edge_index, collected, tensors, signature, num_edges, gather)
         key = (gather, torch.is_grad_enabled(), _settings(self)) + signature
         try:
@@ -581,7 +589,7 @@ class MessagePassing(PyGMessagePassing):
         signature: Tuple[Hashable, ...],
         num_edges: int,
         gather: str,
-    ) -> Tuple["_Compiled", GraphStructure, List[Tensor], Dict[str, Any]]:
+    ) -> Optional[Tuple["_Compiled", GraphStructure, List[Tensor], Dict[str, Any]]]:
         """:meth:`_prepare` under ``torch.compile``: the capture is looked up (or traced) at trace
         time and enters the compiled graph as constants (:func:`_compiled_capture`); the graph is
         the structure the drop-in layers' custom op returns."""
@@ -600,6 +608,8 @@ class MessagePassing(PyGMessagePassing):
         # The signature without its first entry, message() itself, which the constant function
         # reads from the module (a function is not a constant of the trace).
         captured = _compiled_capture(self._ug.token, signature[1:], int(num_edges), gather)
+        if isinstance(captured, _CompiledStage):
+            return None
         if isinstance(captured, str):
             raise _Fallback(captured)
         self._check_node_dim(captured.message_shape)
@@ -797,10 +807,23 @@ class _Compiled(NamedTuple):
         return out
 
 
+class _CompiledStage(NamedTuple):
+    """What :func:`_compiled_capture` returns for a ``message()`` that runs staged."""
+
+    reason: str
+
+
+@torch.compiler.disable
+def _staged_eagerly(module: "MessagePassing", edge_index: Adj, size: Size, kwargs: Dict[str, Any]) -> Tensor:
+    """A staged propagation under ``torch.compile``, outside the compiled graph: a staged run calls
+    ``message()`` on traced tensors every time, which Dynamo cannot trace."""
+    return module._propagate_hooked(edge_index, size, kwargs)
+
+
 @torch.compiler.assume_constant_result
 def _compiled_capture(
     token: int, signature: Tuple[Hashable, ...], num_edges: int, gather: str
-) -> Union[_Compiled, str]:
+) -> Union[_Compiled, _CompiledStage, str]:
     """The capture of ``message()`` of the module of ``token`` (see :data:`_MODULES`) for an
     argument signature, as constants (or the reason it cannot be captured). Runs in Python while
     ``torch.compile`` traces: the tracing of ``message()`` is not itself traceable. The module's
@@ -819,6 +842,8 @@ def _compiled_capture(
     key = (gather, torch.is_grad_enabled(), _settings(module), message) + signature
     try:
         captured = module._lookup(key, arguments, num_edges, gather)
+    except _Stage as stage:
+        return _CompiledStage(str(stage))
     except _Fallback as fallback:
         return str(fallback)
     return _Compiled(

@@ -305,3 +305,21 @@ def test_staged_layers_on_the_device(device, build, edge_dim):
     ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
     assert_same(run(ours, x.to(device), *args), run(theirs, x.to(device), *args), type(theirs).__name__)
     assert ours.fallback_reason is None and ours.edge_fallback_reason is None
+
+
+@pytest.mark.parametrize(
+    "build",
+    [lambda: TransformerConv(6, 3, heads=2), lambda: GENConv(6, 6)],
+    ids=["TransformerConv", "GENConv"],
+)
+def test_staged_layer_under_torch_compile(build):
+    """The staged propagation runs outside the compiled graph, on graph operators, not PyG's path."""
+    x, edge_index = inputs("reference", features=6)
+    torch.manual_seed(0)
+    theirs = build()
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend="aot_eager")
+    mine = run(compiled, x, edge_index)
+    assert ours.staged_reason is not None and ours.fallback_reason is None
+    assert_same(mine[:2], run(theirs, x, edge_index)[:2], type(theirs).__name__)
