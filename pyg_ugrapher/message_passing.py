@@ -54,6 +54,11 @@ GATHER_OPS = {SumAggregation: "sum", MeanAggregation: "mean", MaxAggregation: "m
 #: run weighs the messages by their softmax over each receiver, then sums them.
 SOFTMAX_GATHER = "softmax"
 
+#: Under ``torch.compile``, a ``message()`` that runs staged does so from this many edges; a smaller
+#: graph runs PyG's compiled propagation, whose one fused graph costs less host time than a staged
+#: run outside it (the layers benchmark of ``docs/performance.md``).
+STAGED_UNDER_COMPILE_EDGES = 1 << 20
+
 #: How many argument signatures a module keeps captures for.
 MAX_CAPTURES = 64
 
@@ -506,7 +511,7 @@ class MessagePassing(PyGMessagePassing):
         )
         if torch.compiler.is_compiling():
             if gather == SOFTMAX_GATHER:
-                return None
+                return _stage_under_compile("SoftmaxAggregation weighs the messages by a softmax", num_edges)
             return self._prepare_compiled(edge_index, collected, tensors, signature, num_edges, gather)
         key = (gather, torch.is_grad_enabled(), _settings(self)) + signature
         try:
@@ -609,7 +614,7 @@ class MessagePassing(PyGMessagePassing):
         # reads from the module (a function is not a constant of the trace).
         captured = _compiled_capture(self._ug.token, signature[1:], int(num_edges), gather)
         if isinstance(captured, _CompiledStage):
-            return None
+            return _stage_under_compile(captured.reason, num_edges)
         if isinstance(captured, str):
             raise _Fallback(captured)
         self._check_node_dim(captured.message_shape)
@@ -811,6 +816,17 @@ class _CompiledStage(NamedTuple):
     """What :func:`_compiled_capture` returns for a ``message()`` that runs staged."""
 
     reason: str
+
+
+def _stage_under_compile(reason: str, num_edges: int) -> None:
+    """``None`` (run staged, outside the compiled graph) on a graph of at least
+    :data:`STAGED_UNDER_COMPILE_EDGES` edges; raises :class:`_Fallback` on a smaller one."""
+    if int(num_edges) < STAGED_UNDER_COMPILE_EDGES:
+        raise _Fallback(
+            f"{reason}; under torch.compile a graph of fewer than {STAGED_UNDER_COMPILE_EDGES} edges "
+            f"runs PyG's compiled propagation"
+        )
+    return None
 
 
 @torch.compiler.disable

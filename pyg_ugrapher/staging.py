@@ -424,7 +424,7 @@ def _with_staged_softmax(function: Callable) -> Callable:
     code = getattr(function, "__code__", None)
     if code is None:
         return function
-    key = (code, id(function.__globals__))
+    key = (code, function.__module__)
     patched = _PATCHED.get(key)
     if patched is None:
         names = [name for name, value in function.__globals__.items() if value is pyg_softmax]

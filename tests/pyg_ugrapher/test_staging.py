@@ -24,7 +24,7 @@ from torch_geometric.nn.conv import (
 from torch_geometric.utils import softmax
 
 import pyg_ugrapher as ug
-from pyg_ugrapher import ops
+from pyg_ugrapher import message_passing, ops
 
 from ..conftest import TOLERANCE, assert_close, relative_error
 
@@ -312,14 +312,21 @@ def test_staged_layers_on_the_device(device, build, edge_dim):
     [lambda: TransformerConv(6, 3, heads=2), lambda: GENConv(6, 6)],
     ids=["TransformerConv", "GENConv"],
 )
-def test_staged_layer_under_torch_compile(build):
-    """The staged propagation runs outside the compiled graph, on graph operators, not PyG's path."""
+@pytest.mark.parametrize("large", [True, False], ids=["large", "small"])
+def test_staged_layer_under_torch_compile(monkeypatch, build, large):
+    """On a large graph the staged propagation runs outside the compiled graph, on graph operators;
+    on a small one, PyG's propagation is compiled."""
     x, edge_index = inputs("reference", features=6)
+    limit = edge_index.size(1) if large else edge_index.size(1) + 1
+    monkeypatch.setattr(message_passing, "STAGED_UNDER_COMPILE_EDGES", limit)
     torch.manual_seed(0)
     theirs = build()
     ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
     torch._dynamo.reset()
     compiled = torch.compile(ours, backend="aot_eager")
     mine = run(compiled, x, edge_index)
-    assert ours.staged_reason is not None and ours.fallback_reason is None
+    if large:
+        assert ours.staged_reason is not None and ours.fallback_reason is None
+    else:
+        assert ours.staged_reason is None and "under torch.compile" in ours.fallback_reason
     assert_same(mine[:2], run(theirs, x, edge_index)[:2], type(theirs).__name__)
