@@ -316,7 +316,7 @@ class AccelerationReport:
         for layer in self.layers:
             mine = [entry for entry in entries if entry.module == layer.name]
             layer.ops = sum(entry.op is not None for entry in mine)
-            layer.fallbacks = tuple(dict.fromkeys(entry.fallback_reason for entry in mine if entry.op is None))
+            layer.fallbacks = tuple(dict.fromkeys(entry.fallback_reason for entry in mine if entry.fallback_reason))
             layer.edge_updates = counts.get(id(layer.layer), 0)
             layer.staged = getattr(layer.layer, "staged_reason", None)
         return self

@@ -3,10 +3,10 @@
 :func:`plan` runs a module's forward pass once (under ``torch.no_grad()``) and records every
 :func:`~pyg_ugrapher.compute` call (through :func:`pyg_ugrapher.ops.observe`, so layers that call
 ``compute`` directly are seen too) and every :class:`~pyg_ugrapher.MessagePassing` propagation that
-ran PyG's own path instead of a captured op. Each record says which submodule ran it, the operator
-(its nested loop), the complete schedule it runs (the explicit one, its unset knobs chosen for that
-call, or what the cost model picks), what chose the strategy and each knob, and the generated Triton
-source.
+ran PyG's own path instead of a captured op, or ran ``message()`` staged. Each record says which
+submodule ran it, the operator (its nested loop), the complete schedule it runs (the explicit one,
+its unset knobs chosen for that call, or what the cost model picks), what chose the strategy and
+each knob, and the generated Triton source.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from triton_kernels import kernel_source
 
 from .ir import OpInfo
 from .layout import Layout
-from .message_passing import observe_fallbacks
+from .message_passing import observe_fallbacks, observe_stages
 from .ops import Call, observe, schedule_for
 from .parallel import FIXED_KNOBS, ParallelInfo
 from .reference import result_dtype
@@ -33,7 +33,8 @@ SOURCE_LINES = 12
 
 @dataclass(frozen=True)
 class PlanEntry:
-    """One operator a forward pass ran, or one propagation that fell back to PyG (``op is None``)."""
+    """One operator a forward pass ran, or one propagation that fell back to PyG or ran staged
+    (``op is None``, with ``fallback_reason`` or ``staged``)."""
 
     module: Optional[str]  #: qualified name of the submodule that ran it (``""``: the model itself)
     module_type: Optional[str]  #: that submodule's class name
@@ -48,11 +49,15 @@ class PlanEntry:
     #: wide for the op), ``"fixed"`` (a knob no selection varies, at its value), or what chose the
     #: ones left unset (:func:`autotune.selection.chooser`: ``"cost model"``, ``"heuristic"``, ...)
     chosen_by: Tuple[Tuple[str, str], ...] = ()
+    #: for a staged propagation, what ran in PyTorch and why (its operators are entries of their own)
+    staged: Optional[str] = None
 
     def __str__(self) -> str:
         where = "<unknown module>" if self.module is None else (self.module or "<model>")
         if self.module_type is not None:
             where += f" ({self.module_type})"
+        if self.staged is not None:
+            return f"{where}: staged\n  {self.staged}"
         if self.op is None:
             return f"{where}: PyG fallback\n  reason: {self.fallback_reason}"
         loop = self.op.loop_text().replace("\n", "\n  ")
@@ -78,7 +83,10 @@ class Plan(list):
             return "Plan: no graph operator ran"
         blocks = [f"[{index}] {entry}" for index, entry in enumerate(self)]
         captured = sum(entry.op is not None for entry in self)
-        return f"Plan: {captured} operator(s), {len(self) - captured} PyG fallback(s)\n" + "\n".join(blocks)
+        staged = sum(entry.staged is not None for entry in self)
+        head = f"Plan: {captured} operator(s), {len(self) - captured - staged} PyG fallback(s)"
+        head += f", {staged} staged propagation(s)" if staged else ""
+        return head + "\n" + "\n".join(blocks)
 
     __repr__ = __str__
 
@@ -87,8 +95,9 @@ def plan(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Plan:
     """Run ``module(*args, **kwargs)`` once under ``torch.no_grad()`` and list what it ran.
 
     Returns one :class:`PlanEntry` per :func:`~pyg_ugrapher.compute` call (with its op, schedule and
-    generated source) and one per :class:`~pyg_ugrapher.MessagePassing` propagation that fell back to
-    PyG (``op=None``, ``fallback_reason`` set), in execution order.
+    generated source), one per :class:`~pyg_ugrapher.MessagePassing` propagation that fell back to
+    PyG (``op=None``, ``fallback_reason`` set) and one after the operators of each staged one
+    (``staged`` set), in execution order.
 
     Example::
 
@@ -137,12 +146,15 @@ def plan(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Plan:
     def on_fallback(submodule: torch.nn.Module, reason: str) -> None:
         entries.append(PlanEntry(*where(submodule), None, reason))
 
+    def on_stage(submodule: torch.nn.Module, description: str) -> None:
+        entries.append(PlanEntry(*where(submodule), None, None, staged=description))
+
     # Global module hooks, not per-module ones: hooks on a layer's aggregation module would make it
     # fall back (they need the materialised messages).
     pre = torch.nn.modules.module.register_module_forward_pre_hook(enter)
     post = torch.nn.modules.module.register_module_forward_hook(leave, always_call=True)
     try:
-        with torch.no_grad(), observe(on_call), observe_fallbacks(on_fallback):
+        with torch.no_grad(), observe(on_call), observe_fallbacks(on_fallback), observe_stages(on_stage):
             module(*args, **kwargs)
     finally:
         pre.remove()

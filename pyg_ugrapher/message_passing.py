@@ -66,13 +66,14 @@ FallbackObserver = Callable[["MessagePassing", str], None]
 
 
 class _FallbackObservers(threading.local):
-    """This thread's observers of fallbacks."""
+    """This thread's observers of fallbacks (or of staged runs)."""
 
     def __init__(self) -> None:
         self.callbacks: List[FallbackObserver] = []
 
 
 _FALLBACK_OBSERVERS = _FallbackObservers()
+_STAGE_OBSERVERS = _FallbackObservers()
 
 
 @contextmanager
@@ -86,6 +87,24 @@ def observe_fallbacks(callback: FallbackObserver) -> Iterator[None]:
         yield
     finally:
         callbacks.remove(callback)
+
+
+@contextmanager
+def observe_stages(callback: FallbackObserver) -> Iterator[None]:
+    """Call ``callback(module, description)`` whenever a :class:`MessagePassing` inside the ``with``
+    block runs ``message()`` or ``edge_update()`` staged (:mod:`pyg_ugrapher.staging`; ``ug.plan``
+    reports these), in this thread; ``description`` says what ran in PyTorch and why."""
+    callbacks = _STAGE_OBSERVERS.callbacks
+    callbacks.append(callback)
+    try:
+        yield
+    finally:
+        callbacks.remove(callback)
+
+
+def _notify_stage(module: "MessagePassing", description: str) -> None:
+    for callback in list(_STAGE_OBSERVERS.callbacks):
+        callback(module, description)
 
 
 class _Fallback(Exception):
@@ -318,6 +337,7 @@ class MessagePassing(PyGMessagePassing):
         if isinstance(captured, _StagedRun):
             self._ug.fallback_reason, self._ug.last = None, None
             out = captured.run(graph, operands)
+            _notify_stage(self, self._ug.staged)
         elif isinstance(captured, _Compiled):
             out = captured.run(graph, operands)
         else:
@@ -398,9 +418,11 @@ class MessagePassing(PyGMessagePassing):
         }
         trace = StagedTrace(num_edges, tensors, functools.partial(_run, graph), _receivers(collected), num_dst)
         try:
-            return stage(self.edge_update, staged_arguments, trace, None, owner=self).messages
+            staged = stage(self.edge_update, staged_arguments, trace, None, owner=self)
         except CaptureError as error:
             raise _Fallback(str(error)) from None
+        _notify_stage(self, "edge_update() " + staged.describe().split(" ", 1)[1])
+        return staged.messages
 
     def _lift(self, src: Tensor, edge_index: Adj, dim: int) -> Any:
         # While message() arguments are collected, node tensors stay unindexed: the fused op reads
@@ -998,4 +1020,4 @@ def _settings(module: torch.nn.Module) -> Tuple[Hashable, ...]:
     return tuple(settings)
 
 
-__all__ = ["MessagePassing", "GATHER_OPS", "observe_fallbacks"]
+__all__ = ["MessagePassing", "GATHER_OPS", "observe_fallbacks", "observe_stages"]
