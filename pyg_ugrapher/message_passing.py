@@ -972,7 +972,11 @@ def _new_graph(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> GraphTen
 
 def _check_plain(name: str, tensor: Tensor) -> None:
     """Only dense tensors of torch's own classes are traced: a subclass (``EdgeIndex``...) or a sparse
-    tensor could answer the trace's questions differently from what it is."""
+    tensor could answer the trace's questions differently from what it is. An integer tensor is never
+    an operand (only its shape is read, and a staged run passes it as it is), so PyG's ``Index`` of
+    the receivers, which an ``EdgeIndex`` input gives ``message()``, may be one."""
+    if tensor.layout == torch.strided and not tensor.is_floating_point() and not tensor.is_complex():
+        return
     if tensor.layout != torch.strided or type(tensor) not in (Tensor, Parameter):
         what = type(tensor).__name__ if type(tensor) not in (Tensor, Parameter) else f"{tensor.layout} tensor"
         raise _Fallback(f"message() takes {name!r}, a {what}, which the capture does not trace")

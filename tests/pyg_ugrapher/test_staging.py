@@ -330,3 +330,47 @@ def test_staged_layer_under_torch_compile(monkeypatch, build, large):
     else:
         assert ours.staged_reason is None and "under torch.compile" in ours.fallback_reason
     assert_same(mine[:2], run(theirs, x, edge_index)[:2], type(theirs).__name__)
+
+
+def _attention_mlp_message(self, x_i, x_j, index, ptr, size_i):
+    h = self.lin(torch.cat([x_i, x_j], dim=-1))
+    return h * softmax((h * self.att).sum(-1), index, ptr, size_i).unsqueeze(-1)
+
+
+def _add_attention_mlp(module):
+    module.lin = nn.Linear(8, 3)
+    module.att = nn.Parameter(torch.randn(3))
+
+
+def _forward_sized(self, x, edge_index, size=None):
+    return self.propagate(edge_index, x=x, size=size)
+
+
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+@pytest.mark.parametrize("graph_input", ["edge_index", "bipartite", "EdgeIndex", "sparse"])
+def test_graph_inputs_and_flows(flow, graph_input):
+    """Staged runs (a Linear of a concatenation, a softmax) on every graph input PyG's propagate
+    takes, in both flows: the softmax is ours wherever PyG hands message() the receivers."""
+    from torch_geometric import EdgeIndex
+
+    if graph_input == "sparse" and flow == "target_to_source":
+        pytest.skip("PyG reads a sparse adjacency in the source_to_target flow only")
+    generator = torch.Generator().manual_seed(7)
+    body = {"forward": _forward_sized, "message": _attention_mlp_message}
+    ours, theirs = twins(body, _add_attention_mlp, aggr="mean", flow=flow)
+    x = torch.randn(10, 4, generator=generator)
+    edge_index = torch.randint(0, 10, (2, 40), generator=generator)
+    args, kwargs = (x, edge_index), {}
+    if graph_input == "bipartite":
+        sizes = (7, 4) if flow == "source_to_target" else (4, 7)
+        index = torch.stack([torch.randint(0, sizes[0], (30,)), torch.randint(0, sizes[1], (30,))])
+        pair = (torch.randn(7, 4, generator=generator), torch.randn(4, 4, generator=generator))
+        args, kwargs = (pair if flow == "source_to_target" else pair[::-1], index), {"size": sizes}
+    elif graph_input == "EdgeIndex":
+        args = (x, EdgeIndex(edge_index, sparse_size=(10, 10)).sort_by("col")[0])
+    elif graph_input == "sparse":
+        args = (x, torch.sparse_coo_tensor(edge_index.flip(0), torch.ones(40), (10, 10)).coalesce())
+    with torch.no_grad():
+        mine, reference = ours(*args, **kwargs), theirs(*args, **kwargs)
+    assert_close(mine, reference)
+    assert ours.fallback_reason is None and "torch_geometric.utils.softmax" not in ours.staged_reason
