@@ -442,6 +442,7 @@ def _with_staged_softmax(function: Callable) -> Callable:
     return patched
 
 
+@torch.compiler.disable
 def stage(
     method: Callable[..., Any],
     arguments: Mapping[str, Any],
@@ -455,6 +456,9 @@ def stage(
     it is. ``owner``'s attributes that ``method`` set to traced values are computed for real.
     ``weigh(trace, messages)``, if given, transforms the messages before they are aggregated
     (an aggregation module's per-edge part, such as :meth:`StagedTrace.softmax_weighted`).
+
+    Never traced by ``torch.compile``: a frame it gives up on runs eagerly, but the functions that
+    frame calls are compiled again, and Dynamo cannot trace ``message()`` on traced tensors.
 
     Raises:
         CaptureError: ``method`` modifies a traced value in place, or raised on traced values.
