@@ -395,8 +395,6 @@ class MessagePassing(PyGMessagePassing):
         return self.edge_update(**self.inspector.collect_param_data("edge_update", collected))
 
     def _staged_edge_update(self, edge_index: Adj, kwargs: Dict[str, Any]) -> Tensor:
-        if torch.compiler.is_compiling():
-            raise _Fallback("under torch.compile edge_update() runs as PyG's")
         if not isinstance(edge_index, Tensor) or is_torch_sparse_tensor(edge_index):
             raise _Fallback("only a [2, E] edge_index runs edge_update() staged")
         mutable_size = self._check_input(edge_index, size=None)
@@ -408,21 +406,43 @@ class MessagePassing(PyGMessagePassing):
         edge_kwargs = self.inspector.collect_param_data("edge_update", collected)
         num_edges = _num_edges(edge_index)
         arguments, tensors, _ = self._describe(edge_kwargs, num_edges)
+        graph = self._call_graph(edge_index, collected)
+        try:
+            staged = self._run_staged(self.edge_update, graph, edge_index, edge_kwargs, arguments, tensors, collected)
+        except CaptureError as error:
+            raise _Fallback(str(error)) from None
+        _notify_stage(self, staged.describe("edge_update()"))
+        return staged.messages
+
+    def _call_graph(self, edge_index: Adj, collected: Dict[str, Any]) -> GraphTensor:
+        """The graph of a call, its node counts as PyG's collection gives them (else the largest index)."""
         src, dst = _endpoints(edge_index, self.flow)
         num_src = collected["size_j"] if collected["size_j"] is not None else _count(src)
         num_dst = collected["dim_size"] if collected["dim_size"] is not None else _count(dst)
-        graph = _graph(edge_index, self.flow, src, dst, num_src, num_dst)
+        return _graph(edge_index, self.flow, src, dst, num_src, num_dst)
+
+    def _run_staged(
+        self,
+        method: Callable[..., Any],
+        graph: GraphTensor,
+        edge_index: Adj,
+        method_kwargs: Dict[str, Any],
+        arguments: Dict[str, Any],
+        tensors: Dict[str, Tensor],
+        collected: Dict[str, Any],
+        gather: Optional[str] = None,
+        weigh: Optional[Callable[[StagedTrace, Any], Any]] = None,
+    ) -> Staged:
+        """``method`` (``message`` or ``edge_update``) run staged (:func:`~pyg_ugrapher.staging.stage`)
+        on ``graph``: its operand arguments traced over their real tensors, the others as PyG gives
+        them. Raises :class:`CaptureError` where it cannot run staged."""
         staged_arguments = {
             name: arguments[name] if name in tensors else self._materialize(value, edge_index)
-            for name, value in edge_kwargs.items()
+            for name, value in method_kwargs.items()
         }
-        trace = StagedTrace(num_edges, tensors, functools.partial(_run, graph), _receivers(collected), num_dst)
-        try:
-            staged = stage(self.edge_update, staged_arguments, trace, None, owner=self)
-        except CaptureError as error:
-            raise _Fallback(str(error)) from None
-        _notify_stage(self, "edge_update() " + staged.describe().split(" ", 1)[1])
-        return staged.messages
+        run = functools.partial(_run, graph)
+        trace = StagedTrace(graph.num_edges, tensors, run, _receivers(collected), graph.num_dst)
+        return stage(method, staged_arguments, trace, gather, owner=self, weigh=weigh)
 
     def _lift(self, src: Tensor, edge_index: Adj, dim: int) -> Any:
         # While message() arguments are collected, node tensors stay unindexed: the fused op reads
@@ -528,9 +548,8 @@ class MessagePassing(PyGMessagePassing):
             self._ug.call.collecting = False
         if differentiable_coo:
             self._restore_sparse_values(collected, edge_index, kwargs)
-        arguments, tensors, signature = self._describe(
-            self.inspector.collect_param_data("message", collected), num_edges
-        )
+        message_kwargs = self.inspector.collect_param_data("message", collected)
+        arguments, tensors, signature = self._describe(message_kwargs, num_edges)
         if torch.compiler.is_compiling():
             if gather == SOFTMAX_GATHER:
                 return _stage_under_compile("SoftmaxAggregation weighs the messages by a softmax", num_edges)
@@ -546,12 +565,8 @@ class MessagePassing(PyGMessagePassing):
             reason = None
         except _Stage as stage:
             reason = str(stage)
-        src, dst = _endpoints(edge_index, self.flow)
-        num_src = collected["size_j"] if collected["size_j"] is not None else _count(src)
-        num_dst = collected["dim_size"] if collected["dim_size"] is not None else _count(dst)
-        graph = _graph(edge_index, self.flow, src, dst, num_src, num_dst)
+        graph = self._call_graph(edge_index, collected)
         if reason is not None:
-            message_kwargs = self.inspector.collect_param_data("message", collected)
             captured = self._stage(
                 key, reason, graph, edge_index, message_kwargs, arguments, tensors, collected, gather
             )
@@ -571,15 +586,7 @@ class MessagePassing(PyGMessagePassing):
         collected: Dict[str, Any],
         gather: str,
     ) -> "_StagedRun":
-        """Run ``message()`` staged (:func:`~pyg_ugrapher.staging.stage`): its operand arguments
-        traced over their real tensors, the others as PyG gives them."""
-        staged_arguments = {
-            name: arguments[name] if name in tensors else self._materialize(value, edge_index)
-            for name, value in message_kwargs.items()
-        }
-        trace = StagedTrace(
-            graph.num_edges, tensors, functools.partial(_run, graph), _receivers(collected), graph.num_dst
-        )
+        """Run ``message()`` staged (:meth:`_run_staged`)."""
         weigh = None
         if gather == SOFTMAX_GATHER:
             module = self.aggr_module
@@ -591,7 +598,9 @@ class MessagePassing(PyGMessagePassing):
 
             gather = "sum"
         try:
-            staged = stage(self.message, staged_arguments, trace, gather, owner=self, weigh=weigh)
+            staged = self._run_staged(
+                self.message, graph, edge_index, message_kwargs, arguments, tensors, collected, gather, weigh
+            )
             message_shape = staged.capture.message_shape if staged.capture else tuple(staged.messages.shape[1:])
             self._check_node_dim(message_shape)
         except (CaptureError, _Fallback) as error:

@@ -88,12 +88,12 @@ class Staged:
     messages: Optional[Tensor]
     dense: Tuple[str, ...]
 
-    def describe(self) -> str:
-        """Why the call was staged and what ran in PyTorch, as a sentence."""
+    def describe(self, method: str = "message()") -> str:
+        """What ran in PyTorch in a staged call of ``method``, as a sentence."""
         if not self.dense:
-            return "message() runs per call on graph operators only"
+            return f"{method} runs per call on graph operators only"
         calls = ", ".join(dict.fromkeys(self.dense))
-        return f"message() runs per call on graph operators, with {calls} in PyTorch on per-edge values"
+        return f"{method} runs per call on graph operators, with {calls} in PyTorch on per-edge values"
 
 
 class _Active(threading.local):
