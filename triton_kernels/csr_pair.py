@@ -15,14 +15,13 @@ from __future__ import annotations
 from typing import List, Tuple
 
 import torch
-import triton
 import triton.language as tl
 from torch import Tensor
 
 from pyg_ugrapher.structure import CSR, INT32_MAX, derived_cache
 
 from .codegen import interpreting, uses_triton
-from .launch import jit_kernel
+from .launch import cdiv, jit_kernel
 
 BLOCK = 1024
 
@@ -111,7 +110,7 @@ def csr_pair_arrays(
     positions = max(2 * num_edges, num_src + num_dst + 1)
     search_steps = (2 * num_edges).bit_length() + 1
     kernel = jit_kernel(csr_pair_kernel, ("num_edges", "num_src", "num_dst", "search_steps"), interpreting())
-    kernel[(triton.cdiv(positions, BLOCK),)](
+    kernel[(cdiv(positions, BLOCK),)](
         sorted_keys,
         perm,
         src,

@@ -17,7 +17,7 @@ from torch import Tensor
 from pyg_ugrapher.ir import Expr, OpInfo
 from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
-from pyg_ugrapher.structure import CSR, IdentityMap, capturing
+from pyg_ugrapher.structure import CSR, IdentityMap, capturing, derived_cache
 
 from . import (
     buffers,
@@ -820,10 +820,23 @@ def _allocate(
         return buffers.uninitialised((rows, width), dtype, device).index_fill_(0, combined, identity)
     if op.gather_op not in _IDENTITY:
         return torch.zeros((rows, width), dtype=dtype, device=device)
-    rowptr = graph.csr.rowptr
-    has_edges = (rowptr[1:] - rowptr[:-1]) > 0
-    init = torch.where(has_edges, identity, 0.0).to(dtype)
-    return init[:, None].expand(rows, width).contiguous()
+    return _row_identities(graph.csr, identity, dtype)[:, None].expand(rows, width).contiguous()
+
+
+def _row_identities(csr: CSR, identity: float, dtype: torch.dtype) -> Tensor:
+    """Each row's starting value under atomics: ``identity`` where the row has edges, 0 where it
+    has none (an empty max is 0, as PyG's). It depends on the structure alone, so it is kept with
+    it (one copy per launch instead of five operations), except while a CUDA graph is captured,
+    whose memory a cache must not keep (:func:`~pyg_ugrapher.structure.capturing`)."""
+    rowptr = csr.rowptr
+    cache = None if capturing(rowptr) else derived_cache(rowptr)
+    key = ("row identities", identity, dtype)
+    found = None if cache is None else cache.get(key)
+    if found is None:
+        found = torch.where(rowptr[1:] > rowptr[:-1], identity, 0.0).to(dtype)
+        if cache is not None:
+            cache[key] = found
+    return found
 
 
 __all__: Tuple[str, ...] = (

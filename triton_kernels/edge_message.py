@@ -7,9 +7,8 @@ over ``R`` message features in chunks of ``BLOCK_R``.
 
 from __future__ import annotations
 
-import triton
-
 from .codegen import WRITE_ONCE, KernelSpec, Snippets, reduce_tiles
+from .launch import cdiv
 
 TEMPLATE = """{header}
 
@@ -53,7 +52,7 @@ def source(spec: KernelSpec) -> str:
 def launch(kernel, graph, operand_args, out, width, layout, info) -> None:
     block_f, block_r = reduce_tiles(info.block_f, width, layout.reduce_size)
     src, dst = graph.src, graph.dst
-    grid = (triton.cdiv(src.numel(), info.block_e), triton.cdiv(width, block_f))
+    grid = (cdiv(src.numel(), info.block_e), cdiv(width, block_f))
     kernel[grid](
         src,
         dst,

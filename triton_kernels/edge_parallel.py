@@ -13,9 +13,8 @@ is combined with atomics (a mean adds each run's sum over the row's degree).
 
 from __future__ import annotations
 
-import triton
-
 from .codegen import KernelSpec, Snippets
+from .launch import cdiv
 
 TEMPLATE = """{header}
 
@@ -86,7 +85,7 @@ def source(spec: KernelSpec) -> str:
 
 def launch(kernel, graph, operand_args, out, width, layout, info) -> None:
     csr = graph.csr
-    grid = (triton.cdiv(csr.num_edges, info.block_e), triton.cdiv(width, info.block_f))
+    grid = (cdiv(csr.num_edges, info.block_e), cdiv(width, info.block_f))
     kernel[grid](
         csr.rows,
         csr.col,

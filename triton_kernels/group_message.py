@@ -10,11 +10,10 @@ program each. Every message is stored at its user edge id.
 
 from __future__ import annotations
 
-import triton
-
 from pyg_ugrapher.structure import chunk_table
 
 from .codegen import WRITE_ONCE, KernelSpec, Snippets, reduce_tiles
+from .launch import cdiv
 
 TEMPLATE = """{header}
 
@@ -60,7 +59,7 @@ def launch(kernel, graph, operand_args, out, width, layout, info) -> None:
     block_f, block_r = reduce_tiles(info.block_f, width, layout.reduce_size)
     csr = graph.csr
     chunk_row, chunk_start = chunk_table(csr, info.group_size)
-    grid = (triton.cdiv(chunk_row.numel(), info.block_v), triton.cdiv(width, block_f))
+    grid = (cdiv(chunk_row.numel(), info.block_v), cdiv(width, block_f))
     kernel[grid](
         chunk_row,
         chunk_start,

@@ -13,12 +13,11 @@ across chunks by atomics: each chunk's are taken against its own largest logit.
 
 from __future__ import annotations
 
-import triton
-
 from pyg_ugrapher.structure import chunk_table, split_chunk_slots, split_rows
 
 from . import buffers, softmax_combine
 from .codegen import KernelSpec, Snippets
+from .launch import cdiv
 from .vertex_softmax import passes
 
 TEMPLATE = """{header}
@@ -68,7 +67,7 @@ def launch(kernel, graph, operand_args, out, normaliser, layout, info) -> None:
     part = buffers.uninitialised((max(num_slots, 1), width), acc, out.device)
     part_max = buffers.uninitialised((max(num_slots, 1), heads), acc, out.device)
     part_sum = buffers.uninitialised((max(num_slots, 1), heads), acc, out.device)
-    grid = (triton.cdiv(chunk_row.numel(), info.block_v), triton.cdiv(width, info.block_f))
+    grid = (cdiv(chunk_row.numel(), info.block_v), cdiv(width, info.block_f))
     kernel[grid](
         chunk_row,
         chunk_start,

@@ -16,13 +16,12 @@ lanes' reads of ``C`` strided elements hit lines that the previous features brou
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 from torch import Tensor
 
 from . import buffers
 from .codegen import interpreting
-from .launch import jit_kernel
+from .launch import cdiv, jit_kernel
 
 BLOCK_R = 128
 #: Features each step of the loop reads per pair, as independent loads.
@@ -73,7 +72,7 @@ def head_dot(a: Tensor, b: Tensor) -> Tensor:
     if not channels:
         return out.zero_()
     kernel = jit_kernel(head_dot_kernel, ("num_pairs",), interpreting())
-    kernel[(triton.cdiv(num_pairs, BLOCK_R),)](
+    kernel[(cdiv(num_pairs, BLOCK_R),)](
         a.contiguous(),
         b.contiguous(),
         out,

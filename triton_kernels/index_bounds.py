@@ -10,12 +10,11 @@ reads once the replay is done.
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 from torch import Tensor
 
 from .codegen import interpreting, uses_triton
-from .launch import jit_kernel
+from .launch import cdiv, jit_kernel
 
 BLOCK = 1024
 
@@ -50,5 +49,5 @@ def clamp_edge_index_(index: Tensor, src_row: int, num_src: int, num_dst: int, f
             row.clamp_(0, size - 1)
         return
     kernel = jit_kernel(clamp_edge_index_kernel, ("num_edges", "stride", "max_src", "max_dst"), interpreting())
-    grid = (triton.cdiv(num_edges, BLOCK),)
+    grid = (cdiv(num_edges, BLOCK),)
     kernel[grid](src, dst, flag, num_edges, index.stride(1), num_src - 1, num_dst - 1, BLOCK=BLOCK)

@@ -36,6 +36,13 @@ _I64 = 2**63
 TRITON_LOCK = threading.RLock()
 
 
+def cdiv(numerator: int, denominator: int) -> int:
+    """``ceil(numerator / denominator)`` for a launch grid: ``triton.cdiv`` is a
+    ``constexpr_function`` in recent Tritons, a wrapper of a dozen Python calls per use, and a
+    launch computes one or two of these."""
+    return -(-numerator // denominator)
+
+
 def _hooked(hook: Any) -> bool:
     """Whether a launch hook would run: Triton 3.6 keeps a (usually empty) ``HookChain`` there,
     older versions ``None`` or a function."""
@@ -65,11 +72,14 @@ class DirectKernel:
 
     def _key(self, device: int, args: Sequence[Any], kwargs: Dict[str, Any]):
         key = [device, tuple(kwargs.items())]
+        append = key.append
         for arg, specialised in zip(args, self.specialised):
-            if isinstance(arg, Tensor):
-                key.append((arg.dtype, arg.data_ptr() % 16 == 0))
-            elif type(arg) is int:
-                key.append((_int_type(arg), specialised and arg % 16 == 0, specialised and arg == 1))
+            # Integers first, by exact type (a bool is not one): the check costs no call.
+            if type(arg) is int:
+                kind = "i32" if -_I32 <= arg < _I32 else _int_type(arg)
+                append((kind, specialised and arg % 16 == 0, specialised and arg == 1))
+            elif isinstance(arg, Tensor):
+                append((arg.dtype, arg.data_ptr() % 16 == 0))
             else:
                 return None
         return tuple(key)

@@ -10,11 +10,10 @@ are pre-divided by the degree).
 
 from __future__ import annotations
 
-import triton
-
 from pyg_ugrapher.structure import chunk_table, split_rows
 
 from .codegen import KernelSpec, Snippets
+from .launch import cdiv
 
 TEMPLATE = """{header}
 
@@ -64,7 +63,7 @@ def source(spec: KernelSpec) -> str:
 
 def launch(kernel, graph, operand_args, out, width, layout, info) -> None:
     chunk_row, chunk_start = chunk_table(graph.csr, info.group_size)
-    grid = (triton.cdiv(chunk_row.numel(), info.block_v), triton.cdiv(width, info.block_f))
+    grid = (cdiv(chunk_row.numel(), info.block_v), cdiv(width, info.block_f))
     kernel[grid](
         chunk_row,
         chunk_start,

@@ -13,14 +13,13 @@ from __future__ import annotations
 from typing import Tuple
 
 import torch
-import triton
 import triton.language as tl
 from torch import Tensor
 
 from pyg_ugrapher.structure import CSR, mark_user_order
 
 from .codegen import interpreting, uses_triton
-from .launch import jit_kernel
+from .launch import cdiv, jit_kernel
 
 BLOCK = 1024
 
@@ -48,7 +47,7 @@ def row_offsets(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> Tuple[T
     num_edges = src.numel()
     if num_edges:
         kernel = jit_kernel(degree_count_kernel, ("num_edges", "num_dst"), interpreting())
-        kernel[(triton.cdiv(num_edges, BLOCK),)](src, dst, counts, num_edges, num_dst, BLOCK=BLOCK)
+        kernel[(cdiv(num_edges, BLOCK),)](src, dst, counts, num_edges, num_dst, BLOCK=BLOCK)
     return counts[: num_dst + 1].cumsum(0, dtype=src.dtype), counts[num_dst + 1 :].cumsum(0, dtype=src.dtype)
 
 

@@ -22,7 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .codegen import interpreting
-from .launch import jit_kernel
+from .launch import cdiv, jit_kernel
 
 #: Chunks whose partials one step of the loops reads, unrolled.
 BLOCK_C = 16
@@ -109,7 +109,7 @@ def combine(
         return
     kernel = jit_kernel(combine_kernel, ("group_size",), interpreting())
     block_f = min(MAX_BLOCK_F, triton.next_power_of_2(width))
-    grid = (num_split, triton.cdiv(width, block_f))
+    grid = (num_split, cdiv(width, block_f))
     kernel[grid](
         split_rows,
         slot_start,

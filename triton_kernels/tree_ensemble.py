@@ -20,7 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .codegen import interpreting
-from .launch import jit_kernel
+from .launch import cdiv, jit_kernel
 
 #: (row, tree) pairs per program.
 LANES = 1024
@@ -137,7 +137,7 @@ def tree_ensemble_scores(
     kernel = jit_kernel(
         tree_ensemble_kernel, ("num_rows", "num_trees", "num_nodes", "num_features", "depth"), interpreting()
     )
-    kernel[(triton.cdiv(x.shape[0], block_r),)](
+    kernel[(cdiv(x.shape[0], block_r),)](
         x,
         feature,
         threshold,

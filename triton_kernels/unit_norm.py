@@ -14,13 +14,12 @@ result does not depend on the order of the atomics.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 from torch import Tensor
 
 from . import buffers
 from .codegen import interpreting
-from .launch import jit_kernel
+from .launch import cdiv, jit_kernel
 
 BLOCK = 1024
 
@@ -109,9 +108,9 @@ def unit_norm_weights(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: 
     degree_fn = jit_kernel(degree_kernel, ("num_edges",), interpreted)
     weight_fn = jit_kernel(weight_kernel, ("num_edges", "num_nodes"), interpreted)
     if num_edges:
-        degree_fn[(triton.cdiv(num_edges, BLOCK),)](src, dst, degree, num_edges, LOOPS=add_self_loops, BLOCK=BLOCK)
+        degree_fn[(cdiv(num_edges, BLOCK),)](src, dst, degree, num_edges, LOOPS=add_self_loops, BLOCK=BLOCK)
     if out.numel():
-        weight_fn[(triton.cdiv(out.numel(), BLOCK),)](
+        weight_fn[(cdiv(out.numel(), BLOCK),)](
             src, dst, degree, out, num_edges, num_nodes, LOOPS=add_self_loops, DOUBLE=acc == torch.float64, BLOCK=BLOCK
         )
     return out

@@ -7,9 +7,8 @@ keeps the user's edge order.
 
 from __future__ import annotations
 
-import triton
-
 from .codegen import WRITE_ONCE, KernelSpec, Snippets, reduce_tiles
+from .launch import cdiv
 
 TEMPLATE = """{header}
 
@@ -55,7 +54,7 @@ def source(spec: KernelSpec) -> str:
 def launch(kernel, graph, operand_args, out, width, layout, info) -> None:
     block_f, block_r = reduce_tiles(info.block_f, width, layout.reduce_size)
     csr = graph.csr
-    grid = (triton.cdiv(csr.num_rows, info.block_v), triton.cdiv(width, block_f))
+    grid = (cdiv(csr.num_rows, info.block_v), cdiv(width, block_f))
     kernel[grid](
         csr.rowptr,
         csr.col,

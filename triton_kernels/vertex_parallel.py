@@ -10,9 +10,8 @@ are numbered rows-fastest, so all programs in flight share one feature tile (the
 
 from __future__ import annotations
 
-import triton
-
 from .codegen import KernelSpec, Snippets
+from .launch import cdiv
 
 TEMPLATE = """{header}
 
@@ -51,7 +50,7 @@ def source(spec: KernelSpec) -> str:
 
 def launch(kernel, graph, operand_args, out, width, layout, info) -> None:
     csr = graph.csr
-    grid = (triton.cdiv(csr.num_rows, info.block_v), triton.cdiv(width, info.block_f))
+    grid = (cdiv(csr.num_rows, info.block_v), cdiv(width, info.block_f))
     kernel[grid](
         csr.rowptr,
         csr.col,

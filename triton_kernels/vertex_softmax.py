@@ -27,13 +27,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-import triton
-
 from pyg_ugrapher.ir import parse_expr
 from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
 
 from .codegen import KernelSpec, Snippets, render_expr
+from .launch import cdiv
 
 #: Both passes over a block's edges, for rows (here) or chunks of rows
 #: (:mod:`~triton_kernels.group_softmax`) walked ``BLOCK_V`` side by side between ``start`` and
@@ -157,7 +156,7 @@ def source(spec: KernelSpec) -> str:
 def launch(kernel, graph, operand_args, out, normaliser, layout, info) -> None:
     csr = graph.csr
     width = layout.message_width
-    grid = (triton.cdiv(csr.num_rows, info.block_v), triton.cdiv(width, info.block_f))
+    grid = (cdiv(csr.num_rows, info.block_v), cdiv(width, info.block_f))
     kernel[grid](
         csr.rowptr,
         csr.col,

@@ -1,6 +1,8 @@
 """Launch plans (``dispatch.prepare``): when a call may skip ``run``'s per-call work, and that the
 plan's launch computes what ``run`` does, call after call, on fresh operands and on other graphs."""
 
+import math
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from pyg_ugrapher import reference
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.layout import infer_layout
 from pyg_ugrapher.ops import graph_arrays
+from pyg_ugrapher.structure import derived_cache
 from triton_kernels import dispatch
 from triton_kernels.csr_pair import grouped
 
@@ -255,3 +258,32 @@ def test_operators_take_the_plan_only_for_packed_operands(
         check_close(run_graph_op(structure, operands, serialized(op), schedule), reference.execute(graph, op, operands))
     assert through == paths
     assert name != "u_mul_e_sum" or dispatch._PERMUTED[weight][-1][2] is not None  # read in CSR order
+
+
+def test_atomic_max_and_min_start_rows_from_a_cached_identity(device, graph_factory, operand_factory, check_close):
+    """Edge-parallel max and min start rows with edges at the identity and empty rows at 0. That
+    start depends on the structure alone and is kept with it, one per identity and dtype: calls in
+    other dtypes, and a min after a max, on one structure get the start of their own."""
+    graph = graph_factory("isolated")
+    arrays = _arrays_of(graph, device)
+    info = ug.ParallelInfo("edge", block_e=8, block_f=4, num_warps=4)
+    cache = derived_cache(arrays.csr.rowptr)
+    for round_ in range(2):
+        for name, dtype in (
+            ("u_sub_v_max", torch.float32),
+            ("u_sub_v_max", torch.float16),
+            ("u_sub_v_min", torch.float32),
+        ):
+            op = OpInfo.from_name(name)
+            operands = operand_factory(graph, op, "vector", dtype=dtype, seed=round_, device=device)
+            layout = infer_layout(op, [t.shape for t in operands])
+            out = dispatch.run(op, layout, arrays, operands, info, dtype)
+            expected = reference.execute(graph, op, [t.double() for t in operands]).to(dtype)
+            check_close(out, expected, dtype, f"{name} {dtype}, call {round_}")
+    starts = {key: value for key, value in cache.items() if key[0] == "row identities"}
+    # a half output is combined in float32: it shares float32's start
+    assert {(-math.inf, torch.float32), (math.inf, torch.float32)} <= {key[1:] for key in starts}
+    for (_, identity, dtype), start in starts.items():
+        assert start.dtype == dtype
+        empty = arrays.csr.rowptr[1:] == arrays.csr.rowptr[:-1]
+        assert empty.any() and bool((start[empty] == 0).all()) and bool((start[~empty] == identity).all())

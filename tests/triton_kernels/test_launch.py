@@ -122,6 +122,27 @@ def test_other_argument_types_always_go_through_triton(driver):
     assert kinds == ["jit", "jit"] and not kernel.binaries
 
 
+def test_a_bool_argument_always_goes_through_triton(driver):
+    """A bool is an int subclass, which Triton specialises as ``i1``: never keyed as an integer."""
+    fn = JitFunction()
+    kinds, kernel = launches(fn, [((torch.zeros(4), True, 3), dict(BLOCK=16))] * 2)
+    assert kinds == ["jit", "jit"] and not kernel.binaries
+
+
+@pytest.mark.parametrize("value,kind", [(-(2**31), "i32"), (2**31 - 1, "i32"), (-(2**31) - 1, "i64"), (2**63, "u64")])
+def test_integer_types_at_their_bounds(driver, value, kind):
+    kernel = DirectKernel(JitFunction())
+    key = kernel._key(0, (torch.zeros(4), value, 3), dict(BLOCK=16))
+    assert key[3][0] == kind and key[3][0] == launch._int_type(value)
+
+
+@pytest.mark.parametrize("numerator,denominator", [(0, 4), (1, 4), (4, 4), (5, 4), (2**40 + 1, 128), (7, 1)])
+def test_cdiv_is_the_ceiling_of_the_quotient(numerator, denominator):
+    expected = numerator // denominator + (numerator % denominator > 0)
+    assert launch.cdiv(numerator, denominator) == expected
+    assert type(launch.cdiv(numerator, denominator)) is int
+
+
 def test_a_parameter_left_to_its_default_is_never_launched_directly(driver):
     fn = JitFunction()
     kinds, kernel = launches(fn, [((torch.zeros(4), 2, 3), {})] * 2)
