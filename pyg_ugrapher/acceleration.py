@@ -55,8 +55,9 @@ from torch.nn import Module
 from torch_geometric.nn.conv import MessagePassing as PyGMessagePassing
 
 from . import nn as drop_ins
+from .aggregation import GATHER_OPS
 from .inspect import plan
-from .message_passing import GATHER_OPS, MessagePassing, adopt
+from .message_passing import MessagePassing, adopt
 from .nn.twins import ARGUMENTS, BASE_SETTINGS, PYG_CLASSES, transplant
 
 #: Module methods a swapped layer implements itself: set on an instance, they would be dropped.

@@ -32,11 +32,13 @@ from torch import Tensor
 from torch.nn import Parameter
 from torch_geometric import EdgeIndex
 from torch_geometric.index import ptr2index
-from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation, MinAggregation, SoftmaxAggregation, SumAggregation
+from torch_geometric.nn.aggr import SoftmaxAggregation
 from torch_geometric.nn.conv import MessagePassing as PyGMessagePassing
 from torch_geometric.typing import Adj, Size
 from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
 
+from .aggregation import GATHER_OPS, GatherRunner, in_pytorch, on_graph_operators
+from .aggregation import aggregate as aggregate_parts
 from .backward import canonical
 from .capture import Argument, Capture, CaptureError, TracedTensor
 from .capture import capture as trace_message
@@ -47,12 +49,14 @@ from .ops import AUTO, call_graph_op, compute
 from .staging import Staged, StagedTrace, stage
 from .structure import GraphStructure
 
-#: PyG aggregation modules that are IR gather ops (exact types: a subclass may reduce differently).
-GATHER_OPS = {SumAggregation: "sum", MeanAggregation: "mean", MaxAggregation: "max", MinAggregation: "min"}
-
 #: The gather op :meth:`MessagePassing._static_check` names for PyG's ``SoftmaxAggregation``: a staged
 #: run weighs the messages by their softmax over each receiver, then sums them.
 SOFTMAX_GATHER = "softmax"
+
+#: The gather op :meth:`MessagePassing._static_check` names for an aggregation module computed part
+#: by part (:mod:`pyg_ugrapher.aggregation`: ``MultiAggregation``, ``DegreeScalerAggregation``): a
+#: staged run aggregates the per-edge messages with each part.
+PARTS_GATHER = "parts"
 
 #: Under ``torch.compile``, a ``message()`` that runs staged does so from this many edges; a smaller
 #: graph runs PyG's compiled propagation, whose one fused graph costs less host time than a staged
@@ -509,6 +513,8 @@ class MessagePassing(PyGMessagePassing):
         gather = GATHER_OPS.get(type(module)) if isinstance(self.aggr, str) else None
         if type(module) is SoftmaxAggregation:
             gather = SOFTMAX_GATHER
+        elif gather is None and on_graph_operators(module):
+            gather = PARTS_GATHER
         if gather is None:
             what = (
                 "aggr=None (the module aggregates itself)"
@@ -553,6 +559,8 @@ class MessagePassing(PyGMessagePassing):
         if torch.compiler.is_compiling():
             if gather == SOFTMAX_GATHER:
                 return _stage_under_compile("SoftmaxAggregation weighs the messages by a softmax", num_edges)
+            if gather == PARTS_GATHER:
+                return _stage_under_compile(self._parts_reason(), num_edges)
             return self._prepare_compiled(edge_index, collected, tensors, signature, num_edges, gather)
         key = (gather, torch.is_grad_enabled(), _settings(self)) + signature
         try:
@@ -560,6 +568,8 @@ class MessagePassing(PyGMessagePassing):
                 raise _Stage(
                     "the aggregation SoftmaxAggregation weighs the messages by their softmax over each receiver"
                 )
+            if gather == PARTS_GATHER:
+                raise _Stage(self._parts_reason())
             captured: Union[Capture, _StagedRun] = self._lookup(key, arguments, num_edges, gather)
             self._check_node_dim(captured.message_shape)
             reason = None
@@ -588,7 +598,16 @@ class MessagePassing(PyGMessagePassing):
     ) -> "_StagedRun":
         """Run ``message()`` staged (:meth:`_run_staged`)."""
         weigh = None
-        if gather == SOFTMAX_GATHER:
+        parts = None
+        if gather == PARTS_GATHER:
+            module, dim_size, node_dim = self.aggr_module, graph.num_dst, self.node_dim
+            index, ptr = collected.get("index"), collected.get("ptr")
+
+            def parts(run_gather: GatherRunner, messages: Callable[[], Tensor]) -> Tensor:
+                return aggregate_parts(module, run_gather, messages, index, ptr, dim_size, node_dim)
+
+            gather = "sum"  # what a captured message op is finished with; each part sets its own
+        elif gather == SOFTMAX_GATHER:
             module = self.aggr_module
             temperature = module.t if module.channels == 1 else module.t.view(-1, module.channels)
             semi_grad = not module.learn and module.semi_grad
@@ -607,7 +626,16 @@ class MessagePassing(PyGMessagePassing):
             self._ug.captures[key] = _Failure(f"{reason}; a staged run fails too: {error}", None)
             raise _Fallback(self._ug.captures[key].reason) from None
         self._ug.staged = f"{staged.describe()} ({reason})"
-        return _StagedRun(staged, gather)
+        return _StagedRun(staged, gather, parts)
+
+    def _parts_reason(self) -> str:
+        """Why a propagation with an aggregation computed part by part runs staged."""
+        module = self.aggr_module
+        reason = f"the aggregation {type(module).__name__} runs part by part on the per-edge messages"
+        pytorch = in_pytorch(module)
+        if pytorch:
+            reason += f", {', '.join(dict.fromkeys(pytorch))} in PyTorch"
+        return reason
 
     def _check_node_dim(self, message_shape: Tuple[int, ...]) -> None:
         rank = 1 + len(message_shape)
@@ -764,21 +792,60 @@ class MessagePassing(PyGMessagePassing):
 
 
 class _StagedRun(NamedTuple):
-    """A staged ``message()`` call, aggregated by :meth:`run`."""
+    """A staged ``message()`` call, aggregated by :meth:`run`: with ``gather``, or given ``parts``
+    by ``parts(run_gather, messages)`` (an aggregation module computed part by part, see
+    :func:`~pyg_ugrapher.aggregation.aggregate`)."""
 
     staged: Staged
     gather: str
+    parts: Optional[Callable[[GatherRunner, Callable[[], Tensor]], Tensor]] = None
 
     def run(self, graph: GraphTensor, operands: List[Tensor]) -> Tensor:
         capture = self.staged.capture
+        if self.parts is not None:
+            return self.parts(*self._sources(graph))
         if capture is None:
             return _run(graph, _copy_edges(self.gather), [self.staged.messages])
-        tensors = self.staged.tensors
-        out = _run(graph, capture.op, [operand.build(tensors[operand.argument]) for operand in capture.operands])
+        out = _run(graph, capture.op, _capture_operands(capture, self.staged.tensors))
         out = out.reshape(out.shape[:1] + capture.message_shape)
         if capture.gather is not None:
             out = _run(graph, capture.gather, [out])
         return out
+
+    def _sources(self, graph: GraphTensor) -> Tuple[GatherRunner, Callable[[], Tensor]]:
+        """``(run_gather, messages)`` for :func:`~pyg_ugrapher.aggregation.aggregate`: a captured
+        message op is run with each gather op; the per-edge messages are computed once, if asked."""
+        capture = self.staged.capture
+        computed: List[Tensor] = []
+
+        def messages() -> Tensor:
+            if not computed:
+                if capture is None:
+                    computed.append(self.staged.messages)
+                else:
+                    op = capture.op if capture.gather is not None else _with_gather(capture.op, None)
+                    out = _run(graph, op, _capture_operands(capture, self.staged.tensors))
+                    computed.append(out.reshape(out.shape[:1] + capture.message_shape))
+            return computed[0]
+
+        def run_gather(gather_op: str) -> Tensor:
+            if capture is None or capture.gather is not None:
+                return _run(graph, _copy_edges(gather_op), [messages()])
+            operands = _capture_operands(capture, self.staged.tensors)
+            out = _run(graph, _with_gather(capture.op, gather_op), operands)
+            return out.reshape(out.shape[:1] + capture.message_shape)
+
+        return run_gather, messages
+
+
+def _capture_operands(capture: Capture, tensors: Dict[str, Tensor]) -> List[Tensor]:
+    return [operand.build(tensors[operand.argument]) for operand in capture.operands]
+
+
+@functools.lru_cache(maxsize=None)
+def _with_gather(op: OpInfo, gather: Optional[str]) -> OpInfo:
+    """``op``'s message with the gather op ``gather`` (``None``: the per-edge messages)."""
+    return canonical(op.expr, op.inputs, gather, False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1033,4 +1100,4 @@ def _settings(module: torch.nn.Module) -> Tuple[Hashable, ...]:
     return tuple(settings)
 
 
-__all__ = ["MessagePassing", "GATHER_OPS", "observe_fallbacks", "observe_stages"]
+__all__ = ["MessagePassing", "observe_fallbacks", "observe_stages"]

@@ -464,6 +464,53 @@ def assert_close(
     assert error <= tolerance, f"{context}: relative error {error:.3g} > {tolerance:g}"
 
 
+# -- layers against PyG's ---------------------------------------------------------------------------
+def layer_inputs(executor: str, features: int = 4, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """``(x, edge_index)``: the last vertex isolated, self loops, duplicate edges; small for the interpreter."""
+    num_nodes, num_edges = (6, 12) if executor == "interpreter" else (12, 48)
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, num_nodes - 1, (num_edges,), generator=generator)
+    dst = torch.randint(0, num_nodes - 1, (num_edges,), generator=generator)
+    src[-2:] = dst[-2:]
+    edge_index = torch.cat([torch.stack([src, dst]), torch.stack([src[:3], dst[:3]])], dim=1)
+    x = torch.randn(num_nodes, features, generator=generator, dtype=dtype)
+    return x, edge_index
+
+
+def outputs_and_grads(model, x, *args, **kwargs):
+    """The output and the gradients of every parameter and of ``x`` (and of a floating ``edge_attr``)."""
+    x = x.clone().requires_grad_()
+    floating = [
+        a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+    ]
+    out = model(x, *floating, **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    probe = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+    leaves = [x] + [a for a in floating if isinstance(a, torch.Tensor) and a.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad((out * probe).sum(), leaves + params, allow_unused=True)
+    return [out.detach()] + list(grads)
+
+
+def assert_same_results(ours, theirs, context=""):
+    """Equal outputs and gradients; each gradient against the largest one at least (a bias before a
+    softmax has a gradient that cancels to zero, where rounding alone differs)."""
+    largest = max(t.abs().max().item() for t in theirs[1:] if t is not None and t.numel())
+    assert len(ours) == len(theirs)
+    for index, (a, b) in enumerate(zip(ours, theirs)):
+        assert (a is None) == (b is None), f"{context}: tensor {index}"
+        if a is not None:
+            assert_close(a, b, context=f"{context}: tensor {index}", scale=largest if index else 0.0)
+
+
+def ran_ops(model, *args, **kwargs):
+    """The names of the graph operators one forward pass runs."""
+    calls = []
+    with ug.ops.observe(calls.append), torch.no_grad():
+        model(*args, **kwargs)
+    return [call.op.name for call in calls]
+
+
 @pytest.fixture(scope="session")
 def check_close() -> Callable[..., None]:
     """``check_close(actual, expected, dtype=None, context="")``, see :func:`assert_close`."""

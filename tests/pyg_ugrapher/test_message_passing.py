@@ -456,7 +456,7 @@ def test_in_place_change_of_an_argument_falls_back():
 def test_configurations_that_need_messages_fall_back(option, reason):
     x, edge_index, num_edges, generator = random_inputs("reference", seed=20)
     init = {"decomposed_layers": 2} if option == "decomposed_layers" else {}
-    aggr = ["sum", "max"] if option == "list_aggr" else "sum"
+    aggr = ["std", "var"] if option == "list_aggr" else "sum"  # no part is a gather op
     ours, theirs = twins(gcn_message, aggr=aggr, **init)
     for module in (ours, theirs):
         if option == "explain":
@@ -466,6 +466,13 @@ def test_configurations_that_need_messages_fall_back(option, reason):
             module.register_message_forward_hook(lambda m, inputs, out: out * 2)
     compare(ours, theirs, edge_index, captured=False, x=x, edge_weight=torch.rand(num_edges, generator=generator))
     assert reason in ours.fallback_reason
+
+
+def test_a_list_of_aggregations_runs_staged_part_by_part():
+    x, edge_index, num_edges, generator = random_inputs("reference", seed=20)
+    ours, theirs = twins(gcn_message, aggr=["sum", "max", "std"])
+    compare(ours, theirs, edge_index, captured="staged", x=x, edge_weight=torch.rand(num_edges, generator=generator))
+    assert "MultiAggregation runs part by part" in ours.staged_reason and "StdAggregation" in ours.staged_reason
 
 
 def test_fallback_reason_is_a_sentence():

@@ -130,10 +130,11 @@ AGGREGATIONS = {
 
 
 @pytest.mark.parametrize("aggr", list(AGGREGATIONS))
-def test_other_aggregations_run_through_pyg(compare, aggr):
+def test_aggregations_beyond_the_gather_ops(compare, aggr):
     """Aggregations that are not a gather op of the IR are built as PyG builds them (same
     parameters and state_dict keys) and run through PyG's propagation, with the reason recorded;
-    the softmax aggregation runs staged, on graph operators."""
+    the softmax aggregation runs staged, on graph operators, and so do lists of aggregations, part
+    by part."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(7, 6, generator=gen)
     # Sorted by destination, as PyG's sequence aggregations (LSTM, MLP) require.
@@ -146,6 +147,8 @@ def test_other_aggregations_run_through_pyg(compare, aggr):
     compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x], train=True)
     if aggr == "softmax":
         assert ours.fallback_reason is None and "SoftmaxAggregation" in ours.staged_reason
+    elif aggr in ("list", "multi_module"):
+        assert ours.fallback_reason is None and "MultiAggregation runs part by part" in ours.staged_reason
     else:
         assert ours.fallback_reason is not None and "aggregation" in ours.fallback_reason
 

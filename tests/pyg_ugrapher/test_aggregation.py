@@ -1,0 +1,176 @@
+"""Aggregation modules computed part by part (:mod:`pyg_ugrapher.aggregation`): ``MultiAggregation``
+in every combine mode and ``DegreeScalerAggregation`` with every scaler, routed through
+``ug.accelerate``, against PyG's own layers: outputs and gradients of every input and parameter,
+on graphs with an isolated vertex, self loops and duplicate edges; and which parts ran as graph
+operators."""
+
+import copy
+
+import pytest
+import torch
+from torch_geometric.nn.aggr import (
+    DegreeScalerAggregation,
+    LSTMAggregation,
+    MaxAggregation,
+    MeanAggregation,
+    MultiAggregation,
+    StdAggregation,
+    SumAggregation,
+)
+from torch_geometric.nn.conv import GraphConv, PNAConv, SAGEConv
+
+import pyg_ugrapher as ug
+from pyg_ugrapher import aggregation, message_passing
+
+from ..conftest import assert_same_results, layer_inputs, outputs_and_grads, ran_ops
+
+FEATURES = 6
+
+
+def degree_histogram(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    return torch.bincount(torch.bincount(edge_index[1], minlength=num_nodes))
+
+
+def _pna(edge_index, num_nodes, **kwargs):
+    return PNAConv(
+        FEATURES,
+        FEATURES,
+        aggregators=["mean", "min", "max", "std"],
+        scalers=["identity", "amplification", "attenuation", "linear", "inverse_linear"],
+        deg=degree_histogram(edge_index, num_nodes),
+        **kwargs,
+    )
+
+
+LAYERS = {
+    "sage-cat": lambda ei, n: SAGEConv(FEATURES, 5, aggr=["mean", "max", "sum"]),
+    "sage-std": lambda ei, n: SAGEConv(FEATURES, 5, aggr=["mean", "std"]),
+    "sage-proj": lambda ei, n: SAGEConv(
+        FEATURES,
+        5,
+        aggr=["sum", "min"],
+        aggr_kwargs=dict(mode="proj", mode_kwargs=dict(in_channels=FEATURES, out_channels=FEATURES)),
+    ),
+    "sage-attn": lambda ei, n: SAGEConv(
+        FEATURES,
+        5,
+        aggr=["mean", "max"],
+        aggr_kwargs=dict(mode="attn", mode_kwargs=dict(in_channels=FEATURES, out_channels=FEATURES, num_heads=2)),
+    ),
+    "graph-max-mode": lambda ei, n: GraphConv(FEATURES, 5, aggr=MultiAggregation(["sum", "mean"], mode="max")),
+    "nested": lambda ei, n: GraphConv(
+        FEATURES,
+        5,
+        aggr=DegreeScalerAggregation(
+            MultiAggregation([SumAggregation(), MaxAggregation()], mode="mean"), ["linear"], degree_histogram(ei, n)
+        ),
+    ),
+    "pna": lambda ei, n: _pna(ei, n),
+    "pna-towers-edges": lambda ei, n: _pna(ei, n, edge_dim=3, towers=2, pre_layers=2, divide_input=True),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layers_equal_pygs(executor, name):
+    """Routed layers equal PyG's, values and every gradient; each runs staged, none on PyG's path."""
+    x, edge_index = layer_inputs(executor, features=FEATURES)
+    torch.manual_seed(0)
+    theirs = LAYERS[name](edge_index, x.shape[0])
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    args = [edge_index]
+    if "edges" in name:
+        args.append(torch.randn(edge_index.shape[1], 3, generator=torch.Generator().manual_seed(3)))
+    assert_same_results(outputs_and_grads(ours, x, *args), outputs_and_grads(theirs, x, *args), name)
+    assert ours.fallback_reason is None
+    assert "part by part" in ours.staged_reason
+
+
+def test_parts_that_are_gather_ops_read_the_symbolic_messages(executor):
+    """``mean`` and ``max`` of ``x_j`` are ``copy_u_mean`` and ``copy_u_max``: no per-edge tensor is
+    written; a part PyG computes (``std``) gets the messages, computed once."""
+    x, edge_index = layer_inputs(executor, features=FEATURES)
+    ours = ug.accelerate(SAGEConv(FEATURES, 5, aggr=["mean", "max"]), inplace=False)
+    assert ran_ops(ours, x, edge_index) == ["copy_u_mean", "copy_u_max"]
+    with_std = ug.accelerate(SAGEConv(FEATURES, 5, aggr=["mean", "std", "max", "var"]), inplace=False)
+    assert ran_ops(with_std, x, edge_index) == ["copy_u_mean", "copy_u", "copy_u_max"]
+    assert "StdAggregation, VarAggregation in PyTorch" in with_std.staged_reason
+
+
+def test_a_hooked_part_runs_as_pygs_module(executor):
+    """A part with a forward hook is called as PyG calls it, so its hook runs."""
+    x, edge_index = layer_inputs(executor, features=FEATURES)
+    torch.manual_seed(0)
+    theirs = GraphConv(FEATURES, 5, aggr=MultiAggregation([SumAggregation(), MeanAggregation()], mode="sum"))
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    seen = []
+    ours.aggr_module.aggrs[1].register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    assert_same_results(outputs_and_grads(ours, x, edge_index), outputs_and_grads(theirs, x, edge_index))
+    assert seen == [torch.Size([x.shape[0], FEATURES])]
+    assert ran_ops(ours, x, edge_index)[:1] == ["copy_u_sum"]
+
+
+def test_a_hooked_or_opaque_aggregation_runs_pygs_propagation(executor):
+    x, edge_index = layer_inputs(executor, features=FEATURES)
+    hooked = ug.accelerate(SAGEConv(FEATURES, 5, aggr=["mean", "max"]), inplace=False)
+    hooked.aggr_module.register_forward_pre_hook(lambda module, args: None)
+    lstm = ug.accelerate(GraphConv(FEATURES, 5, aggr=MultiAggregation([StdAggregation()])), inplace=False)
+    for layer in (hooked, lstm):
+        layer(x, edge_index)
+        assert layer.staged_reason is None and layer.fallback_reason is not None
+
+
+@pytest.mark.parametrize(
+    "module,expected",
+    [
+        (SumAggregation(), True),
+        (StdAggregation(), False),
+        (MultiAggregation(["std", "var"]), False),
+        (MultiAggregation(["std", "max"]), True),
+        (DegreeScalerAggregation("mean", ["identity"], torch.tensor([0, 3, 1])), True),
+        (DegreeScalerAggregation(LSTMAggregation(2, 2), ["identity"], torch.tensor([0, 3, 1])), False),
+        (None, False),
+    ],
+    ids=["sum", "std", "std-var", "std-max", "scaled-mean", "scaled-lstm", "none"],
+)
+def test_which_modules_run_on_graph_operators(module, expected):
+    assert aggregation.on_graph_operators(module) is expected
+
+
+def test_what_runs_in_pytorch_is_named_in_order():
+    module = MultiAggregation(["mean", "std", MultiAggregation(["var", "max"]), "std"])
+    assert aggregation.in_pytorch(module) == ["StdAggregation", "VarAggregation", "StdAggregation"]
+    assert aggregation.in_pytorch(MaxAggregation()) == []
+
+
+@pytest.mark.parametrize("large", [True, False], ids=["large", "small"])
+def test_under_torch_compile(monkeypatch, large):
+    """On a large graph the propagation runs staged outside the compiled graph; on a small one PyG's
+    is compiled where Dynamo traces it."""
+    x, edge_index = layer_inputs("reference", features=FEATURES)
+    limit = edge_index.size(1) if large else edge_index.size(1) + 1
+    monkeypatch.setattr(message_passing, "STAGED_UNDER_COMPILE_EDGES", limit)
+    torch.manual_seed(0)
+    theirs = LAYERS["pna"](edge_index, x.shape[0])
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    torch._dynamo.reset()
+    mine = outputs_and_grads(torch.compile(ours, backend="aot_eager"), x, edge_index)
+    if large:
+        assert ours.staged_reason is not None and ours.fallback_reason is None
+    elif ours.staged_reason is None:
+        assert "under torch.compile" in ours.fallback_reason
+    assert_same_results(mine, outputs_and_grads(theirs, x, edge_index), "PNAConv")
+
+
+@pytest.mark.parametrize("name", ["sage-std", "nested", "pna-towers-edges"])
+def test_layers_on_the_device(device, name):
+    """The kernels themselves (the GPU, or the interpreter), float32, against PyG on the same device."""
+    x, edge_index = layer_inputs("interpreter", features=FEATURES)
+    torch.manual_seed(0)
+    theirs = LAYERS[name](edge_index, x.shape[0]).to(device)
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    args = [edge_index.to(device)]
+    if "edges" in name:
+        args.append(torch.randn(edge_index.shape[1], 3, generator=torch.Generator().manual_seed(3)).to(device))
+    x = x.to(device)
+    assert_same_results(outputs_and_grads(ours, x, *args), outputs_and_grads(theirs, x, *args), name)
+    assert ours.fallback_reason is None and "part by part" in ours.staged_reason
