@@ -41,12 +41,19 @@ LAYERS: Dict[str, Callable[[ModuleType, int], nn.Module]] = {
     "GraphConv": lambda ns, w: ns.GraphConv(w, w, aggr="max"),
     "GINConv": lambda ns, w: ns.GINConv(nn.Sequential(nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w))),
 }
+#: The degree histogram PNAConv is built with (see :data:`ROUTED`).
+PNA_DEGREES = torch.bincount(torch.full((16,), 16))
 #: PyG layers without a drop-in: ours is ``ug.accelerate`` of PyG's layer.
 ROUTED: Dict[str, Callable[[ModuleType, int], nn.Module]] = {
     "GATv2Conv": lambda ns, w: ns.GATv2Conv(w, w // HEADS, heads=HEADS),
     "TransformerConv": lambda ns, w: ns.TransformerConv(w, w // HEADS, heads=HEADS),
     "EdgeConv": lambda ns, w: ns.EdgeConv(nn.Sequential(nn.Linear(2 * w, w), nn.ReLU(), nn.Linear(w, w)), aggr="max"),
     "GENConv": lambda ns, w: ns.GENConv(w, w),
+    # PNA's scalers read the average degree of the training graphs: a histogram with every vertex at
+    # degree 16, about the benchmark graphs' mean (it scales the outputs, not the work).
+    "PNAConv": lambda ns, w: ns.PNAConv(
+        w, w, ["mean", "min", "max", "std"], ["identity", "amplification", "attenuation"], PNA_DEGREES
+    ),
 }
 LAYERS.update(ROUTED)
 SEED = 0
