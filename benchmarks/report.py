@@ -1,7 +1,7 @@
 """Markdown tables and plots, drawn from the results CSVs alone (:mod:`benchmarks.rows`).
 
-Tables and plots show the rows of each file's latest commit (the commit of its last row; of a key
-measured more than once there, the last row)::
+Tables and plots show the newest row of each case of a file (:func:`benchmarks.rows.latest`),
+whatever its commit; the environment lines, the layers table and the plot titles name the commits::
 
     python -m benchmarks.report benchmarks/results/h100            # report.md and a PNG per CSV
     python -m benchmarks.report --plot benchmarks/results/h100/ops.csv   # that CSV's PNG only
@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from .rows import KINDS, TIMED, kind_of, latest, read  # noqa: E402
+from .rows import KINDS, TIMED, commits, kind_of, latest, read  # noqa: E402
 
 #: The headline's columns per pass.
 HEADLINE_METHODS = {
@@ -37,7 +37,7 @@ FEW_CASES = 12
 
 
 def load(path: Path) -> Optional[pd.DataFrame]:
-    """The latest commit's rows of a results CSV (:func:`benchmarks.rows.latest`), or ``None``
+    """The newest row of each case of a results CSV (:func:`benchmarks.rows.latest`), or ``None``
     when the file is missing or empty."""
     path = Path(path)
     if not path.exists():
@@ -201,6 +201,7 @@ def layer_table(frame: pd.DataFrame) -> str:
                 _ratio(_speedup(got["pyg_compiled"], got["ours_compiled"])),
                 _breaks(got["ours_compiled"]),
                 _err(got[m] for m in methods[1:]),
+                commits(pd.DataFrame([row for row in got.values() if row is not None])),
             ]
         )
     header = [
@@ -218,6 +219,7 @@ def layer_table(frame: pd.DataFrame) -> str:
         "ours comp. vs PyG comp.",
         "graph breaks (ours comp.)",
         "max rel err",
+        "commit",
     ]
     return "### Layers: one training step (forward, backward, Adam)\n\n" + markdown(header, rows)
 
@@ -371,6 +373,7 @@ def side_by_side(frame: pd.DataFrame) -> pd.DataFrame:
         index=index, columns="impl", values=["test_acc", "epoch_ms", "step_ms"], aggfunc="first", sort=False
     )
     table.columns = [f"{value}_{impl}" for value, impl in table.columns]
+    table["commit"] = frame.groupby(index, sort=False, dropna=False).apply(commits)
     for column in ("epoch_ms_pyg", "epoch_ms_ours"):
         if column not in table:
             table[column] = math.nan
@@ -400,9 +403,21 @@ def train_table(frame: pd.DataFrame) -> str:
                 _ratio(row.speedup),
                 _number(getattr(row, "test_acc_ours", math.nan)),
                 _number(getattr(row, "test_acc_pyg", math.nan)),
+                row.commit,
             ]
         )
-    header = ["dataset", "model", "mode", "batching", "ours ms", "PyG ms", "ours vs PyG", "ours acc.", "PyG acc."]
+    header = [
+        "dataset",
+        "model",
+        "mode",
+        "batching",
+        "ours ms",
+        "PyG ms",
+        "ours vs PyG",
+        "ours acc.",
+        "PyG acc.",
+        "commit",
+    ]
     return "### Training: ms per step (mini-batches) or per epoch (full batch)\n\n" + markdown(header, rows)
 
 
@@ -428,6 +443,7 @@ def distributed_table(frame: pd.DataFrame) -> str:
                 _number(row.comm_ms_per_layer),
                 _number(row.halo_mib_per_layer),
                 _number(row.peak_mib),
+                row.commit,
             ]
         )
     header = [
@@ -441,6 +457,7 @@ def distributed_table(frame: pd.DataFrame) -> str:
         "comm ms/layer",
         "halo MiB/layer",
         "peak MiB/rank",
+        "commit",
     ]
     return "### Training on several ranks\n\n" + markdown(header, rows)
 
@@ -479,7 +496,7 @@ def headline_plot(frame: pd.DataFrame, path: Path) -> None:
         _bars(ax, labels, {m: [_time(at.get((g, o, F, pass_, m))) for g, o, F in cases] for m in methods}, "ms")
         ax.set_title(pass_)
         ax.legend(fontsize=8)
-    fig.suptitle(f"operators, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
+    fig.suptitle(f"operators, {frame.gpu.iloc[0]}, commit {commits(frame)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -502,7 +519,7 @@ def layer_plot(frame: pd.DataFrame, path: Path) -> None:
         )
         ax.set_title(f"training step, {graph}")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"layers, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
+    fig.suptitle(f"layers, {frame.gpu.iloc[0]}, commit {commits(frame)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -530,7 +547,7 @@ def ops_plot(frame: pd.DataFrame, path: Path) -> None:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    fig.suptitle(f"operators, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
+    fig.suptitle(f"operators, {frame.gpu.iloc[0]}, commit {commits(frame)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -553,7 +570,7 @@ def train_plot(frame: pd.DataFrame, path: Path) -> None:
     accuracy = {impl: list(table.get(f"test_acc_{impl}", [None] * len(table))) for impl in ("pyg", "ours")}
     _bars(axes[1], labels, accuracy, "test accuracy", log=False)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"training, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
+    fig.suptitle(f"training, {frame.gpu.iloc[0]}, commit {commits(frame)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -582,7 +599,7 @@ def steps_plot(frame: pd.DataFrame, path: Path) -> None:
     _bars(ax, labels, series, "speed-up over eager PyG (wall clock per step)")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"training steps, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
+    fig.suptitle(f"training steps, {frame.gpu.iloc[0]}, commit {commits(frame)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -611,14 +628,14 @@ def distributed_plot(frame: pd.DataFrame, path: Path) -> None:
     }
     _bars(axes[1], split_labels, parts, "ms per epoch (slowest rank)", log=False)
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"training on several ranks, {frame.gpu.iloc[0]}, commit {frame.commit.iloc[0]}")
+    fig.suptitle(f"training on several ranks, {frame.gpu.iloc[0]}, commit {commits(frame)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def plot(csv: Path) -> Optional[Path]:
-    """Draw the PNG beside a results CSV (same name, ``.png``) from its latest commit's rows;
+    """Draw the PNG beside a results CSV (same name, ``.png``) from the newest row of each case;
     returns its path, or ``None`` when the file has no rows to draw."""
     csv = Path(csv)
     kind = kind_of(csv)
@@ -645,15 +662,15 @@ def plot(csv: Path) -> Optional[Path]:
 
 # -- the report ------------------------------------------------------------------------------
 def environment_line(name: str, frame: pd.DataFrame) -> str:
-    first = frame.iloc[-1]
+    newest = frame.iloc[-1]
     return (
-        f"`{name}`: {first['gpu']} ({first['timer']} timer), commit {first['commit']}, torch "
-        f"{first['torch']}, Triton {first['triton']}, PyG {first['torch_geometric']}, {first['date']}."
+        f"`{name}`: {newest['gpu']} ({newest['timer']} timer), commit {commits(frame)}, torch "
+        f"{newest['torch']}, Triton {newest['triton']}, PyG {newest['torch_geometric']}, {newest['date']}."
     )
 
 
 def write_report(out_dir: Path) -> str:
-    """Tables of the latest commit's rows of every results CSV in ``out_dir`` and their plots;
+    """Tables of the newest row of each case of every results CSV in ``out_dir`` and their plots;
     returns the markdown, also written to ``out_dir/report.md``.
 
     ``ops.md`` holds the ops suite's per-graph tables, too long for the summary.

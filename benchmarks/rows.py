@@ -272,11 +272,18 @@ def read(path: Path, columns: Optional[Sequence[str]] = None) -> pd.DataFrame:
 
 
 def latest(frame: pd.DataFrame, key: Sequence[str]) -> pd.DataFrame:
-    """The rows of the last row's commit, the last of each ``key`` (a rerun may repeat one)."""
+    """The newest row of each case (``key`` without its commit), whatever its commit: a suite run
+    for some cases only (one new layer, say) adds its rows to those of the cases it did not run,
+    each row with its commit."""
     if frame.empty:
         return frame
-    rows = frame[frame["commit"] == frame["commit"].iloc[-1]]
-    return rows.drop_duplicates(subset=list(key), keep="last").reset_index(drop=True)
+    case = [column for column in key if column != "commit"]
+    return frame.drop_duplicates(subset=case, keep="last").reset_index(drop=True)
+
+
+def commits(frame: pd.DataFrame) -> str:
+    """The commits of ``frame``'s rows, newest last (``"a77b0b5"``, ``"bbd18fd, a77b0b5"``)."""
+    return ", ".join(dict.fromkeys(str(commit) for commit in frame["commit"]))
 
 
 def _speedup(baseline: Optional[float], time: float) -> float:

@@ -5,7 +5,7 @@
 
 Rows go to ``--out`` (default ``benchmarks/results/<gpu>/``, :mod:`benchmarks.rows`): operator
 rows to ``ops.csv`` (its ``suite`` column says which suite), layer rows to ``layers.csv``; then
-``report.md`` and one PNG per CSV are drawn from the CSVs' latest commit (:mod:`benchmarks.report`).
+``report.md`` and one PNG per CSV are drawn from the newest row of each case (:mod:`benchmarks.report`).
 
 Suites:
 

@@ -6,7 +6,7 @@ epochs, and are compared on test accuracy and mean epoch time (forward + backwar
 step; CUDA events on a GPU, the first epoch not counted: it builds the graph caches and compiles
 kernels). Results are printed side by side, appended to ``<out>/train_e2e.csv`` (default
 ``benchmarks/results/<gpu>/``, :mod:`benchmarks.rows`) and ``<out>/train_e2e.png`` is drawn from
-that file's latest commit.
+the newest row of each case in that file.
 
     python -m benchmarks.train_e2e --datasets cora --epochs 200 --device cpu
 

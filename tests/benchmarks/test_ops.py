@@ -130,7 +130,7 @@ def test_time_budget_skips_and_still_reports(tmp_path):
 
 def test_a_second_run_appends_and_the_plot_is_drawn_from_the_csv(tmp_path, monkeypatch, uncached_commit):
     """Each run appends its rows, with the environment columns, under one header; the plot is
-    redrawn from the CSV alone, from its latest commit's rows. The commit is all digits, as a short
+    redrawn from the CSV alone, from the newest row of each case. The commit is all digits, as a short
     hash can be: it must read back as text."""
     monkeypatch.setenv(rows.COMMIT_ENV, "1234567")
     argv = [
@@ -176,21 +176,34 @@ def test_a_second_run_appends_and_the_plot_is_drawn_from_the_csv(tmp_path, monke
     assert png.exists()
 
 
-def test_plots_and_tables_show_the_latest_commit_only(tmp_path):
-    """Rows of an older commit stay in the file, and the tables and plots skip them."""
+def test_plots_and_tables_show_the_newest_row_of_each_case(tmp_path):
+    """A rerun of some cases replaces their rows in the tables and plots, and the cases it did not
+    run keep theirs; each table row and the environment line name the commits."""
     base = {c: "" for c in rows.LAYER_COLUMNS}
-    base.update(
-        suite="layers", layer="GCNConv", graph="g", F="16", gpu="NVIDIA H100 80GB HBM3", timer="cuda_event", status="ok"
-    )
-    old = [{**base, "commit": "aaaaaaa", "method": m, "time_ms": t} for m, t in (("pyg", 9.0), ("ours", 3.0))]
-    new = [{**base, "commit": "bbbbbbb", "method": m, "time_ms": t} for m, t in (("pyg", 8.0), ("ours", 2.0))]
+    base.update(suite="layers", graph="g", F="16", gpu="NVIDIA H100 80GB HBM3", timer="cuda_event", status="ok")
+    old = [
+        {**base, "layer": layer, "commit": "aaaaaaa", "method": m, "time_ms": t}
+        for layer in ("GCNConv", "GATConv")
+        for m, t in (("pyg", 9.0), ("ours", 3.0))
+    ]
+    new = [
+        {**base, "layer": "GCNConv", "commit": "bbbbbbb", "method": m, "time_ms": t}
+        for m, t in (("pyg", 8.0), ("ours", 2.0))
+    ]
     path = tmp_path / "layers.csv"
     written = rows.write_rows(path, old + new)
     assert written[-1]["speedup_vs_pyg"] == 4.0
-    latest = report.load(path)
-    assert set(latest.commit) == {"bbbbbbb"} and sorted(latest.time_ms) == [2.0, 8.0]
+    newest = report.load(path)
+    assert len(newest) == 4
+    gcn = newest[newest.layer == "GCNConv"]
+    assert set(gcn.commit) == {"bbbbbbb"} and sorted(gcn.time_ms) == [2.0, 8.0]
+    assert set(newest[newest.layer == "GATConv"].commit) == {"aaaaaaa"}
     text = report.write_report(tmp_path)
-    assert "commit bbbbbbb" in text and "| GCNConv | g | 8 |" in text and "aaaaaaa" not in text
+    assert "commit aaaaaaa, bbbbbbb" in text
+    assert "| GCNConv | g | 8 |" in text and "| GATConv | g | 9 |" in text
+    gcn_line = next(line for line in text.splitlines() if line.startswith("| GCNConv"))
+    gat_line = next(line for line in text.splitlines() if line.startswith("| GATConv"))
+    assert gcn_line.endswith("| bbbbbbb |") and gat_line.endswith("| aaaaaaa |")
     assert (tmp_path / "layers.png").stat().st_size > 0
 
 
