@@ -523,7 +523,8 @@ class MessagePassing(PyGMessagePassing):
             )
             return None, (
                 f"{what} is not a gather op of the IR; only sum/add, mean, max and min (or "
-                f"Sum/Mean/Max/MinAggregation) are captured"
+                f"Sum/Mean/Max/MinAggregation) are captured, and var, std, softmax and lists with "
+                f"one of these among their parts run staged"
             )
         if module._forward_hooks or module._forward_pre_hooks:
             return None, "hooks on the aggregation module need the materialised per-edge messages"
@@ -814,26 +815,34 @@ class _StagedRun(NamedTuple):
 
     def _sources(self, graph: GraphTensor) -> Tuple[GatherRunner, Callable[[], Tensor]]:
         """``(run_gather, messages)`` for :func:`~pyg_ugrapher.aggregation.aggregate`: a captured
-        message op is run with each gather op; the per-edge messages are computed once, if asked."""
+        message op is run with each gather op; each result (a mean is asked again by a variance)
+        and the per-edge messages are computed once, if asked."""
         capture = self.staged.capture
         computed: List[Tensor] = []
+        gathered: Dict[Tuple[str, bool, bool], Tensor] = {}
 
         def messages() -> Tensor:
             if not computed:
                 if capture is None:
                     computed.append(self.staged.messages)
                 else:
-                    op = capture.op if capture.gather is not None else _with_gather(capture.op, None)
+                    op = capture.op if capture.gather is not None else _with_gather(capture.op, None, False)
                     out = _run(graph, op, _capture_operands(capture, self.staged.tensors))
                     computed.append(out.reshape(out.shape[:1] + capture.message_shape))
             return computed[0]
 
-        def run_gather(gather_op: str) -> Tensor:
-            if capture is None or capture.gather is not None:
-                return _run(graph, _copy_edges(gather_op), [messages()])
-            operands = _capture_operands(capture, self.staged.tensors)
-            out = _run(graph, _with_gather(capture.op, gather_op), operands)
-            return out.reshape(out.shape[:1] + capture.message_shape)
+        def run_gather(gather_op: str, squared: bool) -> Tensor:
+            key = (gather_op, squared, torch.is_grad_enabled())  # a semi-gradient mean of squares has none
+            if key not in gathered:
+                if capture is None or capture.gather is not None:
+                    values = messages()
+                    out = _run(graph, _copy_edges(gather_op), [values * values if squared else values])
+                else:
+                    operands = _capture_operands(capture, self.staged.tensors)
+                    out = _run(graph, _with_gather(capture.op, gather_op, squared), operands)
+                    out = out.reshape(out.shape[:1] + capture.message_shape)
+                gathered[key] = out
+            return gathered[key]
 
         return run_gather, messages
 
@@ -843,9 +852,10 @@ def _capture_operands(capture: Capture, tensors: Dict[str, Tensor]) -> List[Tens
 
 
 @functools.lru_cache(maxsize=None)
-def _with_gather(op: OpInfo, gather: Optional[str]) -> OpInfo:
-    """``op``'s message with the gather op ``gather`` (``None``: the per-edge messages)."""
-    return canonical(op.expr, op.inputs, gather, False)
+def _with_gather(op: OpInfo, gather: Optional[str], squared: bool) -> OpInfo:
+    """``op``'s message, or its square, with the gather op ``gather`` (``None``: per edge)."""
+    message = op.expr * op.expr if squared else op.expr
+    return canonical(message, op.inputs, gather, False)
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,6 +16,7 @@ from torch_geometric.nn.aggr import (
     MultiAggregation,
     StdAggregation,
     SumAggregation,
+    VarAggregation,
 )
 from torch_geometric.nn.conv import GraphConv, PNAConv, SAGEConv
 
@@ -45,6 +46,11 @@ def _pna(edge_index, num_nodes, **kwargs):
 LAYERS = {
     "sage-cat": lambda ei, n: SAGEConv(FEATURES, 5, aggr=["mean", "max", "sum"]),
     "sage-std": lambda ei, n: SAGEConv(FEATURES, 5, aggr=["mean", "std"]),
+    # Not two VarAggregation parts: PyG's FusedAggregation then returns a wrong first variance. Nor
+    # semi_grad inside a list: PyG's FusedAggregation ignores it (full gradients); ours keeps it.
+    "sage-moments": lambda ei, n: SAGEConv(FEATURES, 5, aggr=["var", "std", "mul"]),
+    "std-semi-grad": lambda ei, n: SAGEConv(FEATURES, 5, aggr=StdAggregation(semi_grad=True)),
+    "var-semi-grad": lambda ei, n: GraphConv(FEATURES, 5, aggr=VarAggregation(semi_grad=True)),
     "sage-proj": lambda ei, n: SAGEConv(
         FEATURES,
         5,
@@ -86,14 +92,18 @@ def test_layers_equal_pygs(executor, name):
 
 
 def test_parts_that_are_gather_ops_read_the_symbolic_messages(executor):
-    """``mean`` and ``max`` of ``x_j`` are ``copy_u_mean`` and ``copy_u_max``: no per-edge tensor is
-    written; a part PyG computes (``std``) gets the messages, computed once."""
+    """``mean`` and ``max`` of ``x_j`` are ``copy_u_mean`` and ``copy_u_max``, a variance or standard
+    deviation adds the mean of the squares (the mean is shared): no per-edge tensor is written. Parts
+    PyG computes (``mul``) get the messages, computed once."""
     x, edge_index = layer_inputs(executor, features=FEATURES)
     ours = ug.accelerate(SAGEConv(FEATURES, 5, aggr=["mean", "max"]), inplace=False)
     assert ran_ops(ours, x, edge_index) == ["copy_u_mean", "copy_u_max"]
-    with_std = ug.accelerate(SAGEConv(FEATURES, 5, aggr=["mean", "std", "max", "var"]), inplace=False)
-    assert ran_ops(with_std, x, edge_index) == ["copy_u_mean", "copy_u", "copy_u_max"]
-    assert "StdAggregation, VarAggregation in PyTorch" in with_std.staged_reason
+    moments = ug.accelerate(SAGEConv(FEATURES, 5, aggr=["mean", "std", "max", "var"]), inplace=False)
+    assert ran_ops(moments, x, edge_index) == ["copy_u_mean", "(u0 * u0)_mean", "copy_u_max"]
+    assert "in PyTorch" not in moments.staged_reason
+    products = ug.accelerate(SAGEConv(FEATURES, 5, aggr=["mul", "max", "mul"]), inplace=False)
+    assert ran_ops(products, x, edge_index) == ["copy_u", "copy_u_max"]
+    assert "MulAggregation in PyTorch" in products.staged_reason
 
 
 def test_a_hooked_part_runs_as_pygs_module(executor):
@@ -113,8 +123,8 @@ def test_a_hooked_or_opaque_aggregation_runs_pygs_propagation(executor):
     x, edge_index = layer_inputs(executor, features=FEATURES)
     hooked = ug.accelerate(SAGEConv(FEATURES, 5, aggr=["mean", "max"]), inplace=False)
     hooked.aggr_module.register_forward_pre_hook(lambda module, args: None)
-    lstm = ug.accelerate(GraphConv(FEATURES, 5, aggr=MultiAggregation([StdAggregation()])), inplace=False)
-    for layer in (hooked, lstm):
+    opaque = ug.accelerate(GraphConv(FEATURES, 5, aggr=MultiAggregation(["mul"])), inplace=False)
+    for layer in (hooked, opaque):
         layer(x, edge_index)
         assert layer.staged_reason is None and layer.fallback_reason is not None
 
@@ -123,23 +133,23 @@ def test_a_hooked_or_opaque_aggregation_runs_pygs_propagation(executor):
     "module,expected",
     [
         (SumAggregation(), True),
-        (StdAggregation(), False),
-        (MultiAggregation(["std", "var"]), False),
-        (MultiAggregation(["std", "max"]), True),
+        (StdAggregation(), True),
+        (MultiAggregation(["mul", "softmax"]), False),
+        (MultiAggregation(["mul", "var"]), True),
         (DegreeScalerAggregation("mean", ["identity"], torch.tensor([0, 3, 1])), True),
         (DegreeScalerAggregation(LSTMAggregation(2, 2), ["identity"], torch.tensor([0, 3, 1])), False),
         (None, False),
     ],
-    ids=["sum", "std", "std-var", "std-max", "scaled-mean", "scaled-lstm", "none"],
+    ids=["sum", "std", "median-softmax", "median-var", "scaled-mean", "scaled-lstm", "none"],
 )
 def test_which_modules_run_on_graph_operators(module, expected):
     assert aggregation.on_graph_operators(module) is expected
 
 
 def test_what_runs_in_pytorch_is_named_in_order():
-    module = MultiAggregation(["mean", "std", MultiAggregation(["var", "max"]), "std"])
-    assert aggregation.in_pytorch(module) == ["StdAggregation", "VarAggregation", "StdAggregation"]
-    assert aggregation.in_pytorch(MaxAggregation()) == []
+    module = MultiAggregation(["mean", "mul", MultiAggregation(["var", "softmax"]), "mul"])
+    assert aggregation.in_pytorch(module) == ["MulAggregation", "SoftmaxAggregation", "MulAggregation"]
+    assert aggregation.in_pytorch(MaxAggregation()) == aggregation.in_pytorch(StdAggregation()) == []
 
 
 @pytest.mark.parametrize("large", [True, False], ids=["large", "small"])
