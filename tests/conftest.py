@@ -64,7 +64,8 @@ def _skip_overflow_checks() -> None:
 
 _import_triton_interpretable()
 
-from torch_geometric.typing import SparseTensor  # noqa: E402  (PyG imports Triton)
+import torch_geometric.nn as pyg_nn  # noqa: E402  (PyG imports Triton)
+from torch_geometric.typing import SparseTensor  # noqa: E402
 
 import pyg_ugrapher as ug  # noqa: E402
 import triton_kernels  # noqa: E402
@@ -102,6 +103,17 @@ def pytest_collection_modifyitems(config, items):
         for applies, skip in skips:
             if applies(item):
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pyg_fused_propagations():
+    """PyG generates a class's ``propagate()`` at its first instance, with that instance's ``fuse``:
+    a first ``SAGEConv`` with a list of aggregations (``fuse=False``) leaves the class without the
+    fused branch, and every later ``SAGEConv(aggr="mean")`` given a sparse adjacency raises
+    ``NotImplementedError`` (PyG 2.8, without this project). Building one default instance of the
+    classes the tests also build with lists first keeps the tests independent of their order."""
+    pyg_nn.SAGEConv(1, 1)
+    pyg_nn.GraphConv(1, 1)
 
 
 # -- where compute runs --------------------------------------------------------------------------
