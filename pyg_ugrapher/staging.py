@@ -288,6 +288,28 @@ class StagedTrace(Trace):
         out._parts = tuple(tensors)
         return out
 
+    def select(self, x: Any, index: Any) -> Any:
+        """``x[index]`` where ``index`` keeps every edge and picks along the features only (``x[:, i]``,
+        PNA's towers): an operand's node rows are indexed instead, and each piece of a
+        ``torch.cat`` alike when the index leaves the concatenated last dimension whole."""
+        if not isinstance(x, TracedTensor) or not _keeps_rows(index):
+            return NotImplemented
+        if x._parts is not None:
+            if len(index) == x.dim() and index[-1] != slice(None):
+                return NotImplemented
+            pieces = [self.select(piece, index) for piece in x._parts]
+            if any(piece is NotImplemented for piece in pieces):
+                return NotImplemented
+            return self.concatenate(pieces, -1)
+        if x._expr is None or x._expr.fn != "input" or x._reduce or x._computed is not None:
+            return NotImplemented
+        leaf = self.leaves[x._expr.index]
+        if leaf.shape != x.features:
+            return NotImplemented
+        source = self.tensors[leaf.argument]
+        picked = source.reshape((source.shape[0],) + leaf.shape)[index]
+        return self.operand(picked, leaf.kind, picked.dim())
+
     def edge_softmax(self, src: Any) -> Tensor:
         r"""PyG's ``softmax(src, index)`` over the edges of each receiver, as graph operators:
         :math:`m_i = \max_j s_{ji}` (no gradient, as PyG's), :math:`t_i = \sum_j e^{s_{ji} - m_i}`
@@ -381,11 +403,45 @@ def _cat(trace: StagedTrace, args: Sequence[Any], kwargs: Mapping[str, Any]) -> 
     return trace.concatenate(list(tensors), dim)
 
 
+def _keeps_rows(index: Any) -> bool:
+    """Whether ``index`` is ``(:, ...)`` with integers and slices after: every row kept."""
+    return (
+        isinstance(index, tuple)
+        and len(index) > 1
+        and index[0] == slice(None)
+        and all(type(i) is int or isinstance(i, slice) for i in index[1:])
+    )
+
+
+def _getitem(trace: StagedTrace, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    if len(args) != 2 or kwargs:
+        return NotImplemented
+    return trace.select(args[0], args[1])
+
+
+def _stack(trace: StagedTrace, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """``torch.stack`` of one traced value: a new feature dimension (PNA's single tower)."""
+    tensors = args[0] if args else kwargs.get("tensors")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if (
+        not isinstance(tensors, (list, tuple))
+        or len(tensors) != 1
+        or not isinstance(tensors[0], TracedTensor)
+        or not isinstance(dim, int)
+        or set(kwargs) - {"tensors", "dim"}
+        or dim % (tensors[0].dim() + 1) == 0
+    ):
+        return NotImplemented
+    return tensors[0].unsqueeze(dim)
+
+
 _STAGED_HANDLERS: Dict[str, Callable[[StagedTrace, Sequence[Any], Mapping[str, Any]], Any]] = {
     "torch.nn.functional.linear": _linear,
     "torch.cat": _cat,
     "torch.concat": _cat,
     "torch.concatenate": _cat,
+    "torch.Tensor.__getitem__": _getitem,
+    "torch.stack": _stack,
 }
 
 

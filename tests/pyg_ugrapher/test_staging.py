@@ -99,6 +99,58 @@ def test_linear_of_a_concatenation_is_split_by_linearity(executor, aggr):
     assert len(names) == 2 and names[-1] == f"copy_e_{aggr}", names
 
 
+def towers_forward(self, x, edge_index):
+    return self.propagate(edge_index, x=x.view(-1, 2, x.shape[-1] // 2))
+
+
+def tower_message(self, x_i, x_j):
+    """PNA's pattern: a Linear of each tower of a concatenation, stacked."""
+    h = torch.cat([x_i, x_j], dim=-1)
+    return torch.stack([self.lin(h[:, self.tower])], dim=1)
+
+
+def add_tower_linear(module, tower: int = 1):
+    module.lin, module.tower = nn.Linear(4, 3), tower
+
+
+@pytest.mark.parametrize("aggr", ["sum", "max"])
+def test_a_tower_of_a_concatenation_is_picked_on_node_rows(executor, aggr):
+    """``h[:, i]`` of a concatenation of node operands indexes the node tensors, and a stack of one
+    value is a new feature dimension: the message stays one operator, fused into the gather."""
+    x, edge_index = layer_inputs(executor)
+    body = {"forward": towers_forward, "message": tower_message}
+    ours, theirs = twins(body, add_tower_linear, aggr=aggr, node_dim=0)
+    assert_same_results(outputs_and_grads(ours, x, edge_index), outputs_and_grads(theirs, x, edge_index), aggr)
+    in_pytorch = ours.staged_reason.split(" (")[0]  # the parenthesis says why the capture failed
+    assert ours.fallback_reason is None and "__getitem__" not in in_pytorch and "torch.stack" not in in_pytorch
+    assert ran_ops(ours, x, edge_index) == [f"v_add_u_{aggr}"]
+
+
+def indexed_message(self, x_j):
+    return x_j[:, 0:1] * x_j[:, 1:].sum(-1, keepdim=True)  # a slice, a pick, then a value of it
+
+
+def test_feature_picks_and_slices_of_an_operand_index_its_node_rows(executor):
+    x, edge_index = layer_inputs(executor)
+    ours, theirs = twins({"forward": forward, "message": indexed_message}, aggr="sum")
+    assert_same_results(outputs_and_grads(ours, x, edge_index), outputs_and_grads(theirs, x, edge_index))
+    in_pytorch = ours.staged_reason.split(" (")[0]  # the parenthesis says why the capture failed
+    assert ours.fallback_reason is None and "__getitem__" not in in_pytorch
+
+
+def dropped_edge_message(self, x_j):
+    return x_j[1:]  # not a pick along the features: PyG's own result has one message too few
+
+
+def test_indexing_along_the_edges_runs_in_pytorch():
+    x, edge_index = layer_inputs("reference")
+    ours, theirs = twins({"forward": forward, "message": dropped_edge_message}, aggr="sum")
+    with pytest.raises(Exception) as theirs_error:
+        theirs(x, edge_index)
+    with pytest.raises(type(theirs_error.value)):
+        ours(x, edge_index)
+
+
 def test_segment_softmax_runs_as_graph_operators(executor):
     x, edge_index = layer_inputs(executor)
     ours, theirs = twins(*ATTENTION)
