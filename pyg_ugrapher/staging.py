@@ -301,14 +301,26 @@ class StagedTrace(Trace):
             if any(piece is NotImplemented for piece in pieces):
                 return NotImplemented
             return self.concatenate(pieces, -1)
+        return self._on_rows(x, lambda rows: rows[index])
+
+    def repeat(self, x: Any, sizes: Sequence[int]) -> Any:
+        """``x.repeat(*sizes)`` that repeats along the features only (``sizes[0] == 1``: PNA's edge
+        features over its towers): an operand's rows are repeated instead."""
+        if not isinstance(x, TracedTensor) or len(sizes) != x.dim() or sizes[0] != 1:
+            return NotImplemented
+        return self._on_rows(x, lambda rows: rows.repeat(*sizes))
+
+    def _on_rows(self, x: TracedTensor, transform: Callable[[Tensor], Tensor]) -> Any:
+        """``transform`` (which keeps every row and moves data only within one) applied to the real
+        rows behind ``x``, a value that is one operand as it is (viewed or not); else ``NotImplemented``."""
         if x._expr is None or x._expr.fn != "input" or x._reduce or x._computed is not None:
             return NotImplemented
         leaf = self.leaves[x._expr.index]
         if leaf.shape != x.features:
             return NotImplemented
         source = self.tensors[leaf.argument]
-        picked = source.reshape((source.shape[0],) + leaf.shape)[index]
-        return self.operand(picked, leaf.kind, picked.dim())
+        rows = transform(source.reshape((source.shape[0],) + leaf.shape))
+        return self.operand(rows, leaf.kind, rows.dim())
 
     def edge_softmax(self, src: Any) -> Tensor:
         r"""PyG's ``softmax(src, index)`` over the edges of each receiver, as graph operators:
@@ -419,6 +431,15 @@ def _getitem(trace: StagedTrace, args: Sequence[Any], kwargs: Mapping[str, Any])
     return trace.select(args[0], args[1])
 
 
+def _repeat(trace: StagedTrace, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    if kwargs or len(args) < 2:
+        return NotImplemented
+    sizes = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list, torch.Size)) else args[1:]
+    if not all(type(size) is int for size in sizes):
+        return NotImplemented
+    return trace.repeat(args[0], tuple(sizes))
+
+
 def _stack(trace: StagedTrace, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     """``torch.stack`` of one traced value: a new feature dimension (PNA's single tower)."""
     tensors = args[0] if args else kwargs.get("tensors")
@@ -441,6 +462,7 @@ _STAGED_HANDLERS: Dict[str, Callable[[StagedTrace, Sequence[Any], Mapping[str, A
     "torch.concat": _cat,
     "torch.concatenate": _cat,
     "torch.Tensor.__getitem__": _getitem,
+    "torch.Tensor.repeat": _repeat,
     "torch.stack": _stack,
 }
 

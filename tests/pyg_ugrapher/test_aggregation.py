@@ -72,6 +72,7 @@ LAYERS = {
         ),
     ),
     "pna": lambda ei, n: _pna(ei, n),
+    "pna-edges": lambda ei, n: _pna(ei, n, edge_dim=3),
     "pna-towers-edges": lambda ei, n: _pna(ei, n, edge_dim=3, towers=2, pre_layers=2, divide_input=True),
 }
 
@@ -104,6 +105,21 @@ def test_parts_that_are_gather_ops_read_the_symbolic_messages(executor):
     products = ug.accelerate(SAGEConv(FEATURES, 5, aggr=["mul", "max", "mul"]), inplace=False)
     assert ran_ops(products, x, edge_index) == ["copy_u", "copy_u_max"]
     assert "MulAggregation in PyTorch" in products.staged_reason
+
+
+@pytest.mark.parametrize("name", ["pna", "pna-edges"])
+def test_pnas_message_stays_symbolic(executor, name):
+    """PNA's one-tower message (its Linear of ``[x_i, x_j(, edge features repeated over the towers)]``
+    picked per tower) is ``A[dst] + B[src] (+ C[e])``: its mean, min, max and the mean of its square
+    are four graph operators, and no per-edge message tensor is written."""
+    x, edge_index = layer_inputs(executor, features=FEATURES)
+    ours = ug.accelerate(LAYERS[name](edge_index, x.shape[0]), inplace=False)
+    args = [edge_index]
+    if "edges" in name:
+        args.append(torch.randn(edge_index.shape[1], 3, generator=torch.Generator().manual_seed(3)))
+    names = ran_ops(ours, x, *args)
+    assert [name.rsplit("_", 1)[-1] for name in names] == ["mean", "min", "max", "mean"], names
+    assert "copy" not in " ".join(names)
 
 
 def test_a_hooked_part_runs_as_pygs_module(executor):

@@ -126,6 +126,23 @@ def test_a_tower_of_a_concatenation_is_picked_on_node_rows(executor, aggr):
     assert ran_ops(ours, x, edge_index) == [f"v_add_u_{aggr}"]
 
 
+def repeated_message(self, x_j, x_i):
+    """A value repeated over a new feature dimension (PNA's edge features over its towers)."""
+    return (x_j.view(-1, 1, x_j.shape[-1]).repeat(1, 2, 1) * self.scale).sum(-2) + x_i
+
+
+def add_scale(module):
+    module.scale = nn.Parameter(torch.tensor([[0.5], [2.0]]))
+
+
+def test_a_repeat_along_the_features_repeats_the_operand_rows(executor):
+    x, edge_index = layer_inputs(executor)
+    ours, theirs = twins({"forward": forward, "message": repeated_message}, add_scale, aggr="mean")
+    assert_same_results(outputs_and_grads(ours, x, edge_index), outputs_and_grads(theirs, x, edge_index))
+    in_pytorch = ours.staged_reason.split(" (")[0]  # the parenthesis says why the capture failed
+    assert ours.fallback_reason is None and "repeat" not in in_pytorch
+
+
 def indexed_message(self, x_j):
     return x_j[:, 0:1] * x_j[:, 1:].sum(-1, keepdim=True)  # a slice, a pick, then a value of it
 
