@@ -820,7 +820,12 @@ def _allocate(
         return buffers.uninitialised((rows, width), dtype, device).index_fill_(0, combined, identity)
     if op.gather_op not in _IDENTITY:
         return torch.zeros((rows, width), dtype=dtype, device=device)
-    return _row_identities(graph.csr, identity, dtype)[:, None].expand(rows, width).contiguous()
+    # A copy even where the view is already contiguous (one feature): the kernel writes into it.
+    return (
+        _row_identities(graph.csr, identity, dtype)[:, None]
+        .expand(rows, width)
+        .clone(memory_format=torch.contiguous_format)
+    )
 
 
 def _row_identities(csr: CSR, identity: float, dtype: torch.dtype) -> Tensor:
