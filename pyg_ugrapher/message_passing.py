@@ -582,7 +582,7 @@ class MessagePassing(PyGMessagePassing):
                 key, reason, graph, edge_index, message_kwargs, arguments, tensors, collected, gather
             )
             return captured, graph, [], collected
-        operands = [operand.build(tensors[operand.argument]) for operand in captured.operands]
+        operands = _capture_operands(captured, tensors)
         return captured, graph, operands, collected
 
     def _stage(
@@ -818,6 +818,7 @@ class _StagedRun(NamedTuple):
         message op is run with each gather op; each result (a mean is asked again by a variance)
         and the per-edge messages are computed once, if asked."""
         capture = self.staged.capture
+        operands = None if capture is None else _capture_operands(capture, self.staged.tensors)
         computed: List[Tensor] = []
         gathered: Dict[Tuple[str, bool, bool], Tensor] = {}
 
@@ -827,7 +828,7 @@ class _StagedRun(NamedTuple):
                     computed.append(self.staged.messages)
                 else:
                     op = capture.op if capture.gather is not None else _with_gather(capture.op, None, False)
-                    out = _run(graph, op, _capture_operands(capture, self.staged.tensors))
+                    out = _run(graph, op, operands)
                     computed.append(out.reshape(out.shape[:1] + capture.message_shape))
             return computed[0]
 
@@ -838,7 +839,6 @@ class _StagedRun(NamedTuple):
                     values = messages()
                     out = _run(graph, _copy_edges(gather_op), [values * values if squared else values])
                 else:
-                    operands = _capture_operands(capture, self.staged.tensors)
                     out = _run(graph, _with_gather(capture.op, gather_op, squared), operands)
                     out = out.reshape(out.shape[:1] + capture.message_shape)
                 gathered[key] = out
@@ -848,6 +848,7 @@ class _StagedRun(NamedTuple):
 
 
 def _capture_operands(capture: Capture, tensors: Dict[str, Tensor]) -> List[Tensor]:
+    """The operands of ``capture``'s op, built from the real tensors of its operand arguments."""
     return [operand.build(tensors[operand.argument]) for operand in capture.operands]
 
 
