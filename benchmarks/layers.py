@@ -37,6 +37,7 @@ HEADS = 4
 LAYERS: Dict[str, Callable[[ModuleType, int], nn.Module]] = {
     "GCNConv": lambda ns, w: ns.GCNConv(w, w),
     "GATConv": lambda ns, w: ns.GATConv(w, w // HEADS, heads=HEADS),
+    "GATv2Conv": lambda ns, w: ns.GATv2Conv(w, w // HEADS, heads=HEADS),
     "SAGEConv": lambda ns, w: ns.SAGEConv(w, w, aggr="mean"),
     "GraphConv": lambda ns, w: ns.GraphConv(w, w, aggr="max"),
     "GINConv": lambda ns, w: ns.GINConv(nn.Sequential(nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w))),
@@ -45,7 +46,6 @@ LAYERS: Dict[str, Callable[[ModuleType, int], nn.Module]] = {
 PNA_DEGREES = torch.bincount(torch.full((16,), 16))
 #: PyG layers without a drop-in: ours is ``ug.accelerate`` of PyG's layer.
 ROUTED: Dict[str, Callable[[ModuleType, int], nn.Module]] = {
-    "GATv2Conv": lambda ns, w: ns.GATv2Conv(w, w // HEADS, heads=HEADS),
     "TransformerConv": lambda ns, w: ns.TransformerConv(w, w // HEADS, heads=HEADS),
     "EdgeConv": lambda ns, w: ns.EdgeConv(nn.Sequential(nn.Linear(2 * w, w), nn.ReLU(), nn.Linear(w, w)), aggr="max"),
     "GENConv": lambda ns, w: ns.GENConv(w, w),

@@ -51,7 +51,7 @@ PLUGIN = "benchmarks.pyg_tests_plugin"
 #: PyG's optional compiled packages: parts of PyG's tests run (or skip) only where they are installed.
 EXTENSIONS = ("torch_sparse", "torch_scatter", "pyg_lib")
 #: PyG's test modules of the replaced layers: ``test/nn/conv/test_<name>_conv.py``.
-MODULES = ("gcn", "gat", "sage", "gin", "graph")
+MODULES = ("gcn", "gat", "gatv2", "sage", "gin", "graph")
 #: Group -> (its folder under ``test/``, the stem of its result files, what its modules are).
 GROUPS: Dict[str, Tuple[str, str, str]] = {
     "conv": ("nn/conv", "pyg_tests", "PyG's test modules `test/nn/conv/test_<layer>_conv.py`"),

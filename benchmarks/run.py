@@ -14,8 +14,8 @@ Suites:
   compiled, with ours eager and compiled; then the ``layers`` suite.
 * ``ops``: every operator on the whole graph corpus, F in 32/128/256, with a sweep of each
   parallel strategy (PyG compiled only with ``--compile-all``: each compilation takes 10-30 s).
-* ``layers``: one training step of GCN, GAT, SAGE, GraphConv(max) and GIN layers, and of PyG's
-  GATv2, Transformer, EdgeConv and GEN layers through ``ug.accelerate``.
+* ``layers``: one training step of GCN, GAT, GATv2, SAGE, GraphConv(max) and GIN layers, and of
+  PyG's Transformer, EdgeConv, GEN and PNA layers through ``ug.accelerate``.
 * ``all``: all three.
 
 Rows are appended as they are measured. When ``--time-budget`` runs out, the remaining

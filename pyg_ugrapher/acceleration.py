@@ -8,8 +8,8 @@ function ``pyg_ugrapher.accelerate`` by the module.)
 ``apply_liger_kernel_to_*`` functions, but on a model that already exists:
 
 * **swapped**: a layer of a class that :mod:`pyg_ugrapher.nn` has a drop-in for (``GCNConv``,
-  ``GATConv``, ``SAGEConv``, ``GINConv``, ``GINEConv``, ``GraphConv``; the exact classes, not
-  subclasses) is replaced in its parent by the drop-in, built with the layer's constructor
+  ``GATConv``, ``GATv2Conv``, ``SAGEConv``, ``GINConv``, ``GINEConv``, ``GraphConv``; the exact
+  classes, not subclasses) is replaced in its parent by the drop-in, built with the layer's constructor
   arguments (read back from its attributes). The drop-in takes over the layer's very submodules,
   parameters and buffers (the same objects, not copies): an optimizer built before the call still
   holds the model's parameters, tied weights stay tied, and devices, dtypes and ``requires_grad``

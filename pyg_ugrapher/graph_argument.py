@@ -697,6 +697,15 @@ def looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_
     return Looped(Graph(graph, None, graph.num_edges), kept, loops, loop_nodes, index)
 
 
+def looped_edge_attr(looped: Looped, edge_attr: Tensor, num_loops: int, fill_value: object) -> Tensor:
+    """The edge features of :func:`looped_graph`'s graph, as PyG's ``remove_self_loops`` followed
+    by ``add_self_loops(fill_value=...)`` gives them: the kept edges' features, then each loop's,
+    computed by PyG's own helper."""
+    kept = edge_attr.index_select(0, looped.kept)
+    loop_attr = compute_loop_attr(looped.index[:, : kept.size(0)], kept, num_loops, False, fill_value)
+    return torch.cat([kept, loop_attr], dim=0)
+
+
 def adjacency(layer, edge_index: Tensor, num_src: int, num_dst: int) -> Tuple[Graph, Optional[Tensor]]:
     """The cached graph of a layer's graph argument, and a sparse adjacency's values (per call, so
     that they stay differentiable; ``None`` for an edge index)."""

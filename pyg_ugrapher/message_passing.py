@@ -25,13 +25,14 @@ import threading
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import Tensor
 from torch.nn import Parameter
 from torch_geometric import EdgeIndex
 from torch_geometric.index import ptr2index
+from torch_geometric.inspector import Inspector
 from torch_geometric.nn.aggr import SoftmaxAggregation
 from torch_geometric.nn.conv import MessagePassing as PyGMessagePassing
 from torch_geometric.typing import Adj, Size
@@ -448,6 +449,27 @@ class MessagePassing(PyGMessagePassing):
         trace = StagedTrace(graph.num_edges, tensors, run, _receivers(collected), graph.num_dst)
         return stage(method, staged_arguments, trace, gather, owner=self, weigh=weigh)
 
+    def _collect(
+        self, args: Set[str], edge_index: Adj, size: List[Optional[int]], kwargs: Dict[str, Any]
+    ) -> Dict[str, Any]:
+        """PyG's collection of the arguments of ``message()`` or ``edge_update()``, with a pair
+        ``(x_src, x_dst)`` read as PyG reads it for this class. PyG's generated ``propagate()`` and
+        ``edge_updater()`` take ``x_j`` from the pair's first tensor and ``x_i`` from its second,
+        whatever the flow; its generic ones, which this builds on and which PyG runs for a class it
+        cannot generate them for, take them the other way round under
+        ``flow="target_to_source"``. The sizes they set are the same."""
+        out = super()._collect(args, edge_index, size, kwargs)
+        if self.flow == "source_to_target" or not _generated_by_pyg(self, args is self._edge_user_args):
+            return out
+        for arg in args:
+            suffix = arg[-2:]
+            pair = kwargs.get(arg[:-2]) if suffix in ("_i", "_j") else None
+            if isinstance(pair, (tuple, list)):
+                value = pair[0] if suffix == "_j" else pair[1]
+                row = self._source_row if suffix == "_j" else 1 - self._source_row
+                out[arg] = self._lift(value, edge_index, row) if isinstance(value, Tensor) else None
+        return out
+
     def _lift(self, src: Tensor, edge_index: Adj, dim: int) -> Any:
         # While message() arguments are collected, node tensors stay unindexed: the fused op reads
         # them at each edge's endpoint, so PyG's [E, F] copy of them is never made.
@@ -845,6 +867,31 @@ class _StagedRun(NamedTuple):
             return gathered[key]
 
         return run_gather, messages
+
+
+#: Per class and method (``propagate`` or ``edge_updater``): whether PyG generates the method
+#: for it (:func:`_generated_by_pyg`).
+_GENERATED: "weakref.WeakKeyDictionary[type, Dict[bool, bool]]" = weakref.WeakKeyDictionary()
+
+
+def _generated_by_pyg(module: PyGMessagePassing, edge_updater: bool) -> bool:
+    """Whether PyG would run its generated ``propagate()`` (or ``edge_updater()``) for the class of
+    ``module`` were it PyG's (for a routed layer, the PyG class it was made from): PyG generates
+    one where its inspector reads the method's call in the class's source
+    (``MessagePassing._set_jittable_templates``), and runs its generic one otherwise (no source, a
+    call it cannot parse). Decided once per class, by PyG's own reading of that call."""
+    cls = type(module)
+    known = _GENERATED.setdefault(cls, {})
+    if edge_updater not in known:
+        method = "edge_updater" if edge_updater else "propagate"
+        try:
+            Inspector(getattr(cls, "accelerated_from", cls)).get_params_from_method_call(
+                method, exclude=[0, "edge_index", "size"]
+            )
+            known[edge_updater] = True
+        except Exception:  # as PyG's own generation, which falls back to the generic method on any error
+            known[edge_updater] = False
+    return known[edge_updater]
 
 
 def _capture_operands(capture: Capture, tensors: Dict[str, Tensor]) -> List[Tensor]:

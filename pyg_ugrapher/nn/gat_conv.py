@@ -9,7 +9,6 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import add_self_loops, remove_self_loops, to_edge_index
-from torch_geometric.utils.loop import compute_loop_attr
 from torch_geometric.utils.sparse import set_sparse_value
 
 from ..attention import EPSILON, softmax_aggregate, softmax_aggregate_op
@@ -25,6 +24,7 @@ from ..graph_argument import (
     graph_of,
     is_sparse,
     layer_op,
+    looped_edge_attr,
     looped_graph,
     named,
     node_sizes,
@@ -437,12 +437,7 @@ class GATConv(MessagePassing, ScriptedAsPyG):
             return graph, None, edge_attr
         looped = looped_graph(edge_index, self.flow, num_src, num_dst, num_loops)
         if edge_attr is not None:
-            # As PyG's remove_self_loops + add_self_loops, fill_value applied by PyG's own helper.
-            edge_attr = edge_attr.index_select(0, looped.kept)
-            loop_attr = compute_loop_attr(
-                looped.index[:, : edge_attr.size(0)], edge_attr, num_loops, False, self.fill_value
-            )
-            edge_attr = torch.cat([edge_attr, loop_attr], dim=0)
+            edge_attr = looped_edge_attr(looped, edge_attr, num_loops, self.fill_value)
         # The looped index is cached with the graph: the caller gets its own, as PyG's are new
         # every call (one the caller changed in place was the next call's returned index).
         return looped.graph, looped.index.clone() if return_attention_weights else None, edge_attr

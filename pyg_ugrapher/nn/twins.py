@@ -16,6 +16,7 @@ import torch
 from torch.nn import Module, Parameter
 from torch_geometric.nn.conv import MessagePassing as PyGMessagePassing
 from torch_geometric.nn.conv.gat_conv import GATConv
+from torch_geometric.nn.conv.gatv2_conv import GATv2Conv
 from torch_geometric.nn.conv.gcn_conv import GCNConv
 from torch_geometric.nn.conv.gin_conv import GINConv, GINEConv
 from torch_geometric.nn.conv.graph_conv import GraphConv
@@ -35,6 +36,12 @@ def _gcn(layer: Any) -> Dict[str, Any]:
 def _gat(layer: Any) -> Dict[str, Any]:
     names = ("in_channels", "out_channels", "heads", "concat", "negative_slope", "dropout")
     names += ("add_self_loops", "edge_dim", "fill_value", "residual")
+    return dict(_attributes(layer, *names), bias=layer.bias is not None)
+
+
+def _gatv2(layer: Any) -> Dict[str, Any]:
+    names = ("in_channels", "out_channels", "heads", "concat", "negative_slope", "dropout")
+    names += ("add_self_loops", "edge_dim", "fill_value", "share_weights", "residual")
     return dict(_attributes(layer, *names), bias=layer.bias is not None)
 
 
@@ -64,6 +71,7 @@ def _graph_conv(layer: Any) -> Dict[str, Any]:
 ARGUMENTS: Dict[str, Callable[[Any], Dict[str, Any]]] = {
     "GCNConv": _gcn,
     "GATConv": _gat,
+    "GATv2Conv": _gatv2,
     "SAGEConv": _sage,
     "GINConv": _gin,
     "GINEConv": _gine,
@@ -72,7 +80,9 @@ ARGUMENTS: Dict[str, Callable[[Any], Dict[str, Any]]] = {
 
 #: Class name -> PyG's class, from the module that defines it: code that puts the drop-ins in
 #: ``torch_geometric.nn``'s place (a test harness) leaves these alone.
-PYG_CLASSES: Dict[str, type] = {cls.__name__: cls for cls in (GCNConv, GATConv, SAGEConv, GINConv, GINEConv, GraphConv)}
+PYG_CLASSES: Dict[str, type] = {
+    cls.__name__: cls for cls in (GCNConv, GATConv, GATv2Conv, SAGEConv, GINConv, GINEConv, GraphConv)
+}
 
 #: Attributes of PyG's base class a layer keeps beside its constructor arguments.
 BASE_SETTINGS = ("flow", "node_dim", "decomposed_layers")

@@ -340,6 +340,22 @@ def test_target_to_source(executor):
     compare(ours, theirs, edge_index, x=x, edge_weight=torch.rand(num_edges, generator=generator))
 
 
+def asymmetric_message(self, x_i, x_j):
+    return x_j * 2.0 - x_i
+
+
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+def test_pair_of_node_tensors_under_either_flow(executor, flow):
+    """``x_j`` reads the pair's first tensor and ``x_i`` its second under either flow, as PyG's
+    generated propagate() reads them (its generic one swaps them under target_to_source)."""
+    num_nodes, num_edges = sizes(executor)
+    edge_index = make_graph(num_nodes, num_edges, seed=13)
+    generator = torch.Generator().manual_seed(13)
+    x = (torch.randn(num_nodes, 3, generator=generator), torch.randn(num_nodes, 3, generator=generator))
+    ours, theirs = twins(asymmetric_message, flow=flow)
+    compare(ours, theirs, edge_index, x=x)
+
+
 def test_bipartite_pair_with_size(executor):
     num_src, num_edges = sizes(executor)
     num_dst = num_src // 2 + 1

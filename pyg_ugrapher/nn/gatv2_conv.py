@@ -1,0 +1,105 @@
+from typing import Optional, Tuple, Union
+
+from torch import Tensor
+from torch_geometric.nn.conv.gatv2_conv import GATv2Conv as PyGGATv2Conv
+from torch_geometric.typing import SparseTensor
+
+from ..graph_argument import check_features, fixed_sizes, is_sparse, looped_edge_attr, looped_graph
+from ..message_passing import MessagePassing
+from .twins import ScriptedAsPyG
+
+
+class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
+    r"""The GATv2 operator of `"How Attentive are Graph Attention Networks?"
+    <https://arxiv.org/abs/2105.14491>`_, PyG's :class:`~torch_geometric.nn.conv.GATv2Conv` on
+    uGrapher's graph operators:
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \sum_{j \in \mathcal{N}(i) \cup \{ i \}}
+        \alpha_{i,j}\mathbf{\Theta}_{s}\mathbf{x}_{j},
+        \qquad
+        \alpha_{i,j} = \frac{\exp\left(\mathbf{a}^{\top}\mathrm{LeakyReLU}\left(
+        \mathbf{\Theta}_{s} \mathbf{x}_j + \mathbf{\Theta}_{t} \mathbf{x}_{i}
+        \left[ + \mathbf{\Theta}_{e} \mathbf{e}_{j,i} \right] \right)\right)}
+        {\sum_{k \in \mathcal{N}(i) \cup \{ i \}}
+        \exp\left(\mathbf{a}^{\top}\mathrm{LeakyReLU}\left(
+        \mathbf{\Theta}_{s} \mathbf{x}_k + \mathbf{\Theta}_{t} \mathbf{x}_{i}
+        \left[ + \mathbf{\Theta}_{e} \mathbf{e}_{k,i} \right] \right)\right)}.
+
+    Same constructor arguments, parameters, ``state_dict`` keys and results as PyG's layer, whose
+    ``message()`` and ``edge_update()`` it runs through :class:`pyg_ugrapher.MessagePassing`: the
+    attention logits and their segment softmax become graph operators, the weighted sum one fused
+    operator. What the drop-in adds is the self-loop handling of a ``[2, E]`` edge index: PyG's
+    ``forward`` removes and re-adds the self loops on every call (a new edge index whose graph
+    structure must be built again, and host synchronisations); here the looped graph is built once
+    per edge index (:func:`~pyg_ugrapher.graph_argument.looped_graph`) and reused while the index
+    is unchanged. Sparse adjacencies, ``torch.compile``, recordings that rebuild the graph, explain
+    mode and hooks run PyG's ``forward`` on this layer.
+    """
+
+    def forward(
+        self,
+        x: Union[Tensor, Tuple[Tensor, Tensor]],
+        edge_index: Union[Tensor, SparseTensor],
+        edge_attr: Optional[Tensor] = None,
+        return_attention_weights: Optional[bool] = None,
+    ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
+        r"""Runs the layer.
+
+        Args:
+            x (torch.Tensor or (torch.Tensor, torch.Tensor)): The input node features.
+            edge_index (torch.Tensor or SparseTensor): The graph: ``[2, E]`` indices, or a
+                ``torch.sparse`` or ``torch_sparse.SparseTensor`` adjacency.
+            edge_attr (torch.Tensor, optional): The edge features. (default: :obj:`None`)
+            return_attention_weights (bool, optional): If set, also return
+                ``(edge_index, alpha)``: the graph with its self loops and the attention
+                coefficients ``[E, H]``. (default: :obj:`None`)
+        """
+        if not self._loops_cached(edge_index):
+            return PyGGATv2Conv.forward(self, x, edge_index, edge_attr, return_attention_weights)
+        H, C = self.heads, self.out_channels
+        res: Optional[Tensor] = None
+        if isinstance(x, Tensor):
+            check_features("x", x)
+            if self.res is not None:
+                res = self.res(x)
+            x_l = self.lin_l(x).view(-1, H, C)
+            x_r = x_l if self.share_weights else self.lin_r(x).view(-1, H, C)
+        else:
+            if not isinstance(x, (tuple, list)) or len(x) != 2 or x[1] is None:
+                raise TypeError("x: expected a tensor or a pair (x_src, x_dst) of tensors")
+            check_features("x[0]", x[0])
+            check_features("x[1]", x[1])
+            if self.res is not None:
+                res = self.res(x[1])
+            x_l = self.lin_l(x[0]).view(-1, H, C)
+            x_r = self.lin_r(x[1]).view(-1, H, C)
+
+        num_loops = min(x_l.size(0), x_r.size(0))
+        looped = looped_graph(edge_index, self.flow, x_l.size(0), x_r.size(0), num_loops)
+        if edge_attr is not None:
+            edge_attr = looped_edge_attr(looped, edge_attr, num_loops, self.fill_value)
+        alpha = self.edge_updater(looped.index, x=(x_l, x_r), edge_attr=edge_attr)
+        out = self.propagate(looped.index, x=(x_l, x_r), alpha=alpha)
+
+        out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        if return_attention_weights:
+            # The looped index is cached with the graph: the caller gets its own, as PyG's is new
+            # every call.
+            return out, (looped.index.clone(), alpha)
+        return out
+
+    def _loops_cached(self, edge_index: object) -> bool:
+        """Whether this call adds self loops to a ``[2, E]`` index in eager mode, through the
+        looped graph cached on it; elsewhere PyG's ``forward`` runs."""
+        return (
+            self.add_self_loops
+            and isinstance(edge_index, Tensor)
+            and not is_sparse(edge_index)
+            and not fixed_sizes(edge_index)
+            and self.unfused_reason() is None
+        )

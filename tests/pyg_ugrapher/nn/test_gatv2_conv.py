@@ -1,0 +1,196 @@
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+from torch_geometric import EdgeIndex
+
+import pyg_ugrapher as ug
+from pyg_ugrapher import ops
+from pyg_ugrapher.graph_argument import looped_graph
+from pyg_ugrapher.nn import GATv2Conv
+
+CONFIGS = [
+    {},
+    {"heads": 3},
+    {"heads": 3, "concat": False},
+    {"heads": 2, "share_weights": True},
+    {"heads": 2, "residual": True},
+    {"heads": 2, "add_self_loops": False},
+    {"heads": 2, "negative_slope": 0.05, "bias": False},
+    {"heads": 2, "flow": "target_to_source"},
+    {"heads": 2, "edge_dim": 3},
+    {"heads": 2, "edge_dim": 3, "fill_value": "max"},
+    {"heads": 2, "edge_dim": 3, "fill_value": 0.5},
+    {"heads": 2, "edge_dim": 3, "add_self_loops": False},
+]
+
+
+def _name(kwargs):
+    return ",".join(f"{a}={b}" for a, b in kwargs.items()) or "default"
+
+
+@pytest.mark.parametrize("kwargs", CONFIGS, ids=_name)
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_matches_pyg(compare, small_graph, kwargs, train):
+    x, edge_index = small_graph
+    assert (edge_index[0] == edge_index[1]).sum() >= 2  # stored self loops are replaced
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATv2Conv(6, 4, **kwargs)
+    compare(
+        GATv2Conv(6, 4, **kwargs),
+        theirs,
+        lambda layer, x, edge_attr: layer(x, edge_index, edge_attr if "edge_dim" in kwargs else None),
+        [x, edge_attr],
+        train=train,
+    )
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["lin_l_r", "share_weights"])
+def test_bipartite(compare, bipartite_graph, shared):
+    x_src, x_dst, edge_index = bipartite_graph
+    x_dst = torch.randn(7, 6, generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(0)
+    kwargs = dict(heads=2, residual=True, share_weights=shared)
+    compare(
+        GATv2Conv(6, 4, **kwargs),
+        pyg_nn.GATv2Conv(6, 4, **kwargs),
+        lambda layer, a, b: layer((a, b), edge_index),
+        [x_src, x_dst],
+    )
+
+
+def test_return_attention_weights(compare, small_graph):
+    x, edge_index = small_graph
+
+    def forward(layer, x):
+        out, (index, alpha) = layer(x, edge_index, return_attention_weights=True)
+        return out, index, alpha
+
+    torch.manual_seed(0)
+    compare(GATv2Conv(6, 4, heads=2), pyg_nn.GATv2Conv(6, 4, heads=2), forward, [x])
+
+
+def test_looped_graph_is_built_once_per_index(small_graph):
+    """The self loops are replaced once per edge index: every call runs on the cached looped
+    index (so on its cached graph structure); the index returned with the coefficients is the
+    caller's own copy."""
+    x, edge_index = small_graph
+    layer = GATv2Conv(6, 4, heads=2)
+    looped = looped_graph(edge_index, layer.flow, x.size(0), x.size(0), x.size(0))
+    graphs = []
+    with ops.observe(lambda call: graphs.append(call.graph)):
+        layer(x, edge_index)
+        _, (returned, _) = layer(x, edge_index, return_attention_weights=True)
+    assert graphs and all(graph is graphs[0] for graph in graphs)
+    assert graphs[0].num_edges == looped.index.size(1)
+    assert returned is not looped.index
+    assert torch.equal(returned, looped.index)
+
+
+def test_runs_graph_operators_only(small_graph):
+    x, edge_index = small_graph
+    layer = GATv2Conv(6, 4, heads=2, edge_dim=3)
+    calls = []
+    with ops.observe(calls.append):
+        layer(x, edge_index, torch.randn(edge_index.size(1), 3))
+    assert calls
+    assert layer.fallback_reason is None and layer.edge_fallback_reason is None
+
+
+def test_accelerate_swaps_it():
+    torch.manual_seed(0)
+    model = torch.nn.ModuleList([pyg_nn.GATv2Conv(6, 4, heads=2, edge_dim=3, share_weights=True)])
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    accelerated = ug.accelerate(model)
+    assert type(accelerated[0]) is GATv2Conv
+    assert accelerated.ugrapher_report.layers[0].conversion == "swapped"
+    assert all(torch.equal(state[k], v) for k, v in accelerated.state_dict().items())
+
+
+def test_edge_index_type(compare, small_graph):
+    x, edge_index = small_graph
+    index = EdgeIndex(edge_index, sparse_size=(12, 12))
+    torch.manual_seed(0)
+    compare(GATv2Conv(6, 4, heads=2), pyg_nn.GATv2Conv(6, 4, heads=2), lambda layer, x: layer(x, index), [x])
+
+
+@pytest.mark.parametrize("loops", [True, False], ids=["loops", "no_loops"])
+def test_graph_without_edges(compare, small_graph, loops):
+    x, _ = small_graph
+    empty = torch.empty(2, 0, dtype=torch.long)
+    torch.manual_seed(0)
+    compare(
+        GATv2Conv(6, 4, heads=2, add_self_loops=loops),
+        pyg_nn.GATv2Conv(6, 4, heads=2, add_self_loops=loops),
+        lambda layer, x: layer(x, empty),
+        [x],
+    )
+
+
+def test_hub(compare):
+    """A destination with 100,000 in-edges, duplicate edges among them, and isolated vertices."""
+    generator = torch.Generator().manual_seed(9)
+    num_nodes, num_edges = 400, 100_000
+    src = torch.randint(0, num_nodes - 10, (num_edges,), generator=generator)
+    edge_index = torch.stack([src, torch.zeros_like(src)])
+    x = torch.randn(num_nodes, 6, generator=generator)
+    torch.manual_seed(0)
+    compare(GATv2Conv(6, 4, heads=2), pyg_nn.GATv2Conv(6, 4, heads=2), lambda layer, x: layer(x, edge_index), [x])
+
+
+def test_compiled_matches_pyg(compare, compile_ours, small_graph):
+    """Under ``torch.compile`` the layer runs PyG's ``forward`` through the routed propagation."""
+    x, edge_index = small_graph
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATv2Conv(6, 4, heads=2)
+    ours = GATv2Conv(6, 4, heads=2)
+    forward, _ = compile_ours(lambda layer, x: layer(x, edge_index), ours)
+    compare(ours, theirs, forward, [x], train=True)
+
+
+def test_state_dict_and_repr():
+    kwargs = dict(heads=2, edge_dim=3, residual=True)
+    theirs, ours = pyg_nn.GATv2Conv((5, 4), 3, **kwargs), GATv2Conv((5, 4), 3, **kwargs)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    ours.load_state_dict(theirs.state_dict())
+    pyg_nn.GATv2Conv((5, 4), 3, **kwargs).load_state_dict(ours.state_dict())
+    assert repr(ours) == repr(theirs)
+
+
+def test_bad_input(small_graph):
+    x, edge_index = small_graph
+    conv = GATv2Conv(6, 4)
+    with pytest.raises(TypeError, match="x:"):
+        conv(x.long(), edge_index)
+    with pytest.raises(TypeError, match="x:"):
+        conv((x, None), edge_index)
+    with pytest.raises(ValueError):
+        conv(x, edge_index + 100)
+
+
+def test_interpreter(compare, interpret, tiny_graph):
+    x, edge_index = tiny_graph
+    edge_attr = torch.randn(edge_index.size(1), 2, generator=torch.Generator().manual_seed(8))
+    torch.manual_seed(0)
+    compare(
+        GATv2Conv(4, 3, heads=2, edge_dim=2),
+        pyg_nn.GATv2Conv(4, 3, heads=2, edge_dim=2),
+        lambda layer, x, e: layer(x, edge_index, e),
+        [x, edge_attr],
+        train=True,
+    )
+
+
+@pytest.mark.cuda
+def test_seen_graph_step_makes_no_host_sync(small_graph):
+    """On an index already seen, a training step of the layer does not synchronise with the host
+    (PyG's own GATv2Conv does, removing and adding the self loops)."""
+    x, edge_index = (t.cuda() for t in small_graph)
+    layer = GATv2Conv(6, 4, heads=2).cuda()
+    layer(x, edge_index).sum().backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        layer(x, edge_index).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
