@@ -1,10 +1,11 @@
 from typing import Optional, Tuple, Union
 
+import torch
 from torch import Tensor
 from torch_geometric.nn.conv.gatv2_conv import GATv2Conv as PyGGATv2Conv
 from torch_geometric.typing import SparseTensor
 
-from ..graph_argument import check_features, fixed_sizes, is_sparse, looped_edge_attr, looped_graph
+from ..graph_argument import built_in_recording, check_features, is_sparse, looped_edge_attr, looped_graph
 from ..message_passing import MessagePassing
 from .twins import ScriptedAsPyG
 
@@ -33,8 +34,10 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
     ``forward`` removes and re-adds the self loops on every call (a new edge index whose graph
     structure must be built again, and host synchronisations); here the looped graph is built once
     per edge index (:func:`~pyg_ugrapher.graph_argument.looped_graph`) and reused while the index
-    is unchanged. Sparse adjacencies, ``torch.compile``, recordings that rebuild the graph, explain
-    mode and hooks run PyG's ``forward`` on this layer.
+    is unchanged. Under ``torch.compile`` the layer runs so too, outside the compiled graph (PyG's
+    ``forward`` there breaks the graph at the self-loop removal and rebuilds the looped graph on
+    every call). Sparse adjacencies, recordings that rebuild the graph, explain mode and hooks run
+    PyG's ``forward`` on this layer.
     """
 
     def forward(
@@ -57,6 +60,18 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
         """
         if not self._loops_cached(edge_index):
             return PyGGATv2Conv.forward(self, x, edge_index, edge_attr, return_attention_weights)
+        if torch.compiler.is_compiling():
+            return _looped_forward_outside_compile(self, x, edge_index, edge_attr, return_attention_weights)
+        return self._looped_forward(x, edge_index, edge_attr, return_attention_weights)
+
+    def _looped_forward(
+        self,
+        x: Union[Tensor, Tuple[Tensor, Tensor]],
+        edge_index: Tensor,
+        edge_attr: Optional[Tensor],
+        return_attention_weights: Optional[bool],
+    ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
+        """:meth:`forward` on the looped graph cached on ``edge_index``."""
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
         if isinstance(x, Tensor):
@@ -94,12 +109,18 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
         return out
 
     def _loops_cached(self, edge_index: object) -> bool:
-        """Whether this call adds self loops to a ``[2, E]`` index in eager mode, through the
-        looped graph cached on it; elsewhere PyG's ``forward`` runs."""
+        """Whether this call adds self loops to a ``[2, E]`` index through the looped graph cached
+        on it (not while a CUDA graph capture builds the index's structures, whose sizes must follow
+        from shapes alone); elsewhere PyG's ``forward`` runs."""
         return (
             self.add_self_loops
             and isinstance(edge_index, Tensor)
             and not is_sparse(edge_index)
-            and not fixed_sizes(edge_index)
+            and (torch.compiler.is_compiling() or not built_in_recording(edge_index))
             and self.unfused_reason() is None
         )
+
+
+#: :meth:`GATv2Conv._looped_forward` run eagerly from a compiled model (a graph break): the looped
+#: graph's cache is looked up by the index's identity, which a compiled graph does not keep.
+_looped_forward_outside_compile = torch.compiler.disable(GATv2Conv._looped_forward)

@@ -139,13 +139,19 @@ def test_hub(compare):
 
 
 def test_compiled_matches_pyg(compare, compile_ours, small_graph):
-    """Under ``torch.compile`` the layer runs PyG's ``forward`` through the routed propagation."""
+    """Under ``torch.compile`` the layer runs on its cached looped graph outside the compiled graph:
+    every call reads the same graph."""
     x, edge_index = small_graph
     torch.manual_seed(0)
-    theirs = pyg_nn.GATv2Conv(6, 4, heads=2)
-    ours = GATv2Conv(6, 4, heads=2)
-    forward, _ = compile_ours(lambda layer, x: layer(x, edge_index), ours)
-    compare(ours, theirs, forward, [x], train=True)
+    theirs = pyg_nn.GATv2Conv(6, 4, heads=2, edge_dim=3)
+    ours = GATv2Conv(6, 4, heads=2, edge_dim=3)
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
+    forward, _ = compile_ours(lambda layer, x, e: layer(x, edge_index, e), ours)
+    graphs = []
+    with ops.observe(lambda call: graphs.append(call.graph)):
+        compare(ours, theirs, forward, [x, edge_attr], train=True)
+        compare(ours, theirs, forward, [x, edge_attr], train=True)
+    assert graphs and all(graph is graphs[0] for graph in graphs)
 
 
 def test_state_dict_and_repr():
