@@ -1,6 +1,6 @@
 """Training steps as PyG users run them: wall clock per step, host included.
 
-For every graph, model (GCN, GAT, GraphSAGE, GIN; two layers, default arguments: GCN normalises
+For every graph, model (GCN, GAT, GATv2, GraphSAGE, GIN; two layers, default arguments: GCN normalises
 at every call, GAT adds its self loops), implementation (PyG's layers, ours) and way of running
 the step, a row of ``steps.csv`` holds the median wall-clock time of one training step (forward,
 loss, backward, Adam) over ``--repeats`` runs of ``--steps`` steps, warm-up excluded, with the

@@ -1,4 +1,4 @@
-"""End-to-end training: GCN, GAT, GraphSAGE and GIN built from our layers and from PyG's.
+"""End-to-end training: GCN, GAT, GATv2, GraphSAGE and GIN built from our layers and from PyG's.
 
 For every (dataset, model) both implementations start from the same weights (ours loads the PyG
 model's ``state_dict``) and the same seed, train full-batch node classification for ``--epochs``
@@ -53,7 +53,7 @@ from .report import plot, side_by_side
 from .rows import TRAIN_COLUMNS, ResultsFile, default_out, environment
 from .timing import Stopwatch, failure
 
-MODELS = ("gcn", "gat", "sage", "gin")
+MODELS = ("gcn", "gat", "gatv2", "sage", "gin")
 #: PyG first: our rows' ``speedup_vs_pyg`` is computed from its row.
 IMPLEMENTATIONS = {"pyg": torch_geometric.nn, "ours": pyg_ugrapher.nn}
 POWER_LAW = "power_law"
@@ -160,6 +160,14 @@ def build_model(
         return Net(
             layers.GATConv(in_channels, hidden // heads, heads=heads, dropout=0.6),
             layers.GATConv(hidden, num_classes, heads=1, dropout=0.6),
+            F.elu,
+            0.6,
+        )
+    if model == "gatv2":
+        heads = 8
+        return Net(
+            layers.GATv2Conv(in_channels, hidden // heads, heads=heads, dropout=0.6),
+            layers.GATv2Conv(hidden, num_classes, heads=1, dropout=0.6),
             F.elu,
             0.6,
         )
@@ -381,7 +389,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"models among {', '.join(MODELS)}")
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--hidden", type=int, default=64, help="hidden width (GAT: 8 heads of hidden/8)")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden width (GAT, GATv2: 8 heads of hidden/8)")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--weight-decay", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=0)
@@ -438,7 +446,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if any(k < 1 for k in args.num_neighbors):
         parser.error("--num-neighbors: every hop needs at least 1")
     if args.hidden < 8 or args.hidden % 8:
-        parser.error("--hidden: must be a positive multiple of 8 (GAT splits it over 8 heads)")
+        parser.error("--hidden: must be a positive multiple of 8 (GAT and GATv2 split it over 8 heads)")
     return args
 
 
