@@ -20,7 +20,8 @@ same loss on the CPU (our graph operators on the reference executor, or on Trito
 * ``ops``: graph operators our side ran in the forward pass; ``fallbacks``: propagations that took
   PyG's own path; ``edge_updates``: calls of ``edge_updater()`` that took PyG's path;
   ``staged``: ``message()`` ran staged (graph operators around what it computes in PyTorch, see
-  :mod:`pyg_ugrapher.staging`); ``fully_fused``: at least one operator, no PyG path and not staged;
+  :mod:`pyg_ugrapher.staging`; as on a graph of ``MessagePassing.staged_min_edges`` edges or more, below which a
+  staged propagation runs PyG's); ``fully_fused``: at least one operator, no PyG path and not staged;
 * ``reason``: the fallback reasons the capture gives, then why a known layer was not swapped.
 
 The CSV and a markdown table with the summary counts go to ``--out``.
@@ -32,9 +33,10 @@ import argparse
 import inspect
 import math
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import pandas as pd
 import torch
@@ -348,8 +350,26 @@ def _describe(error: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+@contextmanager
+def staged_at_any_size() -> Iterator[None]:
+    """Propagations that run staged do so on the table's small graph too, as on a graph of
+    ``MessagePassing.staged_min_edges`` edges or more (below, they run PyG's propagation): the
+    table says how each layer runs where staging applies."""
+    saved = ug.MessagePassing.staged_min_edges
+    ug.MessagePassing.staged_min_edges = 0
+    try:
+        yield
+    finally:
+        ug.MessagePassing.staged_min_edges = saved
+
+
 def cover(name: str) -> Dict[str, Any]:
     """The row of one class (see the module docstring)."""
+    with staged_at_any_size():
+        return _cover(name)
+
+
+def _cover(name: str) -> Dict[str, Any]:
     row: Dict[str, Any] = dict.fromkeys(COLUMNS, "")
     row.update(
         layer=name,

@@ -59,10 +59,6 @@ SOFTMAX_GATHER = "softmax"
 #: staged run aggregates the per-edge messages with each part.
 PARTS_GATHER = "parts"
 
-#: Under ``torch.compile``, a ``message()`` that runs staged does so from this many edges; a smaller
-#: graph runs PyG's compiled propagation, whose one fused graph costs less host time than a staged
-#: run outside it (the layers benchmark of ``docs/performance.md``).
-STAGED_UNDER_COMPILE_EDGES = 1 << 20
 
 #: How many argument signatures a module keeps captures for.
 MAX_CAPTURES = 64
@@ -214,7 +210,9 @@ class MessagePassing(PyGMessagePassing):
     elementwise IR op (``torch.cat``, per-edge ``nn.Module`` s, tuples, data-dependent Python...),
     for other aggregations, an overridden ``aggregate()``, hooks on ``message()``/``aggregate()``,
     explain mode, ``decomposed_layers > 1``, and inputs for which PyG runs
-    ``message_and_aggregate()``. :attr:`fallback_reason` says why, as a sentence.
+    ``message_and_aggregate()``. :attr:`fallback_reason` says why, as a sentence. A ``message()`` or
+    ``edge_update()`` that is not one IR op runs *staged* (:mod:`pyg_ugrapher.staging`) on a graph
+    of at least :attr:`staged_min_edges` edges, and PyG's way on a smaller one.
 
     Args:
         aggr: the aggregation, as in PyG.
@@ -235,6 +233,14 @@ class MessagePassing(PyGMessagePassing):
         >>> conv.fallback_reason is None
         True
     """
+
+    #: A propagation (or ``edge_updater()`` call) that would run staged does so on a graph of at
+    #: least this many edges; on a smaller one PyG's runs (compiled under ``torch.compile``). A
+    #: staged run costs host time per traced operation on every call, more than PyG's few torch
+    #: calls cost where the graph is too small for the graph operators to make up for it (the layers
+    #: and training-step benchmarks, ``docs/performance.md``). Set it on the class, a subclass or a
+    #: layer (``0`` stages on every graph).
+    staged_min_edges: int = 1 << 20
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "MessagePassing":
         # The state is made with the object, not in __init__: the class also works as a mixin before
@@ -410,6 +416,7 @@ class MessagePassing(PyGMessagePassing):
             self._ug.call.collecting = False
         edge_kwargs = self.inspector.collect_param_data("edge_update", collected)
         num_edges = _num_edges(edge_index)
+        _check_stageable(self, "edge_update() runs staged", num_edges)
         arguments, tensors, _ = self._describe(edge_kwargs, num_edges)
         graph = self._call_graph(edge_index, collected)
         try:
@@ -581,9 +588,9 @@ class MessagePassing(PyGMessagePassing):
         arguments, tensors, signature = self._describe(message_kwargs, num_edges)
         if torch.compiler.is_compiling():
             if gather == SOFTMAX_GATHER:
-                return _stage_under_compile("SoftmaxAggregation weighs the messages by a softmax", num_edges)
+                return _stage_under_compile(self, "SoftmaxAggregation weighs the messages by a softmax", num_edges)
             if gather == PARTS_GATHER:
-                return _stage_under_compile(self._parts_reason(), num_edges)
+                return _stage_under_compile(self, self._parts_reason(), num_edges)
             return self._prepare_compiled(edge_index, collected, tensors, signature, num_edges, gather)
         key = (gather, torch.is_grad_enabled(), _settings(self)) + signature
         try:
@@ -598,6 +605,8 @@ class MessagePassing(PyGMessagePassing):
             reason = None
         except _Stage as stage:
             reason = str(stage)
+        if reason is not None:
+            _check_stageable(self, reason, num_edges)
         graph = self._call_graph(edge_index, collected)
         if reason is not None:
             captured = self._stage(
@@ -696,7 +705,7 @@ class MessagePassing(PyGMessagePassing):
         # reads from the module (a function is not a constant of the trace).
         captured = _compiled_capture(self._ug.token, signature[1:], int(num_edges), gather)
         if isinstance(captured, _CompiledStage):
-            return _stage_under_compile(captured.reason, num_edges)
+            return _stage_under_compile(self, captured.reason, num_edges)
         if isinstance(captured, str):
             raise _Fallback(captured)
         self._check_node_dim(captured.message_shape)
@@ -974,15 +983,23 @@ class _CompiledStage(NamedTuple):
     reason: str
 
 
-def _stage_under_compile(reason: str, num_edges: int) -> None:
+def _stage_under_compile(module: "MessagePassing", reason: str, num_edges: int) -> None:
     """``None`` (run staged, outside the compiled graph) on a graph of at least
-    :data:`STAGED_UNDER_COMPILE_EDGES` edges; raises :class:`_Fallback` on a smaller one."""
-    if int(num_edges) < STAGED_UNDER_COMPILE_EDGES:
-        raise _Fallback(
-            f"{reason}; under torch.compile a graph of fewer than {STAGED_UNDER_COMPILE_EDGES} edges "
-            f"runs PyG's compiled propagation"
-        )
+    :attr:`MessagePassing.staged_min_edges` edges; raises :class:`_Fallback` on a smaller one."""
+    _check_stageable(module, reason, int(num_edges))
     return None
+
+
+def _check_stageable(module: "MessagePassing", reason: str, num_edges: int) -> None:
+    """Raises :class:`_Fallback` for a call of ``module`` that would run staged (``reason`` says
+    why) on a graph of fewer than its :attr:`~MessagePassing.staged_min_edges` edges."""
+    limit = module.staged_min_edges
+    if num_edges < limit:
+        compiled = " compiled" if torch.compiler.is_compiling() else ""
+        raise _Fallback(
+            f"{reason}; a graph of fewer than {limit} edges runs PyG's{compiled} propagation, which "
+            f"costs less host time there than a staged run (see MessagePassing.staged_min_edges)"
+        )
 
 
 @torch.compiler.disable

@@ -116,6 +116,14 @@ def pyg_fused_propagations():
     pyg_nn.GraphConv(1, 1)
 
 
+@pytest.fixture(autouse=True)
+def staged_on_small_graphs(monkeypatch):
+    """Propagations that run staged do so on the tests' small graphs too: by default a graph of
+    fewer than ``MessagePassing.staged_min_edges`` edges runs PyG's propagation instead, which the
+    tests of that rule ask for themselves."""
+    monkeypatch.setattr(ug.MessagePassing, "staged_min_edges", 0)
+
+
 # -- where compute runs --------------------------------------------------------------------------
 @pytest.fixture(autouse=True)
 def reference_executor(monkeypatch):

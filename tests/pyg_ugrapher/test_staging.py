@@ -24,7 +24,6 @@ from torch_geometric.nn.conv import (
 from torch_geometric.utils import softmax
 
 import pyg_ugrapher as ug
-from pyg_ugrapher import message_passing
 
 from ..conftest import (
     TOLERANCE,
@@ -355,10 +354,10 @@ def test_staged_layers_on_the_device(device, build, edge_dim):
 @pytest.mark.parametrize("large", [True, False], ids=["large", "small"])
 def test_staged_layer_under_torch_compile(monkeypatch, build, large):
     """On a large graph the staged propagation runs outside the compiled graph, on graph operators;
-    on a small one, PyG's propagation is compiled where Dynamo traces it."""
+    on a small one, PyG's propagation runs, compiled where Dynamo traces it."""
     x, edge_index = layer_inputs("reference", features=6)
     limit = edge_index.size(1) if large else edge_index.size(1) + 1
-    monkeypatch.setattr(message_passing, "STAGED_UNDER_COMPILE_EDGES", limit)
+    monkeypatch.setattr(ug.MessagePassing, "staged_min_edges", limit)
     torch.manual_seed(0)
     theirs = build()
     ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
@@ -367,12 +366,8 @@ def test_staged_layer_under_torch_compile(monkeypatch, build, large):
     mine = outputs_and_grads(compiled, x, edge_index)
     if large:
         assert ours.staged_reason is not None and ours.fallback_reason is None
-    elif ours.staged_reason is None:
-        assert "under torch.compile" in ours.fallback_reason
-    else:
-        # Dynamo left the propagation's frame to eager mode (torch 2.11 does for TransformerConv),
-        # where it runs staged, as every eager call does.
-        assert ours.fallback_reason is None
+    else:  # compiled, or left to eager mode by Dynamo (torch 2.11 does for TransformerConv): PyG's
+        assert ours.staged_reason is None and "fewer than" in ours.fallback_reason
     assert_same_results(mine[:2], outputs_and_grads(theirs, x, edge_index)[:2], type(theirs).__name__)
 
 
@@ -418,3 +413,24 @@ def test_graph_inputs_and_flows(flow, graph_input):
         mine, reference = ours(*args, **kwargs), theirs(*args, **kwargs)
     assert_close(mine, reference)
     assert ours.fallback_reason is None and "torch_geometric.utils.softmax" not in ours.staged_reason
+
+
+@pytest.mark.parametrize("graph_size", ["at_the_threshold", "below_it"])
+def test_small_graphs_run_pygs_propagation(monkeypatch, graph_size):
+    """In eager mode too, a propagation that would run staged runs PyG's on a graph of fewer than
+    ``staged_min_edges`` edges (with the reason), and stages from that many; the results are PyG's
+    either way. GATv2's ``edge_update()`` follows the same rule."""
+    x, edge_index = layer_inputs("reference", features=6)
+    num_edges = edge_index.size(1)
+    monkeypatch.setattr(ug.MessagePassing, "staged_min_edges", num_edges + (graph_size == "below_it"))
+    torch.manual_seed(0)
+    for build in (lambda: TransformerConv(6, 3, heads=2), lambda: GATv2Conv(6, 3, heads=2, add_self_loops=False)):
+        theirs = build()
+        ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+        assert_same_results(outputs_and_grads(ours, x, edge_index), outputs_and_grads(theirs, x, edge_index))
+        staged = ours.staged_reason if isinstance(theirs, TransformerConv) else ours.edge_fallback_reason is None
+        fallback = ours.fallback_reason if isinstance(theirs, TransformerConv) else ours.edge_fallback_reason
+        if graph_size == "at_the_threshold":
+            assert staged and fallback is None
+        else:
+            assert not staged and f"fewer than {num_edges + 1} edges runs PyG's propagation" in fallback
