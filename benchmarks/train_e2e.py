@@ -155,19 +155,12 @@ def build_model(
             F.relu,
             0.5,
         )
-    if model == "gat":
+    if model in ("gat", "gatv2"):
+        attention = layers.GATConv if model == "gat" else layers.GATv2Conv
         heads = 8
         return Net(
-            layers.GATConv(in_channels, hidden // heads, heads=heads, dropout=0.6),
-            layers.GATConv(hidden, num_classes, heads=1, dropout=0.6),
-            F.elu,
-            0.6,
-        )
-    if model == "gatv2":
-        heads = 8
-        return Net(
-            layers.GATv2Conv(in_channels, hidden // heads, heads=heads, dropout=0.6),
-            layers.GATv2Conv(hidden, num_classes, heads=1, dropout=0.6),
+            attention(in_channels, hidden // heads, heads=heads, dropout=0.6),
+            attention(hidden, num_classes, heads=1, dropout=0.6),
             F.elu,
             0.6,
         )

@@ -416,7 +416,7 @@ class MessagePassing(PyGMessagePassing):
             self._ug.call.collecting = False
         edge_kwargs = self.inspector.collect_param_data("edge_update", collected)
         num_edges = _num_edges(edge_index)
-        _check_stageable(self, "edge_update() runs staged", num_edges)
+        _stage_or_fall_back(self, "edge_update() runs staged", num_edges)
         arguments, tensors, _ = self._describe(edge_kwargs, num_edges)
         graph = self._call_graph(edge_index, collected)
         try:
@@ -588,9 +588,9 @@ class MessagePassing(PyGMessagePassing):
         arguments, tensors, signature = self._describe(message_kwargs, num_edges)
         if torch.compiler.is_compiling():
             if gather == SOFTMAX_GATHER:
-                return _stage_under_compile(self, "SoftmaxAggregation weighs the messages by a softmax", num_edges)
+                return _stage_or_fall_back(self, "SoftmaxAggregation weighs the messages by a softmax", num_edges)
             if gather == PARTS_GATHER:
-                return _stage_under_compile(self, self._parts_reason(), num_edges)
+                return _stage_or_fall_back(self, self._parts_reason(), num_edges)
             return self._prepare_compiled(edge_index, collected, tensors, signature, num_edges, gather)
         key = (gather, torch.is_grad_enabled(), _settings(self)) + signature
         try:
@@ -606,7 +606,7 @@ class MessagePassing(PyGMessagePassing):
         except _Stage as stage:
             reason = str(stage)
         if reason is not None:
-            _check_stageable(self, reason, num_edges)
+            _stage_or_fall_back(self, reason, num_edges)
         graph = self._call_graph(edge_index, collected)
         if reason is not None:
             captured = self._stage(
@@ -705,7 +705,7 @@ class MessagePassing(PyGMessagePassing):
         # reads from the module (a function is not a constant of the trace).
         captured = _compiled_capture(self._ug.token, signature[1:], int(num_edges), gather)
         if isinstance(captured, _CompiledStage):
-            return _stage_under_compile(self, captured.reason, num_edges)
+            return _stage_or_fall_back(self, captured.reason, num_edges)
         if isinstance(captured, str):
             raise _Fallback(captured)
         self._check_node_dim(captured.message_shape)
@@ -983,18 +983,12 @@ class _CompiledStage(NamedTuple):
     reason: str
 
 
-def _stage_under_compile(module: "MessagePassing", reason: str, num_edges: int) -> None:
-    """``None`` (run staged, outside the compiled graph) on a graph of at least
-    :attr:`MessagePassing.staged_min_edges` edges; raises :class:`_Fallback` on a smaller one."""
-    _check_stageable(module, reason, int(num_edges))
-    return None
-
-
-def _check_stageable(module: "MessagePassing", reason: str, num_edges: int) -> None:
-    """Raises :class:`_Fallback` for a call of ``module`` that would run staged (``reason`` says
-    why) on a graph of fewer than its :attr:`~MessagePassing.staged_min_edges` edges."""
+def _stage_or_fall_back(module: "MessagePassing", reason: str, num_edges: int) -> None:
+    """``None`` (run staged; under ``torch.compile``, outside the compiled graph) for a call of
+    ``module`` that would run staged (``reason`` says why) on a graph of at least its
+    :attr:`~MessagePassing.staged_min_edges` edges; raises :class:`_Fallback` on a smaller one."""
     limit = module.staged_min_edges
-    if num_edges < limit:
+    if int(num_edges) < limit:
         compiled = " compiled" if torch.compiler.is_compiling() else ""
         raise _Fallback(
             f"{reason}; a graph of fewer than {limit} edges runs PyG's{compiled} propagation, which "

@@ -24,6 +24,11 @@ def make_graph(num_nodes: int, num_edges: int, seed: int, num_dst: Optional[int]
     return torch.cat([edge_index, edge_index[:, 1:4]], dim=1)  # duplicates
 
 
+def config_id(kwargs: dict) -> str:
+    """A test id for a layer's constructor arguments: ``name=value`` pairs, or ``default``."""
+    return ",".join(f"{a}={b}" for a, b in kwargs.items()) or "default"
+
+
 @pytest.fixture(scope="session")
 def small_graph():
     """``(x, edge_index)``: 12 vertices, 43 edges."""

@@ -7,6 +7,8 @@ from torch_geometric.utils import to_torch_csr_tensor
 from pyg_ugrapher import ops
 from pyg_ugrapher.nn import GATConv
 
+from .conftest import config_id
+
 CONFIGS = [
     {},
     {"heads": 3},
@@ -22,11 +24,7 @@ CONFIGS = [
 ]
 
 
-def _name(kwargs):
-    return ",".join(f"{a}={b}" for a, b in kwargs.items()) or "default"
-
-
-@pytest.mark.parametrize("kwargs", CONFIGS, ids=_name)
+@pytest.mark.parametrize("kwargs", CONFIGS, ids=config_id)
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_matches_pyg(compare, small_graph, kwargs, train):
     x, edge_index = small_graph
@@ -101,7 +99,7 @@ COMPILED_CONFIGS = [kwargs for kwargs in CONFIGS if kwargs.get("add_self_loops",
 ]
 
 
-@pytest.mark.parametrize("kwargs", COMPILED_CONFIGS, ids=_name)
+@pytest.mark.parametrize("kwargs", COMPILED_CONFIGS, ids=config_id)
 def test_compiled_matches_pyg(compare, compile_ours, small_graph, kwargs):
     """Compiled, stored self loops are replaced as PyG replaces them, and the layer is one graph:
     the looped graph's sizes do not depend on the data."""

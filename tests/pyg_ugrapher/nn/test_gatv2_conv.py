@@ -8,6 +8,8 @@ from pyg_ugrapher import ops
 from pyg_ugrapher.graph_argument import looped_graph
 from pyg_ugrapher.nn import GATv2Conv
 
+from .conftest import config_id
+
 CONFIGS = [
     {},
     {"heads": 3},
@@ -24,11 +26,7 @@ CONFIGS = [
 ]
 
 
-def _name(kwargs):
-    return ",".join(f"{a}={b}" for a, b in kwargs.items()) or "default"
-
-
-@pytest.mark.parametrize("kwargs", CONFIGS, ids=_name)
+@pytest.mark.parametrize("kwargs", CONFIGS, ids=config_id)
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_matches_pyg(compare, small_graph, kwargs, train):
     x, edge_index = small_graph

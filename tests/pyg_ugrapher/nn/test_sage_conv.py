@@ -8,6 +8,8 @@ from torch_geometric.utils import to_torch_csr_tensor
 from pyg_ugrapher import ops
 from pyg_ugrapher.nn import SAGEConv
 
+from .conftest import config_id
+
 CONFIGS = [
     {},
     {"aggr": "max"},
@@ -22,11 +24,7 @@ CONFIGS = [
 ]
 
 
-def _name(kwargs):
-    return ",".join(f"{a}={b}" for a, b in kwargs.items()) or "default"
-
-
-@pytest.mark.parametrize("kwargs", CONFIGS, ids=_name)
+@pytest.mark.parametrize("kwargs", CONFIGS, ids=config_id)
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_matches_pyg(compare, small_graph, kwargs, train):
     x, edge_index = small_graph
