@@ -154,6 +154,8 @@ STEP_COLUMNS = (
         "step_ms",
         "step_ms_iqr",
         "host_syncs",
+        "python_calls",
+        "kernels",
         "recordings",
         "final_loss",
     )
@@ -196,6 +198,8 @@ NUMERIC = frozenset(
         "cut_fraction",
         "step_ms_iqr",
         "host_syncs",
+        "python_calls",
+        "kernels",
         "recordings",
     )
 )

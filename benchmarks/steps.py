@@ -18,7 +18,10 @@ Full batch trains on the whole graph at every step; ``minibatch`` on the parts o
 timing and moved to the GPU inside the step). Features are random (``--features``), labels the
 dataset's where it has node labels, the loss a weighted sum over the training nodes (no boolean
 indexing: the same step is recordable). ``host_syncs`` counts the synchronising CUDA calls of one
-eager step on a graph already seen (``torch.cuda.set_sync_debug_mode``).
+eager step on a graph already seen (``torch.cuda.set_sync_debug_mode``). What an eager step costs
+the host is counted beside its time: ``python_calls``, the Python function calls of one step
+(``cProfile``; builtins and methods of C types included), and on a GPU ``kernels``, the GPU kernels
+and memory operations one step launches (``torch.profiler``).
 
     python -m benchmarks.steps --datasets cora pubmed --models gcn sage
 """
@@ -26,7 +29,9 @@ eager step on a graph already seen (``torch.cuda.set_sync_debug_mode``).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import itertools
+import pstats
 import statistics
 import time
 import warnings
@@ -142,6 +147,33 @@ def count_syncs(run: Callable[[], object], device: torch.device) -> Optional[int
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+def count_python_calls(run: Callable[[], object], steps: int = 3) -> float:
+    """Python function calls per ``run()`` (mean of ``steps`` runs), C functions called from Python
+    included: what the host executes per step besides the kernels' own launch code."""
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        for _ in range(steps):
+            run()
+    finally:
+        profile.disable()
+    # The profiler counts its own disable() call too.
+    return (pstats.Stats(profile).total_calls - 1) / steps
+
+
+def count_kernels(run: Callable[[], object], device: torch.device, steps: int = 3) -> Optional[float]:
+    """GPU kernels and memory operations (copies, fills) per ``run()`` (``None`` on a CPU)."""
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        for _ in range(steps):
+            run()
+        synchronize(device)
+    events = profiler.key_averages()
+    return sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / steps
+
+
 class Case:
     """One (problem, model, implementation, mode, batching) to time."""
 
@@ -187,6 +219,8 @@ def run_case(case: Case, args) -> Dict:
     synchronize(device)
     if case.mode == "eager":
         row["host_syncs"] = count_syncs(case.run, device)
+        row["python_calls"] = count_python_calls(case.run)
+        row["kernels"] = count_kernels(case.run, device)
     times = wall_ms(case.run, args.steps, args.repeats, device)
     quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
     row.update(
@@ -247,10 +281,13 @@ def run(args) -> pd.DataFrame:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         rows.append(results.write(row))
-        tqdm.write(
-            f"{dataset:>16} {batching:>9} {model:>4} {impl:>4} {mode:>15}: "
-            + (f"{row['step_ms']:.3f} ms, syncs {row.get('host_syncs')}" if row["status"] == "ok" else row["note"])
-        )
+        outcome = row.get("note")
+        if row["status"] == "ok":
+            outcome = (
+                f"{row['step_ms']:.3f} ms, syncs {row.get('host_syncs')}, "
+                f"Python calls {row.get('python_calls')}, kernels {row.get('kernels')}"
+            )
+        tqdm.write(f"{dataset:>16} {batching:>9} {model:>4} {impl:>4} {mode:>15}: {outcome}")
     plot(results.path)
     return pd.DataFrame(rows)
 

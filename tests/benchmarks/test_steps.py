@@ -24,6 +24,7 @@ def test_eager_and_compiled_steps_on_cora(tmp_path, monkeypatch):
     assert all(math.isfinite(v) and v > 0 for v in results["step_ms"])
     assert (results["steps"] == 2).all() and (results["num_edges"] == 10556).all()
     assert results["recordings"].isna().all()  # no recording on a CPU
+    assert (results["python_calls"] > 0).all() and results["kernels"].isna().all()  # no kernels counted on a CPU
     for (_, _), case in results.groupby(["model", "batching"]):
         losses = case.set_index("impl")["final_loss"]
         assert losses["ours"] == pytest.approx(losses["pyg"], rel=1e-4)
@@ -57,3 +58,16 @@ def test_wall_clock_counts_every_call():
     times = steps.wall_ms(lambda: calls.append(1), steps=3, repeats=4, device=torch.device("cpu"))
     assert len(times) == 4 and len(calls) == 12 and all(t >= 0 for t in times)
     assert steps.count_syncs(lambda: None, torch.device("cpu")) is None
+
+
+def test_python_calls_are_counted_per_step():
+    def nested() -> None:
+        pass
+
+    def step() -> None:
+        for _ in range(5):
+            nested()
+
+    # step() and its five nested() calls, each step
+    assert steps.count_python_calls(step, steps=4) == pytest.approx(6.0)
+    assert steps.count_kernels(step, torch.device("cpu")) is None
