@@ -20,8 +20,9 @@ dataset's where it has node labels, the loss a weighted sum over the training no
 indexing: the same step is recordable). ``host_syncs`` counts the synchronising CUDA calls of one
 eager step on a graph already seen (``torch.cuda.set_sync_debug_mode``). What an eager step costs
 the host is counted beside its time: ``python_calls``, the Python function calls of one step
-(``cProfile``; builtins and methods of C types included), and on a GPU ``kernels``, the GPU kernels
-and memory operations one step launches (``torch.profiler``).
+(``cProfile``; builtins and methods of C types included), and with ``--count-kernels`` on a GPU
+``kernels``, the GPU kernels and memory operations one step launches (``torch.profiler``, which
+slows every later launch of the process: the times of such a run are not comparable).
 
     python -m benchmarks.steps --datasets cora pubmed --models gcn sage
 """
@@ -219,8 +220,6 @@ def run_case(case: Case, args) -> Dict:
     synchronize(device)
     if case.mode == "eager":
         row["host_syncs"] = count_syncs(case.run, device)
-        row["python_calls"] = count_python_calls(case.run)
-        row["kernels"] = count_kernels(case.run, device)
     times = wall_ms(case.run, args.steps, args.repeats, device)
     quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
     row.update(
@@ -229,6 +228,10 @@ def run_case(case: Case, args) -> Dict:
         steps=args.steps * args.repeats,
         final_loss=float(case.run()),
     )
+    if case.mode == "eager":  # after the timing: a profiler slows the calls it watches
+        row["python_calls"] = count_python_calls(case.run)
+        if args.count_kernels:
+            row["kernels"] = count_kernels(case.run, device)
     if isinstance(case.step, RecordedStep):
         row["recordings"] = case.step.num_recordings
     return row
@@ -305,6 +308,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=7, help="timed runs (the median is reported)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--count-kernels",
+        action="store_true",
+        help="count the GPU kernels of eager steps (torch.profiler: it stays attached to the process and "
+        "slows the launches of every later case, so use a run with it for counts, not times)",
+    )
     parser.add_argument("--time-budget", type=float, default=None, help="seconds; later cases are skipped")
     parser.add_argument("--out", type=Path, default=None, help="folder of steps.csv")
     args = parser.parse_args(argv)
