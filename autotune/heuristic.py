@@ -9,6 +9,10 @@ schedule per width and closer to the best measured schedule than the rules below
 loses per call on kernels of tens of microseconds is less than statistics and a model scoring
 would cost a new graph on the host.
 
+:func:`small_graph_softmax_schedule` is the one pass of a softmax aggregation on such graphs
+(vertex-parallel over the rows, grouped once per structure): one kernel where the edge-parallel
+rule takes three operators.
+
 :func:`heuristic`'s rules, in order (``stats.rows`` are the in-degrees of the rows an operator
 reduces into); the GPU rules come from sweeps of the design space (``benchmarks/``):
 
@@ -57,6 +61,20 @@ def small_graph_schedule(op: OpInfo, width: int) -> ParallelInfo:
     if op.gather_op is None:
         return ParallelInfo("edge", block_f=block_f, block_e=64, num_warps=_warps(64 * block_f))
     return ParallelInfo("edge", block_f=block_f, block_e=128, num_warps=_warps(128 * block_f))
+
+
+def small_graph_softmax_schedule(width: int) -> ParallelInfo:
+    """The schedule of a softmax aggregation's one pass (GAT's forward,
+    :mod:`triton_kernels.vertex_softmax`) with ``width`` message features on a small GPU graph:
+    vertex-parallel, one row per program, 32 of its edges per step. Under the edge-parallel
+    :func:`small_graph_schedule` the same forward takes three operators (a gather-max, a gather-sum
+    and the output gather), each with its decision, launch and zeroed output, plus three torch
+    operations for the log-normaliser: on a small graph, where the host sets the pace, that costs
+    more than the row grouping this pass reads (one sort per structure, kept with it). One row per
+    program keeps a hub's edges 32 to a step rather than 4 (the heuristic's vertex rule): the
+    rows are not split, so a hub is one program's work."""
+    block_f = min(triton.next_power_of_2(max(width, 1)), 64)
+    return ParallelInfo("vertex", block_f=block_f, block_v=1, block_e=32, num_warps=_warps(32 * block_f))
 
 
 def heuristic(stats: GraphStats, op: OpInfo, width: int, on_gpu: bool, strategy: Optional[str] = None) -> ParallelInfo:

@@ -53,6 +53,8 @@ import torch
 from torch import Tensor
 
 import triton_kernels
+from autotune import selection
+from autotune.heuristic import small_graph_softmax_schedule
 from triton_kernels import all_packed, uses_triton
 from triton_kernels.head_dot import head_dot
 
@@ -234,7 +236,11 @@ def _one_pass_decision(
                 else _three_passes(structure, ops, columns, x, extra, output_schedule=candidate.serialize())
             )
 
-        chosen = schedule_for(ops.one_pass, layout, arrays.csr, dtypes[0], device, AUTO, run, "one pass")
+        if selection.graph_independent(arrays.csr, device):
+            # A small GPU graph: one pass over its grouped rows (see small_graph_softmax_schedule).
+            chosen = small_graph_softmax_schedule(layout.message_width)
+        else:
+            chosen = schedule_for(ops.one_pass, layout, arrays.csr, dtypes[0], device, AUTO, run, "one pass")
         plan = triton_kernels.prepare_softmax(
             ops.value, ops.logit, ops.one_pass.inputs, layout, operands, chosen, dtypes
         )

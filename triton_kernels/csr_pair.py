@@ -18,7 +18,7 @@ import torch
 import triton.language as tl
 from torch import Tensor
 
-from pyg_ugrapher.structure import CSR, INT32_MAX, derived_cache
+from pyg_ugrapher.structure import CSR, INT32_MAX, capturing, derived_cache
 
 from .codegen import interpreting, uses_triton
 from .launch import cdiv, jit_kernel
@@ -175,10 +175,16 @@ def grouped(csr: CSR) -> CSR:
     """``csr`` with its edges grouped by row (stably: each row's edges in the user's order), as
     :func:`build_csr_pair` builds it; a user-order structure's (:attr:`CSR.user_order`), sorted
     once and cached with it, for a kernel that walks rows (a schedule the user named on a small
-    graph); ``csr`` itself otherwise."""
+    graph, the one-pass softmax of :func:`autotune.heuristic.small_graph_softmax_schedule`);
+    ``csr`` itself otherwise."""
     if not csr.user_order:
         return csr
     cache = derived_cache(csr.rowptr)
-    if "grouped" not in cache:
-        cache["grouped"] = build_csr_pair(csr.col, csr.rows, csr.num_cols, csr.num_rows, csr.col.dtype)[0]
-    return cache["grouped"]
+    found = cache.get("grouped")
+    if found is None:
+        found = build_csr_pair(csr.col, csr.rows, csr.num_cols, csr.num_rows, csr.col.dtype)[0]
+        # Sorted inside a CUDA graph capture, it is recorded (sorted at every replay) and never
+        # kept: the recording's memory pool is overwritten by later replays (see capturing).
+        if not capturing(csr.rowptr):
+            cache["grouped"] = found
+    return found

@@ -3,7 +3,7 @@ and every schedule they give is valid for its operator and width."""
 
 import pytest
 
-from autotune.heuristic import heuristic, small_graph_schedule
+from autotune.heuristic import heuristic, small_graph_schedule, small_graph_softmax_schedule
 from pyg_ugrapher.datasets import power_law_graph, uniform_graph
 from pyg_ugrapher.graph import GraphTensor
 from pyg_ugrapher.ir import OpInfo
@@ -45,3 +45,12 @@ def test_cpu_and_small_graph_schedules_are_valid(stats, name, width):
     op = OpInfo.from_name(name)
     for info in (heuristic(stats["skewed"], op, width, on_gpu=False), small_graph_schedule(op, width)):
         assert info.validate_for(width) is info
+
+
+@pytest.mark.parametrize("width", [1, 7, 16, 64, 128, 512])
+def test_small_graph_softmax_schedule_is_a_valid_one_pass(width):
+    """A vertex-parallel schedule of the design space's knobs, valid for its width."""
+    info = small_graph_softmax_schedule(width)
+    assert info.strategy == "vertex" and info.is_complete
+    assert info.validate_for(width) is info
+    assert info.block_f <= 64 and info.block_f >= min(width, 64)

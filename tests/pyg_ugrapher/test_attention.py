@@ -388,3 +388,47 @@ def test_bad_score_input(graph_factory, change, score, error, name):
     logits, x, _ = _inputs(graph, "score")
     with pytest.raises(error, match=name):
         softmax_aggregate(graph, change(logits), x, score=score)
+
+
+@pytest.mark.parametrize("heads, channels, one_pass", [(2, 4, True), (1, 5, True), (3, 5, False)])
+def test_small_gpu_graphs_run_one_pass_on_grouped_rows(
+    device, graph_factory, graph_case, check_close, monkeypatch, heads, channels, one_pass
+):
+    """On a small GPU graph (a structure in the user's order, the small-graph rule) the forward
+    runs :func:`~autotune.heuristic.small_graph_softmax_schedule`'s one pass over the rows grouped
+    once and kept with the structure, where its feature tile holds whole heads or lies inside one;
+    three operators otherwise. Both give PyG's outputs and gradients."""
+    from autotune import selection
+    from autotune.heuristic import small_graph_softmax_schedule
+    from pyg_ugrapher.structure import derived_cache
+    from triton_kernels import vertex_softmax
+
+    monkeypatch.setattr(selection, "generation", object())  # decisions made before this test are stale
+    monkeypatch.setattr(selection, "graph_independent", lambda graph, device: True)
+    monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: True)
+    launches = []
+    monkeypatch.setattr(
+        vertex_softmax, "launch", lambda *args, launch=vertex_softmax.launch: launches.append(args[-1]) or launch(*args)
+    )
+    graph = graph_factory(graph_case)
+    gen = torch.Generator().manual_seed(11)
+    logits = [torch.randn(rows, heads, generator=gen) for rows in (graph.num_src, graph.num_dst, graph.num_edges)]
+    x = torch.randn(graph.num_src, heads, channels, generator=gen)
+    keep = (torch.rand(graph.num_edges, heads, generator=gen) > 0.4).float() / 0.6
+
+    def pyg(graph, logits, x, keep):
+        src, dst = graph.edge_index
+        a_src, a_dst, a_edge = logits
+        alpha = softmax(F.leaky_relu(a_src[src] + a_dst[dst] + a_edge, SLOPE), dst, num_nodes=graph.num_dst) * keep
+        return x.new_zeros(graph.num_dst, heads, channels).index_add(0, dst, alpha.unsqueeze(-1) * x[src])
+
+    moved = [_to(logits, device), x.to(device), keep.to(device)]
+    for ours, theirs in zip(_forward_backward(_ours, graph, *moved), _forward_backward(pyg, graph, logits, x, keep)):
+        check_close(ours.cpu(), theirs)
+    structure = graph.structure(torch.device(device))
+    assert structure.csr.user_order
+    schedule = small_graph_softmax_schedule(heads * channels)
+    if one_pass:  # every graph case has destination rows, which the pass writes (0 where no edge)
+        assert launches == [schedule] and "grouped" in derived_cache(structure.csr.rowptr)
+    else:
+        assert launches == []
