@@ -63,6 +63,11 @@ def small_graph_schedule(op: OpInfo, width: int) -> ParallelInfo:
     return ParallelInfo("edge", block_f=block_f, block_e=128, num_warps=_warps(128 * block_f))
 
 
+#: Rows of more edges make :func:`small_graph_softmax_schedule`'s pass slower than the three
+#: edge-parallel operators (a row is one program's work); a graph known to have one runs those.
+SOFTMAX_ONE_PASS_MAX_ROW = 1 << 12
+
+
 def small_graph_softmax_schedule(width: int) -> ParallelInfo:
     """The schedule of a softmax aggregation's one pass (GAT's forward,
     :mod:`triton_kernels.vertex_softmax`) with ``width`` message features on a small GPU graph:
@@ -72,7 +77,8 @@ def small_graph_softmax_schedule(width: int) -> ParallelInfo:
     operations for the log-normaliser: on a small graph, where the host sets the pace, that costs
     more than the row grouping this pass reads (one sort per structure, kept with it). One row per
     program keeps a hub's edges 32 to a step rather than 4 (the heuristic's vertex rule): the
-    rows are not split, so a hub is one program's work."""
+    rows are not split, so a hub is one program's work, and a graph with a row of more than
+    :data:`SOFTMAX_ONE_PASS_MAX_ROW` edges runs the three operators instead."""
     block_f = min(triton.next_power_of_2(max(width, 1)), 64)
     return ParallelInfo("vertex", block_f=block_f, block_v=1, block_e=32, num_warps=_warps(32 * block_f))
 

@@ -54,7 +54,7 @@ from torch import Tensor
 
 import triton_kernels
 from autotune import selection
-from autotune.heuristic import small_graph_softmax_schedule
+from autotune.heuristic import SOFTMAX_ONE_PASS_MAX_ROW, small_graph_softmax_schedule
 from triton_kernels import all_packed, uses_triton
 from triton_kernels.head_dot import head_dot
 
@@ -77,7 +77,7 @@ from .ops import (
     serialized,
 )
 from .parallel import ParallelInfo
-from .structure import GraphStructure
+from .structure import GraphStructure, largest_row
 
 #: PyG's softmax adds this to the denominator: destinations without edges stay finite.
 EPSILON = 1e-16
@@ -212,10 +212,11 @@ def _one_pass_decision(
     x: Tensor,
     extra: List[Tensor],
 ) -> Tuple:
-    """``(arrays, layout, schedule, dtypes, plan, one pass)``: the graph's arrays, the one pass's
-    layout and schedule, the dtypes of the output and the log-normaliser, the launch plan for
-    packed operands (``None`` where there is none) and whether the schedule runs the one pass;
-    decided as every operator is (:func:`~pyg_ugrapher.ops.cached_decision`). A measured decision
+    """``(arrays, layout, schedule, dtypes, plan, one pass, small)``: the graph's arrays, the one
+    pass's layout and schedule, the dtypes of the output and the log-normaliser, the launch plan
+    for packed operands (``None`` where there is none), whether the schedule runs the one pass and
+    whether it is the small-graph rule's (whose pass a graph with a hub does not run: see
+    :func:`_has_hub`); decided as every operator is (:func:`~pyg_ugrapher.ops.cached_decision`). A measured decision
     times each candidate as it would run: in one pass where it can, else as the three operators
     with the candidate for the output's."""
     arrays = graph_arrays(structure)
@@ -236,7 +237,8 @@ def _one_pass_decision(
                 else _three_passes(structure, ops, columns, x, extra, output_schedule=candidate.serialize())
             )
 
-        if selection.graph_independent(arrays.csr, device):
+        small = selection.graph_independent(arrays.csr, device)
+        if small:
             # A small GPU graph: one pass over its grouped rows (see small_graph_softmax_schedule).
             chosen = small_graph_softmax_schedule(layout.message_width)
         else:
@@ -244,9 +246,16 @@ def _one_pass_decision(
         plan = triton_kernels.prepare_softmax(
             ops.value, ops.logit, ops.one_pass.inputs, layout, operands, chosen, dtypes
         )
-        return layout, chosen, dtypes, plan, triton_kernels.runs_softmax(layout, chosen)
+        return layout, chosen, dtypes, plan, triton_kernels.runs_softmax(layout, chosen), small
 
     return (arrays,) + cached_decision(arrays.csr, device, AUTO, ("one pass", text, device), operands, decide)
+
+
+def _has_hub(csr) -> bool:
+    """Whether ``csr`` is known to have a row of more than :data:`SOFTMAX_ONE_PASS_MAX_ROW` edges
+    (:func:`~pyg_ugrapher.structure.largest_row`; not known yet: no)."""
+    largest = largest_row(csr)
+    return largest is not None and largest > SOFTMAX_ONE_PASS_MAX_ROW
 
 
 def _forward(
@@ -266,8 +275,10 @@ def _forward(
     if not uses_triton(x.device):
         return _three_passes(structure, ops, columns, x, extra, graph)
     operands = [x] + columns + extra
-    arrays, layout, chosen, dtypes, plan, one_pass = _one_pass_decision(structure, ops, operands, columns, x, extra)
-    if not one_pass:
+    arrays, layout, chosen, dtypes, plan, one_pass, small = _one_pass_decision(
+        structure, ops, operands, columns, x, extra
+    )
+    if not one_pass or (small and _has_hub(arrays.csr)):
         return _three_passes(structure, ops, columns, x, extra, graph)
     if graph is not None and observed():  # the source is generated text, rendered only for observers
         notify(

@@ -252,6 +252,31 @@ def derived_cache(rowptr: Tensor) -> Dict:
     return cache
 
 
+def largest_row(csr: CSR) -> Optional[int]:
+    """The most edges of one row of ``csr``, once known without waiting for the device: on a GPU
+    the first call starts its computation and a copy to the host, and returns ``None`` until that
+    copy has arrived (a later call then reads it; kept with the structure). ``None`` also while a
+    CUDA graph is captured, when nothing may be kept. On a CPU the value itself."""
+    rowptr = csr.rowptr
+    if csr.num_rows == 0 or csr.num_edges == 0:
+        return 0
+    if not rowptr.is_cuda:
+        return int((rowptr[1:] - rowptr[:-1]).max())
+    if capturing(rowptr):
+        return None
+    cache = derived_cache(rowptr)
+    probe = cache.get("largest row")
+    if probe is None:
+        host = torch.empty((), dtype=rowptr.dtype, pin_memory=True)
+        host.copy_((rowptr[1:] - rowptr[:-1]).max(), non_blocking=True)
+        arrived = torch.cuda.Event()
+        arrived.record()
+        probe = cache["largest row"] = [host, arrived, None]
+    if probe[2] is None and probe[1].query():
+        probe[2] = int(probe[0])
+    return probe[2]
+
+
 def degree_stats(degree: Tensor, num_edges: int) -> Tensor:
     """The fields of :class:`DegreeStats` of the degrees ``degree`` of a graph of ``num_edges`` edges,
     as one float64 tensor on their device (what :func:`csr_stats` reads in one sync)."""

@@ -390,14 +390,16 @@ def test_bad_score_input(graph_factory, change, score, error, name):
         softmax_aggregate(graph, change(logits), x, score=score)
 
 
+@pytest.mark.parametrize("largest", [None, 3], ids=["any_row", "rows_of_3"])
 @pytest.mark.parametrize("heads, channels, one_pass", [(2, 4, True), (1, 5, True), (3, 5, False)])
 def test_small_gpu_graphs_run_one_pass_on_grouped_rows(
-    device, graph_factory, graph_case, check_close, monkeypatch, heads, channels, one_pass
+    device, graph_factory, graph_case, check_close, monkeypatch, heads, channels, one_pass, largest
 ):
     """On a small GPU graph (a structure in the user's order, the small-graph rule) the forward
     runs :func:`~autotune.heuristic.small_graph_softmax_schedule`'s one pass over the rows grouped
-    once and kept with the structure, where its feature tile holds whole heads or lies inside one;
-    three operators otherwise. Both give PyG's outputs and gradients."""
+    once and kept with the structure, where its feature tile holds whole heads or lies inside one
+    and no row has more than ``SOFTMAX_ONE_PASS_MAX_ROW`` (``largest``) edges; three operators
+    otherwise. Both give PyG's outputs and gradients."""
     from autotune import selection
     from autotune.heuristic import small_graph_softmax_schedule
     from pyg_ugrapher.structure import derived_cache
@@ -406,6 +408,8 @@ def test_small_gpu_graphs_run_one_pass_on_grouped_rows(
     monkeypatch.setattr(selection, "generation", object())  # decisions made before this test are stale
     monkeypatch.setattr(selection, "graph_independent", lambda graph, device: True)
     monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: True)
+    if largest is not None:
+        monkeypatch.setattr(attention, "SOFTMAX_ONE_PASS_MAX_ROW", largest)
     launches = []
     monkeypatch.setattr(
         vertex_softmax, "launch", lambda *args, launch=vertex_softmax.launch: launches.append(args[-1]) or launch(*args)
@@ -428,7 +432,9 @@ def test_small_gpu_graphs_run_one_pass_on_grouped_rows(
     structure = graph.structure(torch.device(device))
     assert structure.csr.user_order
     schedule = small_graph_softmax_schedule(heads * channels)
-    if one_pass:  # every graph case has destination rows, which the pass writes (0 where no edge)
+    in_degree = torch.bincount(graph.edge_index[1], minlength=graph.num_dst)
+    hub = largest is not None and graph.num_edges > 0 and int(in_degree.max()) > largest
+    if one_pass and not hub:  # every graph case has destination rows, which the pass writes (0 where no edge)
         assert launches == [schedule] and "grouped" in derived_cache(structure.csr.rowptr)
     else:
         assert launches == []
