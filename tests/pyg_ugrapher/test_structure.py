@@ -19,7 +19,7 @@ def test_largest_row_on_a_cpu_is_the_largest_degree():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the device-side probe needs a GPU")
 def test_largest_row_on_a_gpu_arrives_without_a_sync():
-    csr = ug.GraphTensor.from_edge_index(EDGES, 4).to("cuda").csr()
+    csr = ug.GraphTensor.from_edge_index(EDGES, 4).csr("cuda")
     torch.cuda.set_sync_debug_mode("error")
     try:
         first = largest_row(csr)
