@@ -134,6 +134,8 @@ def forward_schedule(request, monkeypatch):
 
     monkeypatch.setattr(selection, "generation", object())  # decisions made before this test are stale
     monkeypatch.setattr(attention, "schedule_for", lambda *args, **kwargs: FORWARD_SCHEDULES[request.param])
+    # A GPU's small graphs take the small-graph rule's schedule, here the test's too.
+    monkeypatch.setattr(attention, "small_graph_softmax_schedule", lambda width: FORWARD_SCHEDULES[request.param])
     launches = []
     for template in (vertex_softmax, group_softmax):
         monkeypatch.setattr(
