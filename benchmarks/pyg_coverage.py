@@ -22,6 +22,9 @@ same loss on the CPU (our graph operators on the reference executor, or on Trito
   ``staged``: ``message()`` ran staged (graph operators around what it computes in PyTorch, see
   :mod:`pyg_ugrapher.staging`; as on a graph of ``MessagePassing.staged_min_edges`` edges or more, below which a
   staged propagation runs PyG's); ``fully_fused``: at least one operator, no PyG path and not staged;
+  ``edges_in_pytorch``: a staged call computed per-edge values in PyTorch (a Linear split by
+  linearity into products of the node rows does not count: it multiplies node rows); a layer that
+  runs without PyG's path and without this computes every per-edge value inside graph operators;
 * ``reason``: the fallback reasons the capture gives, then why a known layer was not swapped.
 
 The CSV and a markdown table with the summary counts go to ``--out``.
@@ -49,7 +52,8 @@ from torch_geometric.utils import degree
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import ops
-from pyg_ugrapher.message_passing import observe_fallbacks
+from pyg_ugrapher.message_passing import observe_fallbacks, observe_stages
+from pyg_ugrapher.staging import ON_EDGES
 
 #: Largest relative error (to the largest magnitude of PyG's tensor) that counts as a match (float64).
 TOLERANCE = 1e-9
@@ -68,6 +72,7 @@ COLUMNS = (
     "edge_updates",
     "staged",
     "fully_fused",
+    "edges_in_pytorch",
     "reason",
 )
 
@@ -377,6 +382,7 @@ def _cover(name: str) -> Dict[str, Any]:
         fallbacks=0,
         edge_updates=0,
         staged=False,
+        edges_in_pytorch=False,
         forward_match=False,
         grads_match=False,
         fully_fused=False,
@@ -410,8 +416,13 @@ def _cover(name: str) -> Dict[str, Any]:
 
     hooks = [layer.layer.register_edge_update_forward_hook(count_edge_update) for layer in report]
     calls: List[Any] = []
+    stages: List[str] = []
     try:
-        with ops.observe(calls.append), observe_fallbacks(lambda module, reason: reasons.append(reason)):
+        with (
+            ops.observe(calls.append),
+            observe_fallbacks(lambda module, reason: reasons.append(reason)),
+            observe_stages(lambda module, description: stages.append(description)),
+        ):
             ours = _run(converted, inputs)
     except Exception as error:
         row["runs"] = f"fails: {_describe(error)}"
@@ -443,6 +454,7 @@ def _cover(name: str) -> Dict[str, Any]:
         edge_updates=edge_updates[0],
         staged=bool(staged),
         fully_fused=bool(calls) and not reasons and not edge_updates[0] and not staged,
+        edges_in_pytorch=any(ON_EDGES in description for description in stages),
         reason=" | ".join(distinct),
     )
     return row
@@ -459,6 +471,15 @@ def summary(frame: pd.DataFrame) -> Dict[str, int]:
         "forward and gradients match": int((runs & frame.forward_match & frame.grads_match).sum()),
         "swapped": int((frame.conversion == "swapped").sum()),
         "fully fused": int((runs & frame.fully_fused).sum()),
+        "every per-edge value on graph operators": int(
+            (
+                runs
+                & (frame.ops > 0)
+                & (frame.fallbacks == 0)
+                & (frame.edge_updates == 0)
+                & ~frame.edges_in_pytorch.astype(bool)
+            ).sum()
+        ),
         "staged": int((runs & frame.staged & (frame.fallbacks == 0) & (frame.edge_updates == 0)).sum()),
         "partly fused": int((runs & (frame.ops > 0) & ((frame.fallbacks > 0) | (frame.edge_updates > 0))).sum()),
         "no graph operator (all PyG)": int((runs & (frame.ops == 0)).sum()),
@@ -475,7 +496,9 @@ def markdown(frame: pd.DataFrame) -> str:
         f"forward and backward of PyG's layer against `ug.accelerate` of a copy "
         f"(match: error <= {TOLERANCE:g} relative to the largest magnitude of PyG's outputs, or gradients). "
         f"Staged: `message()` runs on every call as graph operators around what it computes in PyTorch "
-        f"(`pyg_ugrapher/staging.py`); fully fused: one graph operator per propagation.",
+        f"(`pyg_ugrapher/staging.py`); fully fused: one graph operator per propagation; every per-edge "
+        f"value on graph operators: fully fused, or staged with no per-edge value computed in PyTorch "
+        f"(a Linear split by linearity into products of the node rows multiplies node rows).",
         "",
         "| " + " | ".join(counts) + " |",
         "|" + " --- |" * len(counts),
@@ -493,6 +516,7 @@ def markdown(frame: pd.DataFrame) -> str:
         "edge_updates",
         "staged",
         "fully_fused",
+        "edges_in_pytorch",
         "reason",
     ]
     lines += ["| " + " | ".join(shown) + " |", "|" + " --- |" * len(shown)]

@@ -76,24 +76,37 @@ SOFTMAX_OPS = (
 _fitted = functools.lru_cache(maxsize=4096)(fit_operands)
 
 
+#: How :meth:`Staged.describe` names the calls that ran in PyTorch on per-edge values.
+ON_EDGES = "in PyTorch on per-edge values"
+#: How :meth:`Staged.describe` names the Linear maps split into products of the node rows.
+ON_NODES = "split by linearity into products of the node rows"
+
+
 @dataclass(frozen=True)
 class Staged:
     """One staged ``message()`` call: either a :class:`Capture` whose operator aggregates the
     symbolic messages (its operand arguments name entries of ``tensors``), or the real ``messages``
     (``[E, *message_shape]``) to aggregate. ``dense`` names the calls that ran in PyTorch on
-    per-edge values."""
+    per-edge values, ``node_products`` the Linear maps computed on the node rows instead (split by
+    linearity): every other per-edge value was computed inside graph operators."""
 
     capture: Optional[Capture]
     tensors: Dict[str, Tensor]
     messages: Optional[Tensor]
     dense: Tuple[str, ...]
+    node_products: Tuple[str, ...] = ()
 
     def describe(self, method: str = "message()") -> str:
-        """What ran in PyTorch in a staged call of ``method``, as a sentence."""
-        if not self.dense:
+        """What ran in PyTorch in a staged call of ``method``, as a sentence (per-edge calls named
+        with :data:`ON_EDGES`, split Linear maps with :data:`ON_NODES`)."""
+        parts = [
+            f"{', '.join(dict.fromkeys(calls))} {where}"
+            for calls, where in ((self.dense, ON_EDGES), (self.node_products, ON_NODES))
+            if calls
+        ]
+        if not parts:
             return f"{method} runs per call on graph operators only"
-        calls = ", ".join(dict.fromkeys(self.dense))
-        return f"{method} runs per call on graph operators, with {calls} in PyTorch on per-edge values"
+        return f"{method} runs per call on graph operators, with {' and '.join(parts)}"
 
 
 class _Active(threading.local):
@@ -127,6 +140,7 @@ class StagedTrace(Trace):
         self.receivers = tuple(receivers)
         self.num_dst = num_dst
         self.dense: List[str] = []
+        self.node_products: List[str] = []
         self._names: Dict[int, str] = {}  #: id of a real tensor -> its operand argument
         self._held: List[Tensor] = []  #: keeps those ids valid
 
@@ -262,7 +276,11 @@ class StagedTrace(Trace):
                 rows = rows + bias
             term = self.operand(rows, leaf.kind, rows.dim())
             result = term if result is None else self.combine("add", result, term)
-        self.dense.append("torch.nn.functional.linear (split by linearity)")
+        # A product of an edge operand (edge features) has a row per edge.
+        if any(self.leaves[index].kind == "edge" for index in matrices):
+            self.dense.append("torch.nn.functional.linear (split by linearity, of edge operands)")
+        else:
+            self.node_products.append("torch.nn.functional.linear")
         return result
 
     def concatenate(self, tensors: Sequence[Any], dim: int) -> Any:
@@ -361,14 +379,16 @@ class StagedTrace(Trace):
         ``None`` keeps the per-edge values, as ``edge_update()``'s)."""
         if isinstance(value, TracedTensor) and gather_op is not None and value._parts is None:
             try:
-                return Staged(self.finish(value, gather_op), self.tensors, None, tuple(self.dense))
+                return Staged(
+                    self.finish(value, gather_op), self.tensors, None, tuple(self.dense), tuple(self.node_products)
+                )
             except CaptureError:
                 pass
         if isinstance(value, TracedTensor):
             value = self.materialize(value)
         if not isinstance(value, Tensor) or value.dim() == 0 or value.shape[0] != self.num_edges:
             raise CaptureError("message() returns a value that has no row per edge")
-        return Staged(None, self.tensors, value, tuple(self.dense))
+        return Staged(None, self.tensors, value, tuple(self.dense), tuple(self.node_products))
 
 
 def _linear_terms(expr: Expr) -> Optional[Dict[int, float]]:

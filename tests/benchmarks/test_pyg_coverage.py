@@ -24,11 +24,13 @@ def test_four_classes(tmp_path):
     assert (frame.forward_error <= pyg_coverage.TOLERANCE).all() and (frame.grads_error <= pyg_coverage.TOLERANCE).all()
     assert list(frame.fully_fused) == [True, True, False, False]
     assert list(frame.staged) == [False, False, True, False]
+    # EdgeConv's network (one Linear) runs on node rows: no per-edge value in PyTorch.
+    assert not frame.edges_in_pytorch.any()
     assert frame.loc["LEConv", "ops"] == 1 and frame.loc["EdgeConv", "fallbacks"] == 0
     assert frame.loc["EGConv", "ops"] == 0 and frame.loc["EGConv", "fallbacks"] >= 1
     assert "torch.cat" in frame.loc["EdgeConv", "reason"] and "aggregate()" in frame.loc["EGConv", "reason"]
     table = (tmp_path / "pyg_coverage.md").read_text()
-    assert "| 4 | 4 | 0 | 0 | 4 | 4 | 1 | 2 | 1 | 0 | 1 |" in table and "| EdgeConv | routed | yes |" in table
+    assert "| 4 | 4 | 0 | 0 | 4 | 4 | 1 | 2 | 3 | 1 | 0 | 1 |" in table and "| EdgeConv | routed | yes |" in table
 
 
 def test_every_class_has_arguments():

@@ -434,3 +434,45 @@ def test_small_graphs_run_pygs_propagation(monkeypatch, graph_size):
             assert staged and fallback is None
         else:
             assert not staged and f"fewer than {num_edges + 1} edges runs PyG's propagation" in fallback
+
+
+def single_linear_message(self, x_i, x_j):
+    return self.lin(torch.cat([x_i, x_j - x_i], dim=-1)).relu()
+
+
+def edge_linear_message(self, x_j, edge_attr):
+    return x_j * self.lin_edge(edge_attr)
+
+
+def forward_with_edges(self, x, edge_index, edge_attr):
+    return self.propagate(edge_index, x=x, edge_attr=edge_attr)
+
+
+@pytest.mark.parametrize("case", ["node_rows", "mlp", "edge_features"])
+def test_the_staged_reason_says_where_linear_maps_ran(executor, case):
+    """A Linear split into products of the node rows is named as such (every per-edge value then
+    comes from graph operators); a second Linear after a nonlinearity, or a Linear of edge
+    features, runs in PyTorch on per-edge values and is named so."""
+    from pyg_ugrapher.staging import ON_EDGES, ON_NODES
+
+    x, edge_index = layer_inputs(executor)
+    edge_attr = torch.randn(edge_index.size(1), 4, generator=torch.Generator().manual_seed(3))
+    if case == "node_rows":
+        ours, theirs = twins(
+            {"forward": forward, "message": single_linear_message},
+            lambda module: setattr(module, "lin", nn.Linear(8, 4)),
+        )
+        args = (x, edge_index)
+    elif case == "mlp":
+        ours, theirs = twins(*EDGE_MLP)
+        args = (x, edge_index)
+    else:
+        ours, theirs = twins(
+            {"forward": forward_with_edges, "message": edge_linear_message},
+            lambda module: setattr(module, "lin_edge", nn.Linear(4, 4)),
+        )
+        args = (x, edge_index, edge_attr)
+    assert_same_results(outputs_and_grads(ours, *args), outputs_and_grads(theirs, *args), case)
+    reason = ours.staged_reason
+    assert (ON_NODES in reason) == (case != "edge_features"), reason
+    assert (ON_EDGES in reason) == (case != "node_rows"), reason
