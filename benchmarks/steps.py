@@ -15,9 +15,10 @@ host's time in it (the clock is read after ``torch.cuda.synchronize``). Modes:
 
 Full batch trains on the whole graph at every step; ``minibatch`` on the parts of PyG's
 ``RandomNodeLoader`` (``--parts``, a new induced subgraph every step; the parts are made before
-timing and moved to the GPU inside the step). Features are random (``--features``), labels the
-dataset's where it has node labels, the loss a weighted sum over the training nodes (no boolean
-indexing: the same step is recordable). ``host_syncs`` counts the synchronising CUDA calls of one
+timing and moved to the GPU inside the step). PyG's and our implementation of a case are timed in
+alternating rounds (:func:`run_pair`). Features are random (``--features``), labels the dataset's
+where it has node labels, the loss a weighted sum over the training nodes (no boolean indexing:
+the same step is recordable). ``host_syncs`` counts the synchronising CUDA calls of one
 eager step on a graph already seen (``torch.cuda.set_sync_debug_mode``). What an eager step costs
 the host is counted beside its time: ``python_calls``, the Python function calls of one step
 (``cProfile``; builtins and methods of C types included), and with ``--count-kernels`` on a GPU
@@ -36,6 +37,7 @@ import pstats
 import statistics
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
@@ -199,6 +201,21 @@ class Case:
         else:
             batches = [(b.x, b.edge_index, b.y, b.weight) for b in minibatches(problem, args.parts, args.seed)]
         self._next = itertools.cycle(batches)
+        # Each case draws its dropout masks from a stream of its own, as if it ran alone, so that
+        # PyG's and our losses stay comparable when their steps alternate (run_pair). A recording
+        # keeps its generator's state in the CUDA graph, which this does not touch.
+        self._streams = [self.device] if self.device.type == "cuda" and mode != "recorded" else []
+        self._rng = (torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in self._streams])
+
+    @contextmanager
+    def own_rng(self) -> Iterator[None]:
+        """The block draws random numbers from this case's own stream."""
+        with torch.random.fork_rng(devices=self._streams):
+            torch.set_rng_state(self._rng[0])
+            for device, state in zip(self._streams, self._rng[1]):
+                torch.cuda.set_rng_state(state, device)
+            yield
+            self._rng = (torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in self._streams])
 
     def inputs(self) -> Sequence[Tensor]:
         tensors = next(self._next)
@@ -212,40 +229,80 @@ class Case:
         return self.step(*self.inputs())
 
 
-def run_case(case: Case, args) -> Dict:
-    device = case.device
-    row: Dict = {}
+def _prepared(case: Case, row: Dict) -> None:
+    """Warm-up steps, then the host synchronisations of one eager step."""
+    with case.own_rng():
+        _warm_up(case, row)
+
+
+def _warm_up(case: Case, row: Dict) -> None:
     for _ in range(WARMUP_STEPS):
         case.run()
-    synchronize(device)
+    synchronize(case.device)
     if case.mode == "eager":
-        row["host_syncs"] = count_syncs(case.run, device)
-    times = wall_ms(case.run, args.steps, args.repeats, device)
+        row["host_syncs"] = count_syncs(case.run, case.device)
+
+
+def _finished(case: Case, times: List[float], row: Dict, args) -> None:
+    """The row's times, final loss and host counts (counted after the timing: a profiler slows the
+    calls it watches)."""
     quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    with case.own_rng():
+        final_loss = float(case.run())
     row.update(
         step_ms=statistics.median(times),
         step_ms_iqr=quartiles[2] - quartiles[0],
-        steps=args.steps * args.repeats,
-        final_loss=float(case.run()),
+        steps=args.steps * len(times),
+        final_loss=final_loss,
     )
-    if case.mode == "eager":  # after the timing: a profiler slows the calls it watches
+    if case.mode == "eager":
         row["python_calls"] = count_python_calls(case.run)
         if args.count_kernels:
-            row["kernels"] = count_kernels(case.run, device)
+            row["kernels"] = count_kernels(case.run, case.device)
     if isinstance(case.step, RecordedStep):
         row["recordings"] = case.step.num_recordings
-    return row
+
+
+def run_pair(build: Callable[[str], Case], rows: Dict[str, Dict], args) -> None:
+    """Time the implementations of one case (``build(impl)`` makes each) in alternating rounds: one
+    run of ``--steps`` steps of each per round, the order reversed every round, so that a change of
+    the host's pace during the case (machines drift by tens of percent within minutes) reaches
+    every implementation alike. ``rows`` (one per implementation) get the results, or a failure's
+    status and note; an implementation that fails leaves the others running."""
+    live: Dict[str, Case] = {}
+    for impl, row in rows.items():
+        try:
+            live[impl] = build(impl)
+            _prepared(live[impl], row)
+        except Exception as error:  # a case that fails is a row saying why
+            row.update(failure(error))
+            live.pop(impl, None)
+    times: Dict[str, List[float]] = {impl: [] for impl in live}
+    for round_ in range(args.repeats):
+        for impl in list(live) if round_ % 2 == 0 else list(live)[::-1]:
+            try:
+                with live[impl].own_rng():
+                    times[impl] += wall_ms(live[impl].run, args.steps, 1, live[impl].device)
+            except Exception as error:
+                rows[impl].update(failure(error))
+                del live[impl]
+    for impl, case in live.items():
+        try:
+            _finished(case, times[impl], rows[impl], args)
+            rows[impl]["status"] = "ok"
+        except Exception as error:
+            rows[impl].update(failure(error))
 
 
 def cases(args) -> Iterator[tuple]:
+    """``(dataset, batching, model, mode)`` of every case to time, each for every implementation."""
     for dataset in args.datasets:
         for batching in args.batching:
             for model in args.models:
                 for mode in FULL_MODES if batching == "full" else MINIBATCH_MODES:
                     if mode not in args.modes or (mode == "recorded" and args.device == "cpu"):
                         continue
-                    for impl in IMPLEMENTATIONS:
-                        yield dataset, batching, model, mode, impl
+                    yield dataset, batching, model, mode
 
 
 def run(args) -> pd.DataFrame:
@@ -253,46 +310,45 @@ def run(args) -> pd.DataFrame:
     results = ResultsFile(args.out / "steps.csv", kind="steps")
     todo = list(cases(args))
     problems: Dict[str, Problem] = {}
-    rows = []
+    written = []
     deadline = time.monotonic() + args.time_budget if args.time_budget else None
-    for dataset, batching, model, mode, impl in tqdm(todo, desc="steps", unit="case"):
+    for dataset, batching, model, mode in tqdm(todo, desc="steps", unit="case"):
         if deadline is not None and time.monotonic() > deadline:
             break
         if dataset not in problems:
             problems.clear()
             problems[dataset] = make_problem(dataset, args.features, args.seed)
         problem = problems[dataset]
-        row = {
-            **environment(device),
-            "dataset": dataset,
-            "model": model,
-            "impl": impl,
-            "mode": mode,
-            "batching": batching,
-            "num_nodes": problem.data.num_nodes,
-            "num_edges": problem.data.edge_index.size(1),
-            "features": args.features,
-            "hidden": args.hidden,
+        rows = {
+            impl: {
+                **environment(device),
+                "dataset": dataset,
+                "model": model,
+                "impl": impl,
+                "mode": mode,
+                "batching": batching,
+                "num_nodes": problem.data.num_nodes,
+                "num_edges": problem.data.edge_index.size(1),
+                "features": args.features,
+                "hidden": args.hidden,
+            }
+            for impl in IMPLEMENTATIONS
         }
-        try:
-            case = Case(problem, model, impl, mode, batching, args)
-            row.update(run_case(case, args))
-            row["status"] = "ok"
-        except Exception as error:  # a case that fails is a row saying why
-            row.update(failure(error))
+        run_pair(lambda impl: Case(problem, model, impl, mode, batching, args), rows, args)
         torch._dynamo.reset()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        rows.append(results.write(row))
-        outcome = row.get("note")
-        if row["status"] == "ok":
-            outcome = (
-                f"{row['step_ms']:.3f} ms, syncs {row.get('host_syncs')}, "
-                f"Python calls {row.get('python_calls')}, kernels {row.get('kernels')}"
-            )
-        tqdm.write(f"{dataset:>16} {batching:>9} {model:>4} {impl:>4} {mode:>15}: {outcome}")
+        for impl, row in rows.items():
+            written.append(results.write(row))
+            outcome = row.get("note")
+            if row.get("status") == "ok":
+                outcome = (
+                    f"{row['step_ms']:.3f} ms, syncs {row.get('host_syncs')}, "
+                    f"Python calls {row.get('python_calls')}, kernels {row.get('kernels')}"
+                )
+            tqdm.write(f"{dataset:>16} {batching:>9} {model:>4} {impl:>4} {mode:>15}: {outcome}")
     plot(results.path)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(written)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

@@ -1,4 +1,6 @@
+import contextlib
 import math
+import types
 
 import pandas as pd
 import pytest
@@ -71,3 +73,48 @@ def test_python_calls_are_counted_per_step():
     # step() and its five nested() calls, each step
     assert steps.count_python_calls(step, steps=4) == pytest.approx(6.0)
     assert steps.count_kernels(step, torch.device("cpu")) is None
+
+
+class _Fake:
+    """A case whose steps log its name."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+        self.mode, self.device, self.step = "eager", torch.device("cpu"), None
+
+    def own_rng(self):
+        return contextlib.nullcontext()
+
+    def run(self):
+        self.log.append(self.name)
+        return torch.tensor(1.0)
+
+
+def _args(**kwargs):
+    return types.SimpleNamespace(steps=2, repeats=3, count_kernels=False, **kwargs)
+
+
+def test_implementations_are_timed_in_alternating_rounds():
+    log = []
+    rows = {"pyg": {}, "ours": {}}
+    steps.run_pair(lambda impl: _Fake(impl, log), rows, _args())
+    warmup = 2 * steps.WARMUP_STEPS
+    timed = log[warmup : warmup + 12]
+    # one run of 2 steps each per round, the order reversed every round
+    assert timed == ["pyg"] * 2 + ["ours"] * 4 + ["pyg"] * 4 + ["ours"] * 2
+    for row in rows.values():
+        assert row["status"] == "ok" and row["steps"] == 6 and row["python_calls"] > 0
+
+
+def test_a_failing_implementation_leaves_the_other_timed():
+    log = []
+    rows = {"pyg": {}, "ours": {}}
+
+    def build(impl):
+        if impl == "pyg":
+            raise ValueError("cannot build")
+        return _Fake(impl, log)
+
+    steps.run_pair(build, rows, _args())
+    assert rows["pyg"]["status"] != "ok" and "cannot build" in rows["pyg"]["note"]
+    assert rows["ours"]["status"] == "ok" and rows["ours"]["steps"] == 6
