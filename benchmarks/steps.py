@@ -203,8 +203,10 @@ class Case:
         self._next = itertools.cycle(batches)
         # Each case draws its dropout masks from a stream of its own, as if it ran alone, so that
         # PyG's and our losses stay comparable when their steps alternate (run_pair). A recording
-        # keeps its generator's state in the CUDA graph, which this does not touch.
-        self._streams = [self.device] if self.device.type == "cuda" and mode != "recorded" else []
+        # (ours, or the CUDA graphs of mode="reduce-overhead") keeps its generator's state in the
+        # graph: its CUDA generator is left alone.
+        recording = mode in ("recorded", "reduce-overhead")
+        self._streams = [self.device] if self.device.type == "cuda" and not recording else []
         self._rng = (torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in self._streams])
 
     @contextmanager
