@@ -234,15 +234,11 @@ class Case:
 def _prepared(case: Case, row: Dict) -> None:
     """Warm-up steps, then the host synchronisations of one eager step."""
     with case.own_rng():
-        _warm_up(case, row)
-
-
-def _warm_up(case: Case, row: Dict) -> None:
-    for _ in range(WARMUP_STEPS):
-        case.run()
-    synchronize(case.device)
-    if case.mode == "eager":
-        row["host_syncs"] = count_syncs(case.run, case.device)
+        for _ in range(WARMUP_STEPS):
+            case.run()
+        synchronize(case.device)
+        if case.mode == "eager":
+            row["host_syncs"] = count_syncs(case.run, case.device)
 
 
 def _finished(case: Case, times: List[float], row: Dict, args) -> None:

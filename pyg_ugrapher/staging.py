@@ -94,7 +94,7 @@ class Staged:
     tensors: Dict[str, Tensor]
     messages: Optional[Tensor]
     dense: Tuple[str, ...]
-    node_products: Tuple[str, ...] = ()
+    node_products: Tuple[str, ...]
 
     def describe(self, method: str = "message()") -> str:
         """What ran in PyTorch in a staged call of ``method``, as a sentence (per-edge calls named
