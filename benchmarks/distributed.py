@@ -15,11 +15,12 @@ Modes:
   epochs). ``edges_per_s``: sampled edges of all ranks per second. ``--compile-modes`` adds
   ``torch.compile``d (``default``) and recorded (``reduce-overhead``, CUDA graphs) runs.
 * ``partitioned``: the vertices split into one part per rank (``--partition``); a rank makes and
-  holds only its part's features and incoming edges, each layer exchanges its halo rows
-  (``all_to_all_single``), gradients are summed over the ranks. ``edges_per_s``: the whole
-  graph's edges per second of epoch time. ``halo_mib_per_layer`` and ``comm_ms_per_layer`` are a
-  layer's forward halo (received by the busiest rank) and the time of its exchanges, forward and
-  backward; ``compute_ms`` is the epoch's time outside the exchanges.
+  holds only its part's features and incoming edges, the features' halo rows fetched once, each
+  later layer exchanges its halo rows (``all_to_all_single``), gradients are summed over the
+  ranks. ``edges_per_s``: the whole graph's edges per second of epoch time.
+  ``halo_mib_per_layer`` and ``comm_ms_per_layer`` are the forward halo (received by the busiest
+  rank) and the time of the exchanges, forward and backward, of an epoch per layer;
+  ``compute_ms`` is the epoch's time outside the exchanges.
 
 Every time is the slowest rank's mean over the timed epochs (the first ``--warmup`` epochs, which
 build structures and decide schedules, not counted); ``peak_mib`` the largest peak of GPU memory
@@ -59,6 +60,7 @@ from pyg_ugrapher.distributed import (
     record_exchanges,
     sample_batches,
     spawn,
+    with_halo,
 )
 
 from .report import plot
@@ -245,9 +247,10 @@ def partitioned_case(worker: Worker, graph: Graph, model_name: str, args: argpar
     del edge_index
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    # Features and labels of this rank's vertices only, made here.
+    # Features and labels of this rank's vertices only, made here. The features need no gradient:
+    # their halo is fetched once, so the first layer exchanges nothing in an epoch.
     task = Task.random(shard.num_local, args.features, args.seed * 1009 + worker.rank, device)
-    x, y, train = task.x, task.y, task.train
+    x, y, train = with_halo(task.x, shard.plan), task.y, task.train
     num_train = _total(float(train.sum()), device)
     torch.manual_seed(args.seed)
     model = Net(model_name, args.features, args.hidden).to(device)
@@ -272,9 +275,8 @@ def partitioned_case(worker: Worker, graph: Graph, model_name: str, args: argpar
     layers = 2
     epoch_ms = sum(times[args.warmup :]) / args.epochs
     comm_ms = sum(comm[args.warmup :]) / args.epochs
-    # The normalisation's degree exchange happens once, in the first epoch: the layers' exchanges
-    # are the last ``layers`` forward ones of an epoch.
-    halo_mib = sum(halo_bytes[-layers:]) / layers / 2**20 if halo_bytes else 0.0
+    # ``halo_bytes`` is of the last epoch: the normalisation's degree exchange happens in the first.
+    halo_mib = sum(halo_bytes) / layers / 2**20
     epoch_ms, comm_ms, compute_ms, halo_mib, halo_rows = _slowest(
         [epoch_ms, comm_ms, epoch_ms - comm_ms, halo_mib, shard.num_halo], device
     )
@@ -403,6 +405,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="partitioned: how the vertices are split",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="under torchrun: CPU threads of every rank")
     parser.add_argument(
         "--world-size", type=int, default=None, help="without torchrun: spawn this many CPU processes (gloo)"
     )
@@ -427,7 +430,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                 parser.error(f"--graphs: {error}")
         elif name not in ("collab", "cora"):
             parser.error(f"--graphs: unknown {name!r}; expected collab, cora or power_law-<edges>")
-    for name in ("features", "hidden", "epochs", "batch_size", "max_steps"):
+    for name in ("features", "hidden", "epochs", "batch_size", "max_steps", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: must be positive")
     if args.warmup < 0:
@@ -439,6 +442,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     if dist.is_torchelastic_launched():
         worker = init_from_env()
+        # torchrun gives several processes one thread each and a single one all the cores; every
+        # world size gets the same, so that only the number of ranks differs.
+        torch.set_num_threads(args.threads)
         args.out = args.out or default_out(worker.device)
         try:
             run(worker, args)

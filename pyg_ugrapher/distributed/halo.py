@@ -150,12 +150,14 @@ def _all_to_all(
     recv_counts: Sequence[int],
     group: Optional[ProcessGroup],
     direction: str,
+    out: Optional[Tensor] = None,
 ) -> Tensor:
     """``rows[index]`` (``rows`` itself without an index) sent out in ``send_counts`` pieces; the
-    ``recv_counts`` pieces received, in rank order."""
+    ``recv_counts`` pieces received, in rank order, into ``out`` (a new tensor without it)."""
     start = _mark(rows.device) if _RECORDERS else None
     send = rows if index is None else rows.index_select(0, index)
-    out = rows.new_empty((sum(recv_counts), *rows.shape[1:]))
+    if out is None:
+        out = rows.new_empty((sum(recv_counts), *rows.shape[1:]))
     dist.all_to_all_single(
         out, send.contiguous(), output_split_sizes=list(recv_counts), input_split_sizes=list(send_counts), group=group
     )
@@ -175,6 +177,13 @@ def _all_to_all(
     return out
 
 
+def _return_gradients(grad_halo: Tensor, grad_x: Tensor, plan: HaloPlan) -> Tensor:
+    """The halo's gradients sent back to their owners (the exchange with its counts swapped), each
+    added, in place, to ``grad_x``'s row it came from."""
+    back = _all_to_all(grad_halo, None, plan.recv_counts, plan.send_counts, plan.group, "backward")
+    return grad_x.index_add_(0, plan.send_index, back)
+
+
 class _HaloExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, plan: HaloPlan) -> Tensor:
@@ -184,10 +193,41 @@ class _HaloExchange(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tuple[Tensor, None]:
         plan: HaloPlan = ctx.plan
-        # The halo's gradients go back to their owners: the same exchange with the counts swapped.
-        back = _all_to_all(grad, None, plan.recv_counts, plan.send_counts, plan.group, "backward")
-        grad_x = grad.new_zeros((plan.num_local, *grad.shape[1:]))
-        return grad_x.index_add_(0, plan.send_index, back), None
+        return _return_gradients(grad, grad.new_zeros((plan.num_local, *grad.shape[1:])), plan), None
+
+
+def _local_then_halo(x: Tensor, plan: HaloPlan) -> Tensor:
+    """``x`` then its halo, received into the same buffer (no concatenation copies the halo)."""
+    out = x.new_empty((plan.num_local + plan.num_recv, *x.shape[1:]))
+    out[: plan.num_local].copy_(x)
+    _all_to_all(x, plan.send_index, plan.send_counts, plan.recv_counts, plan.group, "forward", out[plan.num_local :])
+    return out
+
+
+class _WithHalo(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, plan: HaloPlan) -> Tensor:
+        ctx.plan = plan
+        return _local_then_halo(x, plan)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tuple[Tensor, None]:
+        plan: HaloPlan = ctx.plan
+        grad_x = grad[: plan.num_local].clone(memory_format=torch.contiguous_format)
+        return _return_gradients(grad[plan.num_local :], grad_x, plan), None
+
+
+def _check_exchange(x: object, plan: object) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if not isinstance(plan, HaloPlan):
+        raise TypeError(f"plan: expected a HaloPlan, got {type(plan).__name__}")
+    if x.dim() == 0:
+        raise ValueError("x: expected one row per local vertex, got a 0-d tensor")
+    if x.size(0) != plan.num_local:
+        raise ValueError(f"x: expected {plan.num_local} rows (one per local vertex), got {x.size(0)}")
+    if plan.world_size > 1 and plan.send_index.device != x.device:
+        raise ValueError(f"x: on {x.device}, but the plan's indices are on {plan.send_index.device}")
 
 
 def halo_exchange(x: Tensor, plan: HaloPlan) -> Tensor:
@@ -204,18 +244,9 @@ def halo_exchange(x: Tensor, plan: HaloPlan) -> Tensor:
     Returns:
         ``[num_halo, *F]``, the halo rows in the order of :attr:`DistributedGraph.halo_nodes`.
     """
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if not isinstance(plan, HaloPlan):
-        raise TypeError(f"plan: expected a HaloPlan, got {type(plan).__name__}")
-    if x.dim() == 0:
-        raise ValueError("x: expected one row per local vertex, got a 0-d tensor")
-    if x.size(0) != plan.num_local:
-        raise ValueError(f"x: expected {plan.num_local} rows (one per local vertex), got {x.size(0)}")
+    _check_exchange(x, plan)
     if plan.world_size == 1:
         return x.new_empty((0, *x.shape[1:]))
-    if plan.send_index.device != x.device:
-        raise ValueError(f"x: on {x.device}, but the plan's indices are on {plan.send_index.device}")
     if x.requires_grad and torch.is_grad_enabled():
         return _HaloExchange.apply(x, plan)
     return _all_to_all(x, plan.send_index, plan.send_counts, plan.recv_counts, plan.group, "forward")
@@ -223,6 +254,11 @@ def halo_exchange(x: Tensor, plan: HaloPlan) -> Tensor:
 
 def with_halo(x: Tensor, plan: HaloPlan) -> Tensor:
     """``[num_local + num_halo, *F]``: the local rows, then the halo rows (the source rows of a
-    :class:`DistributedGraph`'s local graph); ``x`` itself on a single rank."""
-    halo = halo_exchange(x, plan)
-    return x if plan.world_size == 1 else torch.cat([x, halo])
+    :class:`DistributedGraph`'s local graph); ``x`` itself on a single rank. A collective and
+    differentiable, as :func:`halo_exchange`."""
+    _check_exchange(x, plan)
+    if plan.world_size == 1:
+        return x
+    if x.requires_grad and torch.is_grad_enabled():
+        return _WithHalo.apply(x, plan)
+    return _local_then_halo(x, plan)

@@ -14,8 +14,10 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
+from torch.nn.parameter import is_lazy
 
 from .. import ops
 from ..nn import GCNConv, GINConv, GraphConv, SAGEConv
@@ -24,6 +26,9 @@ from .halo import with_halo
 
 #: Layers that take ``(x_src, x_dst)`` and ``size``: they run on the local graph as they are.
 BIPARTITE_LAYERS = (SAGEConv, GraphConv, GINConv)
+#: Layers whose output is ``lin(aggregate(x_j)) + root(x_i)``, by the names of ``lin`` and ``root``:
+#: with a sum or mean aggregation, ``lin``'s product may come before the aggregation.
+LINEAR_THEN_ROOT = {SAGEConv: ("lin_l", "lin_r"), GraphConv: ("lin_rel", "lin_root")}
 
 
 def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph) -> Tensor:
@@ -31,26 +36,41 @@ def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph) -> Tensor
     belong to ``graph.nodes``.
 
     A collective: every rank calls it with its own ``x`` (and takes part in the backward pass).
+    ``x`` holds the local rows (``[graph.num_local, F]``), whose halo the layer fetches, or the
+    local rows followed by their halo (``[graph.num_sources, F]``, from :func:`with_halo`): the
+    features of the data, which need no gradient, are fetched once that way and every epoch's
+    first layer then exchanges nothing.
 
-    * :class:`~pyg_ugrapher.nn.GCNConv` (sum aggregation, no edge weights): the linear map on the
-      local rows, its halo rows fetched, then one ``u_mul_e_sum`` over the local graph with the
-      whole graph's normalisation (:meth:`DistributedGraph.gcn_norm`); without ``normalize``, a
-      ``copy_u_sum``.
-    * :class:`~pyg_ugrapher.nn.SAGEConv`, :class:`~pyg_ugrapher.nn.GraphConv`,
-      :class:`~pyg_ugrapher.nn.GINConv`: the layer itself on ``(x with its halo, x)`` and the
-      local graph, as a bipartite call.
+    * :class:`~pyg_ugrapher.nn.GCNConv` (sum aggregation, no edge weights): one ``u_mul_e_sum``
+      over the local graph with the whole graph's normalisation
+      (:meth:`DistributedGraph.gcn_norm`); without ``normalize``, a ``copy_u_sum``.
+    * :class:`~pyg_ugrapher.nn.SAGEConv` and :class:`~pyg_ugrapher.nn.GraphConv` with a sum or
+      mean aggregation: the aggregation of the sources, the root term of the local rows.
+    * Both multiply by a weight and aggregate linearly, so either may come first; the narrower
+      side is aggregated and exchanged (:func:`aggregate_first`).
+    * :class:`~pyg_ugrapher.nn.GINConv`, and the others with any other aggregation: the layer
+      itself on ``(x with its halo, x)`` and the local graph, as a bipartite call.
 
     Args:
         conv (nn.Module): one of the layers above.
-        x (Tensor): ``[graph.num_local, F]`` features of the local vertices.
+        x (Tensor): ``[graph.num_local, F]`` features of the local vertices, or
+            ``[graph.num_sources, F]`` with their halo.
         graph (DistributedGraph): this rank's share of the graph.
     """
     if not isinstance(graph, DistributedGraph):
         raise TypeError(f"graph: expected a DistributedGraph, got {type(graph).__name__}")
     if not isinstance(x, Tensor) or x.dim() != 2:
         raise ValueError("x: expected a [num_local, F] tensor of the local vertices' features")
-    if x.size(0) != graph.num_local:
-        raise ValueError(f"x: expected {graph.num_local} rows (the local vertices), got {x.size(0)}")
+    if x.size(0) not in (graph.num_local, graph.num_sources):
+        raise ValueError(
+            f"x: expected {graph.num_local} rows (the local vertices) or {graph.num_sources} (with their "
+            f"halo), got {x.size(0)}"
+        )
+    if graph.num_halo and x.size(0) == graph.num_sources and x.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            "x: its halo rows were fetched ahead, so their gradients cannot reach their owners; pass the "
+            "local rows of an input that needs a gradient"
+        )
     if getattr(conv, "flow", "source_to_target") != "source_to_target":
         raise ValueError(
             "conv: a partitioned graph holds the incoming edges of its vertices; use flow='source_to_target'"
@@ -58,21 +78,76 @@ def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph) -> Tensor
     if isinstance(conv, GCNConv):
         return _gcn(conv, x, graph)
     if isinstance(conv, BIPARTITE_LAYERS):
-        return conv((with_halo(x, graph.plan), x), graph.edge_index, size=(graph.num_sources, graph.num_local))
+        names = LINEAR_THEN_ROOT.get(type(conv))
+        if names is not None and conv._gather in ("sum", "mean") and conv.unfused_reason() is None:
+            if not getattr(conv, "project", False):
+                return _linear_then_root(conv, *names, x, graph)
+        local = x[: graph.num_local]
+        return conv((_sources(x, graph), local), graph.edge_index, size=(graph.num_sources, graph.num_local))
     names = ", ".join(layer.__name__ for layer in (GCNConv, *BIPARTITE_LAYERS))
     raise TypeError(f"conv: expected one of pyg_ugrapher.nn's {names}, got {type(conv).__name__}")
+
+
+def aggregate_first(x: Tensor, weight: Tensor) -> bool:
+    r"""Whether ``aggregate(x) @ weight.T`` runs cheaper than ``aggregate(x @ weight.T)`` for a
+    linear aggregation (both are the same).
+
+    A pass over the edges and an exchange cost the width of what they carry: ``x``'s width
+    (``weight.size(1)``) aggregated first, the output width (``weight.size(0)``) multiplied first.
+    Aggregated first, the backward passes over the edges only where ``x`` needs a gradient; the
+    product first, also for the weight's gradient. Ties keep PyG's order (the product first).
+    """
+    grad = torch.is_grad_enabled()
+    passes_aggregated = 2 if grad and x.requires_grad else 1
+    passes_multiplied = 2 if grad and (x.requires_grad or weight.requires_grad) else 1
+    return weight.size(1) * passes_aggregated < weight.size(0) * passes_multiplied
+
+
+def _sources(x: Tensor, graph: DistributedGraph) -> Tensor:
+    """The source rows of the local graph: ``x`` where it holds its halo already."""
+    return x if x.size(0) == graph.num_sources else with_halo(x, graph.plan)
+
+
+def _weight(lin: nn.Module, x: Tensor) -> Tensor:
+    """``lin``'s weight; a lazy PyG ``Linear`` (``in_channels=-1``) takes its shape from ``x``."""
+    if is_lazy(lin.weight):
+        lin(x[:0])
+    return lin.weight
+
+
+def _multiplied_aggregate(x: Tensor, graph: DistributedGraph, weight: Tensor, aggregate) -> Tensor:
+    """``aggregate(sources) @ weight.T`` for a linear ``aggregate`` of the source rows, in the
+    order :func:`aggregate_first` picks."""
+    if aggregate_first(x, weight):
+        return F.linear(aggregate(_sources(x, graph)), weight)
+    return aggregate(_sources(F.linear(x, weight), graph))
 
 
 def _gcn(conv: GCNConv, x: Tensor, graph: DistributedGraph) -> Tensor:
     if conv.aggr not in ("add", "sum"):
         raise ValueError(f"conv: a partitioned GCNConv sums its messages, got aggr={conv.aggr!r}")
-    h = with_halo(conv.lin(x), graph.plan)
-    if conv.normalize:
+
+    def aggregate(h: Tensor) -> Tensor:
+        if not conv.normalize:
+            return ops.compute(graph.graph, "copy_u_sum", h)
         norm = graph.gcn_norm(conv.add_self_loops, h.dtype)
-        out = ops.compute(norm.graph, "u_mul_e_sum", h, norm.weight)
-    else:
-        out = ops.compute(graph.graph, "copy_u_sum", h)
+        return ops.compute(norm.graph, "u_mul_e_sum", h, norm.weight)
+
+    out = _multiplied_aggregate(x, graph, _weight(conv.lin, x), aggregate)
     return out if conv.bias is None else out + conv.bias
+
+
+def _linear_then_root(conv: nn.Module, lin_name: str, root_name: str, x: Tensor, graph: DistributedGraph) -> Tensor:
+    lin, root = getattr(conv, lin_name), getattr(conv, root_name, None)
+    op = f"copy_u_{conv._gather}"
+    out = _multiplied_aggregate(x, graph, _weight(lin, x), lambda h: ops.compute(graph.graph, op, h))
+    if lin.bias is not None:
+        out = out + lin.bias
+    if root is not None and getattr(conv, "root_weight", True):
+        out = out + root(x[: graph.num_local])
+    if getattr(conv, "normalize", False):
+        out = F.normalize(out, p=2.0, dim=-1)
+    return out
 
 
 def all_reduce_gradients(module: nn.Module, group: Optional[ProcessGroup] = None) -> None:

@@ -38,6 +38,7 @@ def test_edge_counts_and_bad_arguments():
         ["--graphs", "power_law-abc"],
         ["--graphs", "power_law-0.5"],
         ["--epochs", "0"],
+        ["--threads", "0"],
         ["--modes", "pipeline"],
     ):
         with pytest.raises(SystemExit):

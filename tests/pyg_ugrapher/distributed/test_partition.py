@@ -16,6 +16,7 @@ from pyg_ugrapher.distributed import (
     DistributedGraph,
     HaloPlan,
     Worker,
+    aggregate_first,
     halo_exchange,
     init_from_env,
     layer_forward,
@@ -111,20 +112,54 @@ def test_one_part_is_the_whole_graph(edge_index):
     )
 
 
-@pytest.mark.parametrize("layer", ["gcn", "gcn_plain", "gcn_no_loops", "sage", "graph", "gin"])
-def test_one_part_layers_equal_the_whole_graph_layers(edge_index, layer, check_close):
-    torch.manual_seed(0)
+@pytest.mark.parametrize("input_grad", [False, True], ids=["features", "hidden"])
+@pytest.mark.parametrize(
+    "layer", ["gcn", "gcn_plain", "gcn_no_loops", "sage", "sage_sum_normalized", "sage_max", "graph", "gin", "lazy"]
+)
+def test_one_part_layers_equal_the_whole_graph_layers(edge_index, layer, input_grad, check_close):
+    """Outputs and gradients; an input that needs no gradient is aggregated before the product
+    (6 input features against 5 outputs), one that does after it."""
     conv = {
         "gcn": lambda: ug_nn.GCNConv(6, 5),
         "gcn_plain": lambda: ug_nn.GCNConv(6, 5, normalize=False),
         "gcn_no_loops": lambda: ug_nn.GCNConv(6, 5, add_self_loops=False),
         "sage": lambda: ug_nn.SAGEConv(6, 5),
+        "sage_sum_normalized": lambda: ug_nn.SAGEConv(6, 5, aggr="sum", normalize=True, root_weight=False),
+        "sage_max": lambda: ug_nn.SAGEConv(6, 5, aggr="max"),
         "graph": lambda: ug_nn.GraphConv(6, 5),
         "gin": lambda: ug_nn.GINConv(torch.nn.Linear(6, 5), train_eps=True),
-    }[layer]()
+        "lazy": lambda: ug_nn.GCNConv(-1, 5),
+    }[layer]
     graph = DistributedGraph.from_partition(edge_index, partition_graph(edge_index, NUM_NODES, 1))
-    x = torch.randn(NUM_NODES, 6)
-    check_close(layer_forward(conv, x, graph), conv(x, edge_index), context=layer)
+    x, weights = torch.randn(NUM_NODES, 6), torch.randn(NUM_NODES, 5)
+    results = []
+    for run in ("partitioned", "whole"):
+        torch.manual_seed(0)
+        module = conv()
+        features = x.clone().requires_grad_(input_grad)
+        out = layer_forward(module, features, graph) if run == "partitioned" else module(features, edge_index)
+        (out * weights).sum().backward()  # not pow(2): normalised rows have a constant norm
+        grads = [p.grad for p in module.parameters()] + ([features.grad] if input_grad else [])
+        results.append((out.detach(), grads))
+    (ours, our_grads), (expected, expected_grads) = results
+    check_close(ours, expected, context=layer)
+    assert len(our_grads) == len(expected_grads)
+    for index, (grad, reference) in enumerate(zip(our_grads, expected_grads)):
+        check_close(grad, reference, context=f"{layer} gradient {index}")
+
+
+def test_aggregate_first_carries_the_narrower_width():
+    weight = torch.nn.Parameter(torch.randn(8, 12))  # 12 features in, 8 out
+    features, hidden = torch.randn(5, 12), torch.randn(5, 12, requires_grad=True)
+    # Training: aggregated first, the edges are passed once at 12 for features (no backward
+    # pass), twice for hidden rows; multiplied first, twice at 8.
+    assert aggregate_first(features, weight)
+    assert not aggregate_first(hidden, weight)
+    assert aggregate_first(torch.randn(5, 6, requires_grad=True), torch.nn.Parameter(torch.randn(8, 6)))
+    assert not aggregate_first(torch.randn(5, 16), torch.nn.Parameter(torch.randn(8, 16)))  # a tie: PyG's order
+    with torch.no_grad():
+        assert not aggregate_first(hidden, weight)
+        assert aggregate_first(hidden, torch.randn(16, 12))
 
 
 def test_bad_layer_arguments(edge_index):
@@ -142,6 +177,12 @@ def test_bad_layer_arguments(edge_index):
         layer_forward(ug_nn.SAGEConv(6, 5), x[:-1], graph)
     with pytest.raises(TypeError, match="graph"):
         layer_forward(ug_nn.SAGEConv(6, 5), x, edge_index)
+    plan = HaloPlan(torch.zeros(1, dtype=torch.int64), (0, 1), (0, 1), NUM_NODES)
+    two_parts = DistributedGraph(0, 2, NUM_NODES + 1, graph.nodes, torch.tensor([NUM_NODES]), edge_index, plan)
+    with pytest.raises(ValueError, match="halo"):
+        layer_forward(ug_nn.SAGEConv(6, 5), torch.randn(NUM_NODES + 1, 6, requires_grad=True), two_parts)
+    with pytest.raises(ValueError, match="rows"):
+        layer_forward(ug_nn.SAGEConv(6, 5), torch.randn(NUM_NODES + 2, 6), two_parts)
     with pytest.raises(TypeError, match="plan"):
         halo_exchange(x, "plan")
     with pytest.raises(ValueError, match="x"):
