@@ -11,9 +11,10 @@ Modes:
 
 * ``ddp``: every rank holds the graph and a replica of a two-layer model of our layers inside
   ``DistributedDataParallel``, and trains on mini-batches sampled around its own shard of the
-  training vertices (:func:`pyg_ugrapher.distributed.sample_batches`, sampled before the timed
-  epochs). ``edges_per_s``: sampled edges of all ranks per second. ``--compile-modes`` adds
-  ``torch.compile``d (``default``) and recorded (``reduce-overhead``, CUDA graphs) runs.
+  training vertices (:func:`pyg_ugrapher.distributed.sample_batches`, each epoch's batches sampled
+  before it is timed and freed after it). ``edges_per_s``: sampled edges of all ranks per second.
+  ``--compile-modes`` adds ``torch.compile``d (``default``) and recorded (``reduce-overhead``,
+  CUDA graphs) runs.
 * ``partitioned``: the vertices split into one part per rank (``--partition``); a rank makes and
   holds only its part's features and incoming edges, the features' halo rows fetched once, each
   later layer exchanges its halo rows (``all_to_all_single``), gradients are summed over the
@@ -37,6 +38,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -196,9 +198,10 @@ def ddp_case(worker: Worker, graph: Graph, model_name: str, compile_mode: str, a
     ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     forward = ddp if compile_mode == "eager" else torch.compile(ddp, mode=compile_mode, dynamic=True)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=0.01)
-    epochs = args.warmup + args.epochs
-    batches: List[List[MiniBatch]] = [
-        list(
+    losses: List[Tensor] = []
+
+    def epoch_batches(epoch: int) -> List[MiniBatch]:
+        return list(
             itertools.islice(
                 sample_batches(
                     edge_index, graph.num_nodes, train_nodes, args.batch_size, args.num_neighbors, epoch, seed=args.seed
@@ -206,12 +209,9 @@ def ddp_case(worker: Worker, graph: Graph, model_name: str, compile_mode: str, a
                 args.max_steps,
             )
         )
-        for epoch in range(epochs)
-    ]
-    losses: List[Tensor] = []
 
-    def run_epoch(epoch: int) -> None:
-        for batch in batches[epoch]:
+    def run_epoch(batches: List[MiniBatch]) -> None:
+        for batch in batches:
             optimizer.zero_grad(set_to_none=True)
             out = forward(task.x[batch.node_ids], batch.edge_index)[: batch.num_seeds]
             loss = F.cross_entropy(out, task.y[batch.node_ids[: batch.num_seeds]])
@@ -219,10 +219,17 @@ def ddp_case(worker: Worker, graph: Graph, model_name: str, compile_mode: str, a
             optimizer.step()
             losses.append(loss.detach())
 
-    times = [_epoch_ms(lambda: run_epoch(epoch), device) for epoch in range(epochs)]
+    # Each epoch's batches are sampled just before it and freed after it, as a training loop holds
+    # its batches (every batch held to the end keeps its graph's structures alive, and the
+    # allocator then asks the driver for new memory in every step).
+    times, sampled, steps = [], 0, 0
+    for epoch in range(args.warmup + args.epochs):
+        batches = epoch_batches(epoch)
+        times.append(_epoch_ms(partial(run_epoch, batches), device))
+        if epoch >= args.warmup:
+            sampled += sum(b.edge_index.size(1) for b in batches) / args.epochs
+        steps = len(batches)
     epoch_ms = sum(times[args.warmup :]) / args.epochs
-    steps = len(batches[-1])
-    sampled = sum(b.edge_index.size(1) for epoch in batches[args.warmup :] for b in epoch) / args.epochs
     (epoch_ms,) = _slowest([epoch_ms], device)
     edges = _total(sampled, device)
     return {
