@@ -77,11 +77,10 @@ def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph) -> Tensor
         )
     if isinstance(conv, GCNConv):
         return _gcn(conv, x, graph)
+    names = LINEAR_THEN_ROOT.get(type(conv))
+    if names is not None and _sums_its_sources(conv):
+        return _linear_then_root(conv, *names, x, graph)
     if isinstance(conv, BIPARTITE_LAYERS):
-        names = LINEAR_THEN_ROOT.get(type(conv))
-        if names is not None and conv._gather in ("sum", "mean") and conv.unfused_reason() is None:
-            if not getattr(conv, "project", False):
-                return _linear_then_root(conv, *names, x, graph)
         local = x[: graph.num_local]
         return conv((_sources(x, graph), local), graph.edge_index, size=(graph.num_sources, graph.num_local))
     names = ", ".join(layer.__name__ for layer in (GCNConv, *BIPARTITE_LAYERS))
@@ -101,6 +100,12 @@ def aggregate_first(x: Tensor, weight: Tensor) -> bool:
     passes_aggregated = 2 if grad and x.requires_grad else 1
     passes_multiplied = 2 if grad and (x.requires_grad or weight.requires_grad) else 1
     return weight.size(1) * passes_aggregated < weight.size(0) * passes_multiplied
+
+
+def _sums_its_sources(conv: nn.Module) -> bool:
+    """Whether ``conv`` aggregates its unprojected source rows by a fused sum or mean (not PyG's
+    path: explain mode, hooks; not a projection of the sources first)."""
+    return conv._gather in ("sum", "mean") and conv.unfused_reason() is None and not getattr(conv, "project", False)
 
 
 def _sources(x: Tensor, graph: DistributedGraph) -> Tensor:

@@ -114,7 +114,19 @@ def test_one_part_is_the_whole_graph(edge_index):
 
 @pytest.mark.parametrize("input_grad", [False, True], ids=["features", "hidden"])
 @pytest.mark.parametrize(
-    "layer", ["gcn", "gcn_plain", "gcn_no_loops", "sage", "sage_sum_normalized", "sage_max", "graph", "gin", "lazy"]
+    "layer",
+    [
+        "gcn",
+        "gcn_plain",
+        "gcn_no_loops",
+        "sage",
+        "sage_sum_normalized",
+        "sage_max",
+        "sage_hooked",
+        "graph",
+        "gin",
+        "lazy",
+    ],
 )
 def test_one_part_layers_equal_the_whole_graph_layers(edge_index, layer, input_grad, check_close):
     """Outputs and gradients; an input that needs no gradient is aggregated before the product
@@ -126,6 +138,7 @@ def test_one_part_layers_equal_the_whole_graph_layers(edge_index, layer, input_g
         "sage": lambda: ug_nn.SAGEConv(6, 5),
         "sage_sum_normalized": lambda: ug_nn.SAGEConv(6, 5, aggr="sum", normalize=True, root_weight=False),
         "sage_max": lambda: ug_nn.SAGEConv(6, 5, aggr="max"),
+        "sage_hooked": lambda: hooked(ug_nn.SAGEConv(6, 5)),  # PyG's propagation, as a bipartite call
         "graph": lambda: ug_nn.GraphConv(6, 5),
         "gin": lambda: ug_nn.GINConv(torch.nn.Linear(6, 5), train_eps=True),
         "lazy": lambda: ug_nn.GCNConv(-1, 5),
@@ -146,6 +159,12 @@ def test_one_part_layers_equal_the_whole_graph_layers(edge_index, layer, input_g
     assert len(our_grads) == len(expected_grads)
     for index, (grad, reference) in enumerate(zip(our_grads, expected_grads)):
         check_close(grad, reference, context=f"{layer} gradient {index}")
+
+
+def hooked(conv):
+    """``conv`` with a message hook that halves the messages: its calls run PyG's propagation."""
+    conv.register_message_forward_hook(lambda module, inputs, messages: messages * 0.5)
+    return conv
 
 
 def test_aggregate_first_carries_the_narrower_width():
