@@ -19,6 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler
+from torch_geometric.data import Data
+from torch_geometric.loader import RandomNodeLoader
+from torch_geometric.utils import k_hop_subgraph
 
 from pyg_ugrapher import nn as ug_nn
 from pyg_ugrapher.datasets import load_cora
@@ -30,6 +34,7 @@ from pyg_ugrapher.distributed import (
     layer_forward,
     partition_graph,
     sample_batches,
+    seed_batches,
     spawn,
     with_halo,
 )
@@ -38,6 +43,8 @@ NUM_NODES, NUM_FEATURES, HIDDEN, NUM_CLASSES = 240, 12, 8, 4
 STEPS, LR, MOMENTUM = 3, 0.1, 0.9
 #: DDP: seeds per batch and rank, sampled edges per vertex and hop, epochs.
 BATCH_SIZE, FANOUTS, EPOCHS = 20, (4, 3), 2
+#: RandomNodeLoader's parts of the whole graph (each rank takes every other one's nodes).
+LOADER_PARTS = 6
 EXAMPLE_EPOCHS = 3
 LAYERS = {"gcn": ug_nn.GCNConv, "sage": ug_nn.SAGEConv, "graph": ug_nn.GraphConv}
 
@@ -145,9 +152,55 @@ def ddp_run(worker: Worker, compile_mode: Optional[str]) -> Dict[str, object]:
     return {"gathered": gathered}
 
 
+def pyg_loader_batches(kind: str, rank: int, world_size: int, epoch: int):
+    """One rank's batches of one epoch from PyG's own samplers, without pyg-lib: ``(x, edge_index,
+    picked rows, targets)`` each, and the rank's vertices (``random_nodes``: the nodes of its
+    parts; ``k_hop``: its seeds).
+
+    * ``random_nodes``: ``RandomNodeLoader``, its nodes sharded by PyTorch's ``DistributedSampler``;
+    * ``k_hop``: the rank's seed shard (:func:`seed_batches`), each batch the 2-hop subgraph around
+      its seeds (``k_hop_subgraph``), the loss on the seeds.
+    """
+    edges, x, y, train = problem()
+    if kind == "random_nodes":
+        sampler = DistributedSampler(range(NUM_NODES), num_replicas=world_size, rank=rank, shuffle=True, seed=5)
+        sampler.set_epoch(epoch)
+        loader = RandomNodeLoader(Data(x=x, y=y, edge_index=edges), num_parts=LOADER_PARTS, sampler=sampler)
+        return [(b.x, b.edge_index, slice(None), b.y) for b in loader], torch.tensor(list(sampler))
+    batches, seeds = [], seed_batches(train.nonzero().flatten(), BATCH_SIZE, epoch, rank=rank, world_size=world_size)
+    for batch_seeds in seeds:
+        subset, edge_index, mapping, _ = k_hop_subgraph(batch_seeds, 2, edges, relabel_nodes=True, num_nodes=NUM_NODES)
+        batches.append((x[subset], edge_index, mapping, y[batch_seeds]))
+    return batches, torch.cat(seeds)
+
+
+def ddp_loader_run(worker: Worker, kind: str) -> Dict[str, object]:
+    """DDP on the batches of :func:`pyg_loader_batches`; after every step, every rank's parameters
+    as all_gather saw them, and the rank's vertices of every epoch."""
+    device = worker.device
+    model = Net("gcn").to(device)
+    ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
+    gathered, vertices = [], []
+    for epoch in range(EPOCHS):
+        batches, epoch_vertices = pyg_loader_batches(kind, worker.rank, worker.world_size, epoch)
+        vertices.append(epoch_vertices)
+        for x, edge_index, picked, target in batches:
+            optimizer.zero_grad()
+            out = ddp(x.to(device), edge_index.to(device))[picked]
+            F.cross_entropy(out, target.to(device)).backward()
+            optimizer.step()
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            every = [torch.empty_like(flat) for _ in range(worker.world_size)]
+            dist.all_gather(every, flat)
+            gathered.append(every)
+    return {"gathered": gathered, "vertices": vertices}
+
+
 def run_scenarios(worker: Worker, out_dir: str, scenarios: List[str]) -> None:
     """Run ``scenarios`` (``partitioned:<method>``, ``partitioned-own:<method>``,
-    ``partitioned-fetched:<method>``, ``ddp``, ``ddp:<compile mode>``, ``example``)."""
+    ``partitioned-fetched:<method>``, ``ddp``, ``ddp:<compile mode>``, ``ddp-pyg:<loader>``,
+    ``example``)."""
     os.environ["TRITON_INTERPRET"] = "0"  # CPU tensors on the reference executor
     torch.set_num_threads(1)  # the ranks share the cores
     results = {}
@@ -155,6 +208,8 @@ def run_scenarios(worker: Worker, out_dir: str, scenarios: List[str]) -> None:
         kind, _, option = scenario.partition(":")
         if kind == "ddp":
             results[scenario] = ddp_run(worker, option or None)
+        elif kind == "ddp-pyg":
+            results[scenario] = ddp_loader_run(worker, option)
         elif kind == "example":
             cora = load_cora()
             results[scenario] = {
@@ -184,7 +239,18 @@ def launch(tmp_path_factory, world_size: int, scenarios: List[str], backend: str
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    return launch(tmp_path_factory, 2, ["partitioned:random", "partitioned-fetched:random", "ddp", "example"])
+    return launch(
+        tmp_path_factory,
+        2,
+        [
+            "partitioned:random",
+            "partitioned-fetched:random",
+            "ddp",
+            "ddp-pyg:random_nodes",
+            "ddp-pyg:k_hop",
+            "example",
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -293,6 +359,41 @@ def check_ddp(ranks, scenario, check_close):
         for rank in range(2)
     ]
     assert not set(first_seeds[0].tolist()) & set(first_seeds[1].tolist()), "each rank draws its own seeds"
+
+
+@pytest.mark.parametrize("kind", ["random_nodes", "k_hop"])
+def test_ddp_on_pyg_samplers_steps_on_the_mean_gradient(two_ranks, kind, check_close):
+    """PyG's own samplers under DDP: the ranks' vertices are disjoint (up to the one vertex that
+    pads the shards to equal sizes), the replicas stay equal, and one process stepping on the
+    mean of both ranks' batch losses takes the same steps."""
+    ranks = [r[f"ddp-pyg:{kind}"] for r in two_ranks]
+    for epoch in range(EPOCHS):
+        first, second = (set(r["vertices"][epoch].tolist()) for r in ranks)
+        assert len(first & second) <= 1, f"{kind} epoch {epoch}: both ranks drew {sorted(first & second)}"
+        if kind == "random_nodes":
+            assert first | second == set(range(NUM_NODES))
+    gathered = [r["gathered"] for r in ranks]
+    assert len(gathered[0]) == len(gathered[1]) > EPOCHS
+    for step, every in enumerate(gathered[0]):
+        assert torch.equal(every[0], every[1]), f"{kind} step {step}: replicas differ"
+        assert all(torch.equal(a, b) for a, b in zip(every, gathered[1][step]))
+    model = Net("gcn")
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    step = 0
+    for epoch in range(EPOCHS):
+        per_rank = [pyg_loader_batches(kind, rank, 2, epoch)[0] for rank in range(2)]
+        assert len(per_rank[0]) == len(per_rank[1])
+        for batches in zip(*per_rank):
+            optimizer.zero_grad()
+            losses = [
+                F.cross_entropy(model(x, edge_index)[picked], target) for x, edge_index, picked, target in batches
+            ]
+            (sum(losses) / len(losses)).backward()
+            optimizer.step()
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            check_close(gathered[0][step][0], flat, context=f"{kind} step {step}")
+            step += 1
+    assert step == len(gathered[0])
 
 
 def test_the_documented_example_trains_on_two_ranks(two_ranks):
