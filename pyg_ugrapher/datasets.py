@@ -47,6 +47,7 @@ from torch_geometric.io.planetoid import edge_index_from_dict, read_file
 from torch_geometric.utils import index_to_mask, remove_self_loops, to_undirected
 
 from .paths import cache_dir
+from .structure import note_checked
 
 Device = Union[str, torch.device]
 
@@ -710,7 +711,9 @@ def neighbor_sample(
 
     Returns:
         ``(edge_index, node_ids)``: the batch's edges over its own numbering and the whole graph's
-        id of each batch node (the first ``len(seeds)`` are the seeds).
+        id of each batch node (the first ``len(seeds)`` are the seeds). The sampler records the
+        index's bounds and self loops (:func:`pyg_ugrapher.structure.note_checked`), so that our
+        layers build its graph without waiting for the device to check them.
     """
     num_nodes = _check_size("num_nodes", num_nodes)
     if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
@@ -752,4 +755,8 @@ def neighbor_sample(
     local = torch.full((num_nodes,), -1, dtype=torch.long, device=device)
     local[node_ids] = torch.arange(node_ids.numel(), device=device)
     edges = torch.cat(kept)
-    return torch.stack([local[src[edges]], local[dst[edges]]]), node_ids
+    batch = torch.stack([local[src[edges]], local[dst[edges]]])
+    # The batch's bounds and self loops, recorded for the layers that build its graph: read here,
+    # where the sampler waits for the device anyway, they need not wait in the training step.
+    note_checked(batch, node_ids.numel(), int((src[edges] == dst[edges]).sum()))
+    return batch, node_ids

@@ -79,7 +79,7 @@ from autotune import selection
 from . import ops
 from .graph import OP_TAGS, GraphTensor, validate_endpoints
 from .ir import OpInfo
-from .structure import CSR, STRUCTURE_ARRAYS, GraphStructure, IdentityMap, collecting, version
+from .structure import CSR, STRUCTURE_ARRAYS, GraphStructure, IdentityMap, checked, collecting, version
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -506,9 +506,13 @@ def _looped(
         raise ValueError(
             f"size: {num_loops} self loops need as many source and destination nodes, got {num_src} and {num_dst}"
         )
-    # One device sync for the index's bounds and its count of stored loops: with two nonzero()
-    # calls and the graph's own check, a new mini-batch graph waited three times.
-    (stored,) = validate_endpoints(index[j], index[i], num_src, num_dst, [is_loop.sum()])
+    facts = checked(edge_index, num_src, num_dst)
+    if facts is not None:  # a sampler's batch: its bounds and stored loops are known
+        stored = facts.self_loops
+    else:
+        # One device sync for the index's bounds and its count of stored loops: with two
+        # nonzero() calls and the graph's own check, a new mini-batch graph waited three times.
+        (stored,) = validate_endpoints(index[j], index[i], num_src, num_dst, [is_loop.sum()])
     kept = torch.nonzero_static(~is_loop, size=index.size(1) - stored).view(-1)
     loops = torch.nonzero_static(is_loop, size=stored).view(-1)
     added = torch.arange(num_loops, device=index.device).repeat(2, 1)
@@ -517,8 +521,14 @@ def _looped(
 
 
 def _cached(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> GraphTensor:
+    # An index whose bounds its sampler recorded is not checked again (a wait for the device);
+    # the graph is rebuilt, and checked, if the index changes in place.
     return derived(
-        edge_index, ("graph", flow, num_src, num_dst), lambda: graph_of(plain_index(edge_index), flow, num_src, num_dst)
+        edge_index,
+        ("graph", flow, num_src, num_dst),
+        lambda: graph_of(
+            plain_index(edge_index), flow, num_src, num_dst, validate=checked(edge_index, num_src, num_dst) is None
+        ),
     )
 
 
@@ -643,7 +653,8 @@ def graph_with_loops(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTens
     its edges, stored loops kept (not cached: callers cache)."""
     index = plain_index(edge_index)
     loops = torch.arange(num_nodes, device=index.device).repeat(2, 1)
-    return graph_of(torch.cat([index, loops], dim=1), flow, num_nodes, num_nodes)
+    unchecked = checked(edge_index, num_nodes, num_nodes) is None  # a sampler's batch is checked
+    return graph_of(torch.cat([index, loops], dim=1), flow, num_nodes, num_nodes, validate=unchecked)
 
 
 def _cached_padded(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor:

@@ -242,6 +242,38 @@ def version(tensor: Tensor) -> Hashable:
     return None if tensor.is_inference() else tensor._version
 
 
+class CheckedIndex(NamedTuple):
+    """What the code that made a ``[2, E]`` edge index knows of it without reading the device (a
+    sampler's batch): every index lies below ``num_nodes``, and ``self_loops`` edges are self loops."""
+
+    version: Hashable
+    num_nodes: int
+    self_loops: int
+
+
+# Facts recorded by note_checked, by the edge index object (weakly).
+_CHECKED = IdentityMap()
+
+
+def note_checked(edge_index: Tensor, num_nodes: int, self_loops: int) -> None:
+    """Record that every index of ``edge_index`` lies in ``[0, num_nodes)`` and that ``self_loops``
+    of its edges are self loops, so that a layer that builds the graph of this index need not wait
+    for the device to check them (:func:`checked`). For the code that made the index and knows
+    both (a sampler); kept until the index dies or changes in place; never for an inference tensor,
+    whose changes are not counted."""
+    if version(edge_index) is not None:
+        _CHECKED[edge_index] = CheckedIndex(version(edge_index), int(num_nodes), int(self_loops))
+
+
+def checked(edge_index: Tensor, num_src: int, num_dst: int) -> Optional[CheckedIndex]:
+    """The facts :func:`note_checked` recorded for ``edge_index`` if it has not changed since and
+    they put both of its rows below ``num_src`` and ``num_dst``; ``None`` otherwise."""
+    facts = _CHECKED.get(edge_index)
+    if facts is None or facts.version != version(edge_index) or facts.num_nodes > min(num_src, num_dst):
+        return None
+    return facts
+
+
 def derived_cache(rowptr: Tensor) -> Dict:
     """The per-structure cache of a CSR, keyed by its ``rowptr`` tensor object: one per structure,
     whichever threads ask first. Its entries are values derived from the structure alone, so two

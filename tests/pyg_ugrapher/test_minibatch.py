@@ -20,8 +20,9 @@ from torch_geometric.utils import k_hop_subgraph, subgraph
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import graph as graph_module
+from pyg_ugrapher import graph_argument
 from pyg_ugrapher import nn as ug_nn
-from pyg_ugrapher.datasets import load_planetoid
+from pyg_ugrapher.datasets import load_planetoid, neighbor_sample
 from triton_kernels import csr_pair
 
 HIDDEN = 8
@@ -195,3 +196,40 @@ def test_neighbor_loader_batches(cora, check_close):
         ref = outputs_and_grads(theirs, theirs, batch.x, batch.edge_index)
         for index, (a, b) in enumerate(zip(mine, ref)):
             check_close(a, b, context=f"batch {step}, tensor {index}")
+
+
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_sampled_batches_build_their_graphs_without_waiting_for_the_device(kind, cora, check_refereed, monkeypatch):
+    """The project's sampler records each batch's bounds and self loops, so a layer builds the
+    batch's graph without checking them on the device (the one wait of a new batch graph), and
+    still gives PyG's outputs and gradients. Cora with a self loop on every tenth node, so that
+    batches hold stored self loops (GCN and GAT replace them). An index changed in place is
+    checked again."""
+    edge_index = torch.cat([cora.edge_index, torch.arange(0, cora.num_nodes, 10).repeat(2, 1)], dim=1)
+    waits = []
+
+    def device_check(*args, **kwargs):
+        waits.append(args)
+        return check_bounds(*args, **kwargs)
+
+    check_bounds = graph_argument.validate_endpoints
+    monkeypatch.setattr(graph_argument, "validate_endpoints", device_check)
+    monkeypatch.setattr(graph_module, "validate_endpoints", device_check)
+    ours, theirs = twins(kind, cora, SMALL_GRAPH_FEATURES)
+    exact_model = copy.deepcopy(theirs).double()
+    seeds = torch.randperm(cora.num_nodes, generator=torch.Generator().manual_seed(2))
+    loops = 0
+    for step in range(3):
+        batch, node_ids = neighbor_sample(edge_index, cora.num_nodes, seeds[8 * step : 8 * step + 8], [5, 5], seed=step)
+        loops += int((batch[0] == batch[1]).sum())
+        x = cora.x[node_ids, :SMALL_GRAPH_FEATURES]
+        mine = outputs_and_grads(ours, ours, x, batch)
+        ref = outputs_and_grads(theirs, theirs, x, batch)
+        exact = outputs_and_grads(exact_model, exact_model, x.double(), batch)
+        for index, (a, b) in enumerate(zip(mine, ref)):
+            check_refereed(a, b, lambda: exact[index], f"batch {step}, tensor {index}")
+    assert loops > 0, "the batches must hold self loops for the test to mean anything"
+    assert not waits, f"{len(waits)} device checks of sampled batch graphs"
+    batch.add_(0)  # an in-place change: the recorded facts no longer hold
+    outputs_and_grads(ours, ours, x, batch)
+    assert waits, "an index changed in place must be checked again"
