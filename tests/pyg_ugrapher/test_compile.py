@@ -166,7 +166,9 @@ def test_the_graph_is_prepared_once_per_graph(monkeypatch):
     same graph build it once, a new graph builds its own."""
     built = []
     original = graph_argument.graph_of
-    monkeypatch.setattr(graph_argument, "graph_of", lambda *args: built.append(args[0].size(1)) or original(*args))
+    monkeypatch.setattr(
+        graph_argument, "graph_of", lambda *args, **kwargs: built.append(args[0].size(1)) or original(*args, **kwargs)
+    )
     torch.manual_seed(0)
     model = ug_nn.SAGEConv(6, 4)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
