@@ -127,6 +127,18 @@ def partitioned_run(worker: Worker, method: str, own_edges: bool, fetched: bool 
     return result
 
 
+def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def every_ranks_parameters(model: torch.nn.Module, world_size: int) -> List[torch.Tensor]:
+    """Every rank's parameters of ``model``, flattened, as ``all_gather`` sees them."""
+    flat = flat_parameters(model)
+    every = [torch.empty_like(flat) for _ in range(world_size)]
+    dist.all_gather(every, flat)
+    return every
+
+
 def ddp_run(worker: Worker, compile_mode: Optional[str]) -> Dict[str, object]:
     """DDP on sampled mini-batches (eager, or under ``torch.compile(mode=compile_mode)``); after
     every step, every rank's parameters as all_gather saw them."""
@@ -145,10 +157,7 @@ def ddp_run(worker: Worker, compile_mode: Optional[str]) -> Dict[str, object]:
             out = forward(x[node_ids], edge_index)[: batch.num_seeds]
             F.cross_entropy(out, y[node_ids[: batch.num_seeds]]).backward()
             optimizer.step()
-            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-            every = [torch.empty_like(flat) for _ in range(worker.world_size)]
-            dist.all_gather(every, flat)
-            gathered.append(every)
+            gathered.append(every_ranks_parameters(model, worker.world_size))
     return {"gathered": gathered}
 
 
@@ -190,10 +199,7 @@ def ddp_loader_run(worker: Worker, kind: str) -> Dict[str, object]:
             out = ddp(x.to(device), edge_index.to(device))[picked]
             F.cross_entropy(out, target.to(device)).backward()
             optimizer.step()
-            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-            every = [torch.empty_like(flat) for _ in range(worker.world_size)]
-            dist.all_gather(every, flat)
-            gathered.append(every)
+            gathered.append(every_ranks_parameters(model, worker.world_size))
     return {"gathered": gathered, "vertices": vertices}
 
 
@@ -323,41 +329,43 @@ def test_compiled_and_recorded_ddp_on_two_gpus(two_gpus, scenario, check_close):
     check_ddp(two_gpus, scenario, check_close)
 
 
+def check_mean_gradient_steps(gathered, epoch_batches, loss, context: str, check_close) -> None:
+    """Two ranks' parameters after every DDP step (``gathered``, from :func:`every_ranks_parameters`
+    on each rank) are identical, and equal those of one process that steps, batch by batch, on the
+    mean of both ranks' losses (``loss(model, batch)``) over ``epoch_batches(epoch, rank)``."""
+    for step, every in enumerate(gathered[0]):
+        assert all(torch.equal(every[0], other) for other in every[1:]), f"{context} step {step}: replicas differ"
+        assert all(torch.equal(a, b) for a, b in zip(every, gathered[1][step]))
+    model = Net("gcn")
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    step = 0
+    for epoch in range(EPOCHS):
+        per_rank = [epoch_batches(epoch, rank) for rank in range(2)]
+        assert len(per_rank[0]) == len(per_rank[1]), f"{context} epoch {epoch}: the ranks run different step counts"
+        for batches in zip(*per_rank):
+            optimizer.zero_grad()
+            losses = [loss(model, batch) for batch in batches]
+            (sum(losses) / len(losses)).backward()
+            optimizer.step()
+            check_close(gathered[0][step][0], flat_parameters(model), context=f"{context} step {step}")
+            step += 1
+    assert step == len(gathered[0])
+
+
 def check_ddp(ranks, scenario, check_close):
     edges, x, y, train = problem()
     gathered = [r[scenario]["gathered"] for r in ranks]
     assert len(gathered[0]) == len(gathered[1]) == EPOCHS * 3  # 60 seeds per rank, batches of 20
-    for step, every in enumerate(gathered[0]):
-        assert all(torch.equal(every[0], other) for other in every[1:]), f"step {step}: replicas differ"
-        assert all(torch.equal(a, b) for a, b in zip(every, gathered[1][step]))
-    # One process stepping on the mean of both ranks' batch losses takes the same steps.
-    model = Net("gcn")
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     train_nodes = train.nonzero().flatten()
-    step = 0
-    for epoch in range(EPOCHS):
-        per_rank = [
-            list(sample_batches(edges, NUM_NODES, train_nodes, BATCH_SIZE, FANOUTS, epoch, rank=rank, world_size=2))
-            for rank in range(2)
-        ]
-        for batches in zip(*per_rank):
-            optimizer.zero_grad()
-            losses = [
-                F.cross_entropy(model(x[b.node_ids], b.edge_index)[: b.num_seeds], y[b.node_ids[: b.num_seeds]])
-                for b in batches
-            ]
-            (sum(losses) / len(losses)).backward()
-            optimizer.step()
-            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-            check_close(gathered[0][step][0], flat, context=f"{scenario} step {step}")
-            step += 1
-    assert step == len(gathered[0])
-    first_seeds = [
-        list(sample_batches(edges, NUM_NODES, train_nodes, BATCH_SIZE, FANOUTS, 0, rank=rank, world_size=2))[
-            0
-        ].node_ids[:BATCH_SIZE]
-        for rank in range(2)
-    ]
+
+    def epoch_batches(epoch: int, rank: int):
+        return list(sample_batches(edges, NUM_NODES, train_nodes, BATCH_SIZE, FANOUTS, epoch, rank=rank, world_size=2))
+
+    def loss(model: Net, b) -> torch.Tensor:
+        return F.cross_entropy(model(x[b.node_ids], b.edge_index)[: b.num_seeds], y[b.node_ids[: b.num_seeds]])
+
+    check_mean_gradient_steps(gathered, epoch_batches, loss, scenario, check_close)
+    first_seeds = [epoch_batches(0, rank)[0].node_ids[:BATCH_SIZE] for rank in range(2)]
     assert not set(first_seeds[0].tolist()) & set(first_seeds[1].tolist()), "each rank draws its own seeds"
 
 
@@ -374,26 +382,15 @@ def test_ddp_on_pyg_samplers_steps_on_the_mean_gradient(two_ranks, kind, check_c
             assert first | second == set(range(NUM_NODES))
     gathered = [r["gathered"] for r in ranks]
     assert len(gathered[0]) == len(gathered[1]) > EPOCHS
-    for step, every in enumerate(gathered[0]):
-        assert torch.equal(every[0], every[1]), f"{kind} step {step}: replicas differ"
-        assert all(torch.equal(a, b) for a, b in zip(every, gathered[1][step]))
-    model = Net("gcn")
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    step = 0
-    for epoch in range(EPOCHS):
-        per_rank = [pyg_loader_batches(kind, rank, 2, epoch)[0] for rank in range(2)]
-        assert len(per_rank[0]) == len(per_rank[1])
-        for batches in zip(*per_rank):
-            optimizer.zero_grad()
-            losses = [
-                F.cross_entropy(model(x, edge_index)[picked], target) for x, edge_index, picked, target in batches
-            ]
-            (sum(losses) / len(losses)).backward()
-            optimizer.step()
-            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-            check_close(gathered[0][step][0], flat, context=f"{kind} step {step}")
-            step += 1
-    assert step == len(gathered[0])
+
+    def loss(model: Net, batch) -> torch.Tensor:
+        x, edge_index, picked, target = batch
+        return F.cross_entropy(model(x, edge_index)[picked], target)
+
+    def epoch_batches(epoch: int, rank: int):
+        return pyg_loader_batches(kind, rank, 2, epoch)[0]
+
+    check_mean_gradient_steps(gathered, epoch_batches, loss, kind, check_close)
 
 
 def test_the_documented_example_trains_on_two_ranks(two_ranks):
