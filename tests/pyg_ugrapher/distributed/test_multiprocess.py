@@ -25,6 +25,7 @@ from torch_geometric.loader import RandomNodeLoader
 from torch_geometric.utils import k_hop_subgraph
 
 from pyg_ugrapher import nn as ug_nn
+from pyg_ugrapher import pad_to_bucket
 from pyg_ugrapher.datasets import load_cora
 from pyg_ugrapher.distributed import (
     DistributedGraph,
@@ -140,8 +141,9 @@ def every_ranks_parameters(model: torch.nn.Module, world_size: int) -> List[torc
 
 
 def ddp_run(worker: Worker, compile_mode: Optional[str]) -> Dict[str, object]:
-    """DDP on sampled mini-batches (eager, or under ``torch.compile(mode=compile_mode)``); after
-    every step, every rank's parameters as all_gather saw them."""
+    """DDP on sampled mini-batches (eager, or under ``torch.compile(mode=compile_mode)``, recorded
+    ones padded to bucket sizes as the guide does); after every step, every rank's parameters as
+    all_gather saw them."""
     edges, x, y, train = problem()
     device = worker.device
     model = Net("gcn").to(device)
@@ -154,7 +156,10 @@ def ddp_run(worker: Worker, compile_mode: Optional[str]) -> Dict[str, object]:
         for batch in sample_batches(edges, NUM_NODES, train.nonzero().flatten(), BATCH_SIZE, FANOUTS, epoch):
             node_ids, edge_index = batch.node_ids.to(device), batch.edge_index.to(device)
             optimizer.zero_grad()
-            out = forward(x[node_ids], edge_index)[: batch.num_seeds]
+            batch_x = x[node_ids]
+            if compile_mode == "reduce-overhead":
+                batch_x, edge_index = pad_to_bucket(batch_x, edge_index)
+            out = forward(batch_x, edge_index)[: batch.num_seeds]
             F.cross_entropy(out, y[node_ids[: batch.num_seeds]]).backward()
             optimizer.step()
             gathered.append(every_ranks_parameters(model, worker.world_size))
