@@ -605,20 +605,34 @@ def steps_plot(frame: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def distributed_plot(frame: pd.DataFrame, path: Path) -> None:
-    """Edges per second of every case per number of ranks; the partitioned cases' epoch split
-    into compute and halo exchanges."""
+def distributed_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """The timed rows of each case's newest commit (the commit of its last row), one row per case
+    and number of ranks: the median of that commit's launches of it (``launches`` counts them)."""
+    case = ["mode", "graph", "model", "compile_mode"]
     timed = frame[frame.status.isin(TIMED)]
-    cases = _unique(timed, ("mode", "graph", "model", "compile_mode"))
-    sizes = sorted({int(w) for w in timed.world_size})
-    at = {(r.mode, r.graph, r.model, r.compile_mode, int(r.world_size)): r for r in timed.itertuples(index=False)}
+    timed = timed[timed.commit == timed.groupby(case).commit.transform("last")]
+    grouped = timed.groupby(case + ["world_size", "commit"], sort=False)
+    runs = grouped[["edges_per_s", "epoch_ms", "compute_ms", "comm_ms"]].median()
+    runs["launches"] = grouped.size()
+    return runs.reset_index()
+
+
+def distributed_plot(frame: pd.DataFrame, path: Path) -> None:
+    """Edges per second of every case per number of ranks, of each case's newest commit (median of
+    its launches); the partitioned cases' epoch split into compute and halo exchanges."""
+    runs = distributed_runs(frame)
+    if runs.empty:
+        return
+    cases = _unique(runs, ("mode", "graph", "model", "compile_mode"))
+    sizes = sorted({int(w) for w in runs.world_size})
+    at = {(r.mode, r.graph, r.model, r.compile_mode, int(r.world_size)): r for r in runs.itertuples(index=False)}
     labels = [_distributed_case(at[case + (next(w for w in sizes if case + (w,) in at),)]) for case in cases]
     fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.2 * len(labels) + 2), 8))
     throughput = {
         f"{w} rank{'s' if w > 1 else ''}": [getattr(at.get(case + (w,)), "edges_per_s", None) for case in cases]
         for w in sizes
     }
-    _bars(axes[0], labels, throughput, "edges per second")
+    _bars(axes[0], labels, throughput, "edges per second (median of launches)")
     axes[0].legend(fontsize=8)
     split = [(case, w) for case in cases if case[0] == "partitioned" for w in sizes if case + (w,) in at]
     split_labels = [f"{_distributed_case(at[case + (w,)])}\n{w} rank{'s' if w > 1 else ''}" for case, w in split]
@@ -628,7 +642,7 @@ def distributed_plot(frame: pd.DataFrame, path: Path) -> None:
     }
     _bars(axes[1], split_labels, parts, "ms per epoch (slowest rank)", log=False)
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"training on several ranks, {frame.gpu.iloc[0]}, commit {commits(frame)}")
+    fig.suptitle(f"training on several ranks, {frame.gpu.iloc[0]}, commit {commits(runs)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -3,6 +3,7 @@ one row per case and draw the plot."""
 
 import math
 
+import pandas as pd
 import pytest
 
 from benchmarks import distributed, report, rows
@@ -45,3 +46,36 @@ def test_edge_counts_and_bad_arguments():
             distributed.parse_args(argv)
     args = distributed.parse_args(["--quick", "--epochs", "4"])
     assert args.epochs == 4 and args.graphs == distributed.QUICK["graphs"] and args.world_size == 2
+
+
+def test_plotted_runs_are_the_newest_commit_of_each_case_median_of_its_launches():
+    def row(commit, world_size, edges_per_s, model="gcn", status="ok"):
+        return dict(
+            mode="ddp",
+            graph="collab",
+            model=model,
+            compile_mode="eager",
+            world_size=world_size,
+            commit=commit,
+            edges_per_s=edges_per_s,
+            epoch_ms=1.0,
+            compute_ms=math.nan,
+            comm_ms=math.nan,
+            status=status,
+        )
+
+    frame = pd.DataFrame(
+        [
+            row("old", 4, 9e9),  # an older commit of the case: not plotted beside the newer one
+            row("old", 1, 5.0),
+            row("new", 1, 1.0),
+            row("new", 1, 3.0),
+            row("new", 1, 2.0),
+            row("new", 2, 4.0),
+            row("new", 2, 1e12, status="error"),
+            row("old", 1, 7.0, model="sage"),  # a case whose newest commit is the old one
+        ]
+    )
+    runs = report.distributed_runs(frame)
+    got = {(r.model, r.world_size, r.commit): (r.edges_per_s, r.launches) for r in runs.itertuples(index=False)}
+    assert got == {("gcn", 1, "new"): (2.0, 3), ("gcn", 2, "new"): (4.0, 1), ("sage", 1, "old"): (7.0, 1)}
