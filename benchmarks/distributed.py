@@ -13,6 +13,10 @@ Modes:
   ``DistributedDataParallel``, and trains on mini-batches sampled around its own shard of the
   training vertices (:func:`pyg_ugrapher.distributed.sample_batches`, each epoch's batches sampled
   before it is timed and freed after it). ``edges_per_s``: sampled edges of all ranks per second.
+  On several ranks, rank 0 also trains a replica of its own alone (``--one-rank-baseline``, on by
+  default), in epochs alternating with those of all ranks: its row has ``world_size`` 1 and
+  ``launch_ranks`` K, and the ranks' row's ``scaling`` is their ``edges_per_s`` over its, timed
+  under the same host conditions (separate launches differ by more than that ratio does from K).
   ``--compile-modes`` adds ``torch.compile``d (``default``) and recorded (``reduce-overhead``,
   CUDA graphs) runs; recorded runs pad every batch to bucket sizes (``pad_to_bucket``), so a
   handful of recordings serve every batch.
@@ -42,7 +46,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -80,7 +84,19 @@ POWER_LAW_DEGREE = 20
 NUM_CLASSES = 16
 TRAIN_FRACTION = 0.6
 #: The columns of a row printed as it is written.
-PRINTED = ("mode", "graph", "model", "compile_mode", "world_size", "epoch_ms", "edges_per_s", "comm_ms", "status")
+PRINTED = (
+    "mode",
+    "graph",
+    "model",
+    "compile_mode",
+    "world_size",
+    "launch_ranks",
+    "epoch_ms",
+    "edges_per_s",
+    "scaling",
+    "comm_ms",
+    "status",
+)
 QUICK = dict(
     graphs=["power_law-20000"],
     features=16,
@@ -181,8 +197,9 @@ def _total(value: float, device: torch.device) -> float:
     return float(tensor.item())
 
 
-def _epoch_ms(run_epoch, device: torch.device) -> float:
-    dist.barrier()
+def _epoch_ms(run_epoch, device: torch.device, barrier: bool = True) -> float:
+    if barrier:
+        dist.barrier()
     _sync(device)
     start = time.perf_counter()
     run_epoch()
@@ -190,58 +207,87 @@ def _epoch_ms(run_epoch, device: torch.device) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-# -- the two modes -----------------------------------------------------------------------------------
-def ddp_case(worker: Worker, graph: Graph, model_name: str, compile_mode: str, args: argparse.Namespace) -> Dict:
-    device = worker.device
-    edge_index = graph.edge_index.to(device)
-    task = Task.random(graph.num_nodes, args.features, args.seed, device)
+@dataclass
+class EpochRun:
+    """One timed epoch of a DDP replica: its time, the edges of its batches, its steps."""
+
+    ms: float
+    edges: int
+    steps: int
+
+
+def ddp_trainer(
+    graph: Graph,
+    task: Task,
+    model_name: str,
+    compile_mode: str,
+    args: argparse.Namespace,
+    device: torch.device,
+    group: Optional[dist.ProcessGroup] = None,
+    shard: Optional[Tuple[int, int]] = None,
+) -> Tuple[Callable[[int, bool], EpochRun], List[Tensor]]:
+    """A replica of the model in ``DistributedDataParallel`` over ``group`` (default: every rank)
+    training on the batches of its seed shard ``(rank, world_size)`` (default: the rank's own), and
+    its losses. The returned function trains one epoch and times it; each epoch's batches are
+    sampled just before it and freed after it, as a training loop holds its batches (every batch
+    held to the end keeps its graph's structures alive, and the allocator then asks the driver for
+    new memory in every step)."""
+    edge_index = graph.edge_index
     train_nodes = task.train.nonzero().flatten()
+    rank, world_size = shard if shard is not None else (None, None)
     torch.manual_seed(args.seed)
     model = Net(model_name, args.features, args.hidden).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None, process_group=group)
     forward = ddp if compile_mode == "eager" else torch.compile(ddp, mode=compile_mode, dynamic=True)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=0.01)
     losses: List[Tensor] = []
 
-    def epoch_batches(epoch: int) -> List[MiniBatch]:
-        return list(
-            itertools.islice(
-                sample_batches(
-                    edge_index, graph.num_nodes, train_nodes, args.batch_size, args.num_neighbors, epoch, seed=args.seed
-                ),
-                args.max_steps,
-            )
-        )
-
     def run_epoch(batches: List[MiniBatch]) -> None:
         for batch in batches:
             optimizer.zero_grad(set_to_none=True)
-            x, edge_index = task.x[batch.node_ids], batch.edge_index
+            x, edges = task.x[batch.node_ids], batch.edge_index
             if compile_mode == "reduce-overhead":
                 # A handful of bucket sizes, each recorded once, serve every batch (the seeds stay
                 # the first rows; the padded nodes come after every real one).
-                x, edge_index = pad_to_bucket(x, edge_index)
-            out = forward(x, edge_index)[: batch.num_seeds]
+                x, edges = pad_to_bucket(x, edges)
+            out = forward(x, edges)[: batch.num_seeds]
             loss = F.cross_entropy(out, task.y[batch.node_ids[: batch.num_seeds]])
             loss.backward()
             optimizer.step()
             losses.append(loss.detach())
 
-    # Each epoch's batches are sampled just before it and freed after it, as a training loop holds
-    # its batches (every batch held to the end keeps its graph's structures alive, and the
-    # allocator then asks the driver for new memory in every step).
-    times, sampled, steps = [], 0, 0
-    for epoch in range(args.warmup + args.epochs):
-        batches = epoch_batches(epoch)
-        times.append(_epoch_ms(partial(run_epoch, batches), device))
-        if epoch >= args.warmup:
-            sampled += sum(b.edge_index.size(1) for b in batches) / args.epochs
-        steps = len(batches)
-    (epoch_ms,) = _slowest([statistics.median(times[args.warmup :])], device)
-    edges = _total(sampled, device)
+    def train(epoch: int, barrier: bool) -> EpochRun:
+        sampled = sample_batches(
+            edge_index,
+            graph.num_nodes,
+            train_nodes,
+            args.batch_size,
+            args.num_neighbors,
+            epoch,
+            rank=rank,
+            world_size=world_size,
+            seed=args.seed,
+        )
+        batches = list(itertools.islice(sampled, args.max_steps))
+        ms = _epoch_ms(partial(run_epoch, batches), device, barrier)
+        return EpochRun(ms, sum(b.edge_index.size(1) for b in batches), len(batches))
+
+    return train, losses
+
+
+def _ddp_result(
+    runs: List[EpochRun], losses: List[Tensor], graph: Graph, args: argparse.Namespace, device: torch.device
+) -> Dict:
+    """The row of one replica's timed epochs (``runs`` empty on the ranks that did not train it):
+    the slowest rank's median epoch, all ranks' edges."""
+    timed = runs[args.warmup :]
+    epoch_ms = statistics.median(r.ms for r in timed) if timed else 0.0
+    (epoch_ms,) = _slowest([epoch_ms], device)
+    edges = _total(sum(r.edges for r in timed) / args.epochs if timed else 0.0, device)
+    steps = int(_slowest([timed[-1].steps if timed else 0], device)[0])
     return {
         "num_nodes": graph.num_nodes,
-        "num_edges": edge_index.size(1),
+        "num_edges": graph.edge_index.size(1),
         "batch_size": args.batch_size,
         "steps": steps,
         "epoch_ms": epoch_ms,
@@ -249,6 +295,42 @@ def ddp_case(worker: Worker, graph: Graph, model_name: str, compile_mode: str, a
         "edges_per_s": edges / (epoch_ms / 1e3),
         "final_loss": float(losses[-1]) if losses else math.nan,
     }
+
+
+def ddp_case(worker: Worker, graph: Graph, model_name: str, compile_mode: str, args: argparse.Namespace) -> List[Dict]:
+    """The row of the DDP case on every rank; with ``--one-rank-baseline`` on several ranks, first
+    the row of one rank training alone (rank 0, a replica of its own over a group of one, the whole
+    training set as its shard) in epochs alternating with those of all ranks, in the same
+    processes: ``scaling`` compares the two under the same host conditions, which differ by more
+    between launches than the scaling does from its ideal."""
+    device = worker.device
+    graph = Graph(graph.name, graph.edge_index.to(device), graph.num_nodes)
+    task = Task.random(graph.num_nodes, args.features, args.seed, device)
+    train_all, losses_all = ddp_trainer(graph, task, model_name, compile_mode, args, device)
+    baseline = args.one_rank_baseline and worker.world_size > 1
+    # Every rank makes the group (new_group is collective); rank 0 alone trains in it.
+    solo_group = dist.new_group([0]) if baseline else None
+    train_one, losses_one = (None, [])
+    if baseline and worker.rank == 0:
+        train_one, losses_one = ddp_trainer(graph, task, model_name, compile_mode, args, device, solo_group, (0, 1))
+    runs_all: List[EpochRun] = []
+    runs_one: List[EpochRun] = []
+    for epoch in range(args.warmup + args.epochs):
+        # The order alternates, so that neither replica always runs on the other's heels.
+        for part in ("all", "one") if epoch % 2 == 0 else ("one", "all"):
+            if part == "all":
+                runs_all.append(train_all(epoch, True))
+            elif baseline:
+                if train_one is not None:
+                    runs_one.append(train_one(epoch, False))
+                dist.barrier()  # the other ranks wait for rank 0's epoch alone
+    row = {**_ddp_result(runs_all, losses_all, graph, args, device), "launch_ranks": worker.world_size}
+    if not baseline:
+        return [row]
+    alone = _ddp_result(runs_one, losses_one, graph, args, device)
+    alone.update(world_size=1, launch_ranks=worker.world_size)
+    row["scaling"] = row["edges_per_s"] / alone["edges_per_s"]
+    return [alone, row]
 
 
 def partitioned_case(worker: Worker, graph: Graph, model_name: str, args: argparse.Namespace) -> Dict:
@@ -339,34 +421,39 @@ def run(worker: Worker, args: argparse.Namespace) -> List[Dict]:
             "model": model,
             "compile_mode": compile_mode,
             "world_size": worker.world_size,
+            "launch_ranks": worker.world_size,
             "features": args.features,
             "hidden": args.hidden,
             "epochs": args.epochs,
         }
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        results_of_case = [row]
         try:
             if loaded is None or loaded.name != name:
                 loaded = None  # the previous graph's memory is free before the next one loads
                 loaded = load_graph(name, device, args.seed)
             if mode == "ddp":
-                row.update(ddp_case(worker, loaded, model, compile_mode, args))
+                measured = ddp_case(worker, loaded, model, compile_mode, args)
             else:
-                row.update(partitioned_case(worker, loaded, model, args))
-            row["status"] = "ok"
+                measured = [partitioned_case(worker, loaded, model, args)]
+            results_of_case = [{**row, **values, "status": "ok"} for values in measured]
         except Exception as error:
             # A failure every rank meets (out of memory, a compile error) becomes the row's status;
             # one that a single rank meets stops the run at the next collective.
             status = "oom" if isinstance(error, torch.OutOfMemoryError) else "error"
             row.update(status=status, note=f"{type(error).__name__}: {error}".splitlines()[0][:200])
         if device.type == "cuda":
-            row["peak_mib"] = _slowest([torch.cuda.max_memory_allocated(device) / 2**20], device)[0]
+            peak_mib = _slowest([torch.cuda.max_memory_allocated(device) / 2**20], device)[0]
+            for result in results_of_case:
+                result["peak_mib"] = peak_mib
             torch.cuda.empty_cache()
         torch._dynamo.reset()
         if results is not None:
-            rows.append(results.write(row))
-            print(" ".join(f"{k}={row.get(k)}" for k in PRINTED), flush=True)
-            plot(results.path)  # after every row: a run cut short keeps its plot too
+            for result in results_of_case:
+                rows.append(results.write(result))
+                print(" ".join(f"{k}={result.get(k)}" for k in PRINTED), flush=True)
+            plot(results.path)  # after every case: a run cut short keeps its plot too
     return rows
 
 
@@ -418,6 +505,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=1024, help="DDP: seeds per batch and rank")
     parser.add_argument("--num-neighbors", type=int, nargs="+", default=[10, 10], help="DDP: edges per vertex, hop")
     parser.add_argument("--max-steps", type=int, default=50, help="DDP: batches per epoch and rank at most")
+    parser.add_argument(
+        "--one-rank-baseline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="DDP on several ranks: also time one rank training alone, in epochs alternating with all "
+        "ranks' in the same launch (a world_size 1 row and the ranks' row's scaling column)",
+    )
     parser.add_argument(
         "--partition",
         default="contiguous",

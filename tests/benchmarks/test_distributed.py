@@ -14,10 +14,11 @@ def test_quick_run_appends_a_row_per_case(tmp_path):
     frame = rows.read(tmp_path / "distributed.csv")
     assert list(frame.columns) == list(rows.DISTRIBUTED_COLUMNS)
     assert (frame.status == "ok").all(), frame.note.tolist()
-    assert sorted(zip(frame["mode"], frame.model)) == sorted(
-        (mode, model) for mode in distributed.MODES for model in distributed.MODELS
-    )
-    assert (frame.world_size == 2).all() and (frame.num_edges == 20000).all()
+    # DDP: one rank alone, timed in the same launch, then both ranks; partitioned: both ranks.
+    expected = [("ddp", model, ranks) for model in distributed.MODELS for ranks in (1, 2)]
+    expected += [("partitioned", model, 2) for model in distributed.MODELS]
+    assert sorted(zip(frame["mode"], frame.model, frame.world_size)) == sorted(expected)
+    assert (frame.launch_ranks == 2).all() and (frame.num_edges == 20000).all()
     assert all(math.isfinite(v) and v > 0 for v in frame.edges_per_s)
     partitioned = frame[frame["mode"] == "partitioned"]
     assert (partitioned.halo_rows > 0).all() and (partitioned.halo_mib_per_layer > 0).all()
@@ -25,6 +26,11 @@ def test_quick_run_appends_a_row_per_case(tmp_path):
     assert (partitioned.cut_fraction > 0).all() and (partitioned.partition == "contiguous").all()
     ddp = frame[frame["mode"] == "ddp"]
     assert (ddp.steps == 3).all() and ddp.comm_ms.isna().all()
+    for model in distributed.MODELS:
+        alone, both = (ddp[(ddp.model == model) & (ddp.world_size == ranks)].iloc[0] for ranks in (1, 2))
+        assert both.scaling == pytest.approx(both.edges_per_s / alone.edges_per_s) and math.isnan(alone.scaling)
+        # Alone, rank 0 trains on the whole training set: as many steps, each a batch of the same size.
+        assert alone.steps == both.steps and math.isfinite(alone.final_loss)
     assert (tmp_path / "distributed.png").stat().st_size > 0
     text = report.write_report(tmp_path)
     assert "### Training on several ranks" in text and "| partitioned | power_law-20000 | gcn | eager | 2 |" in text
