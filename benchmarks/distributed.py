@@ -76,7 +76,11 @@ from .report import plot
 from .rows import ResultsFile, default_out, environment
 
 MODES = ("ddp", "partitioned")
-MODELS = ("gcn", "sage")
+MODELS = ("gcn", "sage", "gat")
+#: The models run unless ``--models`` names others.
+DEFAULT_MODELS = ("gcn", "sage")
+#: Attention heads of the GAT model's first layer (each ``hidden / GAT_HEADS`` wide, concatenated).
+GAT_HEADS = 4
 COMPILE_MODES = ("eager", "default", "reduce-overhead")
 POWER_LAW = "power_law"
 #: Mean degree of the synthetic power-law graphs.
@@ -118,6 +122,9 @@ class Net(nn.Module):
         super().__init__()
         if model == "gcn":
             self.conv1, self.conv2 = ug_nn.GCNConv(features, hidden), ug_nn.GCNConv(hidden, NUM_CLASSES)
+        elif model == "gat":
+            self.conv1 = ug_nn.GATConv(features, hidden // GAT_HEADS, heads=GAT_HEADS)
+            self.conv2 = ug_nn.GATConv(hidden // GAT_HEADS * GAT_HEADS, NUM_CLASSES)
         else:
             self.conv1, self.conv2 = ug_nn.SAGEConv(features, hidden), ug_nn.SAGEConv(hidden, NUM_CLASSES)
 
@@ -484,7 +491,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="more graphs, partitioned mode only (sampling mini-batches from the whole edge "
         "list of a 1e8-edge graph is the sampler's benchmark, not this one's)",
     )
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(DEFAULT_MODELS))
     parser.add_argument(
         "--compile-modes",
         nargs="+",

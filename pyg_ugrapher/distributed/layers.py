@@ -20,12 +20,16 @@ from torch.distributed import ProcessGroup
 from torch.nn.parameter import is_lazy
 
 from .. import ops
-from ..nn import GCNConv, GINConv, GraphConv, SAGEConv
+from ..nn import GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, SAGEConv
 from .graph import DistributedGraph
 from .halo import with_halo
 
-#: Layers that take ``(x_src, x_dst)`` and ``size``: they run on the local graph as they are.
-BIPARTITE_LAYERS = (SAGEConv, GraphConv, GINConv)
+#: Layers that take ``(x_src, x_dst)``: they run on the local graph as they are. Its sources are
+#: the local rows first, so an attention layer's self loops (of the first ``num_local`` sources)
+#: are the local vertices' own.
+BIPARTITE_LAYERS = (SAGEConv, GraphConv, GINConv, GATConv, GATv2Conv)
+#: Of those, the ones that read the sizes from the pair alone (no ``size`` argument).
+SIZED_BY_PAIR = (GATv2Conv,)
 #: Layers whose output is ``lin(aggregate(x_j)) + root(x_i)``, by the names of ``lin`` and ``root``:
 #: with a sum or mean aggregation, ``lin``'s product may come before the aggregation.
 LINEAR_THEN_ROOT = {SAGEConv: ("lin_l", "lin_r"), GraphConv: ("lin_rel", "lin_root")}
@@ -48,8 +52,10 @@ def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph) -> Tensor
       mean aggregation: the aggregation of the sources, the root term of the local rows.
     * Both multiply by a weight and aggregate linearly, so either may come first; the narrower
       side is aggregated and exchanged (:func:`aggregate_first`).
-    * :class:`~pyg_ugrapher.nn.GINConv`, and the others with any other aggregation: the layer
-      itself on ``(x with its halo, x)`` and the local graph, as a bipartite call.
+    * :class:`~pyg_ugrapher.nn.GINConv`, :class:`~pyg_ugrapher.nn.GATConv`,
+      :class:`~pyg_ugrapher.nn.GATv2Conv` (without edge features), and SAGEConv and GraphConv with
+      any other aggregation: the layer itself on ``(x with its halo, x)`` and the local graph, as
+      a bipartite call (the halo is exchanged at the input's width).
 
     Args:
         conv (nn.Module): one of the layers above.
@@ -81,8 +87,10 @@ def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph) -> Tensor
     if names is not None and _sums_its_sources(conv):
         return _linear_then_root(conv, *names, x, graph)
     if isinstance(conv, BIPARTITE_LAYERS):
-        local = x[: graph.num_local]
-        return conv((_sources(x, graph), local), graph.edge_index, size=(graph.num_sources, graph.num_local))
+        pair = (_sources(x, graph), x[: graph.num_local])
+        if isinstance(conv, SIZED_BY_PAIR):
+            return conv(pair, graph.edge_index)
+        return conv(pair, graph.edge_index, size=(graph.num_sources, graph.num_local))
     names = ", ".join(layer.__name__ for layer in (GCNConv, *BIPARTITE_LAYERS))
     raise TypeError(f"conv: expected one of pyg_ugrapher.nn's {names}, got {type(conv).__name__}")
 

@@ -15,8 +15,8 @@ def test_quick_run_appends_a_row_per_case(tmp_path):
     assert list(frame.columns) == list(rows.DISTRIBUTED_COLUMNS)
     assert (frame.status == "ok").all(), frame.note.tolist()
     # DDP: one rank alone, timed in the same launch, then both ranks; partitioned: both ranks.
-    expected = [("ddp", model, ranks) for model in distributed.MODELS for ranks in (1, 2)]
-    expected += [("partitioned", model, 2) for model in distributed.MODELS]
+    expected = [("ddp", model, ranks) for model in distributed.DEFAULT_MODELS for ranks in (1, 2)]
+    expected += [("partitioned", model, 2) for model in distributed.DEFAULT_MODELS]
     assert sorted(zip(frame["mode"], frame.model, frame.world_size)) == sorted(expected)
     assert (frame.launch_ranks == 2).all() and (frame.num_edges == 20000).all()
     assert all(math.isfinite(v) and v > 0 for v in frame.edges_per_s)
@@ -26,7 +26,7 @@ def test_quick_run_appends_a_row_per_case(tmp_path):
     assert (partitioned.cut_fraction > 0).all() and (partitioned.partition == "contiguous").all()
     ddp = frame[frame["mode"] == "ddp"]
     assert (ddp.steps == 3).all() and ddp.comm_ms.isna().all()
-    for model in distributed.MODELS:
+    for model in distributed.DEFAULT_MODELS:
         alone, both = (ddp[(ddp.model == model) & (ddp.world_size == ranks)].iloc[0] for ranks in (1, 2))
         assert both.scaling == pytest.approx(both.edges_per_s / alone.edges_per_s) and math.isnan(alone.scaling)
         # Alone, rank 0 trains on the whole training set: as many steps, each a batch of the same size.

@@ -47,7 +47,7 @@ BATCH_SIZE, FANOUTS, EPOCHS = 20, (4, 3), 2
 #: RandomNodeLoader's parts of the whole graph (each rank takes every other one's nodes).
 LOADER_PARTS = 6
 EXAMPLE_EPOCHS = 3
-LAYERS = {"gcn": ug_nn.GCNConv, "sage": ug_nn.SAGEConv, "graph": ug_nn.GraphConv}
+LAYERS = {"gcn": ug_nn.GCNConv, "sage": ug_nn.SAGEConv, "graph": ug_nn.GraphConv, "gat": ug_nn.GATConv}
 
 
 def problem():

@@ -125,6 +125,8 @@ def test_one_part_is_the_whole_graph(edge_index):
         "sage_hooked",
         "graph",
         "gin",
+        "gat",
+        "gatv2",
         "lazy",
     ],
 )
@@ -141,6 +143,8 @@ def test_one_part_layers_equal_the_whole_graph_layers(edge_index, layer, input_g
         "sage_hooked": lambda: hooked(ug_nn.SAGEConv(6, 5)),  # PyG's propagation, as a bipartite call
         "graph": lambda: ug_nn.GraphConv(6, 5),
         "gin": lambda: ug_nn.GINConv(torch.nn.Linear(6, 5), train_eps=True),
+        "gat": lambda: ug_nn.GATConv(6, 5, heads=2, concat=False),
+        "gatv2": lambda: ug_nn.GATv2Conv(6, 5, heads=2, concat=False, share_weights=True),
         "lazy": lambda: ug_nn.GCNConv(-1, 5),
     }[layer]
     graph = DistributedGraph.from_partition(edge_index, partition_graph(edge_index, NUM_NODES, 1))
@@ -187,7 +191,7 @@ def test_bad_layer_arguments(edge_index):
     with pytest.raises(TypeError, match="conv"):
         layer_forward(torch.nn.Linear(6, 5), x, graph)
     with pytest.raises(TypeError, match="conv"):
-        layer_forward(ug_nn.GATConv(6, 5), x, graph)
+        layer_forward(ug_nn.GINEConv(torch.nn.Linear(6, 5)), x, graph)  # its edge features are not partitioned
     with pytest.raises(ValueError, match="aggr"):
         layer_forward(ug_nn.GCNConv(6, 5, aggr="max"), x, graph)
     with pytest.raises(ValueError, match="flow"):
