@@ -45,6 +45,9 @@ class DistributedGraph:
             in their order); sources in ``[0, num_local + num_halo)`` (local rows, then halo rows),
             destinations in ``[0, num_local)``.
         plan: the halo exchange (:class:`HaloPlan`).
+        edge_ids: ``[E_local]`` the position of every local edge in the edge index it was built
+            from (:meth:`from_partition`'s ``edge_index``): ``edge_attr[graph.edge_ids]`` gives the
+            local edges' features. ``None`` where the graph was built otherwise.
     """
 
     rank: int
@@ -54,6 +57,7 @@ class DistributedGraph:
     halo_nodes: Tensor
     edge_index: Tensor
     plan: HaloPlan
+    edge_ids: Optional[Tensor] = None
     _cache: Dict[object, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -126,7 +130,8 @@ class DistributedGraph:
         assignment = partition.assignment.to(device)
         local_index = partition.local_index.to(device)
         edges = edge_index.to(device=device, dtype=torch.int64)
-        edges = edges[:, assignment[edges[1]] == rank]
+        edge_ids = (assignment[edges[1]] == rank).nonzero().flatten()
+        edges = edges[:, edge_ids]
         src, dst = edges[0], edges[1]
         owner = assignment[src]
         remote = owner != rank
@@ -142,7 +147,7 @@ class DistributedGraph:
         local_edges = torch.stack([local_src, local_index[dst]])
         plan = HaloPlan.exchange_requests(local_index[halo_nodes], recv_counts, num_local, group)
         nodes = (assignment == rank).nonzero().flatten()
-        return cls(rank, world_size, num_nodes, nodes, halo_nodes, local_edges, plan)
+        return cls(rank, world_size, num_nodes, nodes, halo_nodes, local_edges, plan, edge_ids)
 
     def gcn_norm(self, add_self_loops: bool = True, dtype: torch.dtype = torch.float32) -> NormalizedGraph:
         r"""The local graph of a GCN layer and its symmetric normalisation by the **whole graph's**

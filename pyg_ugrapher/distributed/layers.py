@@ -20,22 +20,24 @@ from torch.distributed import ProcessGroup
 from torch.nn.parameter import is_lazy
 
 from .. import ops
-from ..nn import GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, SAGEConv
+from ..nn import GATConv, GATv2Conv, GCNConv, GINConv, GINEConv, GraphConv, SAGEConv
 from .graph import DistributedGraph
 from .halo import with_halo
 
 #: Layers that take ``(x_src, x_dst)``: they run on the local graph as they are. Its sources are
 #: the local rows first, so an attention layer's self loops (of the first ``num_local`` sources)
 #: are the local vertices' own.
-BIPARTITE_LAYERS = (SAGEConv, GraphConv, GINConv, GATConv, GATv2Conv)
+BIPARTITE_LAYERS = (SAGEConv, GraphConv, GINConv, GINEConv, GATConv, GATv2Conv)
 #: Of those, the ones that read the sizes from the pair alone (no ``size`` argument).
 SIZED_BY_PAIR = (GATv2Conv,)
+#: Of those, the ones that take edge features (``edge_attr``).
+EDGE_FEATURE_LAYERS = (GINEConv, GATConv, GATv2Conv)
 #: Layers whose output is ``lin(aggregate(x_j)) + root(x_i)``, by the names of ``lin`` and ``root``:
 #: with a sum or mean aggregation, ``lin``'s product may come before the aggregation.
 LINEAR_THEN_ROOT = {SAGEConv: ("lin_l", "lin_r"), GraphConv: ("lin_rel", "lin_root")}
 
 
-def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph) -> Tensor:
+def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph, edge_attr: Optional[Tensor] = None) -> Tensor:
     r"""``conv`` on this rank's vertices: the rows of ``conv(x_whole, edge_index_whole)`` that
     belong to ``graph.nodes``.
 
@@ -52,16 +54,21 @@ def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph) -> Tensor
       mean aggregation: the aggregation of the sources, the root term of the local rows.
     * Both multiply by a weight and aggregate linearly, so either may come first; the narrower
       side is aggregated and exchanged (:func:`aggregate_first`).
-    * :class:`~pyg_ugrapher.nn.GINConv`, :class:`~pyg_ugrapher.nn.GATConv`,
-      :class:`~pyg_ugrapher.nn.GATv2Conv` (without edge features), and SAGEConv and GraphConv with
-      any other aggregation: the layer itself on ``(x with its halo, x)`` and the local graph, as
-      a bipartite call (the halo is exchanged at the input's width).
+    * :class:`~pyg_ugrapher.nn.GINConv`, :class:`~pyg_ugrapher.nn.GINEConv`,
+      :class:`~pyg_ugrapher.nn.GATConv`, :class:`~pyg_ugrapher.nn.GATv2Conv`, and SAGEConv and
+      GraphConv with any other aggregation: the layer itself on ``(x with its halo, x)`` and the
+      local graph, as a bipartite call (the halo is exchanged at the input's width), with the
+      local edges' features for the layers that take them. Every edge into a vertex is local, so
+      a self loop's features filled from its incoming edges (GAT's ``fill_value``) are the whole
+      graph's.
 
     Args:
         conv (nn.Module): one of the layers above.
         x (Tensor): ``[graph.num_local, F]`` features of the local vertices, or
             ``[graph.num_sources, F]`` with their halo.
         graph (DistributedGraph): this rank's share of the graph.
+        edge_attr (Tensor, optional): ``[graph.num_edges, ...]`` features of the local edges
+            (``edge_attr_whole[graph.edge_ids]``), for GINEConv, GATConv and GATv2Conv.
     """
     if not isinstance(graph, DistributedGraph):
         raise TypeError(f"graph: expected a DistributedGraph, got {type(graph).__name__}")
@@ -81,6 +88,16 @@ def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph) -> Tensor
         raise ValueError(
             "conv: a partitioned graph holds the incoming edges of its vertices; use flow='source_to_target'"
         )
+    if edge_attr is not None:
+        if not isinstance(conv, EDGE_FEATURE_LAYERS):
+            names = ", ".join(layer.__name__ for layer in EDGE_FEATURE_LAYERS)
+            raise ValueError(
+                f"edge_attr: on a partitioned graph only {names} take edge features, not {type(conv).__name__}"
+            )
+        if not isinstance(edge_attr, Tensor) or edge_attr.dim() == 0 or edge_attr.size(0) != graph.num_edges:
+            raise ValueError(
+                f"edge_attr: expected a tensor of {graph.num_edges} rows (the local edges, edge_attr[graph.edge_ids])"
+            )
     if isinstance(conv, GCNConv):
         return _gcn(conv, x, graph)
     names = LINEAR_THEN_ROOT.get(type(conv))
@@ -88,9 +105,10 @@ def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph) -> Tensor
         return _linear_then_root(conv, *names, x, graph)
     if isinstance(conv, BIPARTITE_LAYERS):
         pair = (_sources(x, graph), x[: graph.num_local])
+        edges = {"edge_attr": edge_attr} if isinstance(conv, EDGE_FEATURE_LAYERS) else {}
         if isinstance(conv, SIZED_BY_PAIR):
-            return conv(pair, graph.edge_index)
-        return conv(pair, graph.edge_index, size=(graph.num_sources, graph.num_local))
+            return conv(pair, graph.edge_index, **edges)
+        return conv(pair, graph.edge_index, size=(graph.num_sources, graph.num_local), **edges)
     names = ", ".join(layer.__name__ for layer in (GCNConv, *BIPARTITE_LAYERS))
     raise TypeError(f"conv: expected one of pyg_ugrapher.nn's {names}, got {type(conv).__name__}")
 

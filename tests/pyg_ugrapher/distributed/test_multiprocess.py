@@ -47,7 +47,17 @@ BATCH_SIZE, FANOUTS, EPOCHS = 20, (4, 3), 2
 #: RandomNodeLoader's parts of the whole graph (each rank takes every other one's nodes).
 LOADER_PARTS = 6
 EXAMPLE_EPOCHS = 3
-LAYERS = {"gcn": ug_nn.GCNConv, "sage": ug_nn.SAGEConv, "graph": ug_nn.GraphConv, "gat": ug_nn.GATConv}
+EDGE_DIM = 3
+LAYERS = {
+    "gcn": ug_nn.GCNConv,
+    "sage": ug_nn.SAGEConv,
+    "graph": ug_nn.GraphConv,
+    "gat": ug_nn.GATConv,
+    "gine": lambda channels, out: ug_nn.GINEConv(torch.nn.Linear(channels, out), train_eps=True, edge_dim=EDGE_DIM),
+    "gat-edges": lambda channels, out: ug_nn.GATConv(channels, out, heads=2, concat=False, edge_dim=EDGE_DIM),
+}
+#: The models whose layers read the edges' features.
+EDGE_KINDS = ("gine", "gat-edges")
 
 
 def problem():
@@ -63,17 +73,25 @@ def problem():
     return edges, x, y, train
 
 
+def edge_features(num_edges: int) -> torch.Tensor:
+    """``[num_edges, EDGE_DIM]`` features of :func:`problem`'s edges."""
+    return torch.randn(num_edges, EDGE_DIM, generator=torch.Generator().manual_seed(7))
+
+
 class Net(torch.nn.Module):
     def __init__(self, kind: str) -> None:
         super().__init__()
         torch.manual_seed(1)
         self.conv1, self.conv2 = LAYERS[kind](NUM_FEATURES, HIDDEN), LAYERS[kind](HIDDEN, NUM_CLASSES)
+        self.reads_edges = kind in EDGE_KINDS
 
-    def forward(self, x, edge_index):
-        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+    def forward(self, x, edge_index, edge_attr=None):
+        edges = (edge_attr,) if self.reads_edges else ()
+        return self.conv2(self.conv1(x, edge_index, *edges).relu(), edge_index, *edges)
 
-    def forward_partitioned(self, x, graph: DistributedGraph):
-        return layer_forward(self.conv2, layer_forward(self.conv1, x, graph).relu(), graph)
+    def forward_partitioned(self, x, graph: DistributedGraph, edge_attr=None):
+        edges = (edge_attr,) if self.reads_edges else ()
+        return layer_forward(self.conv2, layer_forward(self.conv1, x, graph, *edges).relu(), graph, *edges)
 
 
 def train_steps(model: Net, forward, x, y, train, num_train: int, sync=None, input_grad=True) -> Dict[str, object]:
@@ -104,20 +122,31 @@ def partitioned_run(worker: Worker, method: str, own_edges: bool, fetched: bool 
     edges into this rank's vertices alone. With ``fetched``, the features need no gradient and
     their halo is fetched once, before the steps (the first layer aggregates before its product)."""
     edges, x, y, train = problem()
+    edge_attr = edge_features(edges.size(1))
     device = worker.device
     partition = partition_graph(edges, NUM_NODES, worker.world_size, method, seed=3)
     if own_edges:
-        edges = edges[:, partition.assignment[edges[1]] == worker.rank]
+        own = partition.assignment[edges[1]] == worker.rank
+        edges, edge_attr = edges[:, own], edge_attr[own]
     graph = DistributedGraph.from_partition(edges, partition, device=device)
     nodes = graph.nodes.cpu()
-    result: Dict[str, object] = {"nodes": nodes, "num_halo": graph.num_halo}
+    # The whole graph's ids of the local edges' endpoints, by the rows of the local graph.
+    row_ids = torch.cat([nodes, graph.halo_nodes.cpu()])
+    local_edges = torch.stack([row_ids[graph.edge_index[0].cpu()], nodes[graph.edge_index[1].cpu()]])
+    result: Dict[str, object] = {
+        "nodes": nodes,
+        "num_halo": graph.num_halo,
+        "edge_ids": graph.edge_ids.cpu(),
+        "edges_located": torch.equal(edges[:, graph.edge_ids.cpu()], local_edges),
+    }
     x_local = x[nodes].to(device)
     x_sources = with_halo(x_local, graph.plan)
+    local_attr = edge_attr[graph.edge_ids.cpu()].to(device)
     for kind in LAYERS:
         model = Net(kind).to(device)
         result[kind] = train_steps(
             model,
-            lambda x_rows: model.forward_partitioned(x_sources if fetched else x_rows, graph),
+            lambda x_rows: model.forward_partitioned(x_sources if fetched else x_rows, graph, local_attr),
             x_local,
             y[nodes].to(device),
             train[nodes].to(device),
@@ -285,10 +314,13 @@ def two_gpus(tmp_path_factory):
 def reference():
     """The training of every model on the whole graph in this process."""
     edges, x, y, train = problem()
+    edge_attr = edge_features(edges.size(1))
     out = {}
     for kind in LAYERS:
         model = Net(kind)
-        out[kind] = train_steps(model, lambda features: model(features, edges), x, y, train, int(train.sum()))
+        out[kind] = train_steps(
+            model, lambda features: model(features, edges, edge_attr), x, y, train, int(train.sum())
+        )
     return out
 
 
@@ -296,6 +328,7 @@ def check_partitioned(ranks, scenario, reference, check_close):
     nodes = torch.cat([r[scenario]["nodes"] for r in ranks])
     assert torch.equal(nodes.sort().values, torch.arange(NUM_NODES)), "every vertex on exactly one rank"
     assert all(r[scenario]["num_halo"] > 0 for r in ranks), "the split must cut edges for the test to mean anything"
+    assert all(r[scenario]["edges_located"] for r in ranks), "edge_ids point at the local edges"
     for kind, expected in reference.items():
         for name in ("out", "x_grad") if "x_grad" in ranks[0][scenario][kind] else ("out",):
             rows = torch.cat([r[scenario][kind][name] for r in ranks])
@@ -308,6 +341,9 @@ def check_partitioned(ranks, scenario, reference, check_close):
 
 def test_two_ranks_train_as_one_process(two_ranks, reference, check_close):
     check_partitioned(two_ranks, "partitioned:random", reference, check_close)
+    # Built from the whole edge list, the ranks' local edges are every edge once.
+    edge_ids = torch.cat([r["partitioned:random"]["edge_ids"] for r in two_ranks])
+    assert torch.equal(edge_ids.sort().values, torch.arange(problem()[0].size(1)))
 
 
 def test_three_ranks_built_from_their_own_edges_train_as_one_process(three_ranks, reference, check_close):
