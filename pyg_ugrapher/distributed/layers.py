@@ -10,7 +10,7 @@ that every replica takes the step that training on the whole graph on one device
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -32,12 +32,20 @@ BIPARTITE_LAYERS = (SAGEConv, GraphConv, GINConv, GINEConv, GATConv, GATv2Conv)
 SIZED_BY_PAIR = (GATv2Conv,)
 #: Of those, the ones that take edge features (``edge_attr``).
 EDGE_FEATURE_LAYERS = (GINEConv, GATConv, GATv2Conv)
+#: The layers that take edge weights (``edge_weight``) on a partitioned graph.
+EDGE_WEIGHT_LAYERS = (GraphConv,)
 #: Layers whose output is ``lin(aggregate(x_j)) + root(x_i)``, by the names of ``lin`` and ``root``:
 #: with a sum or mean aggregation, ``lin``'s product may come before the aggregation.
 LINEAR_THEN_ROOT = {SAGEConv: ("lin_l", "lin_r"), GraphConv: ("lin_rel", "lin_root")}
 
 
-def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph, edge_attr: Optional[Tensor] = None) -> Tensor:
+def layer_forward(
+    conv: nn.Module,
+    x: Tensor,
+    graph: DistributedGraph,
+    edge_attr: Optional[Tensor] = None,
+    edge_weight: Optional[Tensor] = None,
+) -> Tensor:
     r"""``conv`` on this rank's vertices: the rows of ``conv(x_whole, edge_index_whole)`` that
     belong to ``graph.nodes``.
 
@@ -51,7 +59,8 @@ def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph, edge_attr
       over the local graph with the whole graph's normalisation
       (:meth:`DistributedGraph.gcn_norm`); without ``normalize``, a ``copy_u_sum``.
     * :class:`~pyg_ugrapher.nn.SAGEConv` and :class:`~pyg_ugrapher.nn.GraphConv` with a sum or
-      mean aggregation: the aggregation of the sources, the root term of the local rows.
+      mean aggregation: the aggregation of the sources (GraphConv's weighted by ``edge_weight``),
+      the root term of the local rows.
     * Both multiply by a weight and aggregate linearly, so either may come first; the narrower
       side is aggregated and exchanged (:func:`aggregate_first`).
     * :class:`~pyg_ugrapher.nn.GINConv`, :class:`~pyg_ugrapher.nn.GINEConv`,
@@ -69,6 +78,8 @@ def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph, edge_attr
         graph (DistributedGraph): this rank's share of the graph.
         edge_attr (Tensor, optional): ``[graph.num_edges, ...]`` features of the local edges
             (``edge_attr_whole[graph.edge_ids]``), for GINEConv, GATConv and GATv2Conv.
+        edge_weight (Tensor, optional): ``[graph.num_edges]`` weights of the local edges
+            (``edge_weight_whole[graph.edge_ids]``), for GraphConv.
     """
     if not isinstance(graph, DistributedGraph):
         raise TypeError(f"graph: expected a DistributedGraph, got {type(graph).__name__}")
@@ -88,29 +99,44 @@ def layer_forward(conv: nn.Module, x: Tensor, graph: DistributedGraph, edge_attr
         raise ValueError(
             "conv: a partitioned graph holds the incoming edges of its vertices; use flow='source_to_target'"
         )
-    if edge_attr is not None:
-        if not isinstance(conv, EDGE_FEATURE_LAYERS):
-            names = ", ".join(layer.__name__ for layer in EDGE_FEATURE_LAYERS)
-            raise ValueError(
-                f"edge_attr: on a partitioned graph only {names} take edge features, not {type(conv).__name__}"
-            )
-        if not isinstance(edge_attr, Tensor) or edge_attr.dim() == 0 or edge_attr.size(0) != graph.num_edges:
-            raise ValueError(
-                f"edge_attr: expected a tensor of {graph.num_edges} rows (the local edges, edge_attr[graph.edge_ids])"
-            )
+    _check_edge_tensor("edge_attr", edge_attr, conv, EDGE_FEATURE_LAYERS, graph)
+    _check_edge_tensor("edge_weight", edge_weight, conv, EDGE_WEIGHT_LAYERS, graph)
+    if edge_weight is not None and edge_weight.dim() != 1:
+        raise ValueError(f"edge_weight: expected shape [{graph.num_edges}], got {list(edge_weight.shape)}")
     if isinstance(conv, GCNConv):
         return _gcn(conv, x, graph)
     names = LINEAR_THEN_ROOT.get(type(conv))
     if names is not None and _sums_its_sources(conv):
-        return _linear_then_root(conv, *names, x, graph)
+        return _linear_then_root(conv, *names, x, graph, edge_weight)
     if isinstance(conv, BIPARTITE_LAYERS):
         pair = (_sources(x, graph), x[: graph.num_local])
-        edges = {"edge_attr": edge_attr} if isinstance(conv, EDGE_FEATURE_LAYERS) else {}
+        edges = {}
+        if isinstance(conv, EDGE_FEATURE_LAYERS):
+            edges["edge_attr"] = edge_attr
+        if isinstance(conv, EDGE_WEIGHT_LAYERS):
+            edges["edge_weight"] = edge_weight
         if isinstance(conv, SIZED_BY_PAIR):
             return conv(pair, graph.edge_index, **edges)
         return conv(pair, graph.edge_index, size=(graph.num_sources, graph.num_local), **edges)
     names = ", ".join(layer.__name__ for layer in (GCNConv, *BIPARTITE_LAYERS))
     raise TypeError(f"conv: expected one of pyg_ugrapher.nn's {names}, got {type(conv).__name__}")
+
+
+def _check_edge_tensor(
+    name: str, tensor: Optional[Tensor], conv: nn.Module, layers: Tuple[type, ...], graph: DistributedGraph
+) -> None:
+    """A clear error for a per-edge tensor that ``conv`` does not take here or that has no row
+    per local edge."""
+    if tensor is None:
+        return
+    if not isinstance(conv, layers):
+        names = ", ".join(layer.__name__ for layer in layers)
+        raise ValueError(f"{name}: on a partitioned graph only {names} take it, not {type(conv).__name__}")
+    if not isinstance(tensor, Tensor) or tensor.dim() == 0 or tensor.size(0) != graph.num_edges:
+        raise ValueError(
+            f"{name}: expected a tensor of {graph.num_edges} rows (the local edges: {name}[graph.edge_ids] "
+            "of the whole graph's)"
+        )
 
 
 def aggregate_first(x: Tensor, weight: Tensor) -> bool:
@@ -168,10 +194,22 @@ def _gcn(conv: GCNConv, x: Tensor, graph: DistributedGraph) -> Tensor:
     return out if conv.bias is None else out + conv.bias
 
 
-def _linear_then_root(conv: nn.Module, lin_name: str, root_name: str, x: Tensor, graph: DistributedGraph) -> Tensor:
+def _linear_then_root(
+    conv: nn.Module,
+    lin_name: str,
+    root_name: str,
+    x: Tensor,
+    graph: DistributedGraph,
+    edge_weight: Optional[Tensor] = None,
+) -> Tensor:
     lin, root = getattr(conv, lin_name), getattr(conv, root_name, None)
-    op = f"copy_u_{conv._gather}"
-    out = _multiplied_aggregate(x, graph, _weight(lin, x), lambda h: ops.compute(graph.graph, op, h))
+    op = f"copy_u_{conv._gather}" if edge_weight is None else f"u_mul_e_{conv._gather}"
+    weights = () if edge_weight is None else (edge_weight,)
+
+    def aggregate(h: Tensor) -> Tensor:
+        return ops.compute(graph.graph, op, h, *weights)
+
+    out = _multiplied_aggregate(x, graph, _weight(lin, x), aggregate)
     if lin.bias is not None:
         out = out + lin.bias
     if root is not None and getattr(conv, "root_weight", True):

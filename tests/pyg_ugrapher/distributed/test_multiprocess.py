@@ -55,9 +55,10 @@ LAYERS = {
     "gat": ug_nn.GATConv,
     "gine": lambda channels, out: ug_nn.GINEConv(torch.nn.Linear(channels, out), train_eps=True, edge_dim=EDGE_DIM),
     "gat-edges": lambda channels, out: ug_nn.GATConv(channels, out, heads=2, concat=False, edge_dim=EDGE_DIM),
+    "graph-weighted": ug_nn.GraphConv,
 }
-#: The models whose layers read the edges' features.
-EDGE_KINDS = ("gine", "gat-edges")
+#: The models whose layers read the edges' features or weights, by the argument that takes them.
+EDGE_INPUTS = {"gine": "edge_attr", "gat-edges": "edge_attr", "graph-weighted": "edge_weight"}
 
 
 def problem():
@@ -83,15 +84,21 @@ class Net(torch.nn.Module):
         super().__init__()
         torch.manual_seed(1)
         self.conv1, self.conv2 = LAYERS[kind](NUM_FEATURES, HIDDEN), LAYERS[kind](HIDDEN, NUM_CLASSES)
-        self.reads_edges = kind in EDGE_KINDS
+        self.edge_input = EDGE_INPUTS.get(kind)
+
+    def _edges(self, edge_attr) -> Dict[str, torch.Tensor]:
+        """The layers' edge argument: the features, or their first column as weights."""
+        if self.edge_input is None:
+            return {}
+        return {self.edge_input: edge_attr if self.edge_input == "edge_attr" else edge_attr[:, 0]}
 
     def forward(self, x, edge_index, edge_attr=None):
-        edges = (edge_attr,) if self.reads_edges else ()
-        return self.conv2(self.conv1(x, edge_index, *edges).relu(), edge_index, *edges)
+        edges = self._edges(edge_attr)
+        return self.conv2(self.conv1(x, edge_index, **edges).relu(), edge_index, **edges)
 
     def forward_partitioned(self, x, graph: DistributedGraph, edge_attr=None):
-        edges = (edge_attr,) if self.reads_edges else ()
-        return layer_forward(self.conv2, layer_forward(self.conv1, x, graph, *edges).relu(), graph, *edges)
+        edges = self._edges(edge_attr)
+        return layer_forward(self.conv2, layer_forward(self.conv1, x, graph, **edges).relu(), graph, **edges)
 
 
 def train_steps(model: Net, forward, x, y, train, num_train: int, sync=None, input_grad=True) -> Dict[str, object]:
