@@ -149,6 +149,17 @@ class DistributedGraph:
         nodes = (assignment == rank).nonzero().flatten()
         return cls(rank, world_size, num_nodes, nodes, halo_nodes, local_edges, plan, edge_ids)
 
+    @property
+    def looped_graph(self) -> GraphTensor:
+        """The local graph with a self loop of every local vertex after its edges (stored loops
+        kept in their places), as :class:`pyg_ugrapher.nn.GCNConv` propagates weighted edges."""
+        if "looped" not in self._cache:
+            src, dst = self.edge_index
+            loops = torch.arange(self.num_local, device=self.device)
+            src, dst = torch.cat([src, loops]), torch.cat([dst, loops])
+            self._cache["looped"] = GraphTensor(src, dst, self.num_sources, self.num_local, validate=False)
+        return self._cache["looped"]
+
     def gcn_norm(self, add_self_loops: bool = True, dtype: torch.dtype = torch.float32) -> NormalizedGraph:
         r"""The local graph of a GCN layer and its symmetric normalisation by the **whole graph's**
         degrees, as :class:`pyg_ugrapher.nn.GCNConv` computes it on one device: with

@@ -20,6 +20,7 @@ from torch.distributed import ProcessGroup
 from torch.nn.parameter import is_lazy
 
 from .. import ops
+from ..graph import GraphTensor
 from ..nn import GATConv, GATv2Conv, GCNConv, GINConv, GINEConv, GraphConv, SAGEConv
 from .graph import DistributedGraph
 from .halo import with_halo
@@ -33,7 +34,7 @@ SIZED_BY_PAIR = (GATv2Conv,)
 #: Of those, the ones that take edge features (``edge_attr``).
 EDGE_FEATURE_LAYERS = (GINEConv, GATConv, GATv2Conv)
 #: The layers that take edge weights (``edge_weight``) on a partitioned graph.
-EDGE_WEIGHT_LAYERS = (GraphConv,)
+EDGE_WEIGHT_LAYERS = (GCNConv, GraphConv)
 #: Layers whose output is ``lin(aggregate(x_j)) + root(x_i)``, by the names of ``lin`` and ``root``:
 #: with a sum or mean aggregation, ``lin``'s product may come before the aggregation.
 LINEAR_THEN_ROOT = {SAGEConv: ("lin_l", "lin_r"), GraphConv: ("lin_rel", "lin_root")}
@@ -55,9 +56,10 @@ def layer_forward(
     features of the data, which need no gradient, are fetched once that way and every epoch's
     first layer then exchanges nothing.
 
-    * :class:`~pyg_ugrapher.nn.GCNConv` (sum aggregation, no edge weights): one ``u_mul_e_sum``
-      over the local graph with the whole graph's normalisation
-      (:meth:`DistributedGraph.gcn_norm`); without ``normalize``, a ``copy_u_sum``.
+    * :class:`~pyg_ugrapher.nn.GCNConv` (sum aggregation): one ``u_mul_e_sum`` over the local
+      graph with the whole graph's normalisation (:meth:`DistributedGraph.gcn_norm`; with
+      ``edge_weight``, of the weighted degrees, computed per call); without ``normalize``, a
+      ``copy_u_sum`` (or the weighted sum).
     * :class:`~pyg_ugrapher.nn.SAGEConv` and :class:`~pyg_ugrapher.nn.GraphConv` with a sum or
       mean aggregation: the aggregation of the sources (GraphConv's weighted by ``edge_weight``),
       the root term of the local rows.
@@ -79,7 +81,7 @@ def layer_forward(
         edge_attr (Tensor, optional): ``[graph.num_edges, ...]`` features of the local edges
             (``edge_attr_whole[graph.edge_ids]``), for GINEConv, GATConv and GATv2Conv.
         edge_weight (Tensor, optional): ``[graph.num_edges]`` weights of the local edges
-            (``edge_weight_whole[graph.edge_ids]``), for GraphConv.
+            (``edge_weight_whole[graph.edge_ids]``), for GCNConv and GraphConv.
     """
     if not isinstance(graph, DistributedGraph):
         raise TypeError(f"graph: expected a DistributedGraph, got {type(graph).__name__}")
@@ -104,7 +106,7 @@ def layer_forward(
     if edge_weight is not None and edge_weight.dim() != 1:
         raise ValueError(f"edge_weight: expected shape [{graph.num_edges}], got {list(edge_weight.shape)}")
     if isinstance(conv, GCNConv):
-        return _gcn(conv, x, graph)
+        return _gcn(conv, x, graph, edge_weight)
     names = LINEAR_THEN_ROOT.get(type(conv))
     if names is not None and _sums_its_sources(conv):
         return _linear_then_root(conv, *names, x, graph, edge_weight)
@@ -180,18 +182,43 @@ def _multiplied_aggregate(x: Tensor, graph: DistributedGraph, weight: Tensor, ag
     return aggregate(_sources(F.linear(x, weight), graph))
 
 
-def _gcn(conv: GCNConv, x: Tensor, graph: DistributedGraph) -> Tensor:
+def _gcn(conv: GCNConv, x: Tensor, graph: DistributedGraph, edge_weight: Optional[Tensor] = None) -> Tensor:
     if conv.aggr not in ("add", "sum"):
         raise ValueError(f"conv: a partitioned GCNConv sums its messages, got aggr={conv.aggr!r}")
+    if not conv.normalize:
+        propagated = graph.graph, edge_weight
+    elif edge_weight is None:
+        propagated = graph.gcn_norm(conv.add_self_loops, x.dtype)
+    else:
+        propagated = _weighted_gcn_norm(conv, graph, edge_weight.to(x.dtype))
+    on, weight = propagated
 
     def aggregate(h: Tensor) -> Tensor:
-        if not conv.normalize:
-            return ops.compute(graph.graph, "copy_u_sum", h)
-        norm = graph.gcn_norm(conv.add_self_loops, h.dtype)
-        return ops.compute(norm.graph, "u_mul_e_sum", h, norm.weight)
+        if weight is None:
+            return ops.compute(on, "copy_u_sum", h)
+        return ops.compute(on, "u_mul_e_sum", h, weight)
 
     out = _multiplied_aggregate(x, graph, _weight(conv.lin, x), aggregate)
     return out if conv.bias is None else out + conv.bias
+
+
+def _weighted_gcn_norm(conv: GCNConv, graph: DistributedGraph, edge_weight: Tensor) -> Tuple[GraphTensor, Tensor]:
+    r"""The graph and weights :math:`\hat{d}_u^{-1/2} w_{uv} \hat{d}_v^{-1/2}` of a GCN layer on
+    weighted local edges, as :class:`~pyg_ugrapher.nn.GCNConv` computes them on the whole graph:
+    a vertex's stored self loop lends its weight to the loop added to it (``fill`` otherwise) and
+    keeps its place at weight 0. Every edge into a vertex is local, and so is its weighted
+    degree; a halo source's comes from its owner (a collective, differentiable in the weights)."""
+    src, dst = graph.edge_index
+    on = graph.graph
+    if conv.add_self_loops:
+        fill = 2.0 if conv.improved else 1.0
+        edge_weight = GCNConv.loop_weights(graph.edge_index, None, True, edge_weight, graph.num_local, fill)
+        loops = torch.arange(graph.num_local, device=graph.device)
+        src, dst, on = torch.cat([src, loops]), torch.cat([dst, loops]), graph.looped_graph
+    degree = edge_weight.new_zeros(graph.num_local).index_add(0, dst, edge_weight)
+    factor = degree.pow(-0.5)
+    factor = factor.masked_fill(factor == float("inf"), 0.0)
+    return on, with_halo(factor, graph.plan).index_select(0, src) * edge_weight * factor.index_select(0, dst)
 
 
 def _linear_then_root(

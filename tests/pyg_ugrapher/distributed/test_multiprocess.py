@@ -56,9 +56,15 @@ LAYERS = {
     "gine": lambda channels, out: ug_nn.GINEConv(torch.nn.Linear(channels, out), train_eps=True, edge_dim=EDGE_DIM),
     "gat-edges": lambda channels, out: ug_nn.GATConv(channels, out, heads=2, concat=False, edge_dim=EDGE_DIM),
     "graph-weighted": ug_nn.GraphConv,
+    "gcn-weighted": ug_nn.GCNConv,
 }
 #: The models whose layers read the edges' features or weights, by the argument that takes them.
-EDGE_INPUTS = {"gine": "edge_attr", "gat-edges": "edge_attr", "graph-weighted": "edge_weight"}
+EDGE_INPUTS = {
+    "gine": "edge_attr",
+    "gat-edges": "edge_attr",
+    "graph-weighted": "edge_weight",
+    "gcn-weighted": "edge_weight",
+}
 
 
 def problem():
@@ -87,10 +93,11 @@ class Net(torch.nn.Module):
         self.edge_input = EDGE_INPUTS.get(kind)
 
     def _edges(self, edge_attr) -> Dict[str, torch.Tensor]:
-        """The layers' edge argument: the features, or their first column as weights."""
+        """The layers' edge argument: the features, or positive weights made of their first column
+        (GCN's weighted degrees then stay positive)."""
         if self.edge_input is None:
             return {}
-        return {self.edge_input: edge_attr if self.edge_input == "edge_attr" else edge_attr[:, 0]}
+        return {self.edge_input: edge_attr if self.edge_input == "edge_attr" else edge_attr[:, 0].abs() + 0.5}
 
     def forward(self, x, edge_index, edge_attr=None):
         edges = self._edges(edge_attr)

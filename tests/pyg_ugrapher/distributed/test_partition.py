@@ -166,14 +166,32 @@ def test_one_part_layers_equal_the_whole_graph_layers(edge_index, layer, input_g
 
 
 @pytest.mark.parametrize("input_grad", [False, True], ids=["features", "hidden"])
-@pytest.mark.parametrize("layer", ["gine", "gat", "gatv2", "graph_weighted", "graph_weighted_max"])
+@pytest.mark.parametrize(
+    "layer",
+    [
+        "gine",
+        "gat",
+        "gatv2",
+        "gcn_weighted",
+        "gcn_weighted_improved",
+        "gcn_weighted_no_loops",
+        "gcn_weighted_plain",
+        "graph_weighted",
+        "graph_weighted_max",
+    ],
+)
 def test_one_part_layers_with_edge_features_equal_the_whole_graph_layers(edge_index, layer, input_grad, check_close):
     """The local edges' features and weights (``edge_attr[graph.edge_ids]``) reach the layers that
-    take them; GAT's self loops take the mean of each vertex's incoming edge features."""
+    take them, gradients included; GAT's self loops take the mean of each vertex's incoming edge
+    features, GCN's the weight of a stored loop (the graph has some, and duplicates)."""
     conv, keyword, dim = {
         "gine": (lambda: ug_nn.GINEConv(torch.nn.Linear(6, 5), train_eps=True, edge_dim=3), "edge_attr", 3),
         "gat": (lambda: ug_nn.GATConv(6, 5, heads=2, concat=False, edge_dim=3), "edge_attr", 3),
         "gatv2": (lambda: ug_nn.GATv2Conv(6, 5, heads=2, concat=False, edge_dim=3), "edge_attr", 3),
+        "gcn_weighted": (lambda: ug_nn.GCNConv(6, 5), "edge_weight", None),
+        "gcn_weighted_improved": (lambda: ug_nn.GCNConv(6, 5, improved=True), "edge_weight", None),
+        "gcn_weighted_no_loops": (lambda: ug_nn.GCNConv(6, 5, add_self_loops=False), "edge_weight", None),
+        "gcn_weighted_plain": (lambda: ug_nn.GCNConv(6, 5, normalize=False), "edge_weight", None),
         "graph_weighted": (lambda: ug_nn.GraphConv(6, 5, aggr="mean"), "edge_weight", None),
         "graph_weighted_max": (lambda: ug_nn.GraphConv(6, 5, aggr="max"), "edge_weight", None),
     }[layer]
@@ -181,18 +199,20 @@ def test_one_part_layers_with_edge_features_equal_the_whole_graph_layers(edge_in
     edges = edge_index[:, torch.randperm(edge_index.size(1), generator=torch.Generator().manual_seed(1))]
     graph = DistributedGraph.from_partition(edges, partition_graph(edges, NUM_NODES, 1))
     x, weights = torch.randn(NUM_NODES, 6), torch.randn(NUM_NODES, 5)
-    edge_values = torch.randn(edges.size(1), dim) if dim else torch.rand(edges.size(1))
+    edge_values = torch.randn(edges.size(1), dim) if dim else torch.rand(edges.size(1)) + 0.5
     results = []
     for run in ("partitioned", "whole"):
         torch.manual_seed(0)
         module = conv()
         features = x.clone().requires_grad_(input_grad)
+        values = edge_values.clone().requires_grad_()
         if run == "partitioned":
-            out = layer_forward(module, features, graph, **{keyword: edge_values[graph.edge_ids]})
+            out = layer_forward(module, features, graph, **{keyword: values[graph.edge_ids]})
         else:
-            out = module(features, edges, **{keyword: edge_values})
+            out = module(features, edges, **{keyword: values})
         (out * weights).sum().backward()
-        results.append((out.detach(), [p.grad for p in module.parameters()] + ([features.grad] if input_grad else [])))
+        grads = [p.grad for p in module.parameters()] + [values.grad] + ([features.grad] if input_grad else [])
+        results.append((out.detach(), grads))
     (ours, our_grads), (expected, expected_grads) = results
     check_close(ours, expected, context=layer)
     for index, (grad, reference) in enumerate(zip(our_grads, expected_grads)):
@@ -229,7 +249,7 @@ def test_bad_layer_arguments(edge_index):
     with pytest.raises(ValueError, match="edge_attr"):
         layer_forward(ug_nn.GATConv(6, 5, edge_dim=3), x, graph, torch.randn(graph.num_edges - 1, 3))
     with pytest.raises(ValueError, match="edge_weight"):
-        layer_forward(ug_nn.GCNConv(6, 5), x, graph, edge_weight=torch.rand(graph.num_edges))
+        layer_forward(ug_nn.SAGEConv(6, 5), x, graph, edge_weight=torch.rand(graph.num_edges))
     with pytest.raises(ValueError, match="edge_weight"):
         layer_forward(ug_nn.GraphConv(6, 5), x, graph, edge_weight=torch.rand(graph.num_edges, 2))
     with pytest.raises(ValueError, match="aggr"):
