@@ -139,6 +139,8 @@ def _check_edge_tensor(
             f"{name}: expected a tensor of {graph.num_edges} rows (the local edges: {name}[graph.edge_ids] "
             "of the whole graph's)"
         )
+    if tensor.device != graph.device:
+        raise ValueError(f"{name}: on {tensor.device}, but the local graph is on {graph.device}")
 
 
 def aggregate_first(x: Tensor, weight: Tensor) -> bool:

@@ -252,6 +252,8 @@ def test_bad_layer_arguments(edge_index):
         layer_forward(ug_nn.SAGEConv(6, 5), x, graph, edge_weight=torch.rand(graph.num_edges))
     with pytest.raises(ValueError, match="edge_weight"):
         layer_forward(ug_nn.GraphConv(6, 5), x, graph, edge_weight=torch.rand(graph.num_edges, 2))
+    with pytest.raises(ValueError, match="edge_weight: on meta"):
+        layer_forward(ug_nn.GraphConv(6, 5), x, graph, edge_weight=torch.rand(graph.num_edges, device="meta"))
     with pytest.raises(ValueError, match="aggr"):
         layer_forward(ug_nn.GCNConv(6, 5, aggr="max"), x, graph)
     with pytest.raises(ValueError, match="flow"):
