@@ -30,7 +30,8 @@ Modes:
 
 Every time is the slowest rank's median over the timed epochs (the first ``--warmup`` epochs, which
 build structures and decide schedules, not counted); ``peak_mib`` the largest peak of GPU memory
-on one rank. Graphs: ``collab`` (from the shared datasets), ``cora``, and ``power_law-<edges>``
+on one rank (DDP: in the replica's training epochs, its batches sampled before; partitioned: the
+whole case). Graphs: ``collab`` (from the shared datasets), ``cora``, and ``power_law-<edges>``
 (:func:`pyg_ugrapher.datasets.power_law_graph`, mean degree 20, e.g. ``power_law-2e8``), with
 random features and labels.
 """
@@ -216,11 +217,13 @@ def _epoch_ms(run_epoch, device: torch.device, barrier: bool = True) -> float:
 
 @dataclass
 class EpochRun:
-    """One timed epoch of a DDP replica: its time, the edges of its batches, its steps."""
+    """One timed epoch of a DDP replica: its time, the edges of its batches, its steps, and the
+    peak of GPU memory during it (MiB; 0 on a CPU)."""
 
     ms: float
     edges: int
     steps: int
+    peak_mib: float
 
 
 def ddp_trainer(
@@ -276,8 +279,11 @@ def ddp_trainer(
             seed=args.seed,
         )
         batches = list(itertools.islice(sampled, args.max_steps))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         ms = _epoch_ms(partial(run_epoch, batches), device, barrier)
-        return EpochRun(ms, sum(b.edge_index.size(1) for b in batches), len(batches))
+        peak_mib = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
+        return EpochRun(ms, sum(b.edge_index.size(1) for b in batches), len(batches), peak_mib)
 
     return train, losses
 
@@ -286,13 +292,17 @@ def _ddp_result(
     runs: List[EpochRun], losses: List[Tensor], graph: Graph, args: argparse.Namespace, device: torch.device
 ) -> Dict:
     """The row of one replica's timed epochs (``runs`` empty on the ranks that did not train it):
-    the slowest rank's median epoch, all ranks' edges."""
+    the slowest rank's median epoch, all ranks' edges, the largest peak of memory in its epochs
+    (with the other replica's parameters resident, its batches freed)."""
     timed = runs[args.warmup :]
     epoch_ms = statistics.median(r.ms for r in timed) if timed else 0.0
-    (epoch_ms,) = _slowest([epoch_ms], device)
+    peak = max((r.peak_mib for r in runs), default=0.0)
+    epoch_ms, peak = _slowest([epoch_ms, peak], device)
     edges = _total(sum(r.edges for r in timed) / args.epochs if timed else 0.0, device)
     steps = int(_slowest([timed[-1].steps if timed else 0], device)[0])
+    measured = {"peak_mib": peak} if device.type == "cuda" else {}
     return {
+        **measured,
         "num_nodes": graph.num_nodes,
         "num_edges": graph.edge_index.size(1),
         "batch_size": args.batch_size,
@@ -453,7 +463,7 @@ def run(worker: Worker, args: argparse.Namespace) -> List[Dict]:
         if device.type == "cuda":
             peak_mib = _slowest([torch.cuda.max_memory_allocated(device) / 2**20], device)[0]
             for result in results_of_case:
-                result["peak_mib"] = peak_mib
+                result.setdefault("peak_mib", peak_mib)  # a DDP replica's own peak where measured
             torch.cuda.empty_cache()
         torch._dynamo.reset()
         if results is not None:
