@@ -36,7 +36,7 @@ import shutil
 import zipfile
 from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ from torch_geometric.io.planetoid import edge_index_from_dict, read_file
 from torch_geometric.utils import index_to_mask, remove_self_loops, to_undirected
 
 from .paths import cache_dir
-from .structure import note_checked
+from .structure import IdentityMap, note_checked, version
 
 Device = Union[str, torch.device]
 
@@ -687,6 +687,36 @@ def synthetic_graph(kind: str, num_nodes: int, num_edges: int, **kwargs) -> Tens
 # Mini-batches ################################################################################
 
 
+class _Incoming(NamedTuple):
+    """A graph's edges grouped by destination, for the sampler: ``by_dst`` orders the edge ids by
+    destination (stably), ``rowptr`` gives each destination's range in it."""
+
+    version: Hashable
+    num_nodes: int
+    by_dst: Tensor
+    rowptr: Tensor
+
+
+# The sampler's grouping of each edge index (weakly, by the index object): a loader samples many
+# batches of one graph, and grouping sorts all of its edges.
+_INCOMING = IdentityMap()
+
+
+def _incoming(edge_index: Tensor, dst: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor]:
+    """``(by_dst, rowptr)`` of ``edge_index`` (destinations ``dst``), kept with the index until it
+    dies or changes in place (an inference tensor, whose changes are not counted, is grouped anew
+    every call)."""
+    cached = _INCOMING.get(edge_index)
+    if cached is not None and cached.version == version(edge_index) and cached.num_nodes == num_nodes:
+        return cached.by_dst, cached.rowptr
+    by_dst = torch.argsort(dst, stable=True)
+    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=dst.device)
+    rowptr[1:] = torch.bincount(dst, minlength=num_nodes).cumsum(0)
+    if version(edge_index) is not None:
+        _INCOMING[edge_index] = _Incoming(version(edge_index), num_nodes, by_dst, rowptr)
+    return by_dst, rowptr
+
+
 def neighbor_sample(
     edge_index: Tensor,
     num_nodes: int,
@@ -714,6 +744,10 @@ def neighbor_sample(
         id of each batch node (the first ``len(seeds)`` are the seeds). The sampler records the
         index's bounds and self loops (:func:`pyg_ugrapher.structure.note_checked`), so that our
         layers build its graph without waiting for the device to check them.
+
+    The whole graph's edges are grouped by destination once per ``edge_index`` object (a sort of
+    every edge) and kept with it, ``E + N`` integers, until it dies or changes in place: the
+    later batches of one graph cost their own edges, not the graph's.
     """
     num_nodes = _check_size("num_nodes", num_nodes)
     if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
@@ -726,9 +760,7 @@ def neighbor_sample(
     device = edge_index.device
     generator = _generator(seed, device)
     src, dst = edge_index[0].long(), edge_index[1].long()
-    by_dst = torch.argsort(dst, stable=True)
-    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=device)
-    rowptr[1:] = torch.bincount(dst, minlength=num_nodes).cumsum(0)
+    by_dst, rowptr = _incoming(edge_index, dst, num_nodes)
     reached = torch.zeros(num_nodes, dtype=torch.bool, device=device)
     seeds = seeds.to(device=device, dtype=torch.long)
     reached[seeds] = True

@@ -537,6 +537,24 @@ def test_neighbor_sample_takes_whole_small_neighbourhoods_and_is_seeded():
     assert not torch.equal(_global_edges(*first), _global_edges(*other))
 
 
+def test_neighbor_sample_groups_an_index_once_and_again_after_it_changes():
+    """Batches of one index, whose grouping by destination is kept with it, equal those of fresh
+    copies of it; changed in place (or read with another node count), the index is grouped again."""
+    full = D.power_law_graph(400, 5000, seed=7)
+    seeds = torch.tensor([5, 80, 399])
+    for step in range(3):
+        kept = D.neighbor_sample(full, 400, seeds, [3, 2], seed=step)
+        fresh = D.neighbor_sample(full.clone(), 400, seeds, [3, 2], seed=step)
+        assert all(torch.equal(a, b) for a, b in zip(kept, fresh))
+    edges = torch.tensor([[1, 3], [0, 2]])  # 1 -> 0, 3 -> 2
+    assert D.neighbor_sample(edges, 4, torch.tensor([0]), [1])[1].tolist() == [0, 1]
+    edges[0, 0] = 2  # now 2 -> 0
+    assert D.neighbor_sample(edges, 4, torch.tensor([0]), [1])[1].tolist() == [0, 2]
+    edges[1, 1] = 0  # now 3 -> 0 too: the same index, grouped again
+    assert sorted(D.neighbor_sample(edges, 4, torch.tensor([0]), [2])[1].tolist()) == [0, 2, 3]
+    assert D.neighbor_sample(edges, 5, torch.tensor([4]), [2])[1].tolist() == [4]  # another node count
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
