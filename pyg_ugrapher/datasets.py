@@ -47,7 +47,7 @@ from torch_geometric.io.planetoid import edge_index_from_dict, read_file
 from torch_geometric.utils import index_to_mask, remove_self_loops, to_undirected
 
 from .paths import cache_dir
-from .structure import IdentityMap, note_checked, version
+from .structure import IdentityMap, build_csr, note_checked, version
 
 Device = Union[str, torch.device]
 
@@ -702,16 +702,16 @@ class _Incoming(NamedTuple):
 _INCOMING = IdentityMap()
 
 
-def _incoming(edge_index: Tensor, dst: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor]:
-    """``(by_dst, rowptr)`` of ``edge_index`` (destinations ``dst``), kept with the index until it
-    dies or changes in place (an inference tensor, whose changes are not counted, is grouped anew
-    every call)."""
+def _incoming(edge_index: Tensor, src: Tensor, dst: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor]:
+    """``(by_dst, rowptr)`` of ``edge_index`` (its rows ``src`` and ``dst``): the edge ids and row
+    offsets of its CSR by destination (:func:`~pyg_ugrapher.structure.build_csr`), kept with the
+    index until it dies or changes in place (an inference tensor, whose changes are not counted,
+    is grouped anew every call)."""
     cached = _INCOMING.get(edge_index)
     if cached is not None and cached.version == version(edge_index) and cached.num_nodes == num_nodes:
         return cached.by_dst, cached.rowptr
-    by_dst = torch.argsort(dst, stable=True)
-    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=dst.device)
-    rowptr[1:] = torch.bincount(dst, minlength=num_nodes).cumsum(0)
+    csr = build_csr(dst, src, num_nodes, num_nodes, torch.int64)
+    by_dst, rowptr = csr.eid, csr.rowptr
     if version(edge_index) is not None:
         _INCOMING[edge_index] = _Incoming(version(edge_index), num_nodes, by_dst, rowptr)
     return by_dst, rowptr
@@ -760,7 +760,7 @@ def neighbor_sample(
     device = edge_index.device
     generator = _generator(seed, device)
     src, dst = edge_index[0].long(), edge_index[1].long()
-    by_dst, rowptr = _incoming(edge_index, dst, num_nodes)
+    by_dst, rowptr = _incoming(edge_index, src, dst, num_nodes)
     reached = torch.zeros(num_nodes, dtype=torch.bool, device=device)
     seeds = seeds.to(device=device, dtype=torch.long)
     reached[seeds] = True
