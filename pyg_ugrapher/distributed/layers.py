@@ -21,6 +21,7 @@ from torch.nn.parameter import is_lazy
 
 from .. import ops
 from ..graph import GraphTensor
+from ..graph_argument import edge_tensor
 from ..nn import GATConv, GATv2Conv, GCNConv, GINConv, GINEConv, GraphConv, SAGEConv
 from .graph import DistributedGraph
 from .halo import with_halo
@@ -134,11 +135,7 @@ def _check_edge_tensor(
     if not isinstance(conv, layers):
         names = ", ".join(layer.__name__ for layer in layers)
         raise ValueError(f"{name}: on a partitioned graph only {names} take it, not {type(conv).__name__}")
-    if not isinstance(tensor, Tensor) or tensor.dim() == 0 or tensor.size(0) != graph.num_edges:
-        raise ValueError(
-            f"{name}: expected a tensor of {graph.num_edges} rows (the local edges: {name}[graph.edge_ids] "
-            "of the whole graph's)"
-        )
+    edge_tensor(name, tensor, graph.num_edges)
     if tensor.device != graph.device:
         raise ValueError(f"{name}: on {tensor.device}, but the local graph is on {graph.device}")
 
@@ -210,13 +207,12 @@ def _weighted_gcn_norm(conv: GCNConv, graph: DistributedGraph, edge_weight: Tens
     a vertex's stored self loop lends its weight to the loop added to it (``fill`` otherwise) and
     keeps its place at weight 0. Every edge into a vertex is local, and so is its weighted
     degree; a halo source's comes from its owner (a collective, differentiable in the weights)."""
-    src, dst = graph.edge_index
     on = graph.graph
     if conv.add_self_loops:
         fill = 2.0 if conv.improved else 1.0
         edge_weight = GCNConv.loop_weights(graph.edge_index, None, True, edge_weight, graph.num_local, fill)
-        loops = torch.arange(graph.num_local, device=graph.device)
-        src, dst, on = torch.cat([src, loops]), torch.cat([dst, loops]), graph.looped_graph
+        on = graph.looped_graph
+    src, dst = on.src, on.dst
     degree = edge_weight.new_zeros(graph.num_local).index_add(0, dst, edge_weight)
     factor = degree.pow(-0.5)
     factor = factor.masked_fill(factor == float("inf"), 0.0)
