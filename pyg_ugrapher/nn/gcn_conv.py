@@ -401,22 +401,35 @@ class GCNConv(MessagePassing, ScriptedAsPyG):
         edge_index: Tensor, looped: Optional[Looped], in_place: bool, weight: Tensor, num_nodes: int, fill: float
     ) -> Tensor:
         """Edge weights in the order of the graph propagated on: a stored self loop's weight goes to
-        its node's loop (the same indexing as PyG's, so duplicate loops resolve alike), other loops
-        get ``fill``; where the stored loops keep their places (``in_place``: the padded graph, or
-        the spare-row one, which sends them to the spare row), at weight 0."""
+        its node's loop, other loops get ``fill``; where the stored loops keep their places
+        (``in_place``: the padded graph, or the spare-row one, which sends them to the spare row),
+        at weight 0. Of a node's duplicate stored loops the last one lends its weight, on every
+        device: the assignment PyG indexes with leaves the winner unspecified on a GPU."""
         if in_place:
             index = plain_index(edge_index)
             is_loop = index[0] == index[1]
-            # Edges that are not loops write to a spare slot past the last node, which is dropped.
+            # Edges that are not loops go to a spare slot past the last node, which is dropped.
             slot = torch.where(is_loop, index[0], num_nodes)
-            loop_weight = weight.new_full((num_nodes + 1,), fill).index_put((slot,), weight)[:num_nodes]
+            loop_weight = _last_loop_weights(slot, weight, num_nodes + 1, fill)[:num_nodes]
             return torch.cat([weight.masked_fill(is_loop, 0.0), loop_weight])
         if looped is None:
             return weight
-        loop_weight = weight.new_full((num_nodes,), fill).index_put(
-            (looped.loop_nodes,), weight.index_select(0, looped.loops)
-        )
+        loop_weight = _last_loop_weights(looped.loop_nodes, weight.index_select(0, looped.loops), num_nodes, fill)
         return torch.cat([weight.index_select(0, looped.kept), loop_weight])
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels})"
+
+
+def _last_loop_weights(loop_nodes: Tensor, weights: Tensor, num_nodes: int, fill: float) -> Tensor:
+    """``[num_nodes]``: the weight of each node's last loop in ``loop_nodes`` (by position), or
+    ``fill`` for a node without one. Deterministic, without a host synchronisation. Each of a
+    node's loops takes that node's gradient, as autograd's indexed assignment (PyG's) gives it."""
+    positions = torch.arange(loop_nodes.numel(), device=loop_nodes.device)
+    last = torch.full((num_nodes,), -1, dtype=positions.dtype, device=positions.device)
+    last = last.scatter_reduce(0, loop_nodes, positions, "amax")
+    # The fill value sits past the weights, where a node without a loop points.
+    candidates = torch.cat([weights.detach(), weights.new_full((1,), fill)])
+    chosen = candidates.index_select(0, torch.where(last < 0, weights.numel(), last))
+    # Zero in value; in the backward pass every loop's own share of its node's gradient.
+    return chosen + weights.new_zeros(num_nodes).index_add(0, loop_nodes, weights - weights.detach())

@@ -288,3 +288,21 @@ def test_datasets(compare, dataset):
         [dataset.x],
         train=True,
     )
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"aggr": "mean"}], ids=["in_place", "looped"])
+def test_last_duplicate_loop_lends_its_weight(small_graph, kwargs):
+    """Of a node's duplicate stored loops the last one's weight counts, and only its: the rule
+    holds on every device (PyG's indexed assignment leaves the winner unspecified on a GPU)."""
+    x, edge_index = small_graph
+    loops = torch.tensor([[3, 3, 3], [3, 3, 3]])
+    edge_index = torch.cat([loops[:, :2], edge_index, loops[:, 2:]], dim=1)
+    weight = torch.rand(edge_index.size(1), generator=torch.Generator().manual_seed(8)) + 0.5
+    layer = GCNConv(6, 4, **kwargs)
+    out = layer(x, edge_index, weight)
+    earlier = weight.clone()
+    earlier[:2] = torch.tensor([7.0, 9.0])
+    torch.testing.assert_close(layer(x, edge_index, earlier), out, rtol=0, atol=0)
+    last = weight.clone()
+    last[-1] = 7.0
+    assert not torch.allclose(layer(x, edge_index, last), out)
