@@ -209,6 +209,14 @@ class GraphTensor:
             device = torch.device("cuda", torch.cuda.current_device())
         return device
 
+    def _current(self) -> bool:
+        """Whether the edges are unchanged since the structures were read (:meth:`_refresh`), by
+        their versions read directly: the check of every operator call."""
+        try:
+            return self._versions == (self.src._version, self.dst._version)
+        except RuntimeError:  # an inference tensor counts no versions: version() says None
+            return self._versions == (version(self.src), version(self.dst))
+
     def _refresh(self) -> None:
         """Drop this graph's and its reverse's structures if the edges changed in place since
         they were read (validated again first, as at construction): they were stale, and an
@@ -274,10 +282,11 @@ class GraphTensor:
         Under ``torch.compile`` a structure not built yet is built by one opaque op inside the
         compiled graph (no graph break, but no caching either: build it once outside to reuse it).
         """
-        self._refresh()
         compiling = torch.compiler.is_compiling()
         if compiling:
             sort = True
+        elif not self._current():
+            self._refresh()
         # Looked up per operator call, which passes a tensor's (resolved) device: no resolving then.
         key = device if sort is None else (device, sort)
         built = self._structure_cache.get(key)
@@ -303,6 +312,14 @@ class GraphTensor:
         built = GraphStructure(csr, csc, src, dst)
         self._structure_cache[key] = built
         return built
+
+    def eager_structure(self, device: torch.device) -> GraphStructure:
+        """:meth:`structure` on a resolved ``device`` (an operand's), outside ``torch.compile``:
+        what every eager operator call looks up."""
+        if not self._current():
+            self._refresh()
+        built = self._structure_cache.get(device)
+        return built if built is not None else self.structure(device)
 
     def reverse(self) -> "GraphTensor":
         """The graph with every edge turned around; shares this graph's caches."""

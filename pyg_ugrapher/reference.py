@@ -8,7 +8,7 @@ of the test suite, differentiable through torch's own autograd, and the CPU exec
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,7 @@ from torch import Tensor
 from .graph import GraphTensor
 from .ir import Expr, OpInfo
 from .layout import Layout, infer_layout
+from .structure import GraphStructure
 
 TORCH_FNS: Dict[str, Callable[..., Tensor]] = {
     "neg": torch.neg,
@@ -69,11 +70,6 @@ def evaluate(expr: Expr, inputs: Sequence[Tensor]) -> Tensor:
     return TORCH_FNS[expr.fn](*(evaluate(arg, inputs) for arg in expr.args))
 
 
-def accumulation_dtype(dtypes: Sequence[torch.dtype]) -> torch.dtype:
-    """float64 when any input is float64, float32 otherwise."""
-    return torch.float64 if torch.float64 in dtypes else torch.float32
-
-
 def result_dtype(operands: Sequence[Tensor]) -> torch.dtype:
     dtype = operands[0].dtype
     for tensor in operands[1:]:
@@ -81,43 +77,62 @@ def result_dtype(operands: Sequence[Tensor]) -> torch.dtype:
     return dtype
 
 
-def messages(graph: GraphTensor, op: OpInfo, operands: Sequence[Tensor], layout: Layout, dtype: torch.dtype) -> Tensor:
+def messages(
+    graph: Union[GraphTensor, GraphStructure],
+    op: OpInfo,
+    operands: Sequence[Tensor],
+    layout: Layout,
+    dtype: torch.dtype,
+) -> Tensor:
     """``[E, *out_shape]`` messages in the user's edge order, in ``dtype``."""
-    device = operands[0].device
-    rows = {"src_v": graph.src.to(device), "dst_v": graph.dst.to(device)}
+    num_edges = graph.src.shape[0]
     gathered = []
     for kind, tensor in zip(op.inputs, operands):
         features = tensor.shape[1:]
         # Widened before the gather: its backward sums each vertex's gradients (a scatter-add),
         # which in a half type would round at every add, in an order the GPU does not fix.
         wide = tensor.to(dtype)
-        picked = wide if kind == "edge" else wide.index_select(0, rows[kind])
-        padded = (1,) * (len(layout.message_shape) - len(features)) + tuple(features)
-        gathered.append(picked.reshape((graph.num_edges,) + padded))
+        if kind != "edge":
+            wide = wide.index_select(0, (graph.src if kind == "src_v" else graph.dst).to(tensor.device))
+        if features != layout.message_shape:  # broadcast: leading feature sizes of 1
+            wide = wide.reshape((num_edges,) + (1,) * (len(layout.message_shape) - len(features)) + features)
+        gathered.append(wide)
     out = evaluate(op.expr, gathered)
-    out = out.expand((graph.num_edges,) + layout.message_shape)
+    out = out.expand((num_edges,) + layout.message_shape)
     if op.reduces:
         out = out.sum(dim=-1, keepdim=True)
     return out
 
 
-def execute(graph: GraphTensor, op: OpInfo, operands: Sequence[Tensor]) -> Tensor:
-    """Run ``op`` on ``graph``; operands are in slot order (see :attr:`OpInfo.inputs`)."""
-    layout = infer_layout(op, [t.shape for t in operands])
-    out_dtype = result_dtype(operands)
-    acc = accumulation_dtype([t.dtype for t in operands])
+def execute(
+    graph: Union[GraphTensor, GraphStructure],
+    op: OpInfo,
+    operands: Sequence[Tensor],
+    layout: Optional[Layout] = None,
+) -> Tensor:
+    """Run ``op`` on ``graph`` (a graph, or its structure on the operands' device); operands are
+    in slot order (see :attr:`OpInfo.inputs`); ``layout``: theirs, where the caller has it."""
+    if layout is None:
+        layout = infer_layout(op, [t.shape for t in operands])
+    out_dtype = operands[0].dtype
+    for tensor in operands[1:]:  # result_dtype(operands), inline: one call per operator fewer
+        out_dtype = torch.promote_types(out_dtype, tensor.dtype)
+    # Operands are floating point: one of them is float64 exactly when the promoted dtype is.
+    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
     msg = messages(graph, op, operands, layout, acc)
     if op.gather_op is None:
         return msg.to(out_dtype)
-    device = msg.device
-    dst = graph.dst.to(device)
-    out = msg.new_zeros((graph.num_dst,) + layout.out_shape)
-    index = dst.view((-1,) + (1,) * len(layout.out_shape)).expand_as(msg)
+    num_dst = graph.num_dst
+    # scatter_add's index is int64; a structure's may be int32.
+    dst = graph.dst.to(msg.device, torch.int64)
+    out = msg.new_zeros((num_dst,) + layout.out_shape)
+    ones = (1,) * len(layout.out_shape)
+    index = dst.view((-1,) + ones).expand_as(msg)
     if op.gather_op in ("sum", "mean"):
         out = out.scatter_add(0, index, msg)
         if op.gather_op == "mean":
-            degree = torch.bincount(dst, minlength=graph.num_dst).clamp_min(1).to(acc)
-            out = out / degree.view((-1,) + (1,) * len(layout.out_shape))
+            degree = torch.bincount(dst, minlength=num_dst).clamp_min(1).to(acc)
+            out = out / degree.view((-1,) + ones)
     else:
         out = out.scatter_reduce(0, index, msg, reduce="amax" if op.gather_op == "max" else "amin", include_self=False)
     return out.to(out_dtype)

@@ -121,7 +121,7 @@ class GraphStructure(NamedTuple):
 
     @property
     def num_dst(self) -> int:
-        return self.csr.num_rows
+        return self.csr.rowptr.shape[0] - 1  # csr.num_rows, read once per reference operator call
 
     @property
     def num_edges(self) -> int:

@@ -23,7 +23,7 @@ from ..graph import GraphTensor, NumNodes, as_graph
 from ..ir import OpInfo
 from ..layout import Layout, infer_layout, slot_names
 from ..parallel import ParallelInfo
-from .autograd import differentiable_graph_op, operand_grads
+from .autograd import differentiable_graph_op, eager_graph_op, operand_grads
 from .custom_ops import call_gather_with_edge_output, call_graph_op, gather_with_edge_output, graph_op
 from .decisions import (
     AUTO,
@@ -109,6 +109,48 @@ def _validate(graph: GraphTensor, op: OpInfo, text: str, tensors: Sequence[Tenso
     return layout_of(text, tensors)
 
 
+#: Layouts of calls :func:`_validate` accepted, by op text, the graph's row counts and each operand's
+#: feature shape, dtype and device (what it checks): a repeated call is not checked again.
+_VALIDATED: Dict[Tuple, Layout] = {}
+#: Entries :data:`_VALIDATED` holds at most: a new graph size per mini-batch adds one per op; past
+#: this many the dictionary starts afresh.
+MAX_VALIDATED = 4096
+
+
+def _checked_layout(graph: GraphTensor, op: OpInfo, text: str, tensors: Sequence[Tensor]) -> Layout:
+    """:func:`_validate`'s layout, once per call signature (see :data:`_VALIDATED`); operands that
+    are not tensors, or of a signature not seen, are checked in full (and raise there). Outside
+    ``torch.compile`` (which traces :func:`_validate`)."""
+    key: Tuple = (text, graph.num_src, graph.num_dst, graph.src.shape[0])
+    try:
+        for t in tensors:
+            key += (t.shape, t.dtype, t.device)
+    except AttributeError:  # not a tensor: _validate names it
+        key = ()
+    layout = _VALIDATED.get(key)
+    if layout is None:
+        if len(op.inputs) != len(tensors):
+            raise ValueError(f"operands: {op.name} reads {len(op.inputs)} operands, got {len(tensors)}")
+        layout = _validate(graph, op, text, tensors)
+        if len(_VALIDATED) >= MAX_VALIDATED:
+            _VALIDATED.clear()
+        _VALIDATED[key] = layout
+    return layout
+
+
+def compute_checked(graph: GraphTensor, op: OpInfo, text: str, tensors: List[Tensor]) -> Tensor:
+    """:func:`compute` without a schedule, for callers that hold ``op`` with its serialised
+    ``text`` and pass a :class:`GraphTensor` and the operands in slot order (the layers): the
+    same checks (once per call signature), observers and autograd, fewer steps per call."""
+    if torch.compiler.is_compiling():
+        layout = _validate(graph, op, text, tensors)
+        notify(graph, op, tensors, layout)
+        return call_graph_op(graph.structure(tensors[0].device), tensors, text, AUTO)
+    layout = _checked_layout(graph, op, text, tensors)
+    notify(graph, op, tensors, layout)
+    return eager_graph_op(graph.eager_structure(tensors[0].device), tensors, text, AUTO, layout)
+
+
 def compute(
     graph: Union[GraphTensor, Tensor],
     op: Union[OpInfo, str],
@@ -146,11 +188,12 @@ def compute(
     graph = as_graph(graph, num_nodes)
     tensors = _slot_tensors(op, lhs, rhs, operands)
     text = serialized(op)
-    layout = _validate(graph, op, text, tensors)
+    compiling = torch.compiler.is_compiling()
+    layout = _validate(graph, op, text, tensors) if compiling else _checked_layout(graph, op, text, tensors)
     schedule = AUTO
     if parallel_info is not None:
         fitted, narrowed = parallel_info.narrowed_for(layout.message_width)
-        if narrowed and not torch.compiler.is_compiling():
+        if narrowed and not compiling:
             changes = ", ".join(f"{knob}={value} to {getattr(fitted, knob)}" for knob, value in narrowed.items())
             warnings.warn(
                 f"parallel_info: narrowed {changes}: {op.name} has {layout.message_width} features per message",
@@ -159,7 +202,9 @@ def compute(
             )
         schedule = fitted.serialize()
     notify(graph, op, tensors, layout, parallel_info)
-    return differentiable_graph_op(graph.structure(tensors[0].device), tensors, text, schedule)
+    if compiling:
+        return call_graph_op(graph.structure(tensors[0].device), tensors, text, schedule)
+    return eager_graph_op(graph.eager_structure(tensors[0].device), tensors, text, schedule, layout)
 
 
 __all__ = [
@@ -170,8 +215,10 @@ __all__ = [
     "call_gather_with_edge_output",
     "call_graph_op",
     "compute",
+    "compute_checked",
     "decided_schedule",
     "differentiable_graph_op",
+    "eager_graph_op",
     "gather_with_edge_output",
     "graph_arrays",
     "graph_op",

@@ -41,20 +41,23 @@ def _save(
     out: Tensor,
     op: str,
     schedule: str,
-    needed: Optional[Sequence[bool]] = None,
+    needed: Optional[Tuple[bool, ...]] = None,
+    layout: Optional[Layout] = None,
 ) -> None:
     """What both autograd paths keep for the backward pass: given the ``needed`` gradients, only
     the operands and output their backward reads (a sum's output and a weight-free sum's operands
     are not: keeping them held two ``[N, F]`` tensors past their use in every eager GCN step).
     ``structure``: the structure tensors to save with them (the custom op's; see
-    :class:`_EagerGraphOp` for the eager path's)."""
+    :class:`_EagerGraphOp` for the eager path's); ``layout``: the operands' (looked up if not given)."""
     ctx.op, ctx.schedule, ctx.num_structure = op, schedule, len(structure)
-    ctx.shapes = tuple(t.shape for t in operands)
+    ctx.shapes = [t.shape for t in operands]
     if needed is not None:
         half = out.dtype in (torch.float16, torch.bfloat16)
-        kept, keep_out = _kept(op, layout_of(op, operands), tuple(bool(n) for n in needed), half)
-        operands = [t if keep else None for t, keep in zip(operands, kept)]
-        out = out if keep_out else None
+        kept, keep_out = _kept(op, layout_of(op, operands) if layout is None else layout, needed, half)
+        if False in kept:
+            operands = [t if keep else None for t, keep in zip(operands, kept)]
+        if not keep_out:
+            out = None
     ctx.save_for_backward(*structure, *operands, out)
 
 
@@ -120,10 +123,12 @@ class _EagerGraphOp(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, op: str, schedule: str, structure: GraphStructure, *operands: Tensor) -> Tensor:
+    def forward(
+        ctx, op: str, schedule: str, layout: Optional[Layout], structure: GraphStructure, *operands: Tensor
+    ) -> Tensor:
         out = run_graph_op(structure, list(operands), op, schedule)
         ctx.structure = structure
-        _save(ctx, (), operands, out, op, schedule, ctx.needs_input_grad[3:])
+        _save(ctx, (), operands, out, op, schedule, ctx.needs_input_grad[4:], layout)
         return out
 
     @staticmethod
@@ -132,22 +137,45 @@ class _EagerGraphOp(torch.autograd.Function):
         grads = _saved_grads(
             ctx,
             grad,
-            ctx.needs_input_grad[3:],
+            ctx.needs_input_grad[4:],
             call_graph_op if double else run_graph_op,
             None if double else run_gather_with_edge_output,
             ctx.structure,
         )
-        return (None, None, None) + tuple(grads)
+        return (None, None, None, None, *grads)
 
 
-def differentiable_graph_op(structure: GraphStructure, operands: List[Tensor], op: str, schedule: str) -> Tensor:
+#: ``autograd.Function``'s own ``apply`` below its Python wrapper, which binds default arguments
+#: where ``setup_context`` is defined (``_EagerGraphOp`` defines none), checks for functorch
+#: transforms and unwraps dead functorch wrappers: a dozen Python calls per operator call.
+#: :func:`differentiable_graph_op` does the last two itself and calls this.
+_APPLY_EAGER = torch._C._FunctionBase.__dict__["apply"].__get__(None, _EagerGraphOp)
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+def differentiable_graph_op(
+    structure: GraphStructure, operands: List[Tensor], op: str, schedule: str, layout: Optional[Layout] = None
+) -> Tensor:
     """:func:`~pyg_ugrapher.ops.custom_ops.graph_op` with autograd; outside ``torch.compile``
-    without the custom op's dispatch cost (see :class:`_EagerGraphOp`)."""
+    without the custom op's dispatch cost (:func:`eager_graph_op`). ``layout``: the operands'
+    where the caller has it."""
     if torch.compiler.is_compiling():
         return call_graph_op(structure, operands, op, schedule)
-    if not torch.is_grad_enabled() or not any(t.requires_grad for t in operands):
-        return run_graph_op(structure, operands, op, schedule)
-    return _EagerGraphOp.apply(op, schedule, structure, *operands)
+    return eager_graph_op(structure, operands, op, schedule, layout)
+
+
+def eager_graph_op(
+    structure: GraphStructure, operands: List[Tensor], op: str, schedule: str, layout: Optional[Layout] = None
+) -> Tensor:
+    """:func:`differentiable_graph_op` outside ``torch.compile``: :class:`_EagerGraphOp` where a
+    gradient is needed, else the op itself."""
+    if torch.is_grad_enabled():
+        for t in operands:
+            if t.requires_grad:
+                if torch._C._are_functorch_transforms_active():
+                    return _EagerGraphOp.apply(op, schedule, layout, structure, *operands)
+                return _APPLY_EAGER(op, schedule, layout, structure, *[_unwrap_if_dead(t) for t in operands])
+    return run_graph_op(structure, operands, op, schedule)
 
 
 def operand_grads(
@@ -166,10 +194,11 @@ def operand_grads(
     run through ``run``; the :attr:`~Backward.shared_pass` pair through ``run_pair`` if given.
     Operands (and ``out``) the needed gradients do not read may be ``None`` (see :func:`_kept`),
     given the ``shapes`` of all."""
-    op = parse_op(op_text)
     shapes = [t.shape for t in operands] if shapes is None else shapes
-    layout = cached_layout(op_text, tuple((0,) + tuple(int(d) for d in shape[1:]) for shape in shapes))
-    plan = _backward_of(op, layout)
+    try:
+        op, layout, plan, texts = _backward_steps(op_text, tuple([shape[1:] for shape in shapes]))
+    except TypeError:  # symbolic feature sizes (see layout_of)
+        op, layout, plan, texts = _backward_steps(op_text, tuple(tuple(int(d) for d in s[1:]) for s in shapes))
     reversed_ = structure.reverse()
     values = {"out": out}
     if op.gather_op == "mean":
@@ -179,7 +208,7 @@ def operand_grads(
             # Messages are compared in float32, so compare them with the float32 result (the
             # kernels upcast every operand on load, so this recomputes exactly that result).
             values["out"] = run(structure, [t.float() for t in operands], op_text, schedule)
-        count = _run_step(plan.count, structure, reversed_, operands, values, schedule, run)
+        count = _run_step(plan.count, texts[-1], structure, reversed_, operands, values, schedule, run)
         values["grad"] = grad / count.clamp_min(1).to(grad.dtype)
     else:
         values["grad"] = grad
@@ -199,24 +228,39 @@ def operand_grads(
             _inherit(schedule, message_op, message_inputs),
         )
     grads: List[Optional[Tensor]] = []
-    for slot, (step, shape) in enumerate(zip(plan.slots, shapes)):
+    for slot, step in enumerate(plan.slots):
+        shape = shapes[slot]
         if not needed[slot]:
             grads.append(None)
             continue
         if not step.sources:  # the derivative is identically 0 (an operand only inside gt or eq)
             grads.append(grad.new_zeros(shape))
             continue
-        result = results.get(slot)
+        result = results.get(slot) if results else None
         if result is None:
-            result = _run_step(step, structure, reversed_, operands, values, schedule, run)
+            result = _run_step(step, texts[slot], structure, reversed_, operands, values, schedule, run)
         if not (
-            step.op.reduces
-            and layout.reduce_size > 1
-            and layout_of(serialized(step.op), _inputs(step, operands, values)).reduce_size > 1
+            layout.reduce_size > 1
+            and step.op.reduces
+            and layout_of(texts[slot], _inputs(step, operands, values)).reduce_size > 1
         ):
             result = _over_summed(result, layout.patterns[slot], layout)
         grads.append(_sum_to(result, shape, layout))
     return grads
+
+
+@lru_cache(maxsize=4096)
+def _backward_steps(
+    op_text: str, features: Tuple[Tuple[int, ...], ...]
+) -> Tuple[OpInfo, Layout, Backward, Tuple[str, ...]]:
+    """The op ``op_text``, its layout on operands of these feature shapes, its backward and the
+    serialised op of each slot's step then of the tie-count step: what every backward call of
+    that op reads, looked up once."""
+    op = parse_op(op_text)
+    layout = cached_layout(op_text, tuple((0,) + tuple(int(d) for d in f) for f in features))
+    plan = _backward_of(op, layout)
+    steps = plan.slots + ((plan.count,) if plan.count is not None else ())
+    return op, layout, plan, tuple(serialized(step.op) for step in steps)
 
 
 @lru_cache(maxsize=4096)
@@ -245,6 +289,7 @@ def _inputs(step: GradStep, operands: List[Tensor], values: dict) -> List[Tensor
 
 def _run_step(
     step: GradStep,
+    text: str,
     structure: GraphStructure,
     reversed_: GraphStructure,
     operands: List[Tensor],
@@ -252,10 +297,11 @@ def _run_step(
     schedule: str,
     run: Runner,
 ) -> Tensor:
+    """Run ``step`` (its op serialised as ``text``)."""
     inputs = _inputs(step, operands, values)
     graph = reversed_ if step.reverse else structure
-    step_schedule = _inherit(schedule, step.op, inputs)
-    return run(graph, inputs, serialized(step.op), step_schedule)
+    step_schedule = schedule if schedule == AUTO else _inherit(schedule, step.op, inputs)
+    return run(graph, inputs, text, step_schedule)
 
 
 def _inherit(schedule: str, op: OpInfo, inputs: Sequence[Tensor]) -> str:

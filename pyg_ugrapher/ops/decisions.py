@@ -49,10 +49,20 @@ def cached_layout(op_text: str, shapes: Tuple[Tuple[int, ...], ...]) -> Layout:
     return infer_layout(parse_op(op_text), shapes)
 
 
+@lru_cache(maxsize=4096)
+def _layout_by_features(op_text: str, features: Tuple[torch.Size, ...]) -> Layout:
+    return cached_layout(op_text, tuple((0,) + tuple(int(d) for d in f) for f in features))
+
+
 def layout_of(op_text: str, operands: Sequence[Tensor]) -> Layout:
     """The layout of ``operands``, cached by their feature shapes: row counts are symbolic under
-    ``torch.compile(dynamic=True)`` (and unhashable), and the layout does not depend on them."""
-    return cached_layout(op_text, tuple((0,) + tuple(int(d) for d in t.shape[1:]) for t in operands))
+    ``torch.compile(dynamic=True)`` (and unhashable), and the layout does not depend on them.
+    Looked up by the feature shapes as they are (``torch.Size``), or where one of them is symbolic
+    (unhashable too) by their sizes as integers."""
+    try:
+        return _layout_by_features(op_text, tuple([t.shape[1:] for t in operands]))
+    except TypeError:
+        return cached_layout(op_text, tuple((0,) + tuple(int(d) for d in t.shape[1:]) for t in operands))
 
 
 def graph_arrays(structure: GraphStructure) -> GraphArrays:

@@ -16,17 +16,14 @@ import triton_kernels
 from triton_kernels import uses_triton
 
 from .. import reference
-from ..graph import GraphTensor
 from ..structure import GraphStructure
 from .decisions import graph_arrays, layout_of, op_decision, parse_op
 
 
 def run_graph_op(structure: GraphStructure, operands: List[Tensor], op: str, schedule: str) -> Tensor:
     """Run the serialised IR op ``op`` on a graph given by its structure (no autograd)."""
-    device = operands[0].device
-    if not uses_triton(device):
-        graph = GraphTensor(structure.src, structure.dst, structure.num_src, structure.num_dst, validate=False)
-        return reference.execute(graph, parse_op(op), operands)
+    if not uses_triton(operands[0].device):
+        return reference.execute(structure, parse_op(op), operands, layout_of(op, operands))
     arrays = graph_arrays(structure)
     info, layout, chosen, dtype, plan = op_decision(arrays, operands, op, schedule)
     if plan is not None and triton_kernels.all_packed(operands):
