@@ -71,7 +71,7 @@ from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.typing import SparseTensor
-from torch_geometric.utils import is_torch_sparse_tensor, to_edge_index
+from torch_geometric.utils import to_edge_index
 from torch_geometric.utils.loop import compute_loop_attr
 
 from autotune import selection
@@ -188,7 +188,10 @@ def fixed_sizes(edge_index: object) -> bool:
 
 def _version(graph: Union[Tensor, SparseTensor]) -> Hashable:
     if isinstance(graph, Tensor):
-        return version(graph)
+        try:
+            return graph._version
+        except RuntimeError:  # an inference tensor: see structure.version
+            return None
     row, col, _ = graph.coo()
     return version(row), version(col)
 
@@ -197,7 +200,8 @@ def derived(graph: Union[Tensor, SparseTensor], key: Hashable, build: Callable[[
     """``build()``, cached on ``graph`` (a tensor, or a ``SparseTensor`` and its index tensors) under
     ``key`` until ``graph`` dies or changes in place. Inside a capture that builds ``graph``'s
     structures (:func:`built_in_recording`), ``build()`` is recorded and its entries kept apart."""
-    recording = built_in_recording(graph)
+    # A CPU graph is never captured: the common case asks nothing more.
+    recording = isinstance(graph, Tensor) and graph.is_cuda and built_in_recording(graph)
     if not recording and _CAPTURE_READERS and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         for read in _CAPTURE_READERS:
             read.append(graph)
@@ -231,13 +235,13 @@ def check_features(name: str, x: object, static: bool = False) -> Tensor:
     graph's ``[B, N, F]`` batch of feature matrices (see :func:`nodes_first`)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
+    if not x.dtype.is_floating_point:
         raise TypeError(f"{name}: expected floating-point features, got {x.dtype}")
-    if static and x.dim() not in (2, 3):
+    if static and x.ndim not in (2, 3):
         raise ValueError(
             f"{name}: expected shape [num_nodes, channels] or [batch, num_nodes, channels], got {list(x.shape)}"
         )
-    if not static and x.dim() != 2:
+    if not static and x.ndim != 2:
         raise ValueError(
             f"{name}: expected shape [num_nodes, channels], got {list(x.shape)} "
             f"(static graphs with a batch dimension are not supported by this layer)"
@@ -257,8 +261,14 @@ def batch_first(out: Tensor, static: bool) -> Tensor:
     return out.transpose(0, 1) if static else out
 
 
+#: The layouts of a ``torch.sparse`` adjacency (PyG's ``is_torch_sparse_tensor``).
+_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
+
+
 def is_sparse(edge_index: object) -> bool:
-    return isinstance(edge_index, Tensor) and is_torch_sparse_tensor(edge_index)
+    """Whether ``edge_index`` is a ``torch.sparse`` adjacency (PyG's ``is_torch_sparse_tensor``,
+    its layouts compared here: this runs several times per layer call)."""
+    return isinstance(edge_index, Tensor) and edge_index.layout in _SPARSE_LAYOUTS
 
 
 def eager_with_torch_sparse(forward: F) -> F:
@@ -285,13 +295,13 @@ def node_sizes(
 ) -> Tuple[int, int]:
     """``(num_src, num_dst)`` as PyG's ``propagate`` infers them: from ``size``, an ``EdgeIndex``'s
     or sparse tensor's own size, and the node features, which must agree."""
-    check_graph(layer, edge_index)
+    sparse = check_graph(layer, edge_index)
     j, i = endpoints(layer.flow)
     sizes: List[Optional[int]]
-    if isinstance(edge_index, EdgeIndex):
+    if sparse:
+        sizes = [edge_index.shape[1], edge_index.shape[0]]
+    elif isinstance(edge_index, EdgeIndex):
         sizes = list(edge_index.sparse_size())
-    elif is_sparse(edge_index):
-        sizes = [edge_index.size(1), edge_index.size(0)]
     elif size is not None:
         if len(size) != 2:
             raise ValueError(f"size: expected (num_src_nodes, num_dst_nodes), got {size}")
@@ -302,22 +312,25 @@ def node_sizes(
         if x is None:
             continue
         if sizes[dim] is None:
-            sizes[dim] = x.size(0)
-        elif sizes[dim] != x.size(0):
+            sizes[dim] = x.shape[0]
+        elif sizes[dim] != x.shape[0]:
             raise ValueError(
                 f"size: the graph has {sizes[dim]} {'source' if dim == j else 'destination'} "
-                f"nodes but the node features have {x.size(0)} rows"
+                f"nodes but the node features have {x.shape[0]} rows"
             )
     num_src = sizes[j] if sizes[j] is not None else sizes[i]
     num_dst = sizes[i] if sizes[i] is not None else sizes[j]
     if num_src is None or num_dst is None:
         raise ValueError("size: cannot infer the number of nodes; pass size=(num_src, num_dst)")
     num_src, num_dst = int(num_src), int(num_dst)
-    note_bounds(edge_index, layer.flow, num_src, num_dst)
+    if _BOUND_LOGS:
+        note_bounds(edge_index, layer.flow, num_src, num_dst)
     return num_src, num_dst
 
 
-def check_graph(layer, edge_index: object) -> None:
+def check_graph(layer, edge_index: object) -> bool:
+    """Check a layer's graph argument (a tensor: an edge index or a ``torch.sparse`` adjacency);
+    whether it is the adjacency."""
     if not isinstance(edge_index, Tensor):
         raise TypeError(
             f"edge_index: expected a [2, E] tensor, an EdgeIndex, a torch.sparse adjacency or a "
@@ -333,11 +346,13 @@ def check_graph(layer, edge_index: object) -> None:
                 "edge_index: flow='target_to_source' needs an edge index; for a "
                 "sparse adjacency pass its transpose instead"
             )
-        return
-    if edge_index.is_floating_point() or edge_index.dtype == torch.bool or edge_index.is_complex():
-        raise TypeError(f"edge_index: expected integer indices, got {edge_index.dtype}")
-    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        return True
+    dtype = edge_index.dtype
+    if dtype.is_floating_point or dtype == torch.bool or dtype.is_complex:
+        raise TypeError(f"edge_index: expected integer indices, got {dtype}")
+    if edge_index.ndim != 2 or edge_index.shape[0] != 2:
         raise ValueError(f"edge_index: expected shape [2, E], got {list(edge_index.shape)}")
+    return False
 
 
 #: How a layer reads a SparseTensor's values (see :func:`sparse_tensor_graph`).
@@ -695,7 +710,7 @@ def layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> Gr
         arrays = _layer_graph(edge_index, flow, num_src, num_dst)
         return Graph(None, GraphStructure.from_flat(arrays, user_order=False), edge_index.size(1))
     graph = _cached(edge_index, flow, num_src, num_dst)
-    return Graph(graph, None, graph.num_edges)
+    return Graph(graph, None, graph.src.shape[0])
 
 
 def looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Looped:
@@ -736,6 +751,13 @@ def layer_op(build: Callable[..., OpInfo], *args: Hashable) -> OpInfo:
     return build(*args)
 
 
+@lru_cache(maxsize=1024)
+def _layer_op_and_text(build: Callable[..., OpInfo], args: Tuple[Hashable, ...]) -> Tuple[OpInfo, str]:
+    """``build(*args)`` and its serialisation, once per argument tuple: what an eager call runs."""
+    op = layer_op(build, *args)
+    return op, op.serialize()
+
+
 @torch.compiler.assume_constant_result
 def op_text(build: Callable[..., OpInfo], *args: Hashable) -> str:
     """The serialised op ``build(*args)``: a constant of the compiled graph, decided at trace time."""
@@ -753,10 +775,8 @@ def run(graph: Graph, build: Callable[..., OpInfo], args: Tuple[Hashable, ...], 
     not traceable; the layers pass it only shapes they checked)."""
     if graph.structure is not None:
         return ops.call_graph_op(graph.structure, list(operands), op_text(build, *args), ops.AUTO)
-    op = layer_op(build, *args)
-    if op.is_builtin:
-        return ops.compute(graph.tensor, op, *operands)
-    return ops.compute(graph.tensor, op, operands=operands)
+    op, text = _layer_op_and_text(build, args)
+    return ops.compute_checked(graph.tensor, op, text, list(operands))
 
 
 def pair(x: object, static: bool = False) -> Tuple[Tensor, Optional[Tensor]]:

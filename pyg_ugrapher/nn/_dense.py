@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules import module as module_hooks
-from torch.nn.parameter import is_lazy
+from torch.nn.parameter import UninitializedTensorMixin, is_lazy
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 #: Elements of a bias gradient (rows times width) from which the matrix-vector product saves more GPU
@@ -151,6 +151,16 @@ def _fused(x: Tensor, *maps: torch.nn.Module) -> bool:
     return len(dtypes) == 1
 
 
+def _elements(x: Tensor, lin: torch.nn.Module) -> int:
+    """Elements of ``lin(x)``, read from shapes alone: the first test of whether a product may
+    replace the map (:data:`MIN_ELEMENTS`), cheaper than :func:`_eager`'s. 0 for an uninitialised
+    (lazy) map or a scalar ``x``."""
+    weight = lin.weight
+    if x.ndim == 0 or isinstance(weight, UninitializedTensorMixin):
+        return 0
+    return x.numel() // (x.shape[-1] or 1) * weight.shape[0]
+
+
 def linear_sum(lin: torch.nn.Module, x: Tensor, root: torch.nn.Module, root_x: Tensor) -> Tensor:
     """``lin(x) + root(root_x)`` for PyG or torch ``Linear`` maps, ``root`` without bias, as two
     :class:`_Linear` GEMMs where that applies (:func:`_eager`, :func:`_fused` for both inputs),
@@ -158,7 +168,15 @@ def linear_sum(lin: torch.nn.Module, x: Tensor, root: torch.nn.Module, root_x: T
     place. The backward runs the later node first and then frees ``x`` (the layer's aggregation),
     before the root term's weight gradient is allocated: as one node, both weight gradients would
     be allocated while it is alive, which puts a step's peak memory above compiled PyG's."""
-    if root.bias is not None or not _eager(x, lin, root) or not _fused(x, lin, root) or not _fused(root_x, root):
+    if torch.compiler.is_compiling() or _elements(x, lin) < MIN_ELEMENTS:
+        return lin(x) + root(root_x)  # what linear(lin, x) would call (the lazy check first: see linear)
+    if (
+        root.bias is not None
+        or _elements(root_x, root) < MIN_ELEMENTS
+        or not _eager(x, lin, root)
+        or not _fused(x, lin, root)
+        or not _fused(root_x, root)
+    ):
         return linear(lin, x) + root(root_x)
     return _Linear.apply(x, lin.weight, None, _Linear.apply(root_x, root.weight, lin.bias, None))
 
@@ -168,10 +186,19 @@ def linear(lin: torch.nn.Module, x: Tensor) -> Tensor:
     bias needs a gradient: :class:`_Linear` where that applies, else :func:`add_bias`'s bias
     gradient for inputs of more dimensions; the module itself otherwise (and always where it has
     hooks, see :func:`called_plainly`)."""
+    # Dynamo cannot trace the lazy check of _elements.
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return lin(x)
+    return _eager_linear(lin, x)
+
+
+def _eager_linear(lin: torch.nn.Module, x: Tensor) -> Tensor:
+    """:func:`linear` with gradients enabled, outside ``torch.compile`` (what :func:`network` has
+    checked once for all its maps)."""
     bias = lin.bias
     # Under autocast ``lin`` computes in the autocast dtype bias included; the sum of a half
-    # product and a float32 bias would be float32.
-    if bias is None or not bias.requires_grad or not torch.is_grad_enabled() or not _eager(x, lin):
+    # product and a float32 bias would be float32. Below MIN_ELEMENTS neither product applies.
+    if bias is None or not bias.requires_grad or _elements(x, lin) < MIN_ELEMENTS or not _eager(x, lin):
         return lin(x)
     if _fused(x, lin):
         return _Linear.apply(x, lin.weight, bias, None)
@@ -211,7 +238,7 @@ def _walk(module: torch.nn.Module, x: Tensor) -> Tensor:
     if not called_plainly(module):
         return module(x)
     if type(module) in _LINEARS:
-        return linear(module, x)
+        return _eager_linear(module, x)
     if type(module).forward is torch.nn.Sequential.forward:
         for child in module:
             x = _walk(child, x)
