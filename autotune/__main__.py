@@ -101,6 +101,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="score only this GPU's held-out cases (a slug: h100, h200), the models trained on every GPU's rows",
     )
+    e.add_argument(
+        "--oracle",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="collections of the whole design space of some real graphs: each left out in turn, only its cases scored",
+    )
     e.add_argument("--n-estimators", type=int, default=None)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--target", choices=("log_time", "relative", "rank"), default="rank")
@@ -147,7 +154,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     out = args.out
     if out is None:
-        out = EVAL_OUT if args.leave_one_out is None else EVAL_OUT / f"leave_one_out_{args.leave_one_out}"
+        if args.oracle is not None:
+            out = EVAL_OUT / "oracle"
+        elif args.leave_one_out is not None:
+            out = EVAL_OUT / f"leave_one_out_{args.leave_one_out}"
+        else:
+            out = EVAL_OUT
     evaluate(
         args.data,
         out,
@@ -157,6 +169,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         kind=args.target,
         leave_out=args.leave_one_out,
         score_gpu=args.score_gpu,
+        oracle=args.oracle,
     )
     return 0
 

@@ -22,7 +22,17 @@ is reported for four choices :math:`c`, restricted to the measured schedules:
 * ``single``: the same, one schedule per kind for every ``F`` (the issue's "single static
   config"); message creation has none, since no schedule of its samples was measured at 90% of
   the widths, so ``single`` covers the gathers;
-* ``heuristic``: :func:`autotune.heuristic.heuristic`'s choice (always measured by ``collect``).
+* ``heuristic``: :func:`autotune.heuristic.heuristic`'s choice (always measured by ``collect``);
+* ``runtime``: what :func:`autotune.selection.select` runs on a GPU without timing candidates:
+  :func:`~autotune.heuristic.small_graph_schedule` on a graph of fewer than
+  :data:`~autotune.selection.SMALL_GRAPH_EDGES` edges (NaN where the data did not measure it), the
+  model's choice on larger graphs.
+
+``--oracle DIR`` scores against the exhaustive oracle (:func:`against_oracle`): ``DIR`` holds
+collections that timed the whole design space (``collect --configs`` at least the space's size)
+of some real graphs; each of them is held out in turn, the model trained on every other graph's
+rows of both ``--data`` and ``DIR``, and only ``DIR``'s cases are scored, so the best measured
+schedule of a case is the best of the whole space.
 
 Summaries (``summary.csv``): the geometric mean of the ratio and the fraction of cases within
 10% of the best, over all cases and over the power-law and uniform halves of the corpus
@@ -48,14 +58,18 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from pyg_ugrapher.ir import OpInfo
+
 from .collect import read_table, real_graphs
 from .features import frame_features
 from .gpus import gpu_slug
+from .heuristic import small_graph_schedule
+from .selection import SMALL_GRAPH_EDGES
 from .train import CASE, fit, target, usable
 
 log = logging.getLogger(__name__)
 
-METHODS = ("model", "static", "single", "heuristic")
+METHODS = ("model", "static", "single", "heuristic", "runtime")
 #: Bin edges of the best time of a case (ms) for :func:`by_size`.
 SIZE_BINS = (0.0, 0.02, 0.1, 0.5, 2.0, float("inf"))
 #: A static schedule must have been measured in this fraction of its training cases.
@@ -138,6 +152,28 @@ def leave_one_out(
     return rows[rows["fold"].notna()].reset_index(drop=True)
 
 
+def against_oracle(
+    table: pd.DataFrame,
+    exhaustive: pd.DataFrame,
+    n_estimators: Optional[int] = None,
+    seed: int = 0,
+    kind: str = "rank",
+) -> pd.DataFrame:
+    """Held-out predictions of the cases of ``exhaustive`` (collections of the whole design space
+    of some real graphs): each of its real graphs predicted by a model trained on every other
+    graph's rows of ``table`` and ``exhaustive``; only ``exhaustive``'s rows are returned, with the
+    columns of :func:`cross_validate`."""
+    graphs = sorted(set(real_graphs()) & set(exhaustive["graph"]))
+    if not graphs:
+        raise ValueError(f"oracle: no real graph in the exhaustive data; it holds {sorted(set(exhaustive['graph']))}")
+    both = pd.concat([table.assign(exhaustive=False), exhaustive.assign(exhaustive=True)], ignore_index=True)
+    rows = leave_one_out(both, graphs, n_estimators, seed, kind)
+    rows = rows[rows["exhaustive"]].drop(columns="exhaustive")
+    # The cases again, numbered among the exhaustive rows alone.
+    rows["case"] = rows.groupby(CASE, sort=False).ngroup()
+    return rows.reset_index(drop=True)
+
+
 def _predict_held_out(
     rows: pd.DataFrame, fold_of: Dict[str, int], n_estimators: Optional[int], seed: int, kind: str
 ) -> pd.DataFrame:
@@ -174,8 +210,24 @@ def case_table(rows: pd.DataFrame) -> pd.DataFrame:
     out["model_config"] = picked["config"]
     for method, mask in (("static", rows["static"]), ("single", rows["single"]), ("heuristic", rows["heuristic"] == 1)):
         out[method] = rows[mask].groupby("case")["ratio"].min()
+    large = rows.groupby("case")["num_edges"].first() >= SMALL_GRAPH_EDGES
+    out["runtime"] = out["model"].where(large, _small_graph_ratios(rows))
     out["candidates"] = rows.groupby("case").size()
     return out.reset_index()
+
+
+def _small_graph_ratios(rows: pd.DataFrame) -> pd.Series:
+    """Per case: the ratio of :func:`~autotune.heuristic.small_graph_schedule`'s choice, where
+    the case measured it (the rule depends on the operator, read from ``op_text``, and ``F``)."""
+    if "op_text" not in rows:
+        return pd.Series(np.nan, index=pd.Index(rows["case"].unique(), name="case"))
+    first = rows.groupby("case")[["op_text", "F"]].first()
+    rule = {
+        case: small_graph_schedule(OpInfo.deserialize(op_text), int(F)).serialize()
+        for case, (op_text, F) in first.iterrows()
+    }
+    hit = rows[rows["config"] == rows["case"].map(rule)]
+    return hit.groupby("case")["ratio"].min().reindex(first.index)
 
 
 def _ratio_stats(ratio: pd.Series) -> Dict[str, float]:
@@ -336,13 +388,16 @@ def evaluate(
     kind: str = "rank",
     leave_out: Optional[str] = None,
     score_gpu: Optional[str] = None,
+    oracle: Optional[Sequence[os.PathLike]] = None,
 ) -> pd.DataFrame:
     """Evaluate a model of target ``kind`` on the tables under ``data``: by ``folds``-fold
     cross-validation, or with ``leave_out="real"`` by leaving each real graph out in turn
     (:func:`leave_one_out`, which also writes the :data:`GROUPED_FILES`). With ``score_gpu`` (a
     slug, :func:`~autotune.gpus.gpu_slug`), the models still train on every GPU's rows, and only
     that GPU's held-out cases are scored: how a model trained on several GPUs' timings picks
-    schedules on one of them. Writes ``cases.csv``, ``summary.csv``, ``sizes.csv``, the plots and,
+    schedules on one of them. With ``oracle`` (collections of the whole design space of some real
+    graphs), those graphs are left out in turn and only their exhaustive cases are scored
+    (:func:`against_oracle`). Writes ``cases.csv``, ``summary.csv``, ``sizes.csv``, the plots and,
     for data that measured schedules twice, ``stability.csv`` to ``out``; returns the summary."""
     if leave_out is not None and leave_out not in LEAVE_OUT:
         raise ValueError(f"leave_out: unknown {leave_out!r}; expected one of {LEAVE_OUT}")
@@ -355,7 +410,10 @@ def evaluate(
             raise ValueError(f"score_gpu: no rows of {score_gpu!r} in the data; its GPUs are {sorted(set(slugs))}")
         scored = slugs == score_gpu
     out.mkdir(parents=True, exist_ok=True)
-    if leave_out is None:
+    exhaustive = None if oracle is None else read_table(oracle)
+    if exhaustive is not None:
+        rows = against_oracle(table, exhaustive, n_estimators, seed, kind)
+    elif leave_out is None:
         rows = cross_validate(table, folds, n_estimators, seed, kind)
     else:
         # Only the scored GPU's real graphs are held out: the others stay in every training set.
@@ -371,12 +429,12 @@ def evaluate(
     sizes.to_csv(out / "sizes.csv", index=False)
     plot(rows, cases, out, kind)
     _show(summary, sizes)
-    if leave_out is not None:
+    if leave_out is not None or exhaustive is not None:
         for column, name in GROUPED_FILES.items():
             part = grouped(cases, column)
             part.to_csv(out / name, index=False)
             _show(part[part["method"] == "model"])
-    repeated = stability(table)
+    repeated = stability(table if exhaustive is None else pd.concat([table, exhaustive], ignore_index=True))
     if repeated is None:
         log.info("no schedule was measured twice: no stability check")
     else:

@@ -42,6 +42,7 @@ def test_by_size_bins_the_best_time():
             "static": [2.0, 2.0, 1.0, np.nan],
             "single": [3.0, 2.0, 1.0, np.nan],
             "heuristic": [1.0, 1.0, 1.0, 1.0],
+            "runtime": [2.0, 1.44, 1.2, 1.05],
         }
     )
     sizes = ev.by_size(cases).set_index("best_ms_from")
@@ -50,6 +51,7 @@ def test_by_size_bins_the_best_time():
     assert sizes.loc[0.0, "model_within_10pct"] == 0.5
     assert np.isnan(sizes.loc[2.0, "static_geomean"])
     assert sizes.loc[0.0, "single_geomean"] == pytest.approx(6**0.5)
+    assert sizes.loc[0.0, "runtime_geomean"] == pytest.approx(2.88**0.5)
 
 
 def test_static_choices_per_width_and_for_every_width():

@@ -11,6 +11,9 @@ import pytest
 from autotune import __main__ as cli
 from autotune import evaluate as ev
 from autotune.features import CASE_COLUMNS, FEATURES, KNOB_COLUMNS
+from autotune.heuristic import small_graph_schedule
+from autotune.selection import SMALL_GRAPH_EDGES
+from pyg_ugrapher.ir import OpInfo
 
 #: graph -> (data family, row skewness); cora and citeseer are real graphs, the others synthetic.
 GRAPHS = {
@@ -223,3 +226,67 @@ def test_one_gpus_cases_are_scored_by_models_trained_on_every_gpu(monkeypatch, t
     with pytest.raises(ValueError, match="^score_gpu: no rows of 'a100'"):
         ev.evaluate([tmp_path / "table.csv"], tmp_path / "none", leave_out="real", score_gpu="a100")
     assert not (tmp_path / "none").exists()
+
+
+def exhaustive_cora() -> pd.DataFrame:
+    """cora's cases timed again over a larger space: every block of :data:`BLOCKS` and one more."""
+    table = make_table()
+    cora = table[table["graph"] == "cora"]
+    wider = cora[cora["block_e"] == 8].assign(block_e=16.0, config="vertex:block_e=16", heuristic=0)
+    return pd.concat([cora, wider.assign(time_ms=time_of(0.0, 16))], ignore_index=True)
+
+
+def test_only_the_exhaustive_cases_are_scored_by_models_that_never_saw_their_graph(fits, tmp_path):
+    seen, _ = fits
+    table, exhaustive = make_table(), exhaustive_cora()
+    rows = ev.against_oracle(table, exhaustive)
+    # Only cora is exhaustive: it alone is held out, from both tables' training rows.
+    assert seen == [{"citeseer", "uni-a", "pl-b"}]
+    assert set(rows["graph"]) == {"cora"} and len(rows) == len(exhaustive)
+    cases = ev.case_table(rows)
+    assert len(cases) == len(WIDTHS) and (cases["candidates"] == len(BLOCKS) + 1).all()
+    assert (cases["model"] == 1.0).all()
+    # evaluate() with the oracle: the same cases, and the schedules timed in both tables compared.
+    table.to_csv(tmp_path / "sampled.csv", index=False)
+    exhaustive.assign(time_ms=exhaustive["time_ms"] * 1.05).to_csv(tmp_path / "oracle.csv", index=False)
+    out = tmp_path / "eval"
+    ev.evaluate([tmp_path / "sampled.csv"], out, oracle=[tmp_path / "oracle.csv"])
+    written = pd.read_csv(out / "cases.csv")
+    assert set(written["graph"]) == {"cora"} and len(written) == len(WIDTHS)
+    assert set(pd.read_csv(out / "graphs.csv")["graph"]) == {"cora"}
+    stability = pd.read_csv(out / "stability.csv")
+    assert (stability["schedules"] == len(BLOCKS)).all() and stability["spread"].to_numpy() == pytest.approx(1.05)
+    with pytest.raises(ValueError, match="oracle: no real graph"):
+        ev.against_oracle(table, table[table["graph"] == "uni-a"])
+
+
+def test_runtime_is_the_small_graph_rule_below_its_size_and_the_model_above(fits):
+    """The rule's schedule (a vertex schedule's row renamed to it: 2.5x the best on cora, where
+    block 8 is three doublings off) scores the runtime on a small graph; on a large one the
+    model's choice does."""
+    table = make_table()
+    op = OpInfo.from_name("copy_u_sum")
+    rules = {F: small_graph_schedule(op, F).serialize() for F in WIDTHS}
+    table["op_text"] = op.serialize()
+    renamed = table["block_e"] == 8
+    table.loc[renamed, "config"] = table.loc[renamed, "F"].map(lambda F: rules[int(F)])
+    cases = ev.case_table(ev.leave_one_out(table)).set_index(["graph", "F"])
+    assert cases.loc["cora", "runtime"].to_numpy() == pytest.approx(2.5)
+    assert cases.loc["citeseer", "runtime"].to_numpy() == pytest.approx(1.0)  # skewed: block 8 is best
+    large = table.assign(num_edges=float(SMALL_GRAPH_EDGES))
+    cases = ev.case_table(ev.leave_one_out(large))
+    assert (cases["runtime"] == cases["model"]).all()
+    # A table without the operator's text (older collections) has no rule to look up.
+    cases = ev.case_table(ev.leave_one_out(make_table()))
+    assert cases["runtime"].isna().all()
+
+
+def test_cli_scores_against_the_oracle(tmp_path):
+    make_table().to_csv(tmp_path / "table.csv", index=False)
+    exhaustive_cora().to_csv(tmp_path / "oracle.csv", index=False)
+    args = cli.parser().parse_args(["evaluate", "--data", str(tmp_path / "table.csv"), "--oracle", str(tmp_path)])
+    assert args.oracle == [tmp_path]
+    out = tmp_path / "eval"
+    argv = ["evaluate", "--data", str(tmp_path / "table.csv"), "--oracle", str(tmp_path / "oracle.csv")]
+    assert cli.main(argv + ["--out", str(out), "--n-estimators", "5"]) == 0
+    assert set(pd.read_csv(out / "cases.csv")["graph"]) == {"cora"}
