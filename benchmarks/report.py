@@ -21,6 +21,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: the GPU machine has no display
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
@@ -607,6 +608,73 @@ def steps_plot(frame: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def small_graph_rule_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per commit, edge order and ``F``: the small-graph rule's time over the best edge-parallel
+    schedule of its case (geometric mean and worst over the graphs and operators), and the same for
+    the one schedule best in the geometric mean (``best_fixed``)."""
+    timed = frame[frame.status.isin(TIMED)].assign(F=lambda f: f.F.astype(float).astype(int))
+    case = ["commit", "graph", "edge_order", "op", "F"]
+    timed = timed.assign(ratio=timed.time_ms / timed.groupby(case).time_ms.transform("min"))
+    records = []
+    for (commit, order, F), part in timed.groupby(["commit", "edge_order", "F"], sort=False):
+        per_config = part.groupby("config").ratio.agg(lambda r: float(np.exp(np.log(r).mean())))
+        rule = part[part.rule == 1].ratio
+        best = per_config.idxmin()
+        records.append(
+            {
+                "commit": commit,
+                "edge_order": order,
+                "F": F,
+                "cases": part.groupby(case).ngroups,
+                "rule_geomean": float(np.exp(np.log(rule).mean())) if len(rule) else np.nan,
+                "rule_worst": float(rule.max()) if len(rule) else np.nan,
+                "best_fixed": best,
+                "best_fixed_geomean": float(per_config[best]),
+                "best_fixed_worst": float(part[part.config == best].ratio.max()),
+            }
+        )
+    return pd.DataFrame(records)
+
+
+def small_graph_rule_table(frame: pd.DataFrame) -> str:
+    """The :func:`small_graph_rule_summary` as markdown."""
+    table = small_graph_rule_summary(frame)
+    header = ["commit", "edge order", "F", "cases", "rule / best", "rule worst", "best fixed schedule", "its / best"]
+    body = [
+        [r.commit, r.edge_order, str(r.F), str(r.cases), _number(r.rule_geomean), _number(r.rule_worst)]
+        + [f"`{r.best_fixed}`", _number(r.best_fixed_geomean)]
+        for r in table.itertuples(index=False)
+    ]
+    return "### The small-graph rule\n\n" + markdown(header, body)
+
+
+def small_graph_rule_plot(frame: pd.DataFrame, path: Path) -> None:
+    """The rule's time over the best edge-parallel schedule of each graph (geometric mean over the
+    operators), per width, of the newest commit, in each edge order."""
+    timed = frame[frame.status.isin(TIMED)].assign(F=lambda f: f.F.astype(float).astype(int))
+    timed = timed[timed.commit == timed.commit.iloc[-1]]
+    case = ["graph", "edge_order", "op", "F"]
+    timed = timed.assign(ratio=timed.time_ms / timed.groupby(case).time_ms.transform("min"))
+    rule = (
+        timed[timed.rule == 1]
+        .groupby(["edge_order", "graph", "F"])
+        .ratio.agg(lambda r: float(np.exp(np.log(r).mean())))
+    )
+    orders = list(dict.fromkeys(timed.edge_order))
+    fig, axes = plt.subplots(1, len(orders), figsize=(6.5 * len(orders), 4.5), squeeze=False)
+    for ax, order in zip(axes[0], orders):
+        part = rule.loc[order].unstack("F")
+        series = {f"F = {F}": [None if pd.isna(v) else v for v in part[F]] for F in part.columns}
+        _bars(ax, list(part.index), series, "rule / best edge-parallel schedule")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_title(f"edges in {order} order")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"small-graph rule, {frame.gpu.iloc[-1]}, commit {timed.commit.iloc[-1]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def distributed_runs(frame: pd.DataFrame) -> pd.DataFrame:
     """The timed rows of each case's newest commit (the commit of its last row), one row per case
     and number of ranks: the median of that commit's launches of it (``launches`` counts them)."""
@@ -669,6 +737,8 @@ def plot(csv: Path) -> Optional[Path]:
         distributed_plot(frame, png)
     elif kind == "steps":
         steps_plot(frame, png)
+    elif kind == "small_graph_rule":
+        small_graph_rule_plot(frame, png)
     elif len(_unique(frame, ("graph", "op", "F"))) <= FEW_CASES:
         headline_plot(frame, png)
     else:
@@ -725,6 +795,8 @@ def write_report(out_dir: Path) -> str:
             parts.append(train_table(frames[kind]))
         elif kind == "distributed" and frames[kind] is not None:
             parts.append(distributed_table(frames[kind]))
+        elif kind == "small_graph_rule" and frames[kind] is not None:
+            parts.append(small_graph_rule_table(frames[kind]))
         if png is not None:
             parts.append(f"![{kind}]({png.name})")
     text = "\n\n".join(parts) + "\n"

@@ -3,9 +3,11 @@
 Every suite appends its rows to one CSV per kind of measurement, by default
 ``benchmarks/results/<gpu>/<kind>.csv`` (:func:`default_out`): ``ops.csv`` (operators, the
 ``headline`` and ``ops`` suites), ``layers.csv`` (one layer's training step), ``train_e2e.csv``
-(whole models, full batch or mini-batches) and ``distributed.csv`` (training on several ranks,
-``benchmarks.distributed``). A row is appended as soon as it is measured; a file
-is never overwritten, its header is written once, and a file written with other columns is
+(whole models, full batch or mini-batches), ``distributed.csv`` (training on several ranks,
+``benchmarks.distributed``), ``steps.csv`` (training steps, ``benchmarks.steps``) and
+``small_graph_rule.csv`` (edge-parallel schedules on small graphs,
+``benchmarks.small_graph_rule``). A row is appended as soon as it is measured; a file is never
+overwritten, its header is written once, and a file written with other columns is
 rewritten in the current ones (old rows keep their values, new columns stay empty) before rows
 are appended. Each row starts with :data:`ENV_COLUMNS`: when, with which code and where it was
 measured.
@@ -164,6 +166,12 @@ STEP_COLUMNS = (
     + STATUS
 )
 STEP_KEY = ("commit", "dataset", "model", "impl", "mode", "batching")
+#: ``benchmarks.small_graph_rule``: one edge-parallel schedule of a gather on a small graph, its
+#: edges in the user's order or sorted (``edge_order``); ``rule``: 1 for the small-graph rule's.
+SMALL_GRAPH_RULE_COLUMNS = (
+    ENV_COLUMNS + ("graph", "num_nodes", "num_edges", "edge_order", "op", "F", "config", "rule", "time_ms") + STATUS
+)
+SMALL_GRAPH_RULE_KEY = ("commit", "graph", "edge_order", "op", "F", "config")
 
 
 #: File kind -> (columns, key, baselines of its speed-up columns).
@@ -173,6 +181,7 @@ KINDS: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...], Tuple[str, ...]]] = {
     "train_e2e": (TRAIN_COLUMNS, TRAIN_KEY, ("pyg",)),
     "distributed": (DISTRIBUTED_COLUMNS, DISTRIBUTED_KEY, ()),
     "steps": (STEP_COLUMNS, STEP_KEY, ()),
+    "small_graph_rule": (SMALL_GRAPH_RULE_COLUMNS, SMALL_GRAPH_RULE_KEY, ()),
 }
 NUMERIC = frozenset(
     MEASURED
@@ -187,6 +196,7 @@ NUMERIC = frozenset(
         "test_acc",
         "val_acc",
         "final_loss",
+        "rule",
         "epoch_ms",
         "step_ms",
         "world_size",

@@ -54,3 +54,14 @@ def test_small_graph_softmax_schedule_is_a_valid_one_pass(width):
     assert info.strategy == "vertex" and info.is_complete
     assert info.validate_for(width) is info
     assert info.block_f <= 64 and info.block_f >= min(width, 64)
+
+
+@pytest.mark.parametrize("name", ["copy_u_sum", "u_mul_e_sum", "copy_u_max"])
+@pytest.mark.parametrize("width", [16, 32, 64, 128, 512])
+def test_small_graph_gathers_are_short_edge_programs_of_the_space(name, width):
+    """Programs of 32 edges and at most 32 features, a schedule of the design space (so that an
+    exhaustive collection times it and ``evaluate``'s ``runtime`` column finds it)."""
+    op = OpInfo.from_name(name)
+    info = small_graph_schedule(op, width)
+    assert (info.strategy, info.block_e) == ("edge", 32) and info.block_f == min(width, 32)
+    assert info in space(op, width)
