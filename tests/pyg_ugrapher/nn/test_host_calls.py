@@ -20,11 +20,10 @@ import pyg_ugrapher.nn as ug_nn
 
 NODES, EDGES, FEATURES, HIDDEN, CLASSES = 20, 60, 16, 16, 4
 
-#: Our calls per step at most, as a multiple of PyG's (measured when these were set: 1.39 GCN,
-#: 1.10 SAGE, 1.28 GIN, 3.33 GAT; before, 2.77, 2.35, 2.45 and 6.2). None is at PyG's count yet:
-#: each graph operator still resolves its call and, in the backward pass, runs Python where PyG's
-#: backward is all ATen; GCNConv runs two operators each way, GINConv walks its network to reach
-#: its Linear maps, and GATConv's attention is three operators with a Python backward.
+#: Our calls per step at most, as a multiple of PyG's. None is at PyG's count: each graph operator
+#: still resolves its call and, in the backward pass, runs Python where PyG's backward is all ATen;
+#: GCNConv runs two operators each way, GINConv walks its network to reach its Linear maps, and
+#: GATConv's attention is three operators with a Python backward.
 BOUNDS = {"gcn": 1.45, "sage": 1.15, "gin": 1.3, "gat": 3.4}
 
 
