@@ -11,9 +11,14 @@ import re
 from pathlib import Path
 from typing import List
 
-import nbformat
 import pytest
 import torch
+
+# The notebooks run in a Jupyter kernel: without the test extra's Jupyter packages there is none.
+_JUPYTER = "running the notebooks needs Jupyter (pip install -e '.[test]')"
+nbformat = pytest.importorskip("nbformat", reason=_JUPYTER)
+for _package in ("nbclient", "jupyter_client", "ipykernel"):
+    pytest.importorskip(_package, reason=_JUPYTER)
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 #: Seconds one cell may run: a cell stuck this long is a broken notebook, not a slow one.
