@@ -67,7 +67,8 @@ def small_graph_schedule(op: OpInfo, width: int) -> ParallelInfo:
     # Short programs of 32 edges: rows in the user's order are scattered, and an edge block adds
     # into as many rows as it holds edges, by atomics that more programs spread over the GPU.
     block_f = min(tile_f, 32)
-    return ParallelInfo("edge", block_f=block_f, block_e=32, num_warps=4 if block_f >= 32 else 2)
+    # Eight tile elements per thread, as the design space's edge schedules of this tile have.
+    return ParallelInfo("edge", block_f=block_f, block_e=32, num_warps=max(1, 32 * block_f // 256))
 
 
 #: Rows of more edges make :func:`small_graph_softmax_schedule`'s pass slower than the three
