@@ -31,6 +31,10 @@ Shapes, dtypes and devices are the real ones, so shape-dependent Python (``x_j.s
 * ``view`` / ``reshape`` / ``unsqueeze`` / ``squeeze`` / ``flatten`` of the feature dimensions (the
   edge dimension stays first); on an argument they become a reshape of the real operand, on an
   intermediate result they are pushed down to its arguments where that keeps the broadcasting;
+* basic indexing of the feature dimensions (``x_j[:, :4]``, ``a[..., 1::2]``, ``h[:, 0]``: slices
+  and ints, every edge kept): on an argument it becomes a selection of the real operand's
+  features, on an intermediate result it is pushed down to its arguments (an argument broadcast
+  along an indexed dimension keeps its single entry);
 * a final ``sum(dim=-1)`` (a dot product): a reducing message op, then the aggregation.
 
 Anything else raises :class:`CaptureError` with a sentence saying why: ``torch.cat``, ``matmul`` and
@@ -54,6 +58,9 @@ from .ir import SOFTPLUS_THRESHOLD, Expr, OpInfo
 from .layout import infer_layout
 
 Shape = Tuple[int, ...]
+#: A selection of features, per dimension: ``(start, stop, step)`` of a slice, or an int (the
+#: dimension is dropped).
+FeatureIndex = Tuple[Any, ...]
 
 
 class CaptureError(Exception):
@@ -101,14 +108,18 @@ class Argument:
 class Operand:
     """How one operand slot of a captured op is built from an argument of ``message()``.
 
-    The argument's rows are kept; its features are reshaped to ``shape`` (the views ``message()``
-    applied) and, where the kernels cannot broadcast them as they are, expanded to ``expand``.
+    The argument's rows are kept; its features are viewed as ``view`` and the features ``index``
+    selects are taken (where ``message()`` indexed them), then reshaped to ``shape`` (the views
+    ``message()`` applied) and, where the kernels cannot broadcast them as they are, expanded to
+    ``expand``.
     """
 
     argument: str  #: the ``message()`` parameter it comes from (``x_j``, ``edge_weight``...)
     kind: str  #: ``"src_v"``, ``"dst_v"`` or ``"edge"``
     shape: Shape  #: feature shape after ``message()``'s views
     expand: Optional[Shape] = None  #: broadcast feature shape (a stride-0 view), if needed
+    view: Optional[Shape] = None  #: feature shape the features are selected from, with ``index``
+    index: Optional[FeatureIndex] = None  #: the features selected, per dimension of ``view``
 
     @property
     def features(self) -> Shape:
@@ -117,9 +128,25 @@ class Operand:
 
     def build(self, tensor: Tensor) -> Tensor:
         """The operand from the real tensor (node features for vertex kinds, per-edge values for edges)."""
-        rows = tensor.shape[0]
-        out = tensor.reshape((rows,) + self.shape)
-        return out if self.expand is None else out.expand((rows,) + self.expand)
+        return build_operand(tensor, self.shape, self.expand, self.view, self.index)
+
+
+def build_operand(
+    tensor: Tensor,
+    shape: Shape,
+    expand: Optional[Shape] = None,
+    view: Optional[Shape] = None,
+    index: Optional[FeatureIndex] = None,
+) -> Tensor:
+    """:meth:`Operand.build` from the operand's fields (a compiled model holds them as constants)."""
+    rows = tensor.shape[0]
+    if index is None:
+        out = tensor.reshape((rows,) + shape)
+    else:
+        selection = (slice(None),) + tuple(slice(*entry) if isinstance(entry, tuple) else entry for entry in index)
+        # A copy of the selected features, whole rows of them, as the kernels read operands.
+        out = tensor.reshape((rows,) + view)[selection].contiguous().reshape((rows,) + shape)
+    return out if expand is None else out.expand((rows,) + expand)
 
 
 @dataclass(frozen=True)
@@ -145,9 +172,17 @@ class Capture:
         return (self.op,) if self.gather is None else (self.op, self.gather)
 
     def __str__(self) -> str:
-        inputs = ", ".join(f"{o.argument} as {o.kind} {list(o.features)}" for o in self.operands)
+        inputs = ", ".join(f"{o.argument}{_selection(o.index)} as {o.kind} {list(o.features)}" for o in self.operands)
         steps = "\n".join(repr(op) for op in self.ops)
         return f"Capture of message({inputs}) -> messages {list(self.message_shape)}\n{steps}"
+
+
+def _selection(index: Optional[FeatureIndex]) -> str:
+    """``index`` as Python indexing (``[:, 0:4]``), or nothing without one."""
+    if index is None:
+        return ""
+    entries = [str(e) if isinstance(e, int) else f"{e[0]}:{e[1]}" + (f":{e[2]}" if e[2] != 1 else "") for e in index]
+    return f"[:, {', '.join(entries)}]"
 
 
 def capture(message: Callable[..., Any], arguments: Mapping[str, Any], num_edges: int, gather_op: str) -> Capture:
@@ -268,8 +303,10 @@ def flat_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Iterable[A
 # -- the trace ------------------------------------------------------------------------------------
 _SCALARS = (bool, int, float)
 _ELEMENTWISE_HINT = (
-    "only elementwise arithmetic, activations, feature views and a final sum over the last dimension are captured"
+    "only elementwise arithmetic, activations, feature views and slices, and a final sum over the "
+    "last dimension are captured"
 )
+
 _MASK_USE = (
     "message() computes with a comparison result (a boolean tensor) on its own; it is captured as the "
     "condition of torch.where, beside a floating-point tensor (x * (x > 0)) or converted with .to(dtype)"
@@ -484,6 +521,37 @@ class Trace:
                 return self.value(x._expr, features, x.dtype, x.device, x.requires_grad, computed=current)
             mapping[index] = self.leaf(replace(self.leaves[index], shape=shape), self.dtypes[index])
         return self.value(x._expr.remap(mapping), features, x.dtype, x.device, x.requires_grad)
+
+    def index_features(self, x: TracedTensor, index: FeatureIndex) -> TracedTensor:
+        """``x`` with its features selected by ``index`` (one entry per feature dimension, see
+        :data:`FeatureIndex`), pushed down to its operands: each takes the same selection, or its
+        single entry along a dimension it broadcasts."""
+        x = self.traced(x)
+        features = x.features
+        if all(entry == (0, size, 1) for entry, size in zip(index, features)):
+            return x
+        selected = tuple(len(range(*entry)) for entry in index if isinstance(entry, tuple))
+        if 0 in selected:
+            raise CaptureError(f"message() selects no features of {list(features)}")
+        mapping = {}
+        for leaf_id in x._expr.inputs():
+            leaf = self.leaves[leaf_id]
+            if leaf.index is not None:
+                raise CaptureError(
+                    "message() indexes the features of a value whose features it indexed before; "
+                    "index the arguments once"
+                )
+            if len(leaf.shape) != len(features):
+                raise CaptureError(f"message() indexes features {list(features)} of operands of another rank")
+            entries = tuple(
+                entry if size == full else (0 if isinstance(entry, int) else (0, 1, 1))
+                for entry, size, full in zip(index, leaf.shape, features)
+            )
+            shape = tuple(len(range(*entry)) for entry in entries if isinstance(entry, tuple))
+            mapping[leaf_id] = self.leaf(
+                replace(leaf, shape=shape, view=leaf.shape, index=entries), self.dtypes[leaf_id]
+            )
+        return self.value(x._expr.remap(mapping), selected, x.dtype, x.device, x.requires_grad)
 
     # -- the result -----------------------------------------------------------------------------
     def finish(self, result: Any, gather_op: str) -> Capture:
@@ -941,6 +1009,56 @@ def _flatten(trace: Trace, name: str, args, kwargs):
     return trace.reshape(x, merged)
 
 
+def _getitem(trace: Trace, name: str, args, kwargs):
+    """``x[key]`` for a ``key`` of slices, ints and an ``...`` that keeps every edge."""
+    x, key = args[0], args[1]
+    if not isinstance(x, TracedTensor):
+        raise CaptureError(f"message() calls {name} on a value that is not a tensor argument")
+    return trace.index_features(x, _feature_index(key, x.features))
+
+
+def _feature_index(key: Any, features: Shape) -> FeatureIndex:
+    """The normalised selection ``key`` makes of ``features`` (after the edge dimension, which it
+    must keep whole): one ``(start, stop, step)`` or int per feature dimension."""
+    entries = list(key) if isinstance(key, tuple) else [key]
+    for entry in entries:
+        if not (
+            entry is Ellipsis or isinstance(entry, slice) or (isinstance(entry, int) and not isinstance(entry, bool))
+        ):
+            raise CaptureError(
+                f"message() indexes a tensor with {type(entry).__name__} values; only slices, ints and "
+                f"... of the feature dimensions are captured"
+            )
+    if entries.count(Ellipsis) > 1:
+        raise CaptureError("message() indexes a tensor with more than one ...")
+    rank = 1 + len(features)
+    if Ellipsis in entries:
+        at = entries.index(Ellipsis)
+        entries[at : at + 1] = [slice(None)] * (rank - len(entries) + 1)
+    if len(entries) > rank:
+        raise CaptureError(f"message() indexes {len(entries)} dimensions of a {rank}-dimensional tensor")
+    entries += [slice(None)] * (rank - len(entries))
+    rows = entries[0]
+    if not (isinstance(rows, slice) and rows.start is None and rows.stop is None and rows.step in (None, 1)):
+        raise CaptureError("message() indexes the edge dimension; only the feature dimensions may be indexed")
+    index = []
+    for entry, size in zip(entries[1:], features):
+        if isinstance(entry, int):
+            if not -size <= entry < size:
+                raise CaptureError(f"message() indexes entry {entry} of a feature dimension of {size}")
+            index.append(entry % size)
+            continue
+        if not all(
+            bound is None or (isinstance(bound, int) and not isinstance(bound, bool))
+            for bound in (entry.start, entry.stop, entry.step)
+        ):
+            raise CaptureError("message() slices with bounds that are not Python ints")
+        if entry.step is not None and entry.step < 1:
+            raise CaptureError(f"message() slices with step {entry.step}; only positive steps are captured")
+        index.append(entry.indices(size))
+    return tuple(index)
+
+
 def _sum(trace: Trace, name: str, args, kwargs):
     _check_kwargs(name, kwargs, ("dim", "keepdim", "dtype"))
     x = trace.traced(args[0])
@@ -1055,6 +1173,7 @@ def _table() -> Dict[str, Callable]:
     add(_squeeze, "torch.squeeze", "torch.Tensor.squeeze")
     add(_flatten, "torch.flatten", "torch.Tensor.flatten")
     add(_sum, "torch.sum", "torch.Tensor.sum")
+    add(_getitem, "torch.Tensor.__getitem__")
     return table
 
 

@@ -41,7 +41,7 @@ from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
 from .aggregation import GATHER_OPS, GatherRunner, in_pytorch, on_graph_operators
 from .aggregation import aggregate as aggregate_parts
 from .backward import canonical
-from .capture import Argument, Capture, CaptureError, TracedTensor
+from .capture import Argument, Capture, CaptureError, TracedTensor, build_operand
 from .capture import capture as trace_message
 from .graph import GraphTensor
 from .graph_argument import derived, layer_graph, note_bounds
@@ -711,11 +711,7 @@ class MessagePassing(PyGMessagePassing):
         self._check_node_dim(captured.message_shape)
         self._ug.fallback_reason = None
         graph = layer_graph(edge_index, self.flow, num_src, num_dst).structure
-        operands = []
-        for argument, shape, expand in captured.operands:
-            tensor = tensors[argument]
-            operand = tensor.reshape((tensor.shape[0],) + shape)
-            operands.append(operand if expand is None else operand.expand((tensor.shape[0],) + expand))
+        operands = [build_operand(tensors[argument], *recipe) for argument, *recipe in captured.operands]
         return captured, graph, operands, collected
 
     def _restore_sparse_values(self, collected: Dict[str, Any], adj_t: Tensor, kwargs: Dict[str, Any]) -> None:
@@ -967,7 +963,9 @@ class _Compiled(NamedTuple):
     op: str  #: the serialised op
     gather: Optional[str]  #: the serialised gather op of a reducing message, if any
     message_shape: Tuple[int, ...]
-    operands: Tuple[Tuple[str, Tuple[int, ...], Optional[Tuple[int, ...]]], ...]  #: argument, shape, expand
+    #: per operand: its argument and the fields of :func:`~pyg_ugrapher.capture.build_operand`
+    #: (shape, expand, view, index)
+    operands: Tuple[Tuple[str, Tuple[int, ...], Optional[Tuple[int, ...]], Optional[Tuple[int, ...]], Any], ...]
 
     def run(self, structure: GraphStructure, operands: List[Tensor]) -> Tensor:
         out = call_graph_op(structure, operands, self.op, AUTO)
@@ -1033,7 +1031,7 @@ def _compiled_capture(
         captured.op.serialize(),
         None if captured.gather is None else captured.gather.serialize(),
         captured.message_shape,
-        tuple((o.argument, o.shape, o.expand) for o in captured.operands),
+        tuple((o.argument, o.shape, o.expand, o.view, o.index) for o in captured.operands),
     )
 
 

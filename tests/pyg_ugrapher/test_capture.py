@@ -147,6 +147,57 @@ def test_kernels_get_broadcasts_they_can_read():
     assert dot.operands[1].expand == (2, 3)
 
 
+FEATURE_INDEXING = {
+    "halves": lambda a, b, w: a[:, :2] * b[:, 2:],
+    "of an expression": lambda a, b, w: ((a + b) * w.view(-1, 1))[..., 1:3],
+    "steps": lambda a, b, w: F.relu(a[:, ::2] - b[:, 1::2]),
+    "from the end": lambda a, b, w: a[:, -3:] + b[:, -3:],
+    "an int, then a view": lambda a, b, w: a[:, 0].view(-1, 1) * b[:, 1:],
+    "heads": lambda a, b, w: a.view(-1, 2, 2)[:, :, 1] * b.view(-1, 2, 2)[:, 0, :],
+    "then viewed": lambda a, b, w: (a[:, :2].view(-1, 2, 1) * b[:, 2:].view(-1, 1, 2)).flatten(1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FEATURE_INDEXING))
+def test_feature_indexing_selects_operand_features(name):
+    """Slices and ints of the feature dimensions become selections of the operands' features: the
+    captured op on a graph equals message() on real, gathered tensors, aggregated."""
+    message = FEATURE_INDEXING[name]
+    double = torch.float64
+    result = trace(
+        lambda x_j, x_i, w: message(x_j, x_i, w),
+        x_j=arg(4, kind="src_v", dtype=double),
+        x_i=arg(4, kind="dst_v", dtype=double),
+        w=arg(dtype=double),
+    )
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(NUM_NODES, 4, generator=generator, dtype=double)
+    w = torch.rand(NUM_EDGES, generator=generator, dtype=double)
+    src, dst = EDGES
+    messages = message(x[src], x[dst], w)
+    expected = torch.zeros((NUM_NODES,) + messages.shape[1:], dtype=double).index_add_(0, dst, messages)
+    operands = [operand.build({"x_j": x, "x_i": x, "w": w}[operand.argument]) for operand in result.operands]
+    graph = ug.GraphTensor.from_edge_index(EDGES, NUM_NODES)
+    out = (
+        ug.compute(graph, result.op, *operands)
+        if result.op.is_builtin
+        else ug.compute(graph, result.op, operands=operands)
+    )
+    torch.testing.assert_close(out.view(expected.shape), expected)
+
+
+def test_an_operand_broadcast_along_an_indexed_dimension_keeps_its_entry():
+    result = trace(lambda x_j, w: (x_j * w.view(-1, 1))[:, 1:3], x_j=node(4), w=arg())
+    assert result.operands == (
+        Operand("x_j", "src_v", (2,), view=(4,), index=((1, 3, 1),)),
+        Operand("w", "edge", (1,), view=(1,), index=((0, 1, 1),)),
+    )
+    assert result.message_shape == (2,)
+    x = torch.arange(NUM_NODES * 4.0).view(NUM_NODES, 4)
+    torch.testing.assert_close(result.operands[0].build(x), x[:, 1:3])
+    assert "x_j[:, 1:3] as src_v [2]" in str(result)
+
+
 # -- the edge count, and metadata --------------------------------------------------------------------
 def test_reading_the_edge_count_is_recorded():
     assert trace(lambda a: a * a.size(-1) * a.dim(), a=node(4)).num_edges is None
@@ -201,7 +252,10 @@ REASONS = {
     "dropout": (lambda a, b, w: F.dropout(a, 0.5), "random numbers"),
     "constant": (lambda a, b, w: a * 0, "constant"),
     "power": (lambda a, b, w: a**3, "power 3"),
-    "indexing": (lambda a, b, w: a[:, :2], "torch.Tensor.__getitem__"),
+    "index list": (lambda a, b, w: a[:, [0, 2]], "only slices, ints and ... of the feature dimensions"),
+    "index edges": (lambda a, b, w: a[1:] * 2, "indexes the edge dimension"),
+    "index twice": (lambda a, b, w: a[:, 1:][:, :2], "whose features it indexed before"),
+    "index nothing": (lambda a, b, w: a[:, 2:2], "selects no features"),
     "indices": (lambda a, b, w, index: a * index.view(-1, 1), "argument 'index', a torch.int64 tensor"),
     "user error": (lambda a, b, w: a.view(-1, 2, 2) * b.view(-1, 4, 1), "raised RuntimeError"),
     "python number": (lambda a, b, w: a * int(w), "reads tensor values in Python"),

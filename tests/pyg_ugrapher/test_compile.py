@@ -271,6 +271,19 @@ class Attention(ug.MessagePassing):
         return F.leaky_relu(x_i + x_j, 0.2) * torch.sigmoid(x_j)
 
 
+class Sliced(ug.MessagePassing):
+    """Slices of the features on both ends and of an intermediate result."""
+
+    def __init__(self, aggr: str = "add"):
+        super().__init__(aggr=aggr)
+
+    def forward(self, x, edge_index, edge_weight):
+        return self.propagate(edge_index, x=x, edge_weight=edge_weight)
+
+    def message(self, x_i, x_j, edge_weight):
+        return F.relu(x_j[:, :3] - x_i[:, 3:]) * edge_weight.view(-1, 1) + x_j[..., ::2]
+
+
 def graph_targets(calls: List[set]) -> Callable:
     """An ``aot_eager`` backend that records the call targets of every Dynamo graph."""
 
@@ -281,12 +294,14 @@ def graph_targets(calls: List[set]) -> Callable:
     return backend
 
 
-@pytest.mark.parametrize("cls, aggr", [(WeightedSum, "mean"), (Attention, None)], ids=["weighted_mean", "heads"])
+@pytest.mark.parametrize(
+    "cls, aggr", [(WeightedSum, "mean"), (Attention, None), (Sliced, "max")], ids=["weighted_mean", "heads", "sliced"]
+)
 def test_captured_message_passing_compiles_to_the_fused_op(cls, aggr):
     torch.manual_seed(0)
     model = cls(aggr=aggr) if aggr else cls()
     x, edge_index, weight, _ = layer_inputs()
-    if cls is WeightedSum:
+    if cls in (WeightedSum, Sliced):
         forward, inputs = (lambda m, x, ei, w: m(x, ei, w)), [x, edge_index, weight]
     else:
         forward, inputs = (lambda m, x, ei: m(x, ei)), [x, edge_index]

@@ -279,6 +279,18 @@ def test_edge_conv_like(executor):
     assert ours.capture.op.name == "v_sub_u_max"
 
 
+def sliced_message(self, x_j, x_i, edge_weight):
+    return F.relu(x_j[:, :2] - x_i[:, 2:]) * edge_weight.view(-1, 1) + x_j[..., 1::2]
+
+
+def test_feature_slices_are_captured(executor):
+    """Slices of the node features on both ends, gradients included: one fused operator."""
+    x, edge_index, num_edges, generator = random_inputs(executor, seed=6)
+    ours, theirs = twins(sliced_message)
+    compare(ours, theirs, edge_index, x=x, edge_weight=torch.rand(num_edges, generator=generator))
+    assert ours.capture.message_shape == (2,) and len(ours.capture.ops) == 1
+
+
 def test_edge_conv_concatenation_runs_staged(executor):
     x, edge_index, _, _ = random_inputs(executor, seed=3)
     ours, theirs = twins(edge_conv_cat_message, aggr="max")
