@@ -608,16 +608,22 @@ def steps_plot(frame: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def small_graph_rule_ratios(frame: pd.DataFrame) -> pd.DataFrame:
+    """The timed rows of ``small_graph_rule.csv`` (``F`` as an int), each with ``ratio``: its time
+    over the best of its case (commit, graph, edge order, op, ``F``)."""
+    timed = frame[frame.status.isin(TIMED)].assign(F=lambda f: f.F.astype(float).astype(int))
+    case = ["commit", "graph", "edge_order", "op", "F"]
+    return timed.assign(ratio=timed.time_ms / timed.groupby(case).time_ms.transform("min"))
+
+
 def small_graph_rule_summary(frame: pd.DataFrame) -> pd.DataFrame:
     """Per commit, edge order and ``F``: the small-graph rule's time over the best edge-parallel
     schedule of its case (geometric mean and worst over the graphs and operators), and the same for
     the one schedule best in the geometric mean (``best_fixed``)."""
-    timed = frame[frame.status.isin(TIMED)].assign(F=lambda f: f.F.astype(float).astype(int))
-    case = ["commit", "graph", "edge_order", "op", "F"]
-    timed = timed.assign(ratio=timed.time_ms / timed.groupby(case).time_ms.transform("min"))
+    timed = small_graph_rule_ratios(frame)
     records = []
     for (commit, order, F), part in timed.groupby(["commit", "edge_order", "F"], sort=False):
-        per_config = part.groupby("config").ratio.agg(lambda r: float(np.exp(np.log(r).mean())))
+        per_config = part.groupby("config").ratio.agg(lambda r: _geomean(list(r)))
         rule = part[part.rule == 1].ratio
         best = per_config.idxmin()
         records.append(
@@ -625,8 +631,8 @@ def small_graph_rule_summary(frame: pd.DataFrame) -> pd.DataFrame:
                 "commit": commit,
                 "edge_order": order,
                 "F": F,
-                "cases": part.groupby(case).ngroups,
-                "rule_geomean": float(np.exp(np.log(rule).mean())) if len(rule) else np.nan,
+                "cases": part.groupby(["graph", "op"]).ngroups,
+                "rule_geomean": _geomean(list(rule)) if len(rule) else np.nan,
                 "rule_worst": float(rule.max()) if len(rule) else np.nan,
                 "best_fixed": best,
                 "best_fixed_geomean": float(per_config[best]),
@@ -651,15 +657,9 @@ def small_graph_rule_table(frame: pd.DataFrame) -> str:
 def small_graph_rule_plot(frame: pd.DataFrame, path: Path) -> None:
     """The rule's time over the best edge-parallel schedule of each graph (geometric mean over the
     operators), per width, of the newest commit, in each edge order."""
-    timed = frame[frame.status.isin(TIMED)].assign(F=lambda f: f.F.astype(float).astype(int))
+    timed = small_graph_rule_ratios(frame)
     timed = timed[timed.commit == timed.commit.iloc[-1]]
-    case = ["graph", "edge_order", "op", "F"]
-    timed = timed.assign(ratio=timed.time_ms / timed.groupby(case).time_ms.transform("min"))
-    rule = (
-        timed[timed.rule == 1]
-        .groupby(["edge_order", "graph", "F"])
-        .ratio.agg(lambda r: float(np.exp(np.log(r).mean())))
-    )
+    rule = timed[timed.rule == 1].groupby(["edge_order", "graph", "F"]).ratio.agg(lambda r: _geomean(list(r)))
     orders = list(dict.fromkeys(timed.edge_order))
     fig, axes = plt.subplots(1, len(orders), figsize=(6.5 * len(orders), 4.5), squeeze=False)
     for ax, order in zip(axes[0], orders):

@@ -30,12 +30,11 @@ from torch import Tensor
 from torch_geometric.utils import subgraph
 from tqdm import tqdm
 
-from autotune.collect import OpCase, Timer, compile_all, op_cases, operands, runner, select_graphs, structure_of
+from autotune.collect import OpCase, Timer, compile_all, op_cases, operands, runner, select_graphs
 from autotune.heuristic import small_graph_schedule
-from pyg_ugrapher import datasets, pad_to_bucket
+from pyg_ugrapher import GraphTensor, datasets, pad_to_bucket
 from pyg_ugrapher.parallel import ParallelInfo
-from pyg_ugrapher.structure import GraphStructure, index_dtype_for
-from triton_kernels.row_offsets import build_user_order_pair
+from pyg_ugrapher.structure import GraphStructure
 from triton_kernels.space import space
 
 from . import rows
@@ -80,10 +79,8 @@ def load_graphs(names: Sequence[str], device: torch.device, seed: int = 0) -> Di
 
 def structures(edge_index: Tensor, num_nodes: int) -> Dict[str, GraphStructure]:
     """The graph's structure with its edges in the user's order and sorted, by :data:`ORDERS`."""
-    dtype = index_dtype_for(num_nodes, edge_index.size(1))
-    src, dst = edge_index[0].to(dtype), edge_index[1].to(dtype)
-    user = GraphStructure(*build_user_order_pair(src, dst, num_nodes, num_nodes), src, dst)
-    return {"user": user, "sorted": structure_of(edge_index, num_nodes, num_nodes)}
+    graph = GraphTensor.from_edge_index(edge_index, num_nodes)
+    return {order: graph.structure(edge_index.device, sort=order == "sorted") for order in ORDERS}
 
 
 def schedules(case: OpCase, F: int, limit: Optional[int] = None) -> Tuple[List[ParallelInfo], ParallelInfo]:
