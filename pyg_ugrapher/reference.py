@@ -114,9 +114,7 @@ def execute(
     in slot order (see :attr:`OpInfo.inputs`); ``layout``: theirs, where the caller has it."""
     if layout is None:
         layout = infer_layout(op, [t.shape for t in operands])
-    out_dtype = operands[0].dtype
-    for tensor in operands[1:]:  # result_dtype(operands), inline: one call per operator fewer
-        out_dtype = torch.promote_types(out_dtype, tensor.dtype)
+    out_dtype = result_dtype(operands)
     # Operands are floating point: one of them is float64 exactly when the promoted dtype is.
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32
     msg = messages(graph, op, operands, layout, acc)
