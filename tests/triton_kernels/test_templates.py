@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 import pyg_ugrapher as ug
+from autotune.heuristic import small_graph_schedule
 from pyg_ugrapher import reference
 from pyg_ugrapher.ir import GATHER_OPS, Expr, OpInfo
 from pyg_ugrapher.layout import infer_layout
@@ -180,6 +181,23 @@ def test_edge_parallel_in_user_order(
     assert in_user_order(graph.structure(device).csr.rowptr)
     operands = operand_factory(graph, op, shapes[index % len(shapes)], seed=index, device=device)
     check(graph, op, operands, schedule(op, "edge", knobs, operands), check_close, isolated, context=f"on {case}")
+
+
+@pytest.mark.parametrize("width", [5, 40])
+@pytest.mark.parametrize("name", ["copy_u_sum", "u_mul_e_max", "copy_e_mean"])
+def test_small_graph_rule_in_user_order(name, width, user_order, device, graph_factory, check_close, isolated):
+    """The schedule a small GPU graph's gathers run (:func:`autotune.heuristic.small_graph_schedule`),
+    on structures in the user's order, on every graph case (empty, isolated vertices, self loops,
+    duplicates, a hub, bipartite), with one feature tile and with a masked second one."""
+    op = OpInfo.from_name(name)
+    info = small_graph_schedule(op, width)
+    for index, case in enumerate(GRAPHS):
+        graph = graph_factory(case, seed=index)
+        assert in_user_order(graph.structure(device).csr.rowptr)
+        generator = torch.Generator().manual_seed(index)
+        rows = {"src_v": graph.num_src, "dst_v": graph.num_dst, "edge": graph.num_edges}
+        operands = [(torch.rand(rows[kind], width, generator=generator) + 0.5).to(device) for kind in op.inputs]
+        check(graph, op, operands, info, check_close, isolated, context=f"on {case}")
 
 
 def _combine_both_ways(combine: tl.constexpr, starts_ptr, values_ptr, left_ptr, right_ptr, N: tl.constexpr):
