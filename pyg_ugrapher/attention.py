@@ -60,7 +60,7 @@ from triton_kernels.head_dot import head_dot
 
 from . import reference
 from .backward import GradStep, Source, canonical, grad_step, on_reversed
-from .graph import OP_TAGS, GraphTensor
+from .graph import GraphTensor, recordable, recordable_pair
 from .ir import Expr, OpInfo
 from .ops import (
     AUTO,
@@ -406,8 +406,7 @@ def _differentiable_backward(
 
 
 # -- the same, as custom ops: what a compiled graph calls (one opaque node each way) ---------------
-@torch.library.custom_op("pyg_ugrapher::softmax_aggregate", mutates_args=(), tags=OP_TAGS)
-def softmax_aggregate_op(
+def _softmax_aggregate(
     structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor], score: str
 ) -> List[Tensor]:
     """``[out, log-normaliser]`` of :func:`softmax_aggregate` on a graph given by its flattened
@@ -417,14 +416,14 @@ def softmax_aggregate_op(
     return list(_forward(GraphStructure.from_flat(structure), score, scores, x, keep))
 
 
-@softmax_aggregate_op.register_fake
-def _(structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor], score: str) -> List[Tensor]:
+def _softmax_aggregate_fake(
+    structure: List[Tensor], scores: List[Tensor], x: Tensor, keep: Optional[Tensor], score: str
+) -> List[Tensor]:
     rows = GraphStructure.from_flat(structure, user_order=False).num_dst
     return [x.new_empty((rows,) + tuple(x.shape[1:])), scores[0].new_empty((rows, scores[0].shape[1], 1))]
 
 
-@torch.library.custom_op("pyg_ugrapher::softmax_aggregate_backward", mutates_args=(), tags=OP_TAGS)
-def _backward_op(
+def _softmax_aggregate_backward(
     structure: List[Tensor],
     scores: List[Tensor],
     x: Tensor,
@@ -443,8 +442,7 @@ def _backward_op(
     return [g if g is not None else t.new_empty(0) for g, t in zip(grads + [grad_x], list(scores) + [x])]
 
 
-@_backward_op.register_fake
-def _(
+def _softmax_aggregate_backward_fake(
     structure: List[Tensor],
     scores: List[Tensor],
     x: Tensor,
@@ -462,6 +460,24 @@ def _(
     ]
 
 
+softmax_aggregate_op, recordable_softmax_aggregate_op = recordable_pair(
+    "softmax_aggregate", _softmax_aggregate, _softmax_aggregate_fake
+)
+_backward_op, _recordable_backward_op = recordable_pair(
+    "softmax_aggregate_backward", _softmax_aggregate_backward, _softmax_aggregate_backward_fake
+)
+
+
+def call_softmax_aggregate(
+    structure: GraphStructure, scores: List[Tensor], x: Tensor, keep: Optional[Tensor], score: str
+) -> Tensor:
+    """The output of :func:`softmax_aggregate_op` on a structure record (the custom op takes it
+    flattened), or of its recordable twin on a graph that :func:`~pyg_ugrapher.graph.recordable`
+    admits: what a compiled layer calls."""
+    op = recordable_softmax_aggregate_op if recordable(structure) else softmax_aggregate_op
+    return op(structure.flat(), scores, x, keep, score)[0]
+
+
 def _setup_context(ctx, inputs, output) -> None:
     structure, scores, x, keep, score = inputs
     ctx.score, ctx.num_structure, ctx.num_scores = score, len(structure), len(scores)
@@ -474,14 +490,15 @@ def _op_backward(ctx, grads: List[Optional[Tensor]]):
     saved = ctx.saved_tensors
     n, k = ctx.num_structure, ctx.num_scores
     needs_scores, needs_x = list(ctx.needs_input_grad[1]), ctx.needs_input_grad[2]
-    results = _backward_op(
-        list(saved[:n]), list(saved[n : n + k]), *saved[n + k :], grad, ctx.score, needs_scores, needs_x
-    )
+    structure = list(saved[:n])
+    backward_op = _recordable_backward_op if recordable(GraphStructure.from_flat(structure)) else _backward_op
+    results = backward_op(structure, list(saved[n : n + k]), *saved[n + k :], grad, ctx.score, needs_scores, needs_x)
     score_grads = [g if needed else None for g, needed in zip(results[:k], needs_scores)]
     return [None] * n, score_grads, results[k] if needs_x else None, None, None
 
 
-torch.library.register_autograd("pyg_ugrapher::softmax_aggregate", _op_backward, setup_context=_setup_context)
+for _name in ("softmax_aggregate", "recordable_softmax_aggregate"):
+    torch.library.register_autograd(f"pyg_ugrapher::{_name}", _op_backward, setup_context=_setup_context)
 
 
 def _check_scores(
@@ -548,5 +565,5 @@ def softmax_aggregate(
         raise ValueError(f"keep: expected shape [num_edges={graph.num_edges}, heads={heads}], got {list(keep.shape)}")
     structure = graph.structure(x.device)
     if torch.compiler.is_compiling():
-        return softmax_aggregate_op(structure.flat(), scores, x, keep, text)[0]
+        return call_softmax_aggregate(structure, scores, x, keep, text)
     return _SoftmaxAggregate.apply(graph, text, structure, len(scores), *scores, x, keep)

@@ -13,10 +13,11 @@ build one and the caches keep either, equal in value (``docs/caches.md``).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch._library.custom_ops import CustomOpDef
 
 from autotune import selection
 from triton_kernels.csr_pair import build_csr_pair, grouped
@@ -34,6 +35,7 @@ from .structure import (
     derived_cache,
     in_user_order,
     index_dtype_for,
+    keeping_nothing,
     split_chunk_slots,
     split_rows,
     version,
@@ -46,6 +48,42 @@ NumNodes = Union[None, int, Tuple[int, int]]
 #: graph's memory pool, so every lookup would miss and the recording fail. Marked unsafe for CUDA
 #: graphs, they run outside the recorded graphs: Inductor partitions the graph around them.
 OP_TAGS = tuple(tag for tag in (getattr(torch.Tag, "cudagraph_unsafe", None),) if tag is not None)
+
+
+def recordable(structure: GraphStructure) -> bool:
+    """Whether a compiled graph calls the recordable twins (:func:`recordable_pair`) of the operators
+    on ``structure``: a graph of a fixed number of edges (not a symbolic size) of at most
+    :data:`autotune.selection.SMALL_GRAPH_EDGES`, whose schedules read no statistics and wait for
+    nothing. Larger graphs (statistics, timed choices, chunk tables and operands kept in CSR order)
+    and graphs of symbolic size run their operators outside the CUDA graphs."""
+    num_edges = structure.num_edges
+    return type(num_edges) is int and num_edges <= selection.SMALL_GRAPH_EDGES
+
+
+def recordable_pair(
+    name: str, implementation: Callable[..., Any], fake: Callable[..., Any]
+) -> Tuple[CustomOpDef, CustomOpDef]:
+    """The custom op ``pyg_ugrapher::<name>`` of ``implementation`` (shapes by ``fake``), twice:
+    tagged with :data:`OP_TAGS`, so that ``torch.compile(mode="reduce-overhead")`` runs it outside
+    the CUDA graphs it records, and untagged as ``pyg_ugrapher::recordable_<name>``, which those
+    graphs record (for graphs that :func:`recordable` admits): it runs ``implementation`` inside
+    :func:`~pyg_ugrapher.structure.keeping_nothing`, since a tensor that a cache kept from a
+    recorded op would be overwritten by the replays."""
+    outside = torch.library.custom_op(f"pyg_ugrapher::{name}", implementation, mutates_args=(), tags=OP_TAGS)
+
+    def keeping(*args: Any) -> Any:
+        with keeping_nothing():
+            return implementation(*args)
+
+    inside = torch.library.custom_op(
+        f"pyg_ugrapher::recordable_{name}",
+        keeping,
+        mutates_args=(),
+        schema=torch.library.infer_schema(implementation, mutates_args=()),
+    )
+    for op in (outside, inside):
+        op.register_fake(fake)
+    return outside, inside
 
 
 @torch.library.custom_op("pyg_ugrapher::graph_structure", mutates_args=(), tags=OP_TAGS)

@@ -231,8 +231,36 @@ _DERIVED = IdentityMap()
 def capturing(tensor: Tensor) -> bool:
     """Whether work on ``tensor``'s device is being captured into a CUDA graph (``torch.compile``'s
     ``mode="reduce-overhead"``, ``torch.cuda.graph``): tensors made then live in the graph's
-    memory pool, which later replays overwrite, so no cache may keep them."""
+    memory pool, which later replays overwrite, so no cache may keep them (:func:`keeps_nothing`),
+    and nothing may wait for the device."""
     return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+class _Keeping(threading.local):
+    #: Open :func:`keeping_nothing` blocks of this thread.
+    depth = 0
+
+
+_KEEPING = _Keeping()
+
+
+@contextmanager
+def keeping_nothing() -> Iterator[None]:
+    """Inside the block no cache keeps a tensor (:func:`keeps_nothing`): the ops that
+    ``torch.compile(mode="reduce-overhead")`` may record run in it. Their warm-up runs, not captured
+    yet, allocate in the CUDA graph's memory pool as well, whose every live tensor must be an output
+    of the recording (a kept one would be overwritten by the replays, and the recorder refuses it)."""
+    _KEEPING.depth += 1
+    try:
+        yield
+    finally:
+        _KEEPING.depth -= 1
+
+
+def keeps_nothing(tensor: Tensor) -> bool:
+    """Whether no cache may keep a tensor made from ``tensor`` now: inside :func:`keeping_nothing`,
+    or while ``tensor``'s device captures a CUDA graph (:func:`capturing`)."""
+    return _KEEPING.depth > 0 or (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def version(tensor: Tensor) -> Hashable:
@@ -287,14 +315,14 @@ def derived_cache(rowptr: Tensor) -> Dict:
 def largest_row(csr: CSR) -> Optional[int]:
     """The most edges of one row of ``csr``, once known without waiting for the device: on a GPU
     the first call starts its computation and a copy to the host, and returns ``None`` until that
-    copy has arrived (a later call then reads it; kept with the structure). ``None`` also while a
-    CUDA graph is captured, when nothing may be kept. On a CPU the value itself."""
+    copy has arrived (a later call then reads it; kept with the structure). ``None`` also where
+    nothing may be kept (:func:`keeps_nothing`). On a CPU the value itself."""
     rowptr = csr.rowptr
     if csr.num_rows == 0 or csr.num_edges == 0:
         return 0
     if not rowptr.is_cuda:
         return int((rowptr[1:] - rowptr[:-1]).max())
-    if capturing(rowptr):
+    if keeps_nothing(rowptr):
         return None
     cache = derived_cache(rowptr)
     probe = cache.get("largest row")
@@ -392,7 +420,8 @@ class _Chunks(NamedTuple):
 def _chunks(csr: CSR, group_size: int) -> _Chunks:
     if group_size < 1:
         raise ValueError(f"group_size: must be positive, got {group_size}")
-    cache = derived_cache(csr.rowptr)
+    # Where nothing may be kept the tables are built for the call alone.
+    cache = {} if keeps_nothing(csr.rowptr) else derived_cache(csr.rowptr)
     key = ("chunks", group_size)
     if key not in cache:
         rowptr = csr.rowptr.to(torch.int64)

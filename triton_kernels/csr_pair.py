@@ -18,7 +18,7 @@ import torch
 import triton.language as tl
 from torch import Tensor
 
-from pyg_ugrapher.structure import CSR, INT32_MAX, capturing, derived_cache
+from pyg_ugrapher.structure import CSR, INT32_MAX, derived_cache, keeps_nothing
 
 from .codegen import interpreting, uses_triton
 from .launch import cdiv, jit_kernel
@@ -184,7 +184,7 @@ def grouped(csr: CSR) -> CSR:
     if found is None:
         found = build_csr_pair(csr.col, csr.rows, csr.num_cols, csr.num_rows, csr.col.dtype)[0]
         # Sorted inside a CUDA graph capture, it is recorded (sorted at every replay) and never
-        # kept: the recording's memory pool is overwritten by later replays (see capturing).
-        if not capturing(csr.rowptr):
+        # kept: the recording's memory pool is overwritten by later replays (see keeps_nothing).
+        if not keeps_nothing(csr.rowptr):
             cache["grouped"] = found
     return found

@@ -17,7 +17,7 @@ from torch import Tensor
 from pyg_ugrapher.ir import Expr, OpInfo
 from pyg_ugrapher.layout import Layout
 from pyg_ugrapher.parallel import ParallelInfo
-from pyg_ugrapher.structure import CSR, IdentityMap, capturing, derived_cache
+from pyg_ugrapher.structure import CSR, IdentityMap, derived_cache, keeps_nothing
 
 from . import (
     buffers,
@@ -107,7 +107,7 @@ def _entry(tensor: Tensor, eid: Tensor) -> Optional[list]:
 
 def seen(tensor: Tensor, eid: Tensor) -> bool:
     """Whether :func:`is_reused` would say ``tensor`` comes back, without marking it."""
-    return not tensor.requires_grad and not capturing(tensor) and _entry(tensor, eid) is not None
+    return not tensor.requires_grad and not keeps_nothing(tensor) and _entry(tensor, eid) is not None
 
 
 def is_reused(tensor: Tensor, eid: Tensor) -> bool:
@@ -116,9 +116,10 @@ def is_reused(tensor: Tensor, eid: Tensor) -> bool:
     reused; attention coefficients and gradients are new tensors every step. Tensors that require
     grad never count: trainable edge operands change every step anyway, and writes through
     ``.data`` (``gradcheck``'s perturbations, hand-written updates) leave ``_version`` unchanged,
-    so a cached copy would go stale silently. Nor does anything during a CUDA graph capture
-    (see :func:`~pyg_ugrapher.structure.capturing`), or an inference tensor, which counts no versions."""
-    if tensor.requires_grad or tensor.is_inference() or capturing(tensor):
+    so a cached copy would go stale silently. Nor does anything where nothing may be kept (a CUDA
+    graph's capture or recordable op, :func:`~pyg_ugrapher.structure.keeps_nothing`), or an
+    inference tensor, which counts no versions."""
+    if tensor.requires_grad or tensor.is_inference() or keeps_nothing(tensor):
         return False
     if _entry(tensor, eid) is not None:
         return True
@@ -831,10 +832,10 @@ def _allocate(
 def _row_identities(csr: CSR, identity: float, dtype: torch.dtype) -> Tensor:
     """Each row's starting value under atomics: ``identity`` where the row has edges, 0 where it
     has none (an empty max is 0, as PyG's). It depends on the structure alone, so it is kept with
-    it (one copy per launch instead of five operations), except while a CUDA graph is captured,
-    whose memory a cache must not keep (:func:`~pyg_ugrapher.structure.capturing`)."""
+    it (one copy per launch instead of five operations), except where nothing may be kept (a CUDA
+    graph's memory: :func:`~pyg_ugrapher.structure.keeps_nothing`)."""
     rowptr = csr.rowptr
-    cache = None if capturing(rowptr) else derived_cache(rowptr)
+    cache = None if keeps_nothing(rowptr) else derived_cache(rowptr)
     key = ("row identities", identity, dtype)
     found = None if cache is None else cache.get(key)
     if found is None:

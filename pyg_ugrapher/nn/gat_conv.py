@@ -11,7 +11,7 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import add_self_loops, remove_self_loops, to_edge_index
 from torch_geometric.utils.sparse import set_sparse_value
 
-from ..attention import EPSILON, softmax_aggregate, softmax_aggregate_op
+from ..attention import EPSILON, call_softmax_aggregate, softmax_aggregate
 from ..graph_argument import (
     Graph,
     adjacency,
@@ -349,7 +349,7 @@ class GATConv(MessagePassing, ScriptedAsPyG):
             if graph.structure is None:
                 out = softmax_aggregate(graph.tensor, operands, x_src, keep, score=layer_op(score_op, *score))
             else:
-                out = softmax_aggregate_op(graph.structure.flat(), operands, x_src, keep, op_text(score_op, *score))[0]
+                out = call_softmax_aggregate(graph.structure, operands, x_src, keep, op_text(score_op, *score))
             if return_attention_weights:
                 numer, denom = self._softmax(graph, run(graph, score_op, score, operands))
                 alpha = run(graph, named, ("e_div_v",), [numer, denom])

@@ -18,7 +18,7 @@ from torch import Tensor
 from ..backward import Backward, GradStep, derive, on_reversed
 from ..ir import OpInfo
 from ..layout import Layout, infer_layout
-from ..structure import GraphStructure, capturing, derived_cache
+from ..structure import GraphStructure, derived_cache, keeps_nothing
 from .custom_ops import call_gather_with_edge_output, call_graph_op
 from .decisions import AUTO, cached_layout, layout_of, parse_op, parse_schedule, serialized
 from .execute import run_gather_with_edge_output, run_graph_op
@@ -108,7 +108,8 @@ def _backward(ctx, grad: Tensor):
     )
 
 
-torch.library.register_autograd("pyg_ugrapher::graph_op", _backward, setup_context=_setup_context)
+for _name in ("graph_op", "recordable_graph_op"):
+    torch.library.register_autograd(f"pyg_ugrapher::{_name}", _backward, setup_context=_setup_context)
 
 
 class _EagerGraphOp(torch.autograd.Function):
@@ -275,7 +276,7 @@ def _backward_of(op: OpInfo, layout: Layout) -> Backward:
 def _degree(rowptr: Tensor, dtype: torch.dtype) -> Tensor:
     """Row degrees at least 1, in ``dtype``: cached per structure (three kernels fewer per mean
     backward), except for the stand-ins of a traced backward pass, which are never the same."""
-    cacheable = type(rowptr) is Tensor and not capturing(rowptr)
+    cacheable = type(rowptr) is Tensor and not keeps_nothing(rowptr)
     cache = derived_cache(rowptr) if cacheable else {}
     key = ("degree", dtype)
     if key not in cache:

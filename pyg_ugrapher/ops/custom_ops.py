@@ -13,24 +13,21 @@ from __future__ import annotations
 
 from typing import List
 
-import torch
 from torch import Tensor
 
 from .. import reference
-from ..graph import OP_TAGS
+from ..graph import recordable, recordable_pair
 from ..structure import GraphStructure
 from .decisions import layout_of, parse_op
 from .execute import run_gather_with_edge_output, run_graph_op
 
 
-@torch.library.custom_op("pyg_ugrapher::graph_op", mutates_args=(), tags=OP_TAGS)
-def graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
+def _graph_op(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
     """:func:`~pyg_ugrapher.ops.execute.run_graph_op` as a custom op: opaque to ``torch.compile``, differentiable."""
     return run_graph_op(GraphStructure.from_flat(structure), operands, op, schedule)
 
 
-@graph_op.register_fake
-def _(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
+def _graph_op_fake(structure: List[Tensor], operands: List[Tensor], op: str, schedule: str) -> Tensor:
     return _empty_result(GraphStructure.from_flat(structure, user_order=False), operands, op)
 
 
@@ -41,8 +38,7 @@ def _empty_result(structure: GraphStructure, operands: List[Tensor], op: str) ->
     return operands[0].new_empty((rows,) + layout.out_shape, dtype=reference.result_dtype(operands))
 
 
-@torch.library.custom_op("pyg_ugrapher::gather_with_edge_output", mutates_args=(), tags=OP_TAGS)
-def gather_with_edge_output(
+def _gather_with_edge_output(
     structure: List[Tensor],
     gather_operands: List[Tensor],
     gather: str,
@@ -65,8 +61,7 @@ def gather_with_edge_output(
     )
 
 
-@gather_with_edge_output.register_fake
-def _(
+def _gather_with_edge_output_fake(
     structure: List[Tensor],
     gather_operands: List[Tensor],
     gather: str,
@@ -79,9 +74,17 @@ def _(
     return [_empty_result(graph, gather_operands, gather), _empty_result(graph, message_operands, message)]
 
 
+graph_op, recordable_graph_op = recordable_pair("graph_op", _graph_op, _graph_op_fake)
+gather_with_edge_output, recordable_gather_with_edge_output = recordable_pair(
+    "gather_with_edge_output", _gather_with_edge_output, _gather_with_edge_output_fake
+)
+
+
 def call_graph_op(structure: GraphStructure, operands: List[Tensor], op: str, schedule: str) -> Tensor:
-    """:func:`graph_op` on a structure record (the custom op takes it flattened)."""
-    return graph_op(structure.flat(), operands, op, schedule)
+    """:func:`graph_op` on a structure record (the custom op takes it flattened); its recordable
+    twin on a graph that :func:`recordable` admits."""
+    call = recordable_graph_op if recordable(structure) else graph_op
+    return call(structure.flat(), operands, op, schedule)
 
 
 def call_gather_with_edge_output(
@@ -93,7 +96,7 @@ def call_gather_with_edge_output(
     gather_schedule: str,
     message_schedule: str,
 ) -> List[Tensor]:
-    """:func:`gather_with_edge_output` on a structure record (the custom op takes it flattened)."""
-    return gather_with_edge_output(
-        structure.flat(), gather_operands, gather, message_operands, message, gather_schedule, message_schedule
-    )
+    """:func:`gather_with_edge_output` on a structure record (the custom op takes it flattened); its
+    recordable twin on a graph that :func:`recordable` admits."""
+    call = recordable_gather_with_edge_output if recordable(structure) else gather_with_edge_output
+    return call(structure.flat(), gather_operands, gather, message_operands, message, gather_schedule, message_schedule)

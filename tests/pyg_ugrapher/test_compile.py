@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import pyg_ugrapher as ug
+from autotune import selection
 from pyg_ugrapher import graph_argument
 from pyg_ugrapher import nn as ug_nn
 
@@ -312,7 +313,7 @@ def test_captured_message_passing_compiles_to_the_fused_op(cls, aggr):
     check_compiled(model, forward, inputs, backend=graph_targets(calls))
     assert len(calls) == 1
     targets = calls[0]
-    assert torch.ops.pyg_ugrapher.graph_op.default in targets
+    assert torch.ops.pyg_ugrapher.recordable_graph_op.default in targets  # a small graph of fixed size
     # The messages are never materialised: no gather of node rows per edge, no scatter.
     gathers = {torch.index_select, torch.Tensor.index_select, torch.ops.aten.index_select.default}
     assert not targets & gathers and not any("scatter" in str(t) for t in targets), targets
@@ -349,7 +350,7 @@ def test_compiled_gat_runs_the_fused_softmax(dropout):
     compiled = torch.compile(lambda m, x, ei: m(x, ei), fullgraph=True, backend=graph_targets(calls))
     outputs_and_grads(model, compiled, [x, edge_index])
     targets = set().union(*calls)
-    assert torch.ops.pyg_ugrapher.softmax_aggregate.default in targets, targets
+    assert torch.ops.pyg_ugrapher.recordable_softmax_aggregate.default in targets, targets
 
 
 def test_message_passing_traced_first_under_compile():
@@ -419,32 +420,69 @@ def test_operators_replay_in_a_cuda_graph(name):
 
 
 @pytest.mark.skipif(not hasattr(torch.Tag, "cudagraph_unsafe"), reason="this torch has no cudagraph_unsafe tag")
-def test_every_custom_op_runs_outside_cuda_graphs():
-    """mode="reduce-overhead" records CUDA graphs with copies of their inputs, which the ops' caches
-    (keyed by tensor identity) cannot find: every op of the package is tagged to run outside them."""
-    names = [name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("pyg_ugrapher::")]
+def test_only_the_recordable_twins_run_inside_cuda_graphs():
+    """mode="reduce-overhead" records CUDA graphs with copies of their inputs, which the caches of
+    the ops that build or find a graph's structure (keyed by tensor identity) cannot find: those are
+    tagged to run outside them. The operators have a twin each that the graphs record
+    (``recordable_<name>``, untagged), and the tagged original for graphs it does not admit."""
+    names = {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("pyg_ugrapher::")}
     assert len(names) >= 10, names
-    untagged = [
-        name for name in names if torch.Tag.cudagraph_unsafe not in getattr(torch.ops.pyg_ugrapher, name).default.tags
-    ]
-    assert untagged == []
+    recordable = {name for name in names if name.startswith("recordable_")}
+    assert recordable == {
+        "recordable_graph_op",
+        "recordable_gather_with_edge_output",
+        "recordable_softmax_aggregate",
+        "recordable_softmax_aggregate_backward",
+    }
+    tags = {name: getattr(torch.ops.pyg_ugrapher, name).default.tags for name in names}
+    assert [name for name in recordable if torch.Tag.cudagraph_unsafe in tags[name]] == []
+    outside = names - recordable
+    assert {name.removeprefix("recordable_") for name in recordable} <= outside
+    assert [name for name in outside if torch.Tag.cudagraph_unsafe not in tags[name]] == []
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_compiled_layers_call_the_recordable_twins_on_small_graphs(monkeypatch, size):
+    """A graph of a fixed number of edges up to ``SMALL_GRAPH_EDGES`` gets the recordable twins of
+    the operators, forward and backward; a larger one the operators that run outside CUDA graphs;
+    the results are the eager ones either way."""
+    if size == "large":
+        monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", 8)
+    torch._dynamo.reset()  # the choice is made while tracing: no graph traced for another size
+    torch.manual_seed(0)
+    modules = torch.nn.ModuleList([ug_nn.GATConv(6, 4, heads=2), ug_nn.SAGEConv(8, 4)])
+    x, edge_index, _, _ = layer_inputs()
+    calls: List[set] = []
+
+    def forward(m, x, ei):
+        return m[1](m[0](x, ei).relu(), ei)
+
+    expected = outputs_and_grads(modules, forward, [x, edge_index])
+    compiled = torch.compile(forward, backend=graph_targets(calls))
+    for index, (a, b) in enumerate(zip(outputs_and_grads(modules, compiled, [x, edge_index]), expected)):
+        assert_close(a, b, "output" if index == 0 else f"gradient {index - 1}")
+    ours = {str(t).split(".")[1] for t in set().union(*calls) if str(t).startswith("pyg_ugrapher.")}
+    inside = {"recordable_graph_op", "recordable_softmax_aggregate"}
+    outside = {"graph_op", "softmax_aggregate"}
+    assert ours & (inside | outside) == (inside if size == "small" else outside), ours
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", ["gcn", "gcn_mean_flipped", "gat", "sage", "gin", "graph_conv_max"])
 def test_layers_train_under_reduce_overhead(name):
-    """torch.compile(mode="reduce-overhead") (Inductor, CUDA graphs around the code between our
-    ops): three training calls (warm-up, recording, replay) give eager's outputs and gradients.
-    Not GCN with edge weights: the graph's hub has four self loops of different weights, and which
-    one a GPU scatter keeps is unspecified (in PyG too): the recorded graph may keep another than
-    eager does, while with one loop per node the two agree."""
+    """torch.compile(mode="reduce-overhead") (Inductor, CUDA graphs around the structure builders,
+    our operators recorded on these small graphs): training calls (warm-up, recording, replays) on
+    three graphs of one size in turn give eager's outputs and gradients on each, so a replay reads
+    the graph of its call."""
     device = torch.device("cuda")
     factory, forward = LAYERS[name]
     torch.manual_seed(0)
     model = factory().to(device)
     compiled = torch.compile(copy.deepcopy(model), mode="reduce-overhead")
-    inputs = [t.to(device) for t in layer_inputs(200, 2000)]
-    for call in range(3):
+    graphs = [[t.to(device) for t in layer_inputs(200, 2000, seed)] for seed in range(3)]
+    assert len({tuple(inputs[1].shape) for inputs in graphs}) == 1
+    for call in range(6):
+        inputs = graphs[call % 3]
         results = []
         for module in (compiled, model):
             out = forward(module, *inputs)

@@ -1,6 +1,7 @@
 """Launch plans (``dispatch.prepare``): when a call may skip ``run``'s per-call work, and that the
 plan's launch computes what ``run`` does, call after call, on fresh operands and on other graphs."""
 
+import contextlib
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from pyg_ugrapher import reference
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.layout import infer_layout
 from pyg_ugrapher.ops import graph_arrays
-from pyg_ugrapher.structure import derived_cache
+from pyg_ugrapher.structure import derived_cache, keeping_nothing
 from triton_kernels import dispatch
 from triton_kernels.csr_pair import grouped
 
@@ -289,3 +290,30 @@ def test_atomic_max_and_min_start_rows_from_a_cached_identity(device, graph_fact
         assert start.dtype == dtype
         empty = arrays.csr.rowptr[1:] == arrays.csr.rowptr[:-1]
         assert empty.any() and bool((start[empty] == 0).all()) and bool((start[~empty] == identity).all())
+
+
+def test_calls_keep_nothing_inside_keeping_nothing(device, graph_factory, operand_factory, check_close):
+    """The recordable ops of a compiled graph run inside ``keeping_nothing`` (CUDA graphs refuse a
+    tensor a cache kept from their memory): the same results, and no cache of the structure or of
+    a reused edge operand takes an entry; outside the block the same calls fill them."""
+    graph = graph_factory("isolated")
+    arrays = _arrays_of(graph, device)
+    cache = derived_cache(arrays.csr.rowptr)
+    op = OpInfo.from_name("u_mul_e_max")
+    operands = operand_factory(graph, op, "vector", seed=3, device=device)
+    weight = operands[1]
+    layout = infer_layout(op, [t.shape for t in operands])
+    expected = reference.execute(graph, op, [t.double() for t in operands]).float()
+    info = ug.ParallelInfo("edge", block_e=8, block_f=4, num_warps=4)
+    group = ug.ParallelInfo("group", group_size=2, block_v=2, block_e=2, block_f=4, num_warps=4)
+    for keep in (False, True):
+        with contextlib.nullcontext() if keep else keeping_nothing():
+            for call in range(2):  # the second call of a reused weight reads it in CSR order where kept
+                for schedule in (info, group):
+                    reused = dispatch.is_reused(weight, arrays.csr.eid)
+                    out = dispatch.run(op, layout, arrays, operands, schedule, torch.float32)
+                    check_close(out, expected, torch.float32, f"{schedule.strategy}, call {call}, kept {keep}")
+        kept = [key for key in cache if key[0] in ("row identities", "chunks")]
+        assert bool(kept) == keep, kept
+        assert (dispatch._PERMUTED.get(weight) is not None) == keep
+        assert reused == keep
