@@ -22,9 +22,13 @@ same loss on the CPU (our graph operators on the reference executor, or on Trito
   ``staged``: ``message()`` ran staged (graph operators around what it computes in PyTorch, see
   :mod:`pyg_ugrapher.staging`; as on a graph of ``MessagePassing.staged_min_edges`` edges or more, below which a
   staged propagation runs PyG's); ``fully_fused``: at least one operator, no PyG path and not staged;
-  ``edges_in_pytorch``: a staged call computed per-edge values in PyTorch (a Linear split by
-  linearity into products of the node rows does not count: it multiplies node rows); a layer that
-  runs without PyG's path and without this computes every per-edge value inside graph operators;
+  ``edges_in_pytorch``: a staged call computed per-edge values in PyTorch, or an aggregation
+  part ran in PyTorch on the per-edge messages. A Linear split by linearity into products of the
+  node rows does not count (it multiplies node rows), nor one split into products of the edge
+  features' rows: it multiplies the rows of edge features given to ``propagate()`` (or of values
+  computed from those alone), an input transform PyG computes as well, not values gathered from
+  vertices; a Linear of a per-edge value computed from vertex rows counts. A layer that runs
+  without PyG's path and without this computes every per-edge value inside graph operators;
 * ``reason``: the fallback reasons the capture gives, then why a known layer was not swapped.
 
 The CSV and a markdown table with the summary counts go to ``--out``.
@@ -498,7 +502,11 @@ def markdown(frame: pd.DataFrame) -> str:
         f"Staged: `message()` runs on every call as graph operators around what it computes in PyTorch "
         f"(`pyg_ugrapher/staging.py`); fully fused: one graph operator per propagation; every per-edge "
         f"value on graph operators: fully fused, or staged with no per-edge value computed in PyTorch "
-        f"(a Linear split by linearity into products of the node rows multiplies node rows).",
+        f"(a Linear split by linearity into products of the node rows multiplies node rows; one "
+        f"split into products of the edge features' rows multiplies the rows of edge features given "
+        f"to `propagate()`, or of values computed from those alone, an input transform PyG computes "
+        f"as well; a Linear of a per-edge value computed from vertex rows counts as computed in "
+        f"PyTorch).",
         "",
         "| " + " | ".join(counts) + " |",
         "|" + " --- |" * len(counts),

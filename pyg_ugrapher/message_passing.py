@@ -47,11 +47,12 @@ from .graph import GraphTensor
 from .graph_argument import derived, layer_graph, note_bounds
 from .ir import Expr, OpInfo
 from .ops import AUTO, call_graph_op, compute
-from .staging import Staged, StagedTrace, stage
+from .staging import ON_EDGES, Staged, StagedTrace, stage
 from .structure import GraphStructure
 
 #: The gather op :meth:`MessagePassing._static_check` names for PyG's ``SoftmaxAggregation``: a staged
-#: run weighs the messages by their softmax over each receiver, then sums them.
+#: run aggregates the messages by gathers that recompute them
+#: (:meth:`~pyg_ugrapher.staging.StagedTrace.softmax_aggregate`).
 SOFTMAX_GATHER = "softmax"
 
 #: The gather op :meth:`MessagePassing._static_check` names for an aggregation module computed part
@@ -443,7 +444,7 @@ class MessagePassing(PyGMessagePassing):
         tensors: Dict[str, Tensor],
         collected: Dict[str, Any],
         gather: Optional[str] = None,
-        weigh: Optional[Callable[[StagedTrace, Any], Any]] = None,
+        aggregate: Optional[Callable[[StagedTrace, Any], Tensor]] = None,
     ) -> Staged:
         """``method`` (``message`` or ``edge_update``) run staged (:func:`~pyg_ugrapher.staging.stage`)
         on ``graph``: its operand arguments traced over their real tensors, the others as PyG gives
@@ -454,7 +455,7 @@ class MessagePassing(PyGMessagePassing):
         }
         run = functools.partial(_run, graph)
         trace = StagedTrace(graph.num_edges, tensors, run, _receivers(collected), graph.num_dst)
-        return stage(method, staged_arguments, trace, gather, owner=self, weigh=weigh)
+        return stage(method, staged_arguments, trace, gather, owner=self, aggregate=aggregate)
 
     def _collect(
         self, args: Set[str], edge_index: Adj, size: List[Optional[int]], kwargs: Dict[str, Any]
@@ -629,7 +630,7 @@ class MessagePassing(PyGMessagePassing):
         gather: str,
     ) -> "_StagedRun":
         """Run ``message()`` staged (:meth:`_run_staged`)."""
-        weigh = None
+        aggregate = None
         parts = None
         if gather == PARTS_GATHER:
             module, dim_size, node_dim = self.aggr_module, graph.num_dst, self.node_dim
@@ -644,16 +645,14 @@ class MessagePassing(PyGMessagePassing):
             temperature = module.t if module.channels == 1 else module.t.view(-1, module.channels)
             semi_grad = not module.learn and module.semi_grad
 
-            def weigh(trace: StagedTrace, messages: Any) -> Any:
-                return trace.softmax_weighted(messages, temperature, semi_grad)
+            def aggregate(trace: StagedTrace, messages: Any) -> Tensor:
+                return trace.softmax_aggregate(messages, temperature, semi_grad)
 
-            gather = "sum"
         try:
             staged = self._run_staged(
-                self.message, graph, edge_index, message_kwargs, arguments, tensors, collected, gather, weigh
+                self.message, graph, edge_index, message_kwargs, arguments, tensors, collected, gather, aggregate
             )
-            message_shape = staged.capture.message_shape if staged.capture else tuple(staged.messages.shape[1:])
-            self._check_node_dim(message_shape)
+            self._check_node_dim(staged.message_shape)
         except (CaptureError, _Fallback) as error:
             self._ug.captures[key] = _Failure(f"{reason}; a staged run fails too: {error}", None)
             raise _Fallback(self._ug.captures[key].reason) from None
@@ -663,11 +662,11 @@ class MessagePassing(PyGMessagePassing):
     def _parts_reason(self) -> str:
         """Why a propagation with an aggregation computed part by part runs staged."""
         module = self.aggr_module
-        reason = f"the aggregation {type(module).__name__} runs part by part on the per-edge messages"
+        reason = f"the aggregation {type(module).__name__} runs part by part"
         pytorch = in_pytorch(module)
         if pytorch:
-            reason += f", {', '.join(dict.fromkeys(pytorch))} in PyTorch"
-        return reason
+            return f"{reason}, {', '.join(dict.fromkeys(pytorch))} {ON_EDGES}"
+        return f"{reason}, every part on graph operators"
 
     def _check_node_dim(self, message_shape: Tuple[int, ...]) -> None:
         rank = 1 + len(message_shape)
@@ -820,9 +819,10 @@ class MessagePassing(PyGMessagePassing):
 
 
 class _StagedRun(NamedTuple):
-    """A staged ``message()`` call, aggregated by :meth:`run`: with ``gather``, or given ``parts``
-    by ``parts(run_gather, messages)`` (an aggregation module computed part by part, see
-    :func:`~pyg_ugrapher.aggregation.aggregate`)."""
+    """A staged ``message()`` call, aggregated by :meth:`run`: with ``gather``, given ``parts`` by
+    ``parts(run_gather, messages)`` (an aggregation module computed part by part, see
+    :func:`~pyg_ugrapher.aggregation.aggregate`), or aggregated inside the trace already
+    (``staged.aggregated``)."""
 
     staged: Staged
     gather: str
@@ -830,6 +830,8 @@ class _StagedRun(NamedTuple):
 
     def run(self, graph: GraphTensor, operands: List[Tensor]) -> Tensor:
         capture = self.staged.capture
+        if self.staged.aggregated is not None:
+            return self.staged.aggregated
         if self.parts is not None:
             return self.parts(*self._sources(graph))
         if capture is None:

@@ -10,9 +10,17 @@ trace that holds the real tensors behind them (:class:`StagedTrace`):
 * ``F.linear`` (``nn.Linear``, the first layer of an MLP) of a linear combination of arguments, or
   of a ``torch.cat`` of such pieces, is split by linearity into products of the node tensors
   (:math:`W [\mathbf{x}_i \| \mathbf{x}_j - \mathbf{x}_i] = (W_1 - W_2)\mathbf{x}_i + W_2
-  \mathbf{x}_j`): ``N`` rows multiplied instead of ``E``, and the result stays symbolic;
+  \mathbf{x}_j`): ``N`` rows multiplied instead of ``E``, and the result stays symbolic. A piece
+  that is an *edge input* (an edge feature tensor given to ``propagate()``, or a value computed from
+  such tensors alone: a Linear of them, a feature view, pick or repeat of them, an elementwise
+  function of them alone, the latter computed by one message-creation operator) is multiplied row
+  by row, as PyG multiplies it: a transform of what the user passed in, which could as well run
+  before the propagation. A product of any other per-edge value (one computed from gathered vertex
+  rows, a parameter or a result of PyTorch) is a computation on per-edge values in PyTorch;
 * ``torch_geometric.utils.softmax`` over the receivers of the edges is three graph operators:
   a max gather, a fused exp-sum gather and one normalising message-creation operator;
+* PyG's ``SoftmaxAggregation`` of symbolic messages is three gathers whose edge functions
+  recompute the messages (:meth:`StagedTrace.softmax_aggregate`): no per-edge value is written;
 * a parameter or any real tensor that broadcasts against the edges joins the expression as an
   operand;
 * any other call first computes its traced arguments with one message-creation operator each
@@ -30,8 +38,8 @@ import contextlib
 import functools
 import threading
 import types
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import Tensor
@@ -80,28 +88,48 @@ _fitted = functools.lru_cache(maxsize=4096)(fit_operands)
 ON_EDGES = "in PyTorch on per-edge values"
 #: How :meth:`Staged.describe` names the Linear maps split into products of the node rows.
 ON_NODES = "split by linearity into products of the node rows"
+#: How :meth:`Staged.describe` names the Linear maps split into products of the edge inputs' rows
+#: (edge features given to ``propagate()``, or values computed from them alone).
+ON_EDGE_ROWS = "split by linearity into products of the edge features' rows"
 
 
 @dataclass(frozen=True)
 class Staged:
-    """One staged ``message()`` call: either a :class:`Capture` whose operator aggregates the
-    symbolic messages (its operand arguments name entries of ``tensors``), or the real ``messages``
-    (``[E, *message_shape]``) to aggregate. ``dense`` names the calls that ran in PyTorch on
-    per-edge values, ``node_products`` the Linear maps computed on the node rows instead (split by
-    linearity): every other per-edge value was computed inside graph operators."""
+    """One staged ``message()`` call: a :class:`Capture` whose operator aggregates the symbolic
+    messages (its operand arguments name entries of ``tensors``), the real ``messages``
+    (``[E, *message_shape]``) to aggregate, or the messages ``aggregated`` already
+    (``[num_dst, *message_shape]``, by an aggregation module computed inside the trace). ``dense``
+    names the calls that ran in PyTorch on per-edge values, ``node_products`` the Linear maps
+    computed on the node rows instead (split by linearity), ``edge_products`` those computed on
+    the rows of edge inputs (see the module docstring): every other per-edge value was computed
+    inside graph operators."""
 
     capture: Optional[Capture]
     tensors: Dict[str, Tensor]
     messages: Optional[Tensor]
     dense: Tuple[str, ...]
     node_products: Tuple[str, ...]
+    edge_products: Tuple[str, ...]
+    aggregated: Optional[Tensor] = None
+
+    @property
+    def message_shape(self) -> Tuple[int, ...]:
+        """The feature shape of one message."""
+        if self.capture is not None:
+            return self.capture.message_shape
+        value = self.messages if self.messages is not None else self.aggregated
+        return tuple(value.shape[1:])
 
     def describe(self, method: str = "message()") -> str:
         """What ran in PyTorch in a staged call of ``method``, as a sentence (per-edge calls named
-        with :data:`ON_EDGES`, split Linear maps with :data:`ON_NODES`)."""
+        with :data:`ON_EDGES`, split Linear maps with :data:`ON_NODES` and :data:`ON_EDGE_ROWS`)."""
         parts = [
             f"{', '.join(dict.fromkeys(calls))} {where}"
-            for calls, where in ((self.dense, ON_EDGES), (self.node_products, ON_NODES))
+            for calls, where in (
+                (self.dense, ON_EDGES),
+                (self.node_products, ON_NODES),
+                (self.edge_products, ON_EDGE_ROWS),
+            )
             if calls
         ]
         if not parts:
@@ -141,8 +169,18 @@ class StagedTrace(Trace):
         self.num_dst = num_dst
         self.dense: List[str] = []
         self.node_products: List[str] = []
+        self.edge_products: List[str] = []
+        #: the operand arguments holding edge inputs: edge features given to ``propagate()``, and
+        #: values computed from them alone (see the module docstring)
+        self.edge_inputs: Set[str] = set()
         self._names: Dict[int, str] = {}  #: id of a real tensor -> its operand argument
         self._held: List[Tensor] = []  #: keeps those ids valid
+
+    def wrap(self, name: str, argument: Argument) -> TracedTensor:
+        """The traced argument ``name``; one of kind ``edge`` (edge features) is an edge input."""
+        if argument.kind == "edge":
+            self.edge_inputs.add(name)
+        return super().wrap(name, argument)
 
     # -- real values ------------------------------------------------------------------------------
     def real(self, x: Any) -> Any:
@@ -155,20 +193,31 @@ class StagedTrace(Trace):
             return x._value
         if x._parts is not None:
             value = torch.cat([self.real(part) for part in x._parts], dim=-1)
-        elif x._expr is None:
-            raise CaptureError(f"message() computes with {x._why}")
         else:
-            shape = x.features if x._computed is None else x._computed
-            order = list(dict.fromkeys(node.index for node in x._expr.walk() if node.fn == "input"))
-            if not order:
-                raise CaptureError("message() computes a constant that does not depend on its tensor arguments")
-            expr = x._expr.remap({old: new for new, old in enumerate(order)})
-            op, operands = _fitted(expr, tuple(self.leaves[i] for i in order), shape, None, x._reduce)
-            value = self.run(op, [operand.build(self.tensors[operand.argument]) for operand in operands])
-            value = value.reshape((self.num_edges,) + x.features)
+            value = self._evaluate(x, None)
             value = value != 0 if x.dtype == torch.bool else value.to(x.dtype)
         x._value = value
         return value
+
+    def aggregate(self, x: TracedTensor, gather_op: str) -> Tensor:
+        """The ``gather_op`` of ``x`` over each receiver's edges (``[num_dst, *features]``): one graph
+        operator whose edge function computes ``x``, which is never written per edge."""
+        return self._evaluate(self.traced(x), gather_op)
+
+    def _evaluate(self, x: TracedTensor, gather_op: Optional[str]) -> Tensor:
+        """One graph operator for the expression of ``x``: its value per edge (``gather_op=None``)
+        or its ``gather_op`` over each receiver's edges."""
+        if x._expr is None:
+            raise CaptureError(f"message() computes with {x._why}")
+        shape = x.features if x._computed is None else x._computed
+        order = list(dict.fromkeys(node.index for node in x._expr.walk() if node.fn == "input"))
+        if not order:
+            raise CaptureError("message() computes a constant that does not depend on its tensor arguments")
+        expr = x._expr.remap({old: new for new, old in enumerate(order)})
+        op, operands = _fitted(expr, tuple(self.leaves[i] for i in order), shape, gather_op, x._reduce)
+        value = self.run(op, [operand.build(self.tensors[operand.argument]) for operand in operands])
+        rows = self.num_edges if gather_op is None else self.num_dst
+        return value.reshape((rows,) + x.features)
 
     def operand(self, tensor: Tensor, kind: str, rank: int) -> TracedTensor:
         """``tensor`` as an operand of kind ``kind`` in an expression of ``rank`` dimensions: a
@@ -183,15 +232,40 @@ class StagedTrace(Trace):
             if padded.shape[0] != 1:
                 raise CaptureError(f"message() combines its edges with a tensor of {padded.shape[0]} rows")
             tensor = padded.expand((self.num_edges,) + tuple(padded.shape[1:]))
+        features = tuple(tensor.shape[1:])
+        expr = Expr.input(self.leaf(Operand(self._register(tensor), kind, features), tensor.dtype))
+        return self.value(expr, features, tensor.dtype, tensor.device, tensor.requires_grad)
+
+    def _register(self, tensor: Tensor) -> str:
+        """The operand argument naming ``tensor`` (a new one for a tensor not met before)."""
         name = self._names.get(id(tensor))
         if name is None:
             name = f"%{len(self._names)}"
             self._names[id(tensor)] = name
             self._held.append(tensor)
             self.tensors[name] = tensor
-        features = tuple(tensor.shape[1:])
-        expr = Expr.input(self.leaf(Operand(name, kind, features), tensor.dtype))
-        return self.value(expr, features, tensor.dtype, tensor.device, tensor.requires_grad)
+        return name
+
+    def detached(self, x: TracedTensor) -> TracedTensor:
+        """``x`` computed from detached aliases of its operands: the same values, no gradient."""
+        x = self.traced(x)
+        aliases: Dict[str, str] = {}
+        mapping = {}
+        for index in x._expr.inputs():
+            leaf = self.leaves[index]
+            if leaf.argument not in aliases:
+                aliases[leaf.argument] = self._register(self.tensors[leaf.argument].detach())
+            mapping[index] = self.leaf(replace(leaf, argument=aliases[leaf.argument]), self.dtypes[index])
+        return self.value(x._expr.remap(mapping), x.features, x.dtype, x.device, False)
+
+    def _edge_input(self, x: TracedTensor) -> bool:
+        """Whether ``x`` is computed from edge inputs alone (see the module docstring)."""
+        return x._expr is not None and all(self.leaves[i].argument in self.edge_inputs for i in x._expr.inputs())
+
+    def _mark_edge_input(self, operand: TracedTensor) -> TracedTensor:
+        """``operand`` (a value :meth:`operand` returned), recorded as an edge input."""
+        self.edge_inputs.add(self.leaves[operand._expr.index].argument)
+        return operand
 
     # -- dispatch ---------------------------------------------------------------------------------
     def call(self, func: Callable, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
@@ -255,13 +329,11 @@ class StagedTrace(Trace):
             width = piece.shape[-1]
             columns = weight[:, start : start + width]
             start += width
-            if not isinstance(piece, TracedTensor):
-                piece = self.operand(piece, "edge", piece.dim())
-            terms = _linear_terms(piece._expr) if piece._expr is not None and piece._computed is None else None
-            if terms is None or piece._reduce:
+            terms = self._linear_pieces(piece)
+            if terms is None:
                 return NotImplemented
             for index, coefficient in terms.items():
-                if self.leaves[index].shape != piece.features:
+                if self.leaves[index].shape != tuple(piece.shape[1:]):
                     return NotImplemented
                 contribution = columns * coefficient if coefficient != 1.0 else columns
                 matrices[index] = matrices[index] + contribution if index in matrices else contribution
@@ -275,13 +347,34 @@ class StagedTrace(Trace):
             if bias is not None and result is None:
                 rows = rows + bias
             term = self.operand(rows, leaf.kind, rows.dim())
+            if leaf.argument in self.edge_inputs:
+                self._mark_edge_input(term)
             result = term if result is None else self.combine("add", result, term)
-        # A product of an edge operand (edge features) has a row per edge.
-        if any(self.leaves[index].kind == "edge" for index in matrices):
-            self.dense.append("torch.nn.functional.linear (split by linearity, of edge operands)")
-        else:
+        leaves = [self.leaves[index] for index in matrices]
+        if any(leaf.kind == "edge" and leaf.argument not in self.edge_inputs for leaf in leaves):
+            # A product of per-edge values computed in message() has a row per edge.
+            self.dense.append("torch.nn.functional.linear (split by linearity, of per-edge values)")
+            return result
+        if any(leaf.kind != "edge" for leaf in leaves):
             self.node_products.append("torch.nn.functional.linear")
+        if any(leaf.kind == "edge" for leaf in leaves):
+            self.edge_products.append("torch.nn.functional.linear")
         return result
+
+    def _linear_pieces(self, piece: Any) -> Optional[Dict[int, float]]:
+        """A piece of a Linear's input as ``{operand slot: coefficient}``: a linear combination of
+        operands, or one edge input (a value computed from edge inputs alone, by one
+        message-creation operator); ``None`` for anything else."""
+        if not isinstance(piece, TracedTensor):
+            piece = self.operand(piece, "edge", piece.dim())
+        if piece._expr is not None and piece._computed is None and not piece._reduce:
+            terms = _linear_terms(piece._expr)
+            if terms is not None:
+                return terms
+        if piece._parts is not None or not self._edge_input(piece):
+            return None
+        operand = self._mark_edge_input(self.operand(self.materialize(piece), "edge", piece.dim()))
+        return {operand._expr.index: 1.0}
 
     def concatenate(self, tensors: Sequence[Any], dim: int) -> Any:
         """``torch.cat`` along the features of traced values: kept in pieces, for a Linear to split."""
@@ -338,7 +431,8 @@ class StagedTrace(Trace):
             return NotImplemented
         source = self.tensors[leaf.argument]
         rows = transform(source.reshape((source.shape[0],) + leaf.shape))
-        return self.operand(rows, leaf.kind, rows.dim())
+        operand = self.operand(rows, leaf.kind, rows.dim())
+        return self._mark_edge_input(operand) if leaf.argument in self.edge_inputs else operand
 
     def edge_softmax(self, src: Any) -> Tensor:
         r"""PyG's ``softmax(src, index)`` over the edges of each receiver, as graph operators:
@@ -352,18 +446,35 @@ class StagedTrace(Trace):
         total = self.run(total_op, [logits, maximum])
         return self.run(weight_op, [logits, maximum, total]).to(scores.dtype)
 
-    def softmax_weighted(self, messages: Any, temperature: Any, semi_grad: bool) -> TracedTensor:
-        r"""PyG's ``SoftmaxAggregation`` before its sum: :math:`\mathbf{m}_{ji} \odot
-        \operatorname{softmax}_j(t\,\mathbf{m}_{ji})` per feature, the softmax without gradient for
-        ``semi_grad``."""
+    def softmax_aggregate(self, messages: Any, temperature: Any, semi_grad: bool) -> Tensor:
+        r"""PyG's ``SoftmaxAggregation`` of the messages, per feature:
+
+        .. math::
+            \sum_j \operatorname{softmax}_j(t\,\mathbf{m}_{ji}) \odot \mathbf{m}_{ji}
+            = \frac{\sum_j e^{t\mathbf{m}_{ji} - \mathbf{M}_i} \odot \mathbf{m}_{ji}}
+                   {\sum_j e^{t\mathbf{m}_{ji} - \mathbf{M}_i} + 10^{-16}},
+            \qquad \mathbf{M}_i = \max_j t\,\mathbf{m}_{ji},
+
+        as three gathers whose edge functions recompute the messages (no per-edge value is
+        written): :math:`\mathbf{M}` without gradient, as PyG's softmax takes it, then the two sums.
+        An isolated receiver gets 0, as in PyG. With ``semi_grad`` the softmax weights have no
+        gradient (PyG computes them under ``no_grad``): they read detached aliases of the operands.
+        The ratio of half-precision sums is taken in float32, where the :math:`10^{-16}` does not
+        round to 0 (isolated receivers would get 0 / 0)."""
         if not isinstance(messages, TracedTensor):
             messages = self.operand(messages, "edge", messages.dim())
-        scaled = messages
+        messages = self.traced(messages)
+        scaled = self.detached(messages) if semi_grad else messages
         if not isinstance(temperature, (int, float)) or temperature != 1:
-            scaled = self.combine("mul", messages, temperature)
+            scaled = self.combine("mul", scaled, temperature)
+        with torch.no_grad():
+            maximum = self.aggregate(scaled, "max")
+        shifted = self.unary("exp", self.combine("sub", scaled, self.operand(maximum, "dst_v", scaled.dim())))
         with torch.no_grad() if semi_grad else contextlib.nullcontext():
-            weights = self.edge_softmax(scaled)
-        return self.combine("mul", messages, weights)
+            total = self.aggregate(shifted, "sum")
+        numerator = self.aggregate(self.combine("mul", shifted, messages), "sum")
+        wide = torch.promote_types(total.dtype, torch.float32)
+        return (numerator.to(wide) / (total.to(wide) + SOFTMAX_EPSILON)).to(numerator.dtype)
 
     def owns_receivers(self, index: Optional[Tensor], ptr: Optional[Tensor], num_nodes: Optional[int]) -> bool:
         receiver = index if index is not None else ptr
@@ -379,16 +490,36 @@ class StagedTrace(Trace):
         ``None`` keeps the per-edge values, as ``edge_update()``'s)."""
         if isinstance(value, TracedTensor) and gather_op is not None and value._parts is None:
             try:
-                return Staged(
-                    self.finish(value, gather_op), self.tensors, None, tuple(self.dense), tuple(self.node_products)
-                )
+                return self._staged(capture=self.finish(value, gather_op))
             except CaptureError:
                 pass
         if isinstance(value, TracedTensor):
             value = self.materialize(value)
         if not isinstance(value, Tensor) or value.dim() == 0 or value.shape[0] != self.num_edges:
             raise CaptureError("message() returns a value that has no row per edge")
-        return Staged(None, self.tensors, value, tuple(self.dense), tuple(self.node_products))
+        return self._staged(messages=value)
+
+    def aggregated(self, value: Tensor) -> Staged:
+        """The staged call of a ``message()`` whose messages an aggregation module aggregated inside
+        the trace (``value``: ``[num_dst, *message_shape]``)."""
+        return self._staged(aggregated=value)
+
+    def _staged(
+        self,
+        capture: Optional[Capture] = None,
+        messages: Optional[Tensor] = None,
+        aggregated: Optional[Tensor] = None,
+    ) -> Staged:
+        """The staged call with its result, and what ran where so far."""
+        return Staged(
+            capture,
+            self.tensors,
+            messages,
+            tuple(self.dense),
+            tuple(self.node_products),
+            tuple(self.edge_products),
+            aggregated,
+        )
 
 
 def _linear_terms(expr: Expr) -> Optional[Dict[int, float]]:
@@ -547,13 +678,14 @@ def stage(
     trace: StagedTrace,
     gather_op: Optional[str],
     owner: Optional[torch.nn.Module] = None,
-    weigh: Optional[Callable[[StagedTrace, Any], Any]] = None,
+    aggregate: Optional[Callable[[StagedTrace, Any], Tensor]] = None,
 ) -> Staged:
     """Run ``method`` (a bound ``message`` or ``edge_update``) on ``arguments``: :class:`Argument`
     values whose tensor is in ``trace.tensors`` become traced tensors, anything else is passed as
     it is. ``owner``'s attributes that ``method`` set to traced values are computed for real.
-    ``weigh(trace, messages)``, if given, transforms the messages before they are aggregated
-    (an aggregation module's per-edge part, such as :meth:`StagedTrace.softmax_weighted`).
+    ``aggregate(trace, messages)``, if given, aggregates the messages per receiver instead of
+    ``gather_op`` (an aggregation module computed inside the trace, such as
+    :meth:`StagedTrace.softmax_aggregate`).
 
     Never traced by ``torch.compile``: a frame it gives up on runs eagerly, but the functions that
     frame calls are compiled again, and Dynamo cannot trace ``message()`` on traced tensors.
@@ -579,8 +711,8 @@ def stage(
             for name, attribute in list(vars(owner).items()):
                 if isinstance(attribute, TracedTensor):
                     vars(owner)[name] = trace.materialize(attribute)
-        if weigh is not None:
-            value = weigh(trace, value)
+        if aggregate is not None:
+            return trace.aggregated(aggregate(trace, value))
         return trace.result(value, gather_op)
     finally:
         _ACTIVE.traces.pop()

@@ -13,17 +13,23 @@ from torch_geometric.nn import MessagePassing as PyGMessagePassing
 from torch_geometric.nn.aggr import SoftmaxAggregation
 from torch_geometric.nn.conv import (
     AGNNConv,
+    CGConv,
     EdgeConv,
     FAConv,
     GATv2Conv,
     GENConv,
+    GeneralConv,
+    HEATConv,
     NNConv,
+    PNAConv,
     PointTransformerConv,
     TransformerConv,
 )
 from torch_geometric.utils import softmax
 
 import pyg_ugrapher as ug
+from pyg_ugrapher.message_passing import observe_fallbacks, observe_stages
+from pyg_ugrapher.staging import ON_EDGE_ROWS, ON_EDGES, ON_NODES
 
 from ..conftest import (
     TOLERANCE,
@@ -229,18 +235,59 @@ def test_half_precision_softmax():
         assert relative_error(a.double(), b, largest) <= 2 * TOLERANCE[torch.bfloat16]
 
 
-@pytest.mark.parametrize("learn", [False, True])
-def test_softmax_aggregation(executor, learn):
-    x, edge_index = layer_inputs(executor)
-    aggr = SoftmaxAggregation(t=0.5, learn=learn, channels=4 if learn else 1, semi_grad=not learn)
+def _forward_ops(model, *args):
+    """The graph operators one forward pass runs."""
+    calls = []
+    with ug.ops.observe(calls.append), torch.no_grad():
+        model(*args)
+    return [call.op for call in calls]
 
-    def message(self, x_j, x_i):
-        return torch.relu(x_j - x_i) + 0.1
 
-    ours, theirs = twins({"forward": forward, "message": message}, aggr=copy.deepcopy(aggr))
+def softmax_aggregated_message(self, x_j, x_i):
+    return torch.relu(x_j - x_i) + 0.1
+
+
+@pytest.mark.parametrize(
+    "t, learn, channels, semi_grad",
+    [(1.0, False, 1, False), (0.5, False, 1, True), (0.5, True, 1, False), (0.5, True, 4, False)],
+    ids=["plain", "semi-grad", "learn", "learn-per-channel"],
+)
+def test_softmax_aggregation_runs_as_gathers(executor, t, learn, channels, semi_grad):
+    """``SoftmaxAggregation`` of a symbolic message is three gathers that recompute the message
+    (the receivers' largest scaled message, the sums of the shifted exponentials, with and without
+    the message): no operator writes per-edge values. Outputs and gradients (of the temperature
+    too) equal PyG's, float64, with an isolated receiver, self loops and duplicate edges."""
+    x, edge_index = layer_inputs(executor, dtype=torch.float64)
+    aggr = SoftmaxAggregation(t=t, learn=learn, channels=channels, semi_grad=semi_grad)
+    ours, theirs = twins({"forward": forward, "message": softmax_aggregated_message}, aggr=copy.deepcopy(aggr))
     theirs.aggr_module = aggr
+    ours, theirs = ours.double(), theirs.double()
     assert_same_results(outputs_and_grads(ours, x, edge_index), outputs_and_grads(theirs, x, edge_index))
-    assert "SoftmaxAggregation" in ours.staged_reason
+    assert "SoftmaxAggregation" in ours.staged_reason and ours.fallback_reason is None
+    assert [op.gather_op for op in _forward_ops(ours, x, edge_index)] == ["max", "sum", "sum"]
+
+
+def test_softmax_aggregation_of_edge_features():
+    """GENConv's message (``relu(x_j + lin_edge(edge_attr)) + eps``) and learnable temperature:
+    the edge features' Linear multiplies their rows, the aggregation is three gathers, and no
+    per-edge value is written or computed in PyTorch; on a graph with a hub of 200 edges too."""
+    x, edge_index = layer_inputs("reference", features=6, dtype=torch.float64)
+    hub = torch.stack(
+        [
+            torch.randint(0, x.size(0), (200,), generator=torch.Generator().manual_seed(1)),
+            torch.zeros(200, dtype=torch.long),
+        ]
+    )
+    for graph in (edge_index, torch.cat([edge_index, hub], dim=1)):
+        edge_attr = torch.randn(graph.size(1), 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        torch.manual_seed(0)
+        theirs = GENConv(6, 6, edge_dim=3, learn_t=True, t=2.0).double()
+        ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+        assert_same_results(
+            outputs_and_grads(ours, x, graph, edge_attr), outputs_and_grads(theirs, x, graph, edge_attr)
+        )
+        assert all(op.gather_op is not None for op in _forward_ops(ours, x, graph, edge_attr))
+        assert ON_EDGES not in ours.staged_reason and ON_EDGE_ROWS in ours.staged_reason, ours.staged_reason
 
 
 def test_stored_attention_weights_are_real_tensors(executor):
@@ -444,35 +491,103 @@ def edge_linear_message(self, x_j, edge_attr):
     return x_j * self.lin_edge(edge_attr)
 
 
+def edge_chain_message(self, x_j, edge_attr):
+    """HEATConv's pattern: a Linear of a nonlinear function of a Linear of the edge features."""
+    return x_j * self.lin(torch.nn.functional.leaky_relu(self.lin_edge(edge_attr), 0.2))
+
+
+def edge_and_node_linear_message(self, x_i, x_j, edge_attr):
+    """CGConv's pattern: a Linear of a concatenation of node and edge features."""
+    return self.lin(torch.cat([x_i, x_j, edge_attr], dim=-1)).sigmoid()
+
+
+def vertex_value_linear_message(self, x_i, x_j, edge_attr):
+    """A Linear of edge features plus a per-edge value of gathered vertex rows (a dot product,
+    computed per edge first): a linear combination, split by linearity, that is not an edge input."""
+    return x_j * self.lin_edge(edge_attr + (x_i * x_j).sum(-1, keepdim=True))
+
+
 def forward_with_edges(self, x, edge_index, edge_attr):
     return self.propagate(edge_index, x=x, edge_attr=edge_attr)
 
 
-@pytest.mark.parametrize("case", ["node_rows", "mlp", "edge_features"])
-def test_the_staged_reason_says_where_linear_maps_ran(executor, case):
-    """A Linear split into products of the node rows is named as such (every per-edge value then
-    comes from graph operators); a second Linear after a nonlinearity, or a Linear of edge
-    features, runs in PyTorch on per-edge values and is named so."""
-    from pyg_ugrapher.staging import ON_EDGES, ON_NODES
+def _linears(**shapes):
+    def setup(module):
+        for name, (a, b) in shapes.items():
+            setattr(module, name, nn.Linear(a, b))
 
-    x, edge_index = layer_inputs(executor)
-    edge_attr = torch.randn(edge_index.size(1), 4, generator=torch.Generator().manual_seed(3))
-    if case == "node_rows":
-        ours, theirs = twins(
-            {"forward": forward, "message": single_linear_message},
-            lambda module: setattr(module, "lin", nn.Linear(8, 4)),
-        )
-        args = (x, edge_index)
-    elif case == "mlp":
-        ours, theirs = twins(*EDGE_MLP)
-        args = (x, edge_index)
-    else:
-        ours, theirs = twins(
-            {"forward": forward_with_edges, "message": edge_linear_message},
-            lambda module: setattr(module, "lin_edge", nn.Linear(4, 4)),
-        )
-        args = (x, edge_index, edge_attr)
+    return setup
+
+
+LINEAR_CASES = {
+    # case: (message, Linear maps, edge feature width, phrases of the staged reason)
+    "node_rows": (single_linear_message, _linears(lin=(8, 4)), None, {ON_NODES}),
+    "mlp": (edge_mlp_message, add_mlp, None, {ON_NODES, ON_EDGES}),
+    "edge_features": (edge_linear_message, _linears(lin_edge=(3, 4)), 3, {ON_EDGE_ROWS}),
+    "edge_chain": (edge_chain_message, _linears(lin_edge=(3, 5), lin=(5, 4)), 3, {ON_EDGE_ROWS}),
+    "edge_and_node_rows": (edge_and_node_linear_message, _linears(lin=(11, 4)), 3, {ON_NODES, ON_EDGE_ROWS}),
+    "vertex_value": (vertex_value_linear_message, _linears(lin_edge=(1, 4)), 1, {ON_EDGES}),
+}
+
+
+@pytest.mark.parametrize("case", list(LINEAR_CASES))
+def test_the_staged_reason_says_where_linear_maps_ran(executor, case):
+    """A Linear split into products of the node rows is named as such, and one of the edge
+    features' rows (edge features given to propagate(), or values computed from them alone) as
+    such: every per-edge value then comes from graph operators. A second Linear after a
+    nonlinearity of gathered vertex rows, or a Linear of a per-edge value computed from vertex
+    rows, runs in PyTorch on per-edge values and is named so."""
+    message, setup, edge_width, phrases = LINEAR_CASES[case]
+    x, edge_index = layer_inputs(executor, dtype=torch.float64)
+    body = {"forward": forward if edge_width is None else forward_with_edges, "message": message}
+    ours, theirs = (module.double() for module in twins(body, setup))
+    args = (x, edge_index)
+    if edge_width is not None:
+        generator = torch.Generator().manual_seed(3)
+        args += (torch.randn(edge_index.size(1), edge_width, generator=generator, dtype=torch.float64),)
     assert_same_results(outputs_and_grads(ours, *args), outputs_and_grads(theirs, *args), case)
     reason = ours.staged_reason
-    assert (ON_NODES in reason) == (case != "edge_features"), reason
-    assert (ON_EDGES in reason) == (case != "node_rows"), reason
+    assert ours.fallback_reason is None and reason is not None
+    for phrase in (ON_NODES, ON_EDGES, ON_EDGE_ROWS):
+        assert (phrase in reason) == (phrase in phrases), (phrase, reason)
+    if case == "vertex_value":
+        assert "linear (split by linearity, of per-edge values) " + ON_EDGES in reason, reason
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: TransformerConv(6, 3, heads=2, edge_dim=3),
+        lambda: CGConv(6, dim=3),
+        lambda: GeneralConv(6, 5, in_edge_channels=3),
+        lambda: GATv2Conv(6, 3, heads=2, edge_dim=3),
+        lambda: GENConv(6, 6, edge_dim=3),
+        lambda: PNAConv(6, 6, ["mean", "max", "std"], ["identity", "linear"], torch.tensor([1, 4, 3, 2]), edge_dim=3),
+        lambda: HEATConv(6, 4, 2, 3, edge_type_emb_dim=2, edge_dim=3, edge_attr_emb_dim=4, heads=2),
+    ],
+    ids=["TransformerConv", "CGConv", "GeneralConv", "GATv2Conv", "GENConv", "PNAConv", "HEATConv"],
+)
+def test_pyg_layers_multiply_edge_features_as_input_transforms(build):
+    """PyG's layers that apply a Linear to their edge features (alone, or in a concatenation with
+    node features) equal PyG's, float64, and compute no per-edge value in PyTorch: the Linear is
+    named as a product of the edge features' rows."""
+    x, edge_index = layer_inputs("reference", features=6, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(3)
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=generator, dtype=torch.float64)
+    torch.manual_seed(0)
+    theirs = build().double()
+    args = (edge_index, edge_attr)
+    if isinstance(theirs, HEATConv):
+        node_type = torch.randint(0, 2, (x.size(0),), generator=generator)
+        args = (edge_index, node_type, torch.randint(0, 3, (edge_index.size(1),), generator=generator), edge_attr)
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    assert_same_results(outputs_and_grads(ours, x, *args), outputs_and_grads(theirs, x, *args), type(theirs).__name__)
+    stages, fallbacks = [], []
+    with (
+        observe_stages(lambda module, text: stages.append(text)),
+        observe_fallbacks(lambda module, text: fallbacks.append(text)),
+    ):
+        ours(x, *args)
+    assert not fallbacks and stages, (fallbacks, stages)
+    assert any(ON_EDGE_ROWS in text for text in stages), stages
+    assert not any(ON_EDGES in text for text in stages), stages
