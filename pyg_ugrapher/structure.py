@@ -420,10 +420,10 @@ class _Chunks(NamedTuple):
 def _chunks(csr: CSR, group_size: int) -> _Chunks:
     if group_size < 1:
         raise ValueError(f"group_size: must be positive, got {group_size}")
-    # Where nothing may be kept the tables are built for the call alone.
-    cache = {} if keeps_nothing(csr.rowptr) else derived_cache(csr.rowptr)
+    cache = derived_cache(csr.rowptr)
     key = ("chunks", group_size)
-    if key not in cache:
+    found = cache.get(key)
+    if found is None:
         rowptr = csr.rowptr.to(torch.int64)
         degree = rowptr[1:] - rowptr[:-1]
         counts = torch.clamp((degree + group_size - 1) // group_size, min=1)
@@ -443,14 +443,17 @@ def _chunks(csr: CSR, group_size: int) -> _Chunks:
         slot = torch.where(split[rows], first_slot[rows] + within, -1)
         split_index = torch.nonzero_static(split, size=num_split).view(-1)
         dtype = csr.rowptr.dtype
-        cache[key] = _Chunks(
+        found = _Chunks(
             (rows[order].to(dtype), start[order].to(dtype)),
             split_index,
             slot[order].to(dtype),
             first_slot[split_index].to(dtype),
             num_slots,
         )
-    return cache[key]
+        # Kept where it may be; tables built before a capture are read in it (and its warm-ups).
+        if not keeps_nothing(csr.rowptr):
+            cache[key] = found
+    return found
 
 
 def build_csr(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, dtype: torch.dtype) -> CSR:

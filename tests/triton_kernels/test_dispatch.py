@@ -12,7 +12,7 @@ from pyg_ugrapher import reference
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.layout import infer_layout
 from pyg_ugrapher.ops import graph_arrays
-from pyg_ugrapher.structure import derived_cache, keeping_nothing
+from pyg_ugrapher.structure import chunk_table, derived_cache, keeping_nothing
 from triton_kernels import dispatch
 from triton_kernels.csr_pair import grouped
 
@@ -317,3 +317,7 @@ def test_calls_keep_nothing_inside_keeping_nothing(device, graph_factory, operan
         assert bool(kept) == keep, kept
         assert (dispatch._PERMUTED.get(weight) is not None) == keep
         assert reused == keep
+    # What was kept before is read inside the block (a CUDA graph capture could not build it again).
+    table = chunk_table(arrays.csr, 2)
+    with keeping_nothing():
+        assert chunk_table(arrays.csr, 2) is table
