@@ -28,11 +28,19 @@ LightGBM               XGBoost
                        pairs in the right order)
 ``random_state``       ``seed`` (``None``: 0)
 ``n_jobs``             ``nthread`` (``None`` or ``-1``: all cores)
+``pairs_per_row``      (XGBoost only, LightGBM has no such sampling) ``lambdarank_pair_method="mean"``
+                       with ``lambdarank_num_pair_per_sample``: each row of a query group is paired with
+                       this many rows of other labels of its group, drawn at random; ``None`` keeps
+                       XGBoost's default, every pair between the top 32 rows of the model's current
+                       ranking (the highest scores) and the rest of their group
 =====================  ===============================================================================
 
 The ranking objectives learn an order within *query groups* (LightGBM's ``group``: the sizes of
 runs of consecutive rows, here the candidates of one selection) and predict scores that only
-compare within a group.
+compare within a group. Which pairs the gradients come from matters when the rows that count
+are not the highest-scored ones: a cost ranked with the lowest score best is better learnt from
+``pairs_per_row`` pairs spread over the whole group than from the default pairs of its top
+(highest-scored, slowest) rows.
 
 Example::
 
@@ -116,6 +124,8 @@ class CostModel:
         random_state: seed.
         n_jobs: threads (``None`` or ``-1``: all cores).
         backend: ``"xgboost"`` or ``"lightgbm"``.
+        pairs_per_row: ranking objectives on XGBoost: pairs drawn per row among the other labels
+            of its group (``None``: pairs of the top 32 rows of the current ranking with the rest).
     """
 
     def __init__(
@@ -133,6 +143,7 @@ class CostModel:
         random_state: Optional[int] = None,
         n_jobs: Optional[int] = None,
         backend: str = "xgboost",
+        pairs_per_row: Optional[int] = None,
     ) -> None:
         self.n_estimators = _check_int("n_estimators", n_estimators, 1)
         self.learning_rate = _check_float("learning_rate", learning_rate, 0.0, 1.0, open_low=True)
@@ -170,6 +181,14 @@ class CostModel:
                     "the default backend 'xgboost' takes the same arguments"
                 ) from error
         self.backend = backend
+        if pairs_per_row is not None:
+            pairs_per_row = _check_int("pairs_per_row", pairs_per_row, 1)
+            if objective not in RANKING or backend != "xgboost":
+                raise ValueError(
+                    f"pairs_per_row: samples the pairs of XGBoost's ranking objectives {RANKING}, "
+                    f"not {objective!r} on {backend!r}"
+                )
+        self.pairs_per_row = pairs_per_row
         self.feature_names_: Optional[List[str]] = None
         self.evals_result_: Dict[str, Dict[str, List[float]]] = {}
         self._booster = None
@@ -191,6 +210,7 @@ class CostModel:
             "random_state",
             "n_jobs",
             "backend",
+            "pairs_per_row",
         )
         return {name: getattr(self, name) for name in names}
 
@@ -215,6 +235,9 @@ class CostModel:
             # The default metric (NDCG) needs integer relevance; the ranking AUC, the fraction of
             # pairs of a group in the right order, takes any label.
             params["eval_metric"] = "auc"
+        if self.pairs_per_row is not None:
+            params["lambdarank_pair_method"] = "mean"
+            params["lambdarank_num_pair_per_sample"] = self.pairs_per_row
         return params
 
     @property

@@ -143,6 +143,25 @@ def test_ranking_round_trip(groups, tmp_path):
     np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
 
 
+def test_pairs_per_row_samples_pairs_over_each_group(groups, tmp_path):
+    X, cost, sizes = groups
+    default = CostModel(objective="rank_pairwise", n_estimators=40, num_leaves=15, random_state=0)
+    spread = CostModel(objective="rank_pairwise", n_estimators=40, num_leaves=15, random_state=0, pairs_per_row=4)
+    params = spread.xgboost_params()
+    assert params["lambdarank_pair_method"] == "mean" and params["lambdarank_num_pair_per_sample"] == 4
+    assert "lambdarank_pair_method" not in default.xgboost_params()
+    default.fit(X[:1000], cost[:1000], group=sizes[:50])
+    spread.fit(X[:1000], cost[:1000], group=sizes[:50])
+    assert not np.array_equal(default.predict(X[1000:]), spread.predict(X[1000:]))
+    # The lowest score of each held-out group is one of its three cheapest candidates.
+    pred, truth = spread.predict(X[1000:]).reshape(10, 20), cost[1000:].reshape(10, 20)
+    picked = [int((row < row[np.argmin(score)]).sum()) for score, row in zip(pred, truth)]
+    assert max(picked) < 3
+    loaded = CostModel.load(spread.save_model(tmp_path / "spread.json"))
+    assert loaded.pairs_per_row == 4 and loaded.xgboost_params()["lambdarank_num_pair_per_sample"] == 4
+    np.testing.assert_array_equal(loaded.predict(X), spread.predict(X))
+
+
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [
@@ -158,6 +177,9 @@ def test_ranking_round_trip(groups, tmp_path):
         ({"random_state": "x"}, TypeError, "random_state"),
         ({"backend": "catboost"}, ValueError, "backend"),
         ({"objective": "rank_pairwise", "backend": "lightgbm"}, ValueError, "objective: 'rank_pairwise'"),
+        ({"objective": "rank_pairwise", "pairs_per_row": 0}, ValueError, "pairs_per_row"),
+        ({"objective": "rank_pairwise", "pairs_per_row": 2.0}, TypeError, "pairs_per_row"),
+        ({"pairs_per_row": 8}, ValueError, "pairs_per_row: samples the pairs"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):

@@ -6,7 +6,7 @@ from autotune import evaluate as ev
 from autotune.collect import read_table
 from autotune.cost_model import CostModel
 from autotune.features import CASE_COLUMNS, FEATURES, KNOB_COLUMNS, frame_features
-from autotune.train import fit, train
+from autotune.train import PAIRS_PER_ROW, fit, train
 
 
 @pytest.mark.parametrize("kind", ["log_time", "relative", "rank"])
@@ -79,6 +79,8 @@ def test_train_writes_a_loadable_model(collected, tmp_path, kind, objective):
     assert model.booster_.num_boosted_rounds() == 3
     assert model.feature_names_ == list(FEATURES)
     assert model.objective == objective and model.booster_.attr("target") == kind
+    # The ranking draws its pairs over each whole case; the regressions have no pairs.
+    assert model.pairs_per_row == (PAIRS_PER_ROW if kind == "rank" else None)
     assert model.booster_.attr("data_rows") == str(len(read_table([collected])))
 
 
