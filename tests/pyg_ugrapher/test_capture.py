@@ -68,23 +68,22 @@ ELEMENTWISE = {
 @pytest.mark.parametrize("name", sorted(ELEMENTWISE))
 def test_captured_message_computes_what_message_computes(name):
     """The captured op on a graph equals message() on real, gathered tensors, aggregated."""
-    message = ELEMENTWISE[name]
-    double = torch.float64
-    result = trace(
-        lambda x_j, x_i, w: message(x_j, x_i, w),
-        x_j=arg(3, kind="src_v", dtype=double),
-        x_i=arg(3, kind="dst_v", dtype=double),
-        w=arg(dtype=double),
-    )
     generator = torch.Generator().manual_seed(0)
     x = torch.rand(NUM_NODES, 3, generator=generator, dtype=torch.float64) + 0.5
     w = torch.rand(NUM_EDGES, generator=generator, dtype=torch.float64) + 0.5
-    check_aggregated_messages(result, message, x, w)
+    check_aggregated_messages(ELEMENTWISE[name], x, w)
 
 
-def check_aggregated_messages(result: Capture, message: Callable, x: torch.Tensor, w: torch.Tensor) -> None:
-    """The captured op of ``message(x_j, x_i, w)`` run on :data:`EDGES` with its operands built
-    from ``x`` and ``w`` equals ``message()`` on the gathered rows, summed per destination."""
+def check_aggregated_messages(message: Callable, x: torch.Tensor, w: torch.Tensor) -> None:
+    """``message(x_j, x_i, w)`` captured on arguments shaped as ``x`` (at both ends) and ``w``: its
+    op run on :data:`EDGES` with its operands built from ``x`` and ``w`` equals ``message()`` on the
+    gathered rows, summed per destination."""
+    result = trace(
+        lambda x_j, x_i, w: message(x_j, x_i, w),
+        x_j=arg(x.shape[1], kind="src_v", dtype=x.dtype),
+        x_i=arg(x.shape[1], kind="dst_v", dtype=x.dtype),
+        w=arg(dtype=w.dtype),
+    )
     src, dst = EDGES
     messages = message(x[src], x[dst], w)
     expected = torch.zeros((NUM_NODES,) + messages.shape[1:], dtype=messages.dtype).index_add_(0, dst, messages)
@@ -170,18 +169,10 @@ FEATURE_INDEXING = {
 def test_feature_indexing_selects_operand_features(name):
     """Slices and ints of the feature dimensions become selections of the operands' features: the
     captured op on a graph equals message() on real, gathered tensors, aggregated."""
-    message = FEATURE_INDEXING[name]
-    double = torch.float64
-    result = trace(
-        lambda x_j, x_i, w: message(x_j, x_i, w),
-        x_j=arg(4, kind="src_v", dtype=double),
-        x_i=arg(4, kind="dst_v", dtype=double),
-        w=arg(dtype=double),
-    )
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(NUM_NODES, 4, generator=generator, dtype=double)
-    w = torch.rand(NUM_EDGES, generator=generator, dtype=double)
-    check_aggregated_messages(result, message, x, w)
+    x = torch.randn(NUM_NODES, 4, generator=generator, dtype=torch.float64)
+    w = torch.rand(NUM_EDGES, generator=generator, dtype=torch.float64)
+    check_aggregated_messages(FEATURE_INDEXING[name], x, w)
 
 
 def test_an_operand_broadcast_along_an_indexed_dimension_keeps_its_entry():
