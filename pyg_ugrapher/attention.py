@@ -497,8 +497,8 @@ def _op_backward(ctx, grads: List[Optional[Tensor]]):
     return [None] * n, score_grads, results[k] if needs_x else None, None, None
 
 
-for _name in ("softmax_aggregate", "recordable_softmax_aggregate"):
-    torch.library.register_autograd(f"pyg_ugrapher::{_name}", _op_backward, setup_context=_setup_context)
+for _op in (softmax_aggregate_op, recordable_softmax_aggregate_op):
+    _op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
 def _check_scores(

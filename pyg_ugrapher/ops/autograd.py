@@ -19,7 +19,7 @@ from ..backward import Backward, GradStep, derive, on_reversed
 from ..ir import OpInfo
 from ..layout import Layout, infer_layout
 from ..structure import GraphStructure, derived_cache, keeps_nothing
-from .custom_ops import call_gather_with_edge_output, call_graph_op
+from .custom_ops import call_gather_with_edge_output, call_graph_op, graph_op, recordable_graph_op
 from .decisions import AUTO, cached_layout, layout_of, parse_op, parse_schedule, serialized
 from .execute import run_gather_with_edge_output, run_graph_op
 
@@ -108,8 +108,8 @@ def _backward(ctx, grad: Tensor):
     )
 
 
-for _name in ("graph_op", "recordable_graph_op"):
-    torch.library.register_autograd(f"pyg_ugrapher::{_name}", _backward, setup_context=_setup_context)
+for _op in (graph_op, recordable_graph_op):
+    _op.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _EagerGraphOp(torch.autograd.Function):
