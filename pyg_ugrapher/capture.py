@@ -35,27 +35,47 @@ Shapes, dtypes and devices are the real ones, so shape-dependent Python (``x_j.s
   and ints, every edge kept): on an argument it becomes a selection of the real operand's
   features, on an intermediate result it is pushed down to its arguments (an argument broadcast
   along an indexed dimension keeps its single entry);
-* a final ``sum(dim=-1)`` (a dot product): a reducing message op, then the aggregation.
+* a final ``sum(dim=-1)`` (a dot product): a reducing message op, then the aggregation;
+* ``F.linear`` (``nn.Linear``, an MLP's first layer) of a linear combination of arguments or of a
+  ``torch.cat`` of such pieces, with a weight and bias of the module: split by linearity into one
+  :class:`Product` per argument, a Linear of its rows (``N`` node rows, not ``E``) computed before
+  the kernel from the module's current weights at every call;
+* parameters and buffers of the module combined with per-edge values (``self.beta * alpha``):
+  :class:`Broadcast` operands, read from the module at every call;
+* a dot product (or a view the operands cannot follow) that later code computes with: a value
+  computed before the fused operator, once per vertex where it reads one end of the edges
+  (:class:`NodeStep`: GAT's ``(x_i * att).sum(-1)``), else per edge by an operator of its own
+  (:class:`Step`);
+* PyG's ``softmax(src, index, ptr, size_i)`` over the receivers of the edges (its scores, maxima,
+  sums and weights are steps, see :meth:`Trace.edge_softmax`), PyG's ``SoftmaxAggregation``
+  (``softmax_temperature``: two gathers and the final one), and per-edge values ``message()``
+  stores on the module (``self._alpha``, :attr:`Capture.stores`).
 
-Anything else raises :class:`CaptureError` with a sentence saying why: ``torch.cat``, ``matmul`` and
-``nn.Module`` calls, tensors that are not arguments (parameters, buffers: they would be baked into
-the capture), in-place operations, Python branching on tensor values, tuples of messages.
+Anything else raises :class:`CaptureError` with a sentence saying why: ``matmul``, a Linear of
+anything else (an MLP's later layers), other ``nn.Module`` calls, tensors that are neither arguments
+nor parameters or buffers of the module (a tensor made inside ``message()``), in-place operations,
+Python branching on tensor values, tuples of messages.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
+import types
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import Tensor
 from torch.overrides import resolve_name
+from torch_geometric.utils import softmax as pyg_softmax
 
 from .backward import canonical
-from .ir import SOFTPLUS_THRESHOLD, Expr, OpInfo
+from .ir import SOFTPLUS_THRESHOLD, Expr, OpInfo, parse_expr
 from .layout import infer_layout
+from .reference import evaluate
 
 Shape = Tuple[int, ...]
 #: A selection of features, per dimension: ``(start, stop, step)`` of a slice, or an int (the
@@ -150,6 +170,229 @@ def build_operand(
 
 
 @dataclass(frozen=True)
+class Product:
+    r"""A Linear of operand rows, computed before the kernel from the module's current weights.
+
+    ``F.linear`` of a linear combination of arguments (or of a ``torch.cat`` of such pieces) is
+    split by linearity: :math:`W [\mathbf{x}_i \| \mathbf{x}_j - \mathbf{x}_i] = (W_1 - W_2)
+    \mathbf{x}_i + W_2 \mathbf{x}_j`. Each term multiplies the rows of one operand (``N`` node rows,
+    not ``E`` per-edge ones) and becomes an operand of the fused kernel itself, named ``name``.
+    The weights are read from ``module`` by their attribute paths at every call, so training
+    updates reach the capture.
+    """
+
+    name: str  #: the operand argument it fills
+    source: Operand  #: the rows it multiplies: an argument of ``message()``, or an earlier product
+    weight: str  #: attribute path of the weight in the module (``lin.weight``)
+    weight_shape: Shape  #: the weight's shape when traced; another shape traces ``message()`` again
+    dtype: torch.dtype  #: the weight's dtype when traced
+    #: the weight's column blocks applied to ``source``: ``(start, stop, coefficient)`` each
+    columns: Tuple[Tuple[int, int, float], ...]
+    bias: Optional[str] = None  #: attribute path of the bias added to this term, if any
+
+    def build(self, tensors: Mapping[str, Tensor], module: torch.nn.Module, run: "OpRunner", num_edges: int) -> Tensor:
+        """The product's rows, from the real ``tensors`` (arguments and earlier values)."""
+        return build_value(self.constants(), tensors, module, run, num_edges)
+
+    def constants(self) -> Tuple[Any, ...]:
+        """The product as plain constants, for :func:`build_value`."""
+        source = self.source
+        fields = (source.argument, source.shape, source.view, source.index, self.weight, self.columns, self.bias)
+        return ("product", self.name) + fields + (self.dtype,)
+
+    def matches(self, module: torch.nn.Module) -> bool:
+        """Whether the module's weight still has the traced shape and dtype."""
+        return _has_shape(module, self.weight, self.weight_shape, self.dtype)
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """A parameter or buffer of the module that ``message()`` combines with per-edge values
+    (``self.beta * alpha``, a temperature): an edge operand read through a stride-0 view of the
+    module's current value at every call."""
+
+    name: str  #: the operand argument it fills
+    path: str  #: its attribute path in the module
+    shape: Shape  #: its shape when traced; another shape traces ``message()`` again
+    dtype: torch.dtype  #: its dtype when traced
+    features: Shape  #: the operand's feature shape: ``shape`` with leading 1s to the message's rank
+
+    def build(self, tensors: Mapping[str, Tensor], module: torch.nn.Module, run: "OpRunner", num_edges: int) -> Tensor:
+        """The parameter, viewed with a row per edge."""
+        return build_value(self.constants(), tensors, module, run, num_edges)
+
+    def constants(self) -> Tuple[Any, ...]:
+        """The broadcast as plain constants, for :func:`build_value`."""
+        return ("broadcast", self.name, self.path, self.features)
+
+    def matches(self, module: torch.nn.Module) -> bool:
+        """Whether the module's tensor still has the traced shape and dtype."""
+        return _has_shape(module, self.path, self.shape, self.dtype)
+
+
+@dataclass(frozen=True)
+class Step:
+    """An operator that runs before the fused one, whose result later operators read: a per-edge
+    value the fused kernel cannot recompute (a dot product that ``message()`` computes with, a
+    value it stores on the module), or one aggregate per receiver (the maxima and the sums of
+    PyG's ``softmax`` over each receiver's edges)."""
+
+    name: str  #: the operand argument its result fills
+    op: OpInfo  #: per edge when ``op.gather`` is ``None``, else per receiver
+    operands: Tuple[Operand, ...]
+    features: Shape  #: the result's feature shape
+    grad: bool = True  #: whether it is differentiated (a softmax's maxima are not, as in PyG)
+
+    def build(self, tensors: Mapping[str, Tensor], module: torch.nn.Module, run: "OpRunner", num_edges: int) -> Tensor:
+        """The operator's result, from the real ``tensors``."""
+        operands = [operand.build(tensors[operand.argument]) for operand in self.operands]
+        return run_step(run, self.op, operands, self.features, self.grad)
+
+    def constants(self) -> Tuple[Any, ...]:
+        """The step as plain constants (its op serialised), for :func:`build_value`."""
+        operands = tuple((o.argument, o.shape, o.expand, o.view, o.index) for o in self.operands)
+        return ("step", self.name, self.op.serialize(), operands, self.features, self.grad)
+
+    def matches(self, module: torch.nn.Module) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class NodeStep:
+    """A value of one end of the edges (``(x_i * att).sum(-1)``, GAT's scores) that ``message()``
+    computes with but the fused kernel cannot recompute (a dot product): computed once per vertex in
+    PyTorch, ``N`` rows instead of ``E``, and read by later operators as a vertex operand."""
+
+    name: str  #: the operand argument it fills
+    expr: Expr  #: over ``operands``, in slot order
+    #: vertex operands of one kind, and parameters (:class:`Broadcast`, kind ``edge``)
+    operands: Tuple[Operand, ...]
+    shape: Shape  #: the feature shape ``expr`` is evaluated at
+    features: Shape  #: the result's feature shape
+    reduce: bool  #: whether ``expr`` is summed over its last dimension
+
+    def build(self, tensors: Mapping[str, Tensor], module: torch.nn.Module, run: "OpRunner", num_edges: int) -> Tensor:
+        """The value of every vertex."""
+        return build_value(self.constants(), tensors, module, run, num_edges)
+
+    def constants(self) -> Tuple[Any, ...]:
+        """The node step as plain constants (its expression serialised), for :func:`build_value`."""
+        operands = tuple((o.argument, o.kind, o.shape, o.expand, o.view, o.index) for o in self.operands)
+        return ("node", self.name, self.expr.serialize(), operands, self.shape, self.features, self.reduce)
+
+    def matches(self, module: torch.nn.Module) -> bool:
+        return True
+
+
+def evaluate_on_vertices(expr: Expr, operands: Sequence[Tensor], shape: Shape, features: Shape, reduce: bool) -> Tensor:
+    """:meth:`NodeStep.build` once its operands are built (``[N or 1, *their shape]``): ``expr``
+    broadcast to ``shape`` over the vertices, summed over its last dimension if ``reduce``, viewed
+    as ``features``; half types are computed in float32, as the kernels do."""
+    dtype = functools.reduce(torch.promote_types, [t.dtype for t in operands])
+    wide = torch.promote_types(dtype, torch.float32)
+    inputs = [
+        t.to(wide).reshape(t.shape[:1] + (1,) * (len(shape) - (t.dim() - 1)) + tuple(t.shape[1:])) for t in operands
+    ]
+    out = evaluate(expr, inputs)
+    rows = max(t.shape[0] for t in inputs)
+    out = out.expand((rows,) + tuple(shape))
+    if reduce:
+        out = out.sum(dim=-1)
+    return out.to(dtype).reshape((rows,) + tuple(features))
+
+
+#: A value computed before the fused operator, into an operand argument of its own.
+Value = Union[Product, Broadcast, Step, NodeStep]
+#: Runs one IR operator on the propagation's graph: ``run(op, operands)``, ``op`` an
+#: :class:`~pyg_ugrapher.ir.OpInfo` or, in a compiled model, its serialised form.
+OpRunner = Callable[[Any, List[Tensor]], Tensor]
+
+
+def _has_shape(module: torch.nn.Module, path: str, shape: Shape, dtype: torch.dtype) -> bool:
+    value = module_attribute(module, path)
+    return isinstance(value, Tensor) and tuple(value.shape) == shape and value.dtype == dtype
+
+
+def run_step(run: OpRunner, op: Any, operands: List[Tensor], features: Shape, grad: bool) -> Tensor:
+    """:meth:`Step.build` once its operands are built."""
+    if grad:
+        out = run(op, operands)
+    else:
+        with torch.no_grad():
+            out = run(op, operands)
+    return out.reshape(out.shape[:1] + tuple(features))
+
+
+def _single_row(broadcast: Tensor) -> Tensor:
+    """The one row a :class:`Broadcast` operand repeats (with a stride of 0): what broadcasts over
+    the vertices, also when the graph has no edge."""
+    return broadcast.as_strided((1,) + tuple(broadcast.shape[1:]), broadcast.stride())
+
+
+def build_value(
+    constants: Tuple[Any, ...], tensors: Mapping[str, Tensor], module: torch.nn.Module, run: OpRunner, num_edges: int
+) -> Tensor:
+    """A :data:`Value` from its :meth:`constants` (which a compiled model holds)."""
+    kind = constants[0]
+    if kind == "product":
+        _, _, argument, shape, view, index, weight, columns, bias, dtype = constants
+        return build_product(tensors[argument], module, shape, view, index, weight, columns, bias, dtype)
+    if kind == "broadcast":
+        _, _, path, features = constants
+        value = module_attribute(module, path)
+        return value.reshape((1,) + tuple(features)).expand((num_edges,) + tuple(features))
+    if kind == "node":
+        _, _, expr, operands, shape, features, reduce = constants
+        built = [
+            build_operand(_single_row(tensors[argument]) if end == "edge" else tensors[argument], *recipe)
+            for argument, end, *recipe in operands
+        ]
+        return evaluate_on_vertices(parse_expr(expr), built, shape, features, reduce)
+    _, _, op, operands, features, grad = constants
+    built = [build_operand(tensors[argument], *recipe) for argument, *recipe in operands]
+    return run_step(run, op, built, features, grad)
+
+
+def module_attribute(module: torch.nn.Module, path: str) -> Any:
+    """``module.<path>`` for a dotted attribute path (``lin.weight``)."""
+    for name in path.split("."):
+        module = getattr(module, name)
+    return module
+
+
+def combine_columns(weight: Tensor, columns: Sequence[Tuple[int, int, float]]) -> Tensor:
+    r""":math:`\sum_k c_k W_{:, a_k:b_k}`: the weight a Linear applies to one operand that appears in
+    the column blocks ``(a_k, b_k)`` of its input with coefficients ``c_k``."""
+    matrix: Optional[Tensor] = None
+    for start, stop, coefficient in columns:
+        block = weight[:, start:stop]
+        if coefficient != 1.0:
+            block = block * coefficient
+        matrix = block if matrix is None else matrix + block
+    assert matrix is not None, "a product has at least one column block"
+    return matrix
+
+
+def build_product(
+    tensor: Tensor,
+    module: torch.nn.Module,
+    shape: Shape,
+    view: Optional[Shape],
+    index: Optional[FeatureIndex],
+    weight: str,
+    columns: Sequence[Tuple[int, int, float]],
+    bias: Optional[str],
+    dtype: torch.dtype,
+) -> Tensor:
+    """:meth:`Product.build` from the product's fields (a compiled model holds them as constants)."""
+    rows = build_operand(tensor, shape, None, view, index)
+    matrix = combine_columns(module_attribute(module, weight), columns)
+    out = torch.nn.functional.linear(rows, matrix, None if bias is None else module_attribute(module, bias))
+    # autocast may run the Linear in another dtype than the kernel was captured for
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+@dataclass(frozen=True)
 class Capture:
     """A ``message()`` with its aggregation, as IR operators.
 
@@ -165,16 +408,70 @@ class Capture:
     message_shape: Shape  #: feature shape of one message, as ``message()`` returns it
     gather: Optional[OpInfo] = None
     num_edges: Optional[int] = None  #: set when the trace read the number of edges: valid for that count only
+    #: what is computed before ``op`` into operand arguments of its own, in order
+    values: Tuple[Value, ...] = ()
+    #: ``(attribute, argument)``: a value ``message()`` stores on the module (``self._alpha``),
+    #: set again from the computed argument at every call
+    stores: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def ops(self) -> Tuple[OpInfo, ...]:
         """The operators one propagation runs, in order."""
-        return (self.op,) if self.gather is None else (self.op, self.gather)
+        steps = tuple(value.op for value in self.values if isinstance(value, Step))
+        return steps + ((self.op,) if self.gather is None else (self.op, self.gather))
+
+    @property
+    def products(self) -> Tuple[Product, ...]:
+        """The Linear products among :attr:`values`."""
+        return tuple(value for value in self.values if isinstance(value, Product))
+
+    def operand_tensors(
+        self,
+        tensors: Mapping[str, Tensor],
+        module: Optional[torch.nn.Module],
+        run: Optional[OpRunner] = None,
+        num_edges: int = 0,
+    ) -> Mapping[str, Tensor]:
+        """``tensors`` (the real arguments) with :attr:`values` computed (from ``module``'s weights,
+        and by ``run`` on the propagation's graph of ``num_edges`` edges); :attr:`stores` are set
+        on ``module``."""
+        if not self.values:
+            return tensors
+        if run is None:
+            raise ValueError("run: a capture with values runs operators on the propagation's graph")
+        if module is None and any(isinstance(value, (Product, Broadcast)) for value in self.values):
+            raise ValueError("module: a capture with Linear products or parameters reads them from its module")
+        tensors = dict(tensors)
+        for value in self.values:
+            tensors[value.name] = value.build(tensors, module, run, num_edges)
+        for attribute, argument in self.stores:
+            setattr(module, attribute, tensors[argument])
+        return tensors
+
+    def matches(self, module: torch.nn.Module) -> bool:
+        """Whether every module tensor a value reads still has its traced shape and dtype."""
+        return all(value.matches(module) for value in self.values)
 
     def __str__(self) -> str:
         inputs = ", ".join(f"{o.argument}{_selection(o.index)} as {o.kind} {list(o.features)}" for o in self.operands)
+        products = "".join(
+            f"\n{p.name} = linear({p.source.argument}{_selection(p.source.index)}, "
+            f"{_columns_text(p.weight, p.columns)}{'' if p.bias is None else ', ' + p.bias})"
+            for p in self.products
+        )
         steps = "\n".join(repr(op) for op in self.ops)
-        return f"Capture of message({inputs}) -> messages {list(self.message_shape)}\n{steps}"
+        return f"Capture of message({inputs}) -> messages {list(self.message_shape)}{products}\n{steps}"
+
+
+def _columns_text(weight: str, columns: Sequence[Tuple[int, int, float]]) -> str:
+    """The weight :func:`combine_columns` makes, as Python: ``w[:, 0:4] - w[:, 4:8]``."""
+    text = ""
+    for start, stop, coefficient in columns:
+        sign = "-" if coefficient < 0 else "+"
+        scale = "" if abs(coefficient) == 1.0 else f"{abs(coefficient):g} * "
+        term = f"{scale}{weight}[:, {start}:{stop}]"
+        text = (f"-{term}" if sign == "-" else term) if not text else f"{text} {sign} {term}"
+    return text
 
 
 def _selection(index: Optional[FeatureIndex]) -> str:
@@ -185,8 +482,15 @@ def _selection(index: Optional[FeatureIndex]) -> str:
     return f"[:, {', '.join(entries)}]"
 
 
-def capture(message: Callable[..., Any], arguments: Mapping[str, Any], num_edges: int, gather_op: str) -> Capture:
-    """Trace ``message(**arguments)`` into IR operators that aggregate with ``gather_op``.
+def capture(
+    message: Callable[..., Any],
+    arguments: Mapping[str, Any],
+    num_edges: int,
+    gather_op: str,
+    module: Optional[torch.nn.Module] = None,
+    softmax_temperature: Any = None,
+) -> Capture:
+    r"""Trace ``message(**arguments)`` into IR operators that aggregate with ``gather_op``.
 
     Args:
         message: the (bound) ``message`` method.
@@ -194,25 +498,126 @@ def capture(message: Callable[..., Any], arguments: Mapping[str, Any], num_edges
             else is passed as it is (and is baked into the capture).
         num_edges: the number of edges (rows of every operand argument).
         gather_op: ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``.
+        module: the module whose parameters and buffers ``message()`` may read (a Linear's weight,
+            :class:`Product`; a tensor combined with per-edge values, :class:`Broadcast`) and on
+            which it may store per-edge values (:attr:`Capture.stores`).
+        softmax_temperature: when given (a number, or a parameter of ``module``), the messages are
+            aggregated by PyG's ``SoftmaxAggregation`` with that temperature instead of ``gather_op``:
+            :math:`\sum_j \operatorname{softmax}_j(t\,\mathbf{m}_{ji}) \odot \mathbf{m}_{ji}`.
 
     Raises:
         CaptureError: ``message()`` is not one elementwise IR operator (or raised an error).
     """
-    trace = Trace(num_edges)
+    trace = Trace(num_edges, module)
+    sizes = [arguments.get(name) for name in ("size_i", "dim_size")]
+    trace.num_dst = next((size for size in sizes if type(size) is int), None)
+    before = dict(vars(module)) if module is not None else {}
+    function = getattr(message, "__func__", None)
+    if function is not None:
+        message = types.MethodType(with_traced_softmax(function), message.__self__)
     try:
         kwargs = {
             name: trace.wrap(name, value) if isinstance(value, Argument) else value for name, value in arguments.items()
         }
         try:
-            result = message(**kwargs)
+            with tracing(trace):
+                result = message(**kwargs)
         except CaptureError:
             raise
         except Exception as error:  # the user's code failed on traced tensors: let PyG run it
             raise CaptureError(f"message() raised {type(error).__name__} on traced tensors ({error})") from error
+        if module is not None:
+            trace.store(module, before)
+        if softmax_temperature is not None:
+            return trace.finish(trace.softmax_aggregate(result, softmax_temperature), "sum")
         return trace.finish(result, gather_op)
     except CaptureError as error:
         error.num_edges = num_edges if trace.reads_rows else None
         raise
+    finally:
+        if module is not None:
+            restore_traced_attributes(module, before)
+
+
+def restore_traced_attributes(module: torch.nn.Module, before: Mapping[str, Any]) -> List[str]:
+    """Put back the attributes a trace of ``module``'s ``message()`` set to traced tensors (which
+    have no values); returns their names."""
+    stored = [name for name, value in vars(module).items() if isinstance(value, TracedTensor)]
+    for name in stored:
+        if name in before:
+            vars(module)[name] = before[name]
+        else:
+            del vars(module)[name]
+    return stored
+
+
+#: The arguments PyG fills with the receiver of each edge.
+RECEIVER_ARGUMENTS = ("index", "ptr", "edge_index_i")
+#: What PyG adds to the softmax denominator.
+SOFTMAX_EPSILON = 1e-16
+
+
+class _Active(threading.local):
+    def __init__(self) -> None:
+        self.traces: List["Trace"] = []
+
+
+_ACTIVE = _Active()
+
+
+@contextlib.contextmanager
+def tracing(trace: "Trace") -> Iterator[None]:
+    """Make ``trace`` the one :func:`traced_softmax` answers to, in this thread."""
+    _ACTIVE.traces.append(trace)
+    try:
+        yield
+    finally:
+        _ACTIVE.traces.pop()
+
+
+def traced_softmax(
+    src: Tensor,
+    index: Optional[Tensor] = None,
+    ptr: Optional[Tensor] = None,
+    num_nodes: Optional[int] = None,
+    dim: int = 0,
+) -> Tensor:
+    """``torch_geometric.utils.softmax`` inside a traced ``message()``: the trace's
+    :meth:`Trace.softmax`; PyG's own outside a trace."""
+    trace = _ACTIVE.traces[-1] if _ACTIVE.traces else None
+    if trace is None:
+        return pyg_softmax(src, index, ptr, num_nodes, dim)
+    return trace.softmax(src, index, ptr, num_nodes, dim)
+
+
+#: Per code object and globals: the namespace with :func:`traced_softmax` in place of PyG's
+#: ``softmax`` (``None`` where the code does not read PyG's ``softmax``).
+_PATCHED_GLOBALS: Dict[Tuple[Any, int], Optional[Dict[str, Any]]] = {}
+_PATCHED_LOCK = threading.Lock()
+
+
+def with_traced_softmax(function: Callable) -> Callable:
+    """``function`` (a plain function) reading :func:`traced_softmax` wherever its module's globals
+    hold PyG's ``softmax``; the same function when they do not."""
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return function
+    key = (code, id(function.__globals__))
+    if key not in _PATCHED_GLOBALS:
+        names = [name for name, value in function.__globals__.items() if value is pyg_softmax]
+        namespace = None
+        if names and any(name in code.co_names for name in names):
+            namespace = dict(function.__globals__)
+            namespace.update({name: traced_softmax for name in names})
+        with _PATCHED_LOCK:
+            _PATCHED_GLOBALS[key] = namespace
+    namespace = _PATCHED_GLOBALS[key]
+    if namespace is None:
+        return function
+    # the function's own closure and defaults: functions of one code object may differ in them
+    patched = types.FunctionType(code, namespace, function.__name__, function.__defaults__, function.__closure__)
+    patched.__kwdefaults__ = function.__kwdefaults__
+    return patched
 
 
 # -- the traced tensor ----------------------------------------------------------------------------
@@ -316,12 +721,21 @@ _MASK_USE = (
 class Trace:
     """The state of one trace: the operand leaves met so far and whether the edge count was read."""
 
-    def __init__(self, num_edges: int) -> None:
+    def __init__(self, num_edges: int, module: Optional[torch.nn.Module] = None) -> None:
         self.num_edges = num_edges
         self.leaves: List[Operand] = []
         self.dtypes: List[torch.dtype] = []  #: of each leaf
         self._leaf_ids: Dict[Operand, int] = {}
         self.reads_rows = False
+        self.module = module
+        self.values: List[Value] = []
+        self.stores: List[Tuple[str, str]] = []
+        self._value_names: Dict[Any, str] = {}  #: what a value computes (named "") -> its name
+        self._paths: Optional[Dict[int, str]] = None
+        #: the traced arguments that hold each edge's receiver (PyG's ``index``, ``ptr``)
+        self._receivers: List[TracedTensor] = []
+        self.num_dst: Optional[int] = None  #: the number of receivers, where an argument gives it
+        self._broadcasts: Set[str] = set()  #: the operand arguments of :class:`Broadcast` values
 
     # -- leaves -------------------------------------------------------------------------------
     def leaf(self, operand: Operand, dtype: torch.dtype) -> int:
@@ -333,7 +747,7 @@ class Trace:
 
     def wrap(self, name: str, argument: Argument) -> TracedTensor:
         if argument.kind is None:
-            return TracedTensor(
+            traced = TracedTensor(
                 self,
                 argument.shape,
                 argument.dtype,
@@ -342,6 +756,9 @@ class Trace:
                 None,
                 f"argument {name!r}, {argument.why}",
             )
+            if name in RECEIVER_ARGUMENTS:
+                self._receivers.append(traced)
+            return traced
         if not argument.shape or argument.shape[0] != self.num_edges:
             raise ValueError(
                 f"arguments: operand {name!r} needs {self.num_edges} rows, got shape {list(argument.shape)}"
@@ -428,22 +845,13 @@ class Trace:
             f"message() computes with a {type(x).__name__} value, which is not a number or a tensor argument"
         )
 
-    @staticmethod
-    def traced(x: TracedTensor) -> TracedTensor:
-        """``x``, checked to be computable: not an opaque argument, a final sum or a final view."""
+    def traced(self, x: TracedTensor) -> TracedTensor:
+        """``x`` as an expression later operations can extend: a dot product, or a view its operands
+        cannot follow, is first computed per edge by a :class:`Step` of its own."""
         if x._expr is None:
             raise CaptureError(f"message() computes with {x._why}")
-        if x._reduce:
-            raise CaptureError(
-                "message() computes with the result of a sum over the last dimension; a "
-                "dot product is captured only as the last operation of message()"
-            )
-        if x._computed is not None:
-            raise CaptureError(
-                f"message() computes with an intermediate result viewed from "
-                f"{list(x._computed)} as {list(x.features)}, a view its operands cannot "
-                f"follow because they broadcast differently; reshape the arguments instead"
-            )
+        if x._reduce or x._computed is not None:
+            return self.step(x, None)
         return x
 
     def combine(self, fn: str, *values: Any, dtype: Optional[torch.dtype] = None, masks: bool = False) -> TracedTensor:
@@ -453,6 +861,10 @@ class Trace:
         take part beside a floating-point tensor, which torch promotes them to, as the condition of
         ``where``, and everywhere with ``masks`` (logical operations).
         """
+        rank = max(v.dim() for v in values if isinstance(v, Tensor))
+        values = tuple(
+            self.broadcast(v, rank) if isinstance(v, Tensor) and not isinstance(v, TracedTensor) else v for v in values
+        )
         floating = any(isinstance(v, TracedTensor) and v.dtype.is_floating_point for v in values)
         nodes = [self.node(v, mask=masks or floating or (fn == "where" and i == 0)) for i, v in enumerate(values)]
         shapes = [features for _, features, _, _ in nodes if features is not None]
@@ -553,6 +965,243 @@ class Trace:
             )
         return self.value(x._expr.remap(mapping), selected, x.dtype, x.device, x.requires_grad)
 
+    # -- values computed before the fused operator --------------------------------------------------
+    def _named(self, value: Value, prefix: str) -> str:
+        """The argument name of ``value`` (named ``""``): the same for a value met before."""
+        name = self._value_names.get(value)
+        if name is None:
+            name = f"%{prefix}{len(self.values)}"
+            self._value_names[value] = name
+            self.values.append(replace(value, name=name))
+        return name
+
+    def step(
+        self, x: TracedTensor, gather_op: Optional[str], grad: bool = True, per_edge: bool = False
+    ) -> TracedTensor:
+        """A :class:`Step` computing ``x`` per edge (``gather_op=None``) or its ``gather_op`` over
+        each receiver's edges, read by later operations as an operand (``edge`` or ``dst_v``); a
+        value of one end of the edges is a :class:`NodeStep` instead, unless ``per_edge``."""
+        if x._expr is None:
+            raise CaptureError(f"message() computes with {x._why}")
+        if gather_op is not None:
+            x = self.traced(x)
+        shape = x.features if x._computed is None else x._computed
+        order = list(dict.fromkeys(node.index for node in x._expr.walk() if node.fn == "input"))
+        if not order:
+            raise CaptureError("message() computes a constant that does not depend on its tensor arguments")
+        expr = x._expr.remap({old: new for new, old in enumerate(order)})
+        leaves = tuple(self.leaves[i] for i in order)
+        ends = {leaf.kind for leaf in leaves if leaf.argument not in self._broadcasts}
+        if gather_op is None and not per_edge and len(ends) == 1 and ends != {"edge"}:
+            (kind,) = ends
+            name = self._named(NodeStep("", expr, leaves, shape, x.features, x._reduce), "node")
+        else:
+            kind = "edge" if gather_op is None else "dst_v"
+            op, operands = fit_operands(expr, leaves, shape, gather_op, x._reduce)
+            name = self._named(Step("", op, operands, x.features, grad), "step")
+        leaf = self.leaf(Operand(name, kind, x.features), x.dtype)
+        return self.value(Expr.input(leaf), x.features, x.dtype, x.device, x.requires_grad and grad)
+
+    def broadcast(self, tensor: Tensor, rank: int) -> TracedTensor:
+        """A parameter or buffer of the module combined with per-edge values of ``rank`` dimensions:
+        a :class:`Broadcast` operand."""
+        if not tensor.is_floating_point():
+            raise CaptureError(f"message() combines its values with a {tensor.dtype} tensor")
+        path = self._parameter_path(
+            tensor,
+            "message() computes with a tensor that is not an argument of propagate() nor a parameter or "
+            "buffer of the module (a tensor made inside message(), or computed from parameters)",
+        )
+        if tensor.dim() > rank:
+            raise CaptureError("message() broadcasts its per-edge values against a larger tensor")
+        padded = (1,) * (rank - tensor.dim()) + tuple(tensor.shape)
+        if padded[0] != 1:
+            raise CaptureError(f"message() combines its edges with a tensor of {padded[0]} rows")
+        features = padded[1:]
+        name = self._named(Broadcast("", path, tuple(tensor.shape), tensor.dtype, features), "tensor")
+        self._broadcasts.add(name)
+        leaf = self.leaf(Operand(name, "edge", features), tensor.dtype)
+        return self.value(Expr.input(leaf), features, tensor.dtype, tensor.device, tensor.requires_grad)
+
+    def softmax(self, src: Any, index: Any, ptr: Any, num_nodes: Any, dim: int) -> Any:
+        """PyG's ``softmax(src, index, ptr, num_nodes, dim)`` in ``message()``: :meth:`edge_softmax`
+        when it normalises over the receivers of the edges."""
+        if not isinstance(src, TracedTensor):
+            raise CaptureError(
+                "message() calls torch_geometric.utils.softmax on a value not computed from its arguments"
+            )
+        receiver = index if index is not None else ptr
+        if not any(receiver is r for r in self._receivers):
+            raise CaptureError(
+                "message() calls torch_geometric.utils.softmax over other groups than the receivers of the "
+                "edges (PyG's index or ptr)"
+            )
+        if dim not in (0, -src.dim()):
+            raise CaptureError(f"message() calls torch_geometric.utils.softmax along dim={dim}, not over the edges")
+        if num_nodes is not None and num_nodes != self.num_dst:
+            raise CaptureError(
+                "message() calls torch_geometric.utils.softmax with num_nodes that is not the number of receivers"
+            )
+        if src.dtype not in (torch.float32, torch.float64):
+            raise CaptureError(f"message() normalises {src.dtype} scores, which a staged run widens to float32")
+        return self.edge_softmax(src)
+
+    def edge_softmax(self, src: TracedTensor) -> TracedTensor:
+        r"""PyG's ``softmax`` over the receivers of the edges, as PyG computes it: the scores
+        :math:`s`, the receivers' maxima :math:`m_i = \max_j s_{ji}` (no gradient, as PyG's), their
+        sums :math:`t_i = \sum_j e^{s_{ji} - m_i}`, and the weights
+        :math:`e^{s_{ji} - m_i} / (t_i + 10^{-16})` are :class:`Step` s, the scores (unless they read
+        per-edge values alone) and the weights written per edge (``[E, heads]``). The gradients of
+        the operators that read them meet per edge, where their terms cancel
+        (each weight's gradient sums to little over a receiver's edges), before each vertex sums
+        its edges' terms: recomputed in every operator, the terms would cancel only after
+        the sums over a hub's edges, and lose the digits they share."""
+        scores = self.traced(src)
+        leaves = [self.leaves[index] for index in scores._expr.inputs()]
+        if any(leaf.kind != "edge" or leaf.argument in self._broadcasts for leaf in leaves):
+            scores = self.step(scores, None, per_edge=True)
+        maximum = self.step(scores, "max", grad=False)
+        shifted = self.unary("exp", self.combine("sub", scores, maximum))
+        total = self.step(shifted, "sum")
+        return self.step(self.combine("div", shifted, self.combine("add", total, SOFTMAX_EPSILON)), None, per_edge=True)
+
+    def softmax_aggregate(self, messages: Any, temperature: Any, semi_grad: bool = False) -> Any:
+        r"""The messages weighed by their softmax over each receiver (PyG's ``SoftmaxAggregation``),
+        as the expression the final operator sums: :math:`e^{t m - M_i} m / (T_i + 10^{-16})`, with
+        the maxima :math:`M` and sums :math:`T` two :class:`Step` gathers."""
+        if not isinstance(messages, TracedTensor):
+            raise CaptureError("message() returns a tensor that does not come from its arguments")
+        if semi_grad:
+            raise CaptureError("SoftmaxAggregation with semi_grad=True takes no gradient through its weights")
+        messages = self.traced(messages)
+        if messages.dtype not in (torch.float32, torch.float64):
+            raise CaptureError(f"SoftmaxAggregation of {messages.dtype} messages runs staged, in float32")
+        scaled = messages
+        if not isinstance(temperature, (int, float)) or temperature != 1:
+            scaled = self.combine("mul", messages, temperature)
+        maximum = self.step(scaled, "max", grad=False)
+        shifted = self.unary("exp", self.combine("sub", scaled, maximum))
+        total = self.step(shifted, "sum")
+        return self.combine("div", self.combine("mul", shifted, messages), self.combine("add", total, SOFTMAX_EPSILON))
+
+    def store(self, module: torch.nn.Module, before: Mapping[str, Any]) -> None:
+        """Record the traced values ``message()`` stored on ``module`` (``self._alpha = alpha``): each
+        is a per-edge operand argument (a :class:`Step` where it is not one already), set on the
+        module at every call."""
+        for attribute, value in list(vars(module).items()):
+            if not isinstance(value, TracedTensor) or value._trace is not self:
+                continue
+            if value._expr is None:
+                raise CaptureError(f"message() stores {value._why} on the module")
+            leaf = self.leaves[value._expr.index] if value._expr.fn == "input" else None
+            whole = leaf is not None and leaf.kind == "edge" and leaf.index is None and leaf.expand is None
+            if not (whole and value._computed is None and not value._reduce and leaf.shape == value.features):
+                value = self.step(value, None, per_edge=True)
+            self.stores.append((attribute, self.leaves[value._expr.index].argument))
+
+    def concatenate(self, tensors: Sequence[Any], dim: int) -> Any:
+        """``torch.cat`` along the features of traced values: kept in pieces, for a Linear to split;
+        ``NotImplemented`` for any other concatenation."""
+        if not any(isinstance(t, TracedTensor) for t in tensors):
+            return NotImplemented
+        ranks = {t.dim() for t in tensors}
+        if len(ranks) != 1 or not isinstance(dim, int):
+            return NotImplemented
+        (rank,) = ranks
+        if dim % rank != rank - 1 or rank < 2:
+            return NotImplemented
+        heads = {tuple(t.shape[:-1]) for t in tensors}
+        dtypes = {t.dtype for t in tensors}
+        if len(heads) != 1 or len(dtypes) != 1 or next(iter(heads))[0] != self.num_edges:
+            return NotImplemented
+        features = tuple(tensors[0].shape[1:-1]) + (sum(t.shape[-1] for t in tensors),)
+        device = next(t.device for t in tensors if isinstance(t, TracedTensor))
+        grad = any(t.requires_grad for t in tensors) and torch.is_grad_enabled()
+        out = TracedTensor(self, (self.num_edges,) + features, dtypes.pop(), device, grad, None, _CAT_PIECES)
+        out._parts = tuple(tensors)
+        return out
+
+    def linear(self, x: Any, weight: Any, bias: Any) -> TracedTensor:
+        """``F.linear(x, weight, bias)`` of a linear combination of operands (or a ``torch.cat`` of
+        such pieces), with a weight and bias of the module: one :class:`Product` per operand, each a
+        new operand of the kernel (see :class:`Product`)."""
+        if not isinstance(x, TracedTensor):
+            raise CaptureError("message() applies a Linear to a tensor that is not computed from its arguments")
+        weight_path, bias_path = self._parameter_path(weight, "weight"), None
+        if bias is not None:
+            bias_path = self._parameter_path(bias, "bias")
+        if weight.dim() != 2 or weight.dtype != x.dtype or weight.shape[1] != x.shape[-1]:
+            raise CaptureError(
+                f"message() applies a Linear whose {weight.dtype} weight of shape {list(weight.shape)} does not "
+                f"match its {x.dtype} input of {x.shape[-1]} features"
+            )
+        columns: Dict[int, List[Tuple[int, int, float]]] = {}
+        start = 0
+        for piece in x._parts if x._parts is not None else (x,):
+            width = piece.shape[-1]
+            terms = None
+            if isinstance(piece, TracedTensor):
+                piece = self.traced(piece)
+                terms = linear_terms(piece._expr)
+            if terms is None:
+                raise CaptureError(
+                    "message() applies a Linear to a value that is not a sum of its arguments times numbers "
+                    "(a Linear after an activation, as in an MLP's later layers, multiplies per-edge values)"
+                )
+            for index, coefficient in terms.items():
+                if self.leaves[index].shape != tuple(piece.shape[1:]):
+                    raise CaptureError("message() applies a Linear to arguments broadcast against each other")
+                columns.setdefault(index, []).append((start, start + width, coefficient))
+            start += width
+        result: Optional[TracedTensor] = None
+        requires_grad = weight.requires_grad or (bias is not None and bias.requires_grad) or x.requires_grad
+        for index, blocks in columns.items():
+            leaf = self.leaves[index]
+            if any(isinstance(value, Step) and value.name == leaf.argument for value in self.values):
+                raise CaptureError(
+                    "message() applies a Linear to per-edge values it computed (a dot product, a softmax...), "
+                    "which would multiply a row per edge"
+                )
+            product = Product(
+                "",
+                leaf,
+                weight_path,
+                tuple(weight.shape),
+                weight.dtype,
+                tuple(blocks),
+                bias_path if result is None else None,
+            )
+            name = self._named(product, "linear")
+            features = leaf.shape[:-1] + (weight.shape[0],)
+            expr = Expr.input(self.leaf(Operand(name, leaf.kind, features), weight.dtype))
+            term = self.value(expr, features, weight.dtype, x.device, requires_grad)
+            result = term if result is None else self.combine("add", result, term)
+        assert result is not None, "a traced Linear input has at least one operand"
+        return result
+
+    def _parameter_path(self, tensor: Any, what: str) -> str:
+        """The attribute path of ``tensor`` among the module's parameters and buffers; ``what`` names
+        it in the error (a Linear's ``"weight"``), or is the whole sentence of the error."""
+        if isinstance(tensor, TracedTensor):
+            raise CaptureError(f"message() applies a Linear whose {what} is computed from its arguments")
+        if not isinstance(tensor, Tensor):
+            raise CaptureError(f"message() applies a Linear whose {what} is a {type(tensor).__name__}")
+        if self._paths is None:
+            named = () if self.module is None else self.module.named_parameters(remove_duplicate=False)
+            buffers = () if self.module is None else self.module.named_buffers(remove_duplicate=False)
+            self._paths = {}
+            for path, value in list(named) + list(buffers):
+                self._paths.setdefault(id(value), path)
+        path = self._paths.get(id(tensor))
+        if path is None:
+            raise CaptureError(
+                what
+                if what.startswith("message() ")
+                else f"message() applies a Linear whose {what} is not a parameter or buffer of the module "
+                f"(a tensor computed from them, or made inside message())"
+            )
+        return path
+
     # -- the result -----------------------------------------------------------------------------
     def finish(self, result: Any, gather_op: str) -> Capture:
         if isinstance(result, (tuple, list)):
@@ -592,7 +1241,22 @@ class Trace:
         op_gather = None if reduced else gather_op
         op, operands = fit_operands(expr, operands, shape, op_gather, reduced)
         gather = canonical(Expr.input(0), ("edge",), gather_op, False) if reduced else None
-        return Capture(op, operands, result.features, gather, self.num_edges if self.reads_rows else None)
+        num_edges = self.num_edges if self.reads_rows else None
+        values = self._values_of(operands)
+        return Capture(op, operands, result.features, gather, num_edges, values, tuple(self.stores))
+
+    def _values_of(self, operands: Sequence[Operand]) -> Tuple[Value, ...]:
+        """The values ``operands`` and the stores read, and the earlier ones those read, in order."""
+        needed = {operand.argument for operand in operands} | {argument for _, argument in self.stores}
+        kept: List[Value] = []
+        for value in reversed(self.values):
+            if value.name in needed:
+                kept.append(value)
+                if isinstance(value, Product):
+                    needed.add(value.source.argument)
+                elif isinstance(value, (Step, NodeStep)):
+                    needed.update(operand.argument for operand in value.operands)
+        return tuple(reversed(kept))
 
 
 def fit_operands(
@@ -1081,6 +1745,67 @@ def _sum(trace: Trace, name: str, args, kwargs):
     return trace.value(x._expr, kept, x.dtype, x.device, x.requires_grad, computed=features, reduce=True)
 
 
+def linear_terms(expr: Expr) -> Optional[Dict[int, float]]:
+    """``expr`` as ``{operand slot: coefficient}`` when it is a linear combination of operands."""
+    if expr.fn == "input":
+        return {expr.index: 1.0}
+    if expr.fn == "neg":
+        inner = linear_terms(expr.args[0])
+        return None if inner is None else {i: -c for i, c in inner.items()}
+    if expr.fn in ("add", "sub"):
+        left, right = (linear_terms(arg) for arg in expr.args)
+        if left is None or right is None:
+            return None
+        sign = 1.0 if expr.fn == "add" else -1.0
+        out = dict(left)
+        for index, coefficient in right.items():
+            out[index] = out.get(index, 0.0) + sign * coefficient
+        return out
+    if expr.fn in ("mul", "div"):
+        left, right = expr.args
+        if right.fn == "const":
+            inner = linear_terms(left)
+            scale = right.value if expr.fn == "mul" else 1.0 / right.value
+        elif left.fn == "const" and expr.fn == "mul":
+            inner, scale = linear_terms(right), left.value
+        else:
+            return None
+        return None if inner is None else {i: c * scale for i, c in inner.items()}
+    return None
+
+
+def linear_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Tuple[Any, Any, Any]:
+    """``(input, weight, bias)`` of a call of ``F.linear``."""
+    x = args[0] if args else kwargs.get("input")
+    weight = args[1] if len(args) > 1 else kwargs.get("weight")
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    return x, weight, bias
+
+
+def cat_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Tuple[Any, Any]:
+    """``(tensors, dim)`` of a call of ``torch.cat``; ``tensors`` is ``None`` for an unexpected call."""
+    tensors = args[0] if args else kwargs.get("tensors")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if not isinstance(tensors, (list, tuple)) or set(kwargs) - {"tensors", "dim"}:
+        return None, dim
+    return list(tensors), dim
+
+
+def _linear(trace: Trace, name: str, args, kwargs):
+    return trace.linear(*linear_arguments(args, kwargs))
+
+
+def _cat(trace: Trace, name: str, args, kwargs):
+    tensors, dim = cat_arguments(args, kwargs)
+    result = NotImplemented if tensors is None else trace.concatenate(tensors, dim)
+    if result is NotImplemented:
+        raise CaptureError(
+            f"message() calls {name} other than along the last feature dimension of per-edge values of one "
+            f"dtype; a concatenation is captured only as the input of a Linear"
+        )
+    return result
+
+
 def _table() -> Dict[str, Callable]:
     table: Dict[str, Callable] = {}
 
@@ -1174,10 +1899,15 @@ def _table() -> Dict[str, Callable]:
     add(_flatten, "torch.flatten", "torch.Tensor.flatten")
     add(_sum, "torch.sum", "torch.Tensor.sum")
     add(_getitem, "torch.Tensor.__getitem__")
+    add(_linear, "torch.nn.functional.linear")
+    add(_cat, "torch.cat", "torch.concat", "torch.concatenate")
     return table
 
 
 HANDLERS = _table()
+
+#: What a ``torch.cat`` of traced values is, until a Linear splits it.
+_CAT_PIECES = "the pieces of a torch.cat (captured only as the input of a Linear)"
 
 #: Queries answered from the (real) metadata of a traced tensor.
 METADATA = {

@@ -25,7 +25,21 @@ import threading
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Hashable,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 import torch
 from torch import Tensor
@@ -41,7 +55,7 @@ from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
 from .aggregation import GATHER_OPS, GatherRunner, in_pytorch, on_graph_operators
 from .aggregation import aggregate as aggregate_parts
 from .backward import canonical
-from .capture import Argument, Capture, CaptureError, TracedTensor, build_operand
+from .capture import Argument, Capture, CaptureError, OpRunner, build_operand, build_value
 from .capture import capture as trace_message
 from .graph import GraphTensor
 from .graph_argument import derived, layer_graph, note_bounds
@@ -588,17 +602,11 @@ class MessagePassing(PyGMessagePassing):
         message_kwargs = self.inspector.collect_param_data("message", collected)
         arguments, tensors, signature = self._describe(message_kwargs, num_edges)
         if torch.compiler.is_compiling():
-            if gather == SOFTMAX_GATHER:
-                return _stage_or_fall_back(self, "SoftmaxAggregation weighs the messages by a softmax", num_edges)
             if gather == PARTS_GATHER:
                 return _stage_or_fall_back(self, self._parts_reason(), num_edges)
             return self._prepare_compiled(edge_index, collected, tensors, signature, num_edges, gather)
         key = (gather, torch.is_grad_enabled(), _settings(self)) + signature
         try:
-            if gather == SOFTMAX_GATHER:
-                raise _Stage(
-                    "the aggregation SoftmaxAggregation weighs the messages by their softmax over each receiver"
-                )
             if gather == PARTS_GATHER:
                 raise _Stage(self._parts_reason())
             captured: Union[Capture, _StagedRun] = self._lookup(key, arguments, num_edges, gather)
@@ -614,7 +622,7 @@ class MessagePassing(PyGMessagePassing):
                 key, reason, graph, edge_index, message_kwargs, arguments, tensors, collected, gather
             )
             return captured, graph, [], collected
-        operands = _capture_operands(captured, tensors)
+        operands = _capture_operands(captured, tensors, self, functools.partial(_run, graph), graph.num_edges)
         return captured, graph, operands, collected
 
     def _stage(
@@ -710,6 +718,15 @@ class MessagePassing(PyGMessagePassing):
         self._check_node_dim(captured.message_shape)
         self._ug.fallback_reason = None
         graph = layer_graph(edge_index, self.flow, num_src, num_dst).structure
+        if captured.values:
+
+            def run(op: str, operands: List[Tensor]) -> Tensor:
+                return call_graph_op(graph, operands, op, AUTO)
+
+            for constants in captured.values:
+                tensors[constants[1]] = build_value(constants, tensors, self, run, num_edges)
+            for attribute, argument in captured.stores:
+                setattr(self, attribute, tensors[argument])
         operands = [build_operand(tensors[argument], *recipe) for argument, *recipe in captured.operands]
         return captured, graph, operands, collected
 
@@ -777,22 +794,26 @@ class MessagePassing(PyGMessagePassing):
         """The cached capture of this signature, tracing ``message()`` when there is none."""
         captures = self._ug.captures
         entry = captures.get(key)
-        if entry is None or entry.num_edges not in (None, num_edges):
+        stale = isinstance(entry, Capture) and entry.products and not entry.matches(self)
+        if entry is None or stale or entry.num_edges not in (None, num_edges):
             self._ug.trace_count += 1
-            before = dict(vars(self))
+            temperature = None
+            if gather == SOFTMAX_GATHER:
+                aggregation = self.aggr_module
+                temperature = aggregation.t if aggregation.learn else float(aggregation.t)
+                semi_grad = aggregation.semi_grad and not aggregation.learn
             try:
+                if gather == SOFTMAX_GATHER and semi_grad:
+                    raise CaptureError("SoftmaxAggregation with semi_grad=True takes no gradient through its weights")
                 # The trace runs Python on tensor subclasses: under torch.compile it runs eagerly.
-                entry = torch.compiler.disable(trace_message)(self.message, arguments, num_edges, gather)
-            except CaptureError as error:
-                entry = _Failure(str(error), error.num_edges, stageable=True)
-            stored = _restore_traced_attributes(self, before)
-            if stored and isinstance(entry, Capture):
-                entry = _Failure(
-                    f"message() stores a value on the module ({', '.join('self.' + n for n in stored)}), "
-                    f"so it must run on every call",
-                    None,
-                    stageable=True,
+                entry = torch.compiler.disable(trace_message)(
+                    self.message, arguments, num_edges, gather, self, temperature
                 )
+            except CaptureError as error:
+                reason = str(error)
+                if gather == SOFTMAX_GATHER:
+                    reason = f"{reason} (under the aggregation SoftmaxAggregation)"
+                entry = _Failure(reason, error.num_edges, stageable=True)
             captures[key] = entry
             if len(captures) > MAX_CAPTURES:
                 captures.popitem(last=False)
@@ -901,8 +922,16 @@ def _generated_by_pyg(module: PyGMessagePassing, edge_updater: bool) -> bool:
     return known[edge_updater]
 
 
-def _capture_operands(capture: Capture, tensors: Dict[str, Tensor]) -> List[Tensor]:
-    """The operands of ``capture``'s op, built from the real tensors of its operand arguments."""
+def _capture_operands(
+    capture: Capture,
+    tensors: Mapping[str, Tensor],
+    module: Optional[torch.nn.Module] = None,
+    run: Optional[OpRunner] = None,
+    num_edges: int = 0,
+) -> List[Tensor]:
+    """The operands of ``capture``'s op, built from the real tensors of its operand arguments and
+    its values (:meth:`~pyg_ugrapher.capture.Capture.operand_tensors`)."""
+    tensors = capture.operand_tensors(tensors, module, run, num_edges)
     return [operand.build(tensors[operand.argument]) for operand in capture.operands]
 
 
@@ -946,18 +975,6 @@ def _custom_edge_updater(cls: type) -> Optional[Callable[..., Any]]:
     return None
 
 
-def _restore_traced_attributes(module: torch.nn.Module, before: Dict[str, Any]) -> List[str]:
-    """Put back the attributes a trace of ``message()`` set to traced tensors (which have no values);
-    returns their names."""
-    stored = [name for name, value in vars(module).items() if isinstance(value, TracedTensor)]
-    for name in stored:
-        if name in before:
-            vars(module)[name] = before[name]
-        else:
-            del vars(module)[name]
-    return stored
-
-
 # -- torch.compile ----------------------------------------------------------------------------------
 class _Compiled(NamedTuple):
     """A :class:`Capture` as plain constants, which a compiled graph can hold."""
@@ -968,6 +985,10 @@ class _Compiled(NamedTuple):
     #: per operand: its argument and the fields of :func:`~pyg_ugrapher.capture.build_operand`
     #: (shape, expand, view, index)
     operands: Tuple[Tuple[str, Tuple[int, ...], Optional[Tuple[int, ...]], Optional[Tuple[int, ...]], Any], ...]
+    #: per value computed before the op: its :meth:`constants` (see
+    #: :func:`~pyg_ugrapher.capture.build_value`)
+    values: Tuple[Tuple[Any, ...], ...] = ()
+    stores: Tuple[Tuple[str, str], ...] = ()  #: see :attr:`~pyg_ugrapher.capture.Capture.stores`
 
     def run(self, structure: GraphStructure, operands: List[Tensor]) -> Tensor:
         out = call_graph_op(structure, operands, self.op, AUTO)
@@ -1034,6 +1055,8 @@ def _compiled_capture(
         None if captured.gather is None else captured.gather.serialize(),
         captured.message_shape,
         tuple((o.argument, o.shape, o.expand, o.view, o.index) for o in captured.operands),
+        tuple(value.constants() for value in captured.values),
+        captured.stores,
     )
 
 
@@ -1159,9 +1182,12 @@ def _thaw(frozen: Hashable) -> Any:
 
 def _settings(module: torch.nn.Module) -> Tuple[Hashable, ...]:
     """The module's plain-valued attributes (``self.negative_slope``, ``self.training``...):
-    ``message()`` may read them, so a change re-traces it."""
+    ``message()`` may read them, so a change re-traces it. ``None`` is left out with the tensors:
+    an attribute ``message()`` stores a tensor in (``self._alpha``) holds ``None`` before."""
     settings = []
     for name, value in vars(module).items():
+        if value is None:
+            continue
         try:
             settings.append((name, _freeze(value)))
         except TypeError:

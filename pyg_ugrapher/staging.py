@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import types
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
@@ -51,14 +50,21 @@ from .capture import (
     HANDLERS,
     INPLACE_OPERATORS,
     METADATA,
+    SOFTMAX_EPSILON,
     Argument,
     Capture,
     CaptureError,
     Operand,
     Trace,
     TracedTensor,
+    cat_arguments,
+    combine_columns,
     fit_operands,
     function_name,
+    linear_arguments,
+    linear_terms,
+    tracing,
+    with_traced_softmax,
 )
 from .ir import Expr, OpInfo
 
@@ -66,9 +72,6 @@ Shape = Tuple[int, ...]
 
 #: Runs one IR operator on the graph of the propagation: ``run(op, operands) -> Tensor``.
 Runner = Callable[[OpInfo, List[Tensor]], Tensor]
-
-#: What PyG adds to the softmax denominator.
-SOFTMAX_EPSILON = 1e-16
 
 _SHIFTED = Expr.apply("exp", Expr.input(0) - Expr.input(1))
 #: The edge softmax's three operators: the receivers' maxima, their sums of shifted exponentials,
@@ -135,14 +138,6 @@ class Staged:
         if not parts:
             return f"{method} runs per call on graph operators only"
         return f"{method} runs per call on graph operators, with {' and '.join(parts)}"
-
-
-class _Active(threading.local):
-    def __init__(self) -> None:
-        self.traces: List["StagedTrace"] = []
-
-
-_ACTIVE = _Active()
 
 
 class StagedTrace(Trace):
@@ -323,34 +318,31 @@ class StagedTrace(Trace):
         if weight.dim() != 2 or weight.dtype != x.dtype or (bias is not None and not isinstance(bias, Tensor)):
             return NotImplemented
         pieces = x._parts if x._parts is not None else (x,)
-        matrices: Dict[int, Tensor] = {}
+        columns: Dict[int, List[Tuple[int, int, float]]] = {}
         start = 0
         for piece in pieces:
             width = piece.shape[-1]
-            columns = weight[:, start : start + width]
-            start += width
             terms = self._linear_pieces(piece)
             if terms is None:
                 return NotImplemented
             for index, coefficient in terms.items():
                 if self.leaves[index].shape != tuple(piece.shape[1:]):
                     return NotImplemented
-                contribution = columns * coefficient if coefficient != 1.0 else columns
-                matrices[index] = matrices[index] + contribution if index in matrices else contribution
-        if start != weight.shape[1] or not matrices:
+                columns.setdefault(index, []).append((start, start + width, coefficient))
+            start += width
+        if start != weight.shape[1] or not columns:
             return NotImplemented
         result: Optional[TracedTensor] = None
-        for index, matrix in matrices.items():
+        for index, blocks in columns.items():
             leaf = self.leaves[index]
-            source = self.tensors[leaf.argument]
-            rows = source.reshape((source.shape[0],) + leaf.shape) @ matrix.t()
+            rows = leaf.build(self.tensors[leaf.argument]) @ combine_columns(weight, blocks).t()
             if bias is not None and result is None:
                 rows = rows + bias
             term = self.operand(rows, leaf.kind, rows.dim())
             if leaf.argument in self.edge_inputs:
                 self._mark_edge_input(term)
             result = term if result is None else self.combine("add", result, term)
-        leaves = [self.leaves[index] for index in matrices]
+        leaves = [self.leaves[index] for index in columns]
         if any(leaf.kind == "edge" and leaf.argument not in self.edge_inputs for leaf in leaves):
             # A product of per-edge values computed in message() has a row per edge.
             self.dense.append("torch.nn.functional.linear (split by linearity, of per-edge values)")
@@ -368,36 +360,13 @@ class StagedTrace(Trace):
         if not isinstance(piece, TracedTensor):
             piece = self.operand(piece, "edge", piece.dim())
         if piece._expr is not None and piece._computed is None and not piece._reduce:
-            terms = _linear_terms(piece._expr)
+            terms = linear_terms(piece._expr)
             if terms is not None:
                 return terms
         if piece._parts is not None or not self._edge_input(piece):
             return None
         operand = self._mark_edge_input(self.operand(self.materialize(piece), "edge", piece.dim()))
         return {operand._expr.index: 1.0}
-
-    def concatenate(self, tensors: Sequence[Any], dim: int) -> Any:
-        """``torch.cat`` along the features of traced values: kept in pieces, for a Linear to split."""
-        if not any(isinstance(t, TracedTensor) for t in tensors):
-            return NotImplemented
-        ranks = {t.dim() for t in tensors}
-        if len(ranks) != 1 or not isinstance(dim, int):
-            return NotImplemented
-        (rank,) = ranks
-        if dim % rank != rank - 1 or rank < 2:
-            return NotImplemented
-        heads = {tuple(t.shape[:-1]) for t in tensors}
-        dtypes = {t.dtype for t in tensors}
-        if len(heads) != 1 or len(dtypes) != 1 or next(iter(heads))[0] != self.num_edges:
-            return NotImplemented
-        features = tuple(tensors[0].shape[1:-1]) + (sum(t.shape[-1] for t in tensors),)
-        device = next(t.device for t in tensors if isinstance(t, TracedTensor))
-        grad = any(t.requires_grad for t in tensors) and torch.is_grad_enabled()
-        out = TracedTensor(
-            self, (self.num_edges,) + features, dtypes.pop(), device, grad, None, "the pieces of a torch.cat"
-        )
-        out._parts = tuple(tensors)
-        return out
 
     def select(self, x: Any, index: Any) -> Any:
         """``x[index]`` where ``index`` keeps every edge and picks along the features only (``x[:, i]``,
@@ -433,6 +402,21 @@ class StagedTrace(Trace):
         rows = transform(source.reshape((source.shape[0],) + leaf.shape))
         operand = self.operand(rows, leaf.kind, rows.dim())
         return self._mark_edge_input(operand) if leaf.argument in self.edge_inputs else operand
+
+    def softmax(self, src: Any, index: Any, ptr: Any, num_nodes: Any, dim: int) -> Any:
+        """PyG's ``softmax`` in a staged ``message()``: graph operators when it normalises over the
+        receivers of the propagation's edges, PyG's own on the real values otherwise."""
+        if (
+            isinstance(src, Tensor)
+            and src.is_floating_point()
+            and src.dim() >= 1
+            and dim in (0, -src.dim())
+            and src.shape[0] == self.num_edges
+            and self.owns_receivers(index, ptr, num_nodes)
+        ):
+            return self.edge_softmax(src)
+        self.dense.append("torch_geometric.utils.softmax")
+        return pyg_softmax(self.real(src), index, ptr, num_nodes, dim)
 
     def edge_softmax(self, src: Any) -> Tensor:
         r"""PyG's ``softmax(src, index)`` over the edges of each receiver, as graph operators:
@@ -522,48 +506,13 @@ class StagedTrace(Trace):
         )
 
 
-def _linear_terms(expr: Expr) -> Optional[Dict[int, float]]:
-    """``expr`` as ``{operand slot: coefficient}`` when it is a linear combination of operands."""
-    if expr.fn == "input":
-        return {expr.index: 1.0}
-    if expr.fn == "neg":
-        inner = _linear_terms(expr.args[0])
-        return None if inner is None else {i: -c for i, c in inner.items()}
-    if expr.fn in ("add", "sub"):
-        left, right = (_linear_terms(arg) for arg in expr.args)
-        if left is None or right is None:
-            return None
-        sign = 1.0 if expr.fn == "add" else -1.0
-        out = dict(left)
-        for index, coefficient in right.items():
-            out[index] = out.get(index, 0.0) + sign * coefficient
-        return out
-    if expr.fn in ("mul", "div"):
-        left, right = expr.args
-        if right.fn == "const":
-            inner = _linear_terms(left)
-            scale = right.value if expr.fn == "mul" else 1.0 / right.value
-        elif left.fn == "const" and expr.fn == "mul":
-            inner, scale = _linear_terms(right), left.value
-        else:
-            return None
-        return None if inner is None else {i: c * scale for i, c in inner.items()}
-    return None
-
-
 def _linear(trace: StagedTrace, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    x = args[0] if args else kwargs.get("input")
-    weight = args[1] if len(args) > 1 else kwargs.get("weight")
-    bias = args[2] if len(args) > 2 else kwargs.get("bias")
-    return trace.linear(x, weight, bias)
+    return trace.linear(*linear_arguments(args, kwargs))
 
 
 def _cat(trace: StagedTrace, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    tensors = args[0] if args else kwargs.get("tensors")
-    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-    if not isinstance(tensors, (list, tuple)) or set(kwargs) - {"tensors", "dim"}:
-        return NotImplemented
-    return trace.concatenate(list(tensors), dim)
+    tensors, dim = cat_arguments(args, kwargs)
+    return NotImplemented if tensors is None else trace.concatenate(tensors, dim)
 
 
 def _keeps_rows(index: Any) -> bool:
@@ -618,59 +567,6 @@ _STAGED_HANDLERS: Dict[str, Callable[[StagedTrace, Sequence[Any], Mapping[str, A
 }
 
 
-def staged_softmax(
-    src: Tensor,
-    index: Optional[Tensor] = None,
-    ptr: Optional[Tensor] = None,
-    num_nodes: Optional[int] = None,
-    dim: int = 0,
-) -> Tensor:
-    """``torch_geometric.utils.softmax`` inside a staged ``message()``: graph operators when it
-    normalises over the receivers of the propagation's edges, PyG's own otherwise."""
-    trace = _ACTIVE.traces[-1] if _ACTIVE.traces else None
-    if trace is None:
-        return pyg_softmax(src, index, ptr, num_nodes, dim)
-    if (
-        isinstance(src, Tensor)
-        and src.is_floating_point()
-        and src.dim() >= 1
-        and dim in (0, -src.dim())
-        and src.shape[0] == trace.num_edges
-        and trace.owns_receivers(index, ptr, num_nodes)
-    ):
-        return trace.edge_softmax(src)
-    trace.dense.append("torch_geometric.utils.softmax")
-    return pyg_softmax(trace.real(src), index, ptr, num_nodes, dim)
-
-
-_PATCHED: Dict[Any, Callable] = {}
-_PATCHED_LOCK = threading.Lock()
-
-
-def _with_staged_softmax(function: Callable) -> Callable:
-    """``function`` (a plain function) reading :func:`staged_softmax` wherever its module's
-    globals hold PyG's ``softmax``; the same function when they do not."""
-    code = getattr(function, "__code__", None)
-    if code is None:
-        return function
-    key = (code, function.__module__)
-    patched = _PATCHED.get(key)
-    if patched is None:
-        names = [name for name, value in function.__globals__.items() if value is pyg_softmax]
-        if not names or not any(name in code.co_names for name in names):
-            patched = function
-        else:
-            namespace = dict(function.__globals__)
-            namespace.update({name: staged_softmax for name in names})
-            patched = types.FunctionType(
-                code, namespace, function.__name__, function.__defaults__, function.__closure__
-            )
-            patched.__kwdefaults__ = function.__kwdefaults__
-        with _PATCHED_LOCK:
-            _PATCHED[key] = patched
-    return patched
-
-
 @torch.compiler.disable
 def stage(
     method: Callable[..., Any],
@@ -698,9 +594,8 @@ def stage(
     }
     function = getattr(method, "__func__", None)
     if function is not None:
-        method = types.MethodType(_with_staged_softmax(function), method.__self__)
-    _ACTIVE.traces.append(trace)
-    try:
+        method = types.MethodType(with_traced_softmax(function), method.__self__)
+    with tracing(trace):
         try:
             value = method(**kwargs)
         except CaptureError:
@@ -714,8 +609,6 @@ def stage(
         if aggregate is not None:
             return trace.aggregated(aggregate(trace, value))
         return trace.result(value, gather_op)
-    finally:
-        _ACTIVE.traces.pop()
 
 
-__all__ = ["SOFTMAX_EPSILON", "Staged", "StagedTrace", "stage", "staged_softmax"]
+__all__ = ["Staged", "StagedTrace", "stage"]

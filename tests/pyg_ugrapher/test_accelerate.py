@@ -71,7 +71,8 @@ def convert_and_compare(model, *inputs, inplace=True, **kwargs):
 
 
 class Mixed(torch.nn.Module):
-    """Four known layers, a routed one that fuses and one whose message() runs staged."""
+    """Four known layers, two routed ones that fuse (one through a Linear split into products of the
+    node rows) and one whose message() runs staged (an MLP)."""
 
     def __init__(self):
         super().__init__()
@@ -80,13 +81,16 @@ class Mixed(torch.nn.Module):
         self.sage = SAGEConv(8, 8, aggr="max")
         self.gatv2 = GATv2Conv(8, 4, heads=2, concat=False)
         self.le = LEConv(4, 5)
-        self.edge = EdgeConv(torch.nn.Linear(10, 3), aggr="mean")
+        self.point = EdgeConv(torch.nn.Linear(10, 5), aggr="max")
+        self.edge = EdgeConv(
+            torch.nn.Sequential(torch.nn.Linear(10, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3)), aggr="mean"
+        )
 
     def forward(self, x, edge_index, edge_weight):
         x = self.gcn(x, edge_index, edge_weight).relu()
         x = self.sage(self.gat(x, edge_index), edge_index).tanh()
         x = self.le(self.gatv2(x, edge_index), edge_index, edge_weight)
-        return self.edge(x, edge_index)
+        return self.edge(self.point(x, edge_index), edge_index)
 
 
 def test_mixed_model(graph):
@@ -106,12 +110,13 @@ def test_mixed_model(graph):
         "sage": ("swapped", "drop-in"),
         "gatv2": ("swapped", "drop-in"),
         "le": ("routed", "fused"),
+        "point": ("routed", "fused"),
         "edge": ("routed", "staged"),
     }
-    assert report["le"].ops == 1 and report["gatv2"].edge_updates == 0
-    assert "torch.cat" in report["edge"].why and "split by linearity" in report["edge"].why
+    assert report["le"].ops == 1 and report["point"].ops == 1 and report["gatv2"].edge_updates == 0
+    assert "MLP" in report["edge"].why and "split by linearity" in report["edge"].why
     text = str(report)
-    assert text.splitlines()[0].startswith("ug.accelerate: 4 swapped, 2 routed, 0 kept")
+    assert text.splitlines()[0].startswith("ug.accelerate: 4 swapped, 3 routed, 0 kept")
     assert all(name in text for name in runs)
 
 

@@ -1,10 +1,12 @@
 """The tracer behind ``ug.MessagePassing``: ``message()`` -> IR operators, operand recipes, or a reason."""
 
+import functools
 from typing import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch_geometric.utils import softmax
 
 import pyg_ugrapher as ug
 from pyg_ugrapher.capture import Argument, Capture, CaptureError, Operand, capture
@@ -87,16 +89,21 @@ def check_aggregated_messages(message: Callable, x: torch.Tensor, w: torch.Tenso
     src, dst = EDGES
     messages = message(x[src], x[dst], w)
     expected = torch.zeros((NUM_NODES,) + messages.shape[1:], dtype=messages.dtype).index_add_(0, dst, messages)
-    tensors = {"x_j": x, "x_i": x, "w": w}
-    operands = [operand.build(tensors[operand.argument]) for operand in result.operands]
+    torch.testing.assert_close(run_capture(result, {"x_j": x, "x_i": x, "w": w}), expected)
+
+
+def run_op(graph: ug.GraphTensor, op: ug.OpInfo, operands) -> torch.Tensor:
+    return ug.compute(graph, op, *operands) if op.is_builtin else ug.compute(graph, op, operands=operands)
+
+
+def run_capture(result: Capture, tensors, module=None) -> torch.Tensor:
+    """What a propagation runs for ``result`` on :data:`EDGES`: its values (products, parameters,
+    steps), its op and its gather, the output viewed as the capture's message shape."""
     graph = ug.GraphTensor.from_edge_index(EDGES, NUM_NODES)
-    out = (
-        ug.compute(graph, result.op, *operands)
-        if result.op.is_builtin
-        else ug.compute(graph, result.op, operands=operands)
-    )
-    # The op's output viewed as the capture's message shape is the result (see Capture).
-    torch.testing.assert_close(out.view((NUM_NODES,) + result.message_shape), expected)
+    tensors = result.operand_tensors(tensors, module, functools.partial(run_op, graph), NUM_EDGES)
+    out = run_op(graph, result.op, [operand.build(tensors[operand.argument]) for operand in result.operands])
+    out = out.reshape(out.shape[:1] + result.message_shape)
+    return out if result.gather is None else run_op(graph, result.gather, [out])
 
 
 def test_leaky_relu_keeps_its_slope():
@@ -224,9 +231,10 @@ def _branch(a):
 
 
 REASONS = {
-    "concatenation": (lambda a, b, w: torch.cat([a, b], -1), "calls torch.cat"),
+    "concatenation": (lambda a, b, w: torch.cat([a, b], -1), "captured only as the input of a Linear"),
+    "concatenation of edges": (lambda a, b, w: torch.cat([a, b]), "other than along the last feature dimension"),
     "matmul": (lambda a, b, w: a @ b.view(-1, 4, 1), "matmul"),
-    "linear layer": (lambda a, b, w: LINEAR(a), "torch.nn.functional.linear"),
+    "linear layer": (lambda a, b, w: LINEAR(a), "not a parameter or buffer of the module"),
     "parameter": (lambda a, b, w: a * WEIGHT, "not an argument of propagate()"),
     "made inside": (lambda a, b, w: a * torch.ones(4), "not an argument of propagate()"),
     "tuple": (lambda a, b, w: (a, b), "returns a tuple of 2 values"),
@@ -237,7 +245,6 @@ REASONS = {
     "rows": (lambda a, b, w: a.view(-1), "moves data between edges"),
     "rank": (lambda a, b, w: a * w, "view the smaller one first"),
     "sum over edges": (lambda a, b, w: a.sum(0), "only a sum over the last feature dimension"),
-    "after sum": (lambda a, b, w: (a * b).sum(-1, keepdim=True) + 1, "only as the last operation"),
     "dropout": (lambda a, b, w: F.dropout(a, 0.5), "random numbers"),
     "constant": (lambda a, b, w: a * 0, "constant"),
     "power": (lambda a, b, w: a**3, "power 3"),
@@ -273,11 +280,160 @@ def test_unsupported_messages_say_why(case):
     assert expected in reason and reason.startswith("message() ") and "\n" not in reason
 
 
-def test_computing_with_a_view_the_operands_cannot_follow():
-    with pytest.raises(CaptureError, match="reshape the arguments instead"):
-        trace(lambda a, b: (a * b.unsqueeze(-1)).view(-1, 6) + 1, a=arg(2, 3, kind="src_v"), b=arg(2))
+def test_computing_with_a_view_the_operands_cannot_follow_computes_it_per_edge_first():
+    """A view that the operands cannot follow, then more computation: the viewed value is a step of
+    its own, an operator writing it per edge, which the fused operator reads."""
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(NUM_NODES, 2, 3, generator=generator, dtype=torch.float64)
+    w = torch.randn(NUM_EDGES, 2, generator=generator, dtype=torch.float64)
+
+    def message(x_j, w):
+        return (x_j * w.unsqueeze(-1)).view(-1, 6) + 1
+
+    result = trace(message, x_j=node(2, 3, dtype=torch.float64), w=arg(2, dtype=torch.float64))
+    assert [type(value).__name__ for value in result.values] == ["Step"] and len(result.ops) == 2
+    expected = torch.zeros(NUM_NODES, 6, dtype=torch.float64).index_add_(0, EDGES[1], message(x[EDGES[0]], w))
+    torch.testing.assert_close(run_capture(result, {"x_j": x, "w": w}), expected)
+
+
+def test_a_dot_product_computed_with_is_a_step_per_vertex_or_per_edge():
+    """``(x_j * x_i).sum(-1)`` reads both ends: a step writes it per edge; ``(x_j * x_j).sum(-1)``
+    reads one end: computed per vertex, ``N`` rows. Both then feed the fused operator."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(NUM_NODES, 4, generator=generator, dtype=torch.float64)
+
+    def message(x_j, x_i, w):
+        return x_j * (x_j * x_i).sum(-1, keepdim=True) - (x_j * x_j).sum(-1, keepdim=True) * w.view(-1, 1)
+
+    w = torch.randn(NUM_EDGES, generator=generator, dtype=torch.float64)
+    result = trace(
+        message,
+        x_j=node(4, dtype=torch.float64),
+        x_i=arg(4, kind="dst_v", dtype=torch.float64),
+        w=arg(dtype=torch.float64),
+    )
+    assert sorted(type(value).__name__ for value in result.values) == ["NodeStep", "Step"]
+    src, dst = EDGES
+    expected = torch.zeros(NUM_NODES, 4, dtype=torch.float64).index_add_(0, dst, message(x[src], x[dst], w))
+    torch.testing.assert_close(run_capture(result, {"x_j": x, "x_i": x, "w": w}), expected)
 
 
 def test_capture_prints_its_operators():
     text = str(trace(lambda x_j, w: x_j * w.view(-1, 1), x_j=node(4), w=arg()))
     assert "x_j as src_v [4]" in text and "u_mul_e_sum" in text and "for each edge" in text
+
+
+class EdgeMLP(torch.nn.Module):
+    """EdgeConv's message with a Linear or a two-layer MLP."""
+
+    def __init__(self, hidden: int = 0):
+        super().__init__()
+        self.nn = torch.nn.Linear(8, 3)
+        if hidden:
+            self.nn = torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 3))
+
+    def message(self, x_i, x_j):
+        return self.nn(torch.cat([x_i, x_j - x_i], dim=-1))
+
+
+def test_a_linear_of_a_concatenation_becomes_products_of_the_module_weights():
+    """``W [x_i || x_j - x_i] + b``: ``x_i`` reads ``W_1 - W_2`` (and the bias), ``x_j`` reads ``W_2``;
+    the products, computed from the real rows and weights, make the captured op compute the messages."""
+    module = EdgeMLP().double()
+    arguments = {"x_i": arg(4, kind="dst_v", dtype=torch.float64), "x_j": node(4, dtype=torch.float64)}
+    result = capture(module.message, arguments, NUM_EDGES, "max", module)
+    by_source = {product.source.argument: product for product in result.products}
+    assert by_source["x_i"].columns == ((0, 4, 1.0), (4, 8, -1.0)) and by_source["x_i"].bias == "nn.bias"
+    assert by_source["x_j"].columns == ((4, 8, 1.0),) and by_source["x_j"].bias is None
+    assert all(product.weight == "nn.weight" and product.matches(module) for product in result.products)
+    assert "= linear(x_i, nn.weight[:, 0:4] - nn.weight[:, 4:8], nn.bias)" in str(result)
+    assert "= linear(x_j, nn.weight[:, 4:8])" in str(result)
+    x = torch.randn(NUM_NODES, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert result.op.name == "v_add_u_max" and all(o.argument.startswith("%linear") for o in result.operands)
+    out = run_capture(result, {"x_i": x, "x_j": x}, module)
+    messages = module.message(x[EDGES[1]], x[EDGES[0]])
+    expected = torch.full((NUM_NODES, 3), float("-inf"), dtype=torch.float64)
+    expected = expected.scatter_reduce(0, EDGES[1].view(-1, 1).expand(-1, 3), messages, "amax")
+    has_edges = torch.zeros(NUM_NODES, dtype=torch.bool)
+    has_edges[EDGES[1]] = True
+    assert torch.allclose(out[has_edges], expected[has_edges], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="module"):
+        result.operand_tensors({"x_i": x, "x_j": x}, None, lambda op, operands: operands[0], NUM_EDGES)
+
+
+def test_an_mlp_after_an_activation_says_why():
+    module = EdgeMLP(hidden=5)
+    with pytest.raises(CaptureError, match="a Linear after an activation, as in an MLP's later layers"):
+        capture(module.message, {"x_i": arg(4, kind="dst_v"), "x_j": node(4)}, NUM_EDGES, "sum", module)
+
+
+def test_a_weight_computed_in_message_is_not_captured():
+    module = EdgeMLP()
+    message = lambda x_j: F.linear(x_j, module.nn.weight * 2)  # noqa: E731
+    with pytest.raises(CaptureError, match="not a parameter or buffer of the module"):
+        capture(message, {"x_j": node(8)}, NUM_EDGES, "sum", module)
+
+
+class Attention(torch.nn.Module):
+    """A GAT-style message: per-vertex scores with parameters, PyG's softmax over the receivers,
+    the weights stored on the module."""
+
+    def __init__(self):
+        super().__init__()
+        self.att_src = torch.nn.Parameter(torch.randn(4, generator=torch.Generator().manual_seed(4)))
+        self.att_dst = torch.nn.Parameter(torch.randn(4, generator=torch.Generator().manual_seed(5)))
+        self._alpha = None
+
+    def message(self, x_j, x_i, index, size_i):
+        alpha = F.leaky_relu((x_j * self.att_src).sum(-1) + (x_i * self.att_dst).sum(-1), 0.2)
+        alpha = softmax(alpha, index, num_nodes=size_i)
+        self._alpha = alpha
+        return x_j * alpha.unsqueeze(-1)
+
+
+def test_softmax_over_the_receivers_and_stored_weights():
+    """Parameters become broadcast operands, the one-ended scores steps per vertex, PyG's softmax four
+    steps (scores, maxima, sums, weights), and ``self._alpha`` the weights' step, set on the module
+    when the capture runs: outputs, weights and gradients equal message() on gathered rows."""
+    module = Attention().double()
+    index = Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None, "an index")
+    arguments = {
+        "x_j": node(4, dtype=torch.float64),
+        "x_i": arg(4, kind="dst_v", dtype=torch.float64),
+        "index": index,
+        "size_i": NUM_NODES,
+    }
+    result = capture(module.message, arguments, NUM_EDGES, "sum", module)
+    assert module._alpha is None  # the traced value is not left on the module
+    kinds = [type(value).__name__ for value in result.values]
+    assert kinds.count("Broadcast") == 2 and kinds.count("NodeStep") == 2 and kinds.count("Step") == 4, kinds
+    assert [op.gather_op for op in result.ops] == [None, "max", "sum", None, "sum"]
+    ((attribute, argument),) = result.stores
+    assert attribute == "_alpha" and argument == result.operands[-1].argument
+    x = torch.randn(NUM_NODES, 4, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    leaf = x.clone().requires_grad_()
+    out = run_capture(result, {"x_j": leaf, "x_i": leaf}, module)
+    stored = module._alpha
+    src, dst = EDGES
+    reference = Attention().double()
+    expected_leaf = x.clone().requires_grad_()
+    messages = reference.message(expected_leaf[src], expected_leaf[dst], dst, NUM_NODES)
+    expected = torch.zeros(NUM_NODES, 4, dtype=torch.float64).index_add(0, dst, messages)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(stored, reference._alpha)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    mine = torch.autograd.grad((out * probe).sum(), [leaf, module.att_src, module.att_dst])
+    theirs = torch.autograd.grad((expected * probe).sum(), [expected_leaf, reference.att_src, reference.att_dst])
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a, b)
+
+
+def test_softmax_over_other_groups_is_not_captured():
+    module = Attention()
+
+    def message(x_j, index):
+        return x_j * softmax(x_j.sum(-1), index.flip(0)).unsqueeze(-1)
+
+    arguments = {"x_j": node(4), "index": Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None, "")}
+    with pytest.raises(CaptureError, match="torch.Tensor.flip"):
+        capture(message, arguments, NUM_EDGES, "sum", module)

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch_geometric.utils import softmax
 
 import pyg_ugrapher as ug
 from autotune import selection
@@ -285,6 +286,40 @@ class Sliced(ug.MessagePassing):
         return F.relu(x_j[:, :3] - x_i[:, 3:]) * edge_weight.view(-1, 1) + x_j[..., ::2]
 
 
+class EdgeLinear(ug.MessagePassing):
+    """EdgeConv's message with a Linear of a concatenation, split into products of the node rows."""
+
+    def __init__(self, aggr: str = "max"):
+        super().__init__(aggr=aggr)
+        self.lin = torch.nn.Linear(12, 5)
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j):
+        return torch.tanh(self.lin(torch.cat([x_i, x_j - x_i], dim=-1)))
+
+
+class SoftmaxAttention(ug.MessagePassing):
+    """GAT's pattern in message(): per-vertex scores with parameters, PyG's softmax, stored weights."""
+
+    def __init__(self, aggr: str = "add"):
+        super().__init__(aggr=aggr)
+        self.att_src = torch.nn.Parameter(torch.randn(6))
+        self.att_dst = torch.nn.Parameter(torch.randn(6))
+        self._alpha = None
+
+    def forward(self, x, edge_index):
+        out = self.propagate(edge_index, x=x)
+        assert self._alpha is not None and self._alpha.shape == (edge_index.size(1),)
+        return out
+
+    def message(self, x_i, x_j, index, size_i):
+        alpha = F.leaky_relu((x_j * self.att_src).sum(-1) + (x_i * self.att_dst).sum(-1), 0.2)
+        self._alpha = softmax(alpha, index, num_nodes=size_i)
+        return x_j * self._alpha.unsqueeze(-1)
+
+
 def graph_targets(calls: List[set]) -> Callable:
     """An ``aot_eager`` backend that records the call targets of every Dynamo graph."""
 
@@ -296,7 +331,9 @@ def graph_targets(calls: List[set]) -> Callable:
 
 
 @pytest.mark.parametrize(
-    "cls, aggr", [(WeightedSum, "mean"), (Attention, None), (Sliced, "max")], ids=["weighted_mean", "heads", "sliced"]
+    "cls, aggr",
+    [(WeightedSum, "mean"), (Attention, None), (Sliced, "max"), (EdgeLinear, "max"), (SoftmaxAttention, "add")],
+    ids=["weighted_mean", "heads", "sliced", "linear_products", "softmax"],
 )
 def test_captured_message_passing_compiles_to_the_fused_op(cls, aggr):
     torch.manual_seed(0)

@@ -174,20 +174,22 @@ def test_plan_names_a_staged_propagation(graph):
     class StagedConv(ug.MessagePassing):
         def __init__(self):
             super().__init__(aggr="max")
-            self.lin = torch.nn.Linear(8, 3)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(8, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
 
         def forward(self, x, edge_index):
             return self.propagate(edge_index, x=x)
 
         def message(self, x_i, x_j):
-            return self.lin(torch.cat([x_i, x_j - x_i], dim=-1)).relu()
+            return self.mlp(torch.cat([x_i, x_j - x_i], dim=-1))
 
     x, edge_index, _ = graph
     plan = ug.plan(StagedConv(), x, edge_index)
-    # The Linear is split into node-row products: relu(A[dst] + B[src]) aggregates in one operator.
-    assert str(plan).startswith("Plan: 1 operator(s), 0 PyG fallback(s), 1 staged propagation(s)")
-    assert plan[0].op.gather_op == "max" and plan[0].op.inputs == ("dst_v", "src_v")
+    # The first Linear is split into node-row products: relu(A[dst] + B[src]) per edge in one
+    # operator; the second Linear in PyTorch; the aggregation in a second operator.
+    assert str(plan).startswith("Plan: 2 operator(s), 0 PyG fallback(s), 1 staged propagation(s)")
+    assert plan[0].op.gather_op is None and plan[0].op.inputs == ("dst_v", "src_v")
+    assert plan[1].op.name == "copy_e_max"
     staged = [entry for entry in plan if entry.staged is not None]
     assert len(staged) == 1 and staged[0].op is None and staged[0].fallback_reason is None
-    assert "split by linearity" in staged[0].staged and "torch.cat" in staged[0].staged
+    assert "split by linearity" in staged[0].staged and "MLP" in staged[0].staged
     assert "<model> (StagedConv): staged" in str(plan)

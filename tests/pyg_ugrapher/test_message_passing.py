@@ -1,6 +1,7 @@
 """``ug.MessagePassing`` against PyG's own ``MessagePassing``: the same user class, run through both,
 must give the same outputs and gradients, captured (fused op) or not (PyG's path)."""
 
+import copy
 import types
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -429,11 +430,30 @@ def test_torch_sparse_tensor_by_duck_typing(executor):
 
 
 # -- fallbacks -------------------------------------------------------------------------------------
-def test_per_edge_linear_layer_runs_staged():
+def test_linear_layer_of_an_argument_is_a_product_of_the_node_rows(executor):
+    """``self.lin(x_j)`` is captured: the Linear multiplies the node rows before the kernel, from
+    the module's current weights, so that an optimiser step reaches the next call."""
+    x, edge_index, _, _ = random_inputs(executor, seed=16)
+    ours, theirs = twins(linear_message, setup=lambda m: setattr(m, "lin", torch.nn.Linear(4, 3)))
+    compare(ours, theirs, edge_index, x=x)
+    (product,) = ours.capture.products
+    assert (product.source.argument, product.weight, product.bias) == ("x_j", "lin.weight", "lin.bias")
+    for module in (ours, theirs):
+        with torch.no_grad():
+            module.lin.weight.mul_(-2.0)
+    compare(ours, theirs, edge_index, x=x)
+    assert ours.trace_count == 1
+
+
+def test_a_linear_layer_of_a_new_shape_traces_again():
     x, edge_index, _, _ = random_inputs("reference", seed=16)
     ours, theirs = twins(linear_message, setup=lambda m: setattr(m, "lin", torch.nn.Linear(4, 3)))
-    compare(ours, theirs, edge_index, captured="staged", x=x)
-    assert "linear" in ours.staged_reason
+    compare(ours, theirs, edge_index, x=x)
+    torch.manual_seed(0)
+    ours.lin = torch.nn.Linear(4, 5)
+    theirs.lin = copy.deepcopy(ours.lin)
+    assert compare(ours, theirs, edge_index, x=x)[0].shape[-1] == 5
+    assert ours.trace_count == 2
 
 
 def test_tuple_message_with_custom_aggregate_falls_back():
@@ -451,11 +471,30 @@ def test_tuple_message_reason():
     assert ours.fallback_reason.startswith("message() returns a tuple")
 
 
-def test_module_parameter_in_message_runs_staged():
-    x, edge_index, _, _ = random_inputs("reference", seed=18)
+def test_module_parameter_in_message_is_an_operand_read_at_every_call(executor):
+    """A parameter combined with the messages is an operand of the fused kernel, read from the
+    module at every call: a change of its value reaches the next call without a new trace."""
+    x, edge_index, _, _ = random_inputs(executor, seed=18)
     ours, theirs = twins(parameter_message, setup=lambda m: setattr(m, "weight", torch.nn.Parameter(torch.randn(4))))
+    compare(ours, theirs, edge_index, x=x)
+    (value,) = ours.capture.values
+    assert value.path == "weight"
+    for module in (ours, theirs):
+        with torch.no_grad():
+            module.weight.mul_(-3.0)
+    compare(ours, theirs, edge_index, x=x)
+    assert ours.trace_count == 1
+
+
+def test_a_tensor_made_inside_message_runs_staged():
+    x, edge_index, _, _ = random_inputs("reference", seed=18)
+
+    def message(self, x_j):
+        return x_j * torch.ones(4)
+
+    ours, theirs = twins(message)
     compare(ours, theirs, edge_index, captured="staged", x=x)
-    assert "parameter" in ours.staged_reason
+    assert "not an argument of propagate() nor a parameter or buffer" in ours.staged_reason
 
 
 def test_data_dependent_python_runs_staged():
@@ -617,7 +656,7 @@ def test_saved_and_copied_modules_retrace():
         ("GINEConv", (None,), True),
         ("SAGEConv", (4, 3), True),
         ("GraphConv", (4, 3), True),
-        ("EdgeConv", (None,), "staged"),
+        ("EdgeConv", (None,), True),
     ],
 )
 def test_pyg_layers_with_the_mixin(executor, name, args, captured):
