@@ -55,12 +55,13 @@ from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
 from .aggregation import GATHER_OPS, GatherRunner, in_pytorch, on_graph_operators
 from .aggregation import aggregate as aggregate_parts
 from .backward import canonical
-from .capture import Argument, Capture, CaptureError, OpRunner, build_operand, build_value
+from .capture import Argument, CaptureError
 from .capture import capture as trace_message
 from .graph import GraphTensor
 from .graph_argument import derived, layer_graph, note_bounds
 from .ir import Expr, OpInfo
 from .ops import AUTO, call_graph_op, compute
+from .program import Capture, OpRunner, build_operand, build_value
 from .staging import ON_EDGES, Staged, StagedTrace, stage
 from .structure import GraphStructure
 
@@ -930,7 +931,7 @@ def _capture_operands(
     num_edges: int = 0,
 ) -> List[Tensor]:
     """The operands of ``capture``'s op, built from the real tensors of its operand arguments and
-    its values (:meth:`~pyg_ugrapher.capture.Capture.operand_tensors`)."""
+    its values (:meth:`~pyg_ugrapher.program.Capture.operand_tensors`)."""
     tensors = capture.operand_tensors(tensors, module, run, num_edges)
     return [operand.build(tensors[operand.argument]) for operand in capture.operands]
 
@@ -982,13 +983,13 @@ class _Compiled(NamedTuple):
     op: str  #: the serialised op
     gather: Optional[str]  #: the serialised gather op of a reducing message, if any
     message_shape: Tuple[int, ...]
-    #: per operand: its argument and the fields of :func:`~pyg_ugrapher.capture.build_operand`
+    #: per operand: its argument and the fields of :func:`~pyg_ugrapher.program.build_operand`
     #: (shape, expand, view, index)
     operands: Tuple[Tuple[str, Tuple[int, ...], Optional[Tuple[int, ...]], Optional[Tuple[int, ...]], Any], ...]
     #: per value computed before the op: its :meth:`constants` (see
-    #: :func:`~pyg_ugrapher.capture.build_value`)
+    #: :func:`~pyg_ugrapher.program.build_value`)
     values: Tuple[Tuple[Any, ...], ...] = ()
-    stores: Tuple[Tuple[str, str], ...] = ()  #: see :attr:`~pyg_ugrapher.capture.Capture.stores`
+    stores: Tuple[Tuple[str, str], ...] = ()  #: see :attr:`~pyg_ugrapher.program.Capture.stores`
 
     def run(self, structure: GraphStructure, operands: List[Tensor]) -> Tensor:
         out = call_graph_op(structure, operands, self.op, AUTO)

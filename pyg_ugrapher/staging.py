@@ -52,13 +52,10 @@ from .capture import (
     METADATA,
     SOFTMAX_EPSILON,
     Argument,
-    Capture,
     CaptureError,
-    Operand,
     Trace,
     TracedTensor,
     cat_arguments,
-    combine_columns,
     fit_operands,
     function_name,
     linear_arguments,
@@ -66,12 +63,8 @@ from .capture import (
     tracing,
     with_traced_softmax,
 )
-from .ir import Expr, OpInfo
-
-Shape = Tuple[int, ...]
-
-#: Runs one IR operator on the graph of the propagation: ``run(op, operands) -> Tensor``.
-Runner = Callable[[OpInfo, List[Tensor]], Tensor]
+from .ir import Expr
+from .program import Capture, Operand, OpRunner, Shape, combine_columns
 
 _SHIFTED = Expr.apply("exp", Expr.input(0) - Expr.input(1))
 #: The edge softmax's three operators: the receivers' maxima, their sums of shifted exponentials,
@@ -155,7 +148,7 @@ class StagedTrace(Trace):
     """
 
     def __init__(
-        self, num_edges: int, tensors: Mapping[str, Tensor], run: Runner, receivers: Sequence[Tensor], num_dst: int
+        self, num_edges: int, tensors: Mapping[str, Tensor], run: OpRunner, receivers: Sequence[Tensor], num_dst: int
     ) -> None:
         super().__init__(num_edges)
         self.tensors: Dict[str, Tensor] = dict(tensors)

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch_geometric.utils import softmax
 
 import pyg_ugrapher as ug
-from pyg_ugrapher.capture import Argument, Capture, CaptureError, Operand, capture
+from pyg_ugrapher.capture import Argument, CaptureError, capture
 from pyg_ugrapher.ir import Expr
+from pyg_ugrapher.program import Capture, Operand
 
 NUM_NODES, NUM_EDGES = 6, 9
 EDGES = torch.tensor([[0, 1, 2, 3, 4, 0, 2, 2, 1], [1, 2, 0, 0, 3, 1, 2, 4, 4]])  # vertex 5 isolated
