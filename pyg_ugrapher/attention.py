@@ -89,8 +89,19 @@ _GIVEN_LOGITS_TEXT = GIVEN_LOGITS.serialize()
 _SWAP = {"src_v": "dst_v", "dst_v": "src_v", "edge": "edge"}
 
 
+class ScoreGrad(NamedTuple):
+    """One of :attr:`AttentionOps.grad_scores` as the backward runs it."""
+
+    text: str  #: the serialised op
+    reverse: bool  #: run on the reversed graph
+    sources: Tuple[Source, ...]  #: what feeds each slot: a score operand's index, or a value's name
+    edge_slots: Tuple[int, ...]  #: the slots read per edge, each a view of its own (see :func:`_operands`)
+
+
 class AttentionOps(NamedTuple):
-    """The IR ops of one score's forward and backward passes."""
+    """The IR ops of one score's forward and backward passes, and the serialised text of each one
+    that runs (what the dispatcher takes): made once per score, where a call would hash every op
+    to look its text up."""
 
     shift: OpInfo  #: per destination, the largest logit
     denominator: OpInfo  #: per destination, the sum of the shifted exponentials
@@ -103,6 +114,14 @@ class AttentionOps(NamedTuple):
     one_pass: OpInfo
     value: Expr  #: what the one pass weights by the softmax: ``x_u [* k]`` over ``one_pass``'s slots
     logit: Expr  #: the logit over ``one_pass``'s slots
+    # The serialised ops above, in the order of the ops.
+    shift_text: str
+    denominator_text: str
+    output_text: str
+    grad_x_text: str
+    one_pass_text: str
+    score_grads: Tuple[ScoreGrad, ...]  #: ``grad_scores`` as the backward runs them
+    edge_scores: bool  #: whether the score reads an edge operand
 
 
 def _exp_shifted(logit: Expr, shift: int) -> Expr:
@@ -142,38 +161,49 @@ def attention_ops(score: str, dropout: bool) -> AttentionOps:
         )
         for i, kind in enumerate(kinds)
     )
-    return AttentionOps(shift, denominator, output, grad_x, grad_scores, kinds, one_pass, value, shifted_logit)
+    score_grads = tuple(
+        ScoreGrad(
+            step.op.serialize(),
+            step.reverse,
+            step.sources,
+            tuple(slot for slot, kind in enumerate(step.op.inputs) if kind == "edge"),
+        )
+        for step in grad_scores
+    )
+    return AttentionOps(
+        shift,
+        denominator,
+        output,
+        grad_x,
+        grad_scores,
+        kinds,
+        one_pass,
+        value,
+        shifted_logit,
+        shift.serialize(),
+        denominator.serialize(),
+        output.serialize(),
+        grad_x.serialize(),
+        one_pass.serialize(),
+        score_grads,
+        "edge" in kinds,
+    )
 
 
 _DOT = OpInfo.from_name("u_dot_v")
-_DOT_REVERSED = on_reversed(_DOT).serialize()
+_DOT_TEXT, _DOT_REVERSED = _DOT.serialize(), on_reversed(_DOT).serialize()
 
 
-def _run(structure: GraphStructure, op: OpInfo, operands: List[Tensor], schedule: str = AUTO) -> Tensor:
-    return run_graph_op(structure, operands, serialized(op), schedule)
-
-
-def _run_differentiable(structure: GraphStructure, op: OpInfo, operands: List[Tensor], schedule: str = AUTO) -> Tensor:
-    """:func:`_run` with the operator's own derivative (what a double backward differentiates)."""
-    return differentiable_graph_op(structure, operands, serialized(op), schedule)
-
-
-def _column(tensor: Tensor) -> Tensor:
-    """``tensor`` (``[rows, H]``) as ``[rows, H, 1]``, the operators' shape for per-head values."""
-    return tensor.unsqueeze(-1)
-
-
-def _operand(column: Tensor, kind: str) -> Tensor:
-    """``column`` as one operator's operand of ``kind``: an edge operand as a new view per operator.
-    The dispatcher permutes a narrow edge operand into CSR order when the same tensor object comes
-    back (static edge weights, reused every step); edge logits used by three operators of one step
-    would pay that permutation (costlier than the operator) and never see it again. Node operands
-    are read as they are: one view serves a whole pass (each view costs a dispatcher call)."""
-    return column.view_as(column) if kind == "edge" else column
-
-
-def _operands(columns: Sequence[Tensor], kinds: Sequence[str]) -> List[Tensor]:
-    return [_operand(column, kind) for column, kind in zip(columns, kinds)]
+def _operands(columns: List[Tensor], ops: AttentionOps) -> List[Tensor]:
+    """The score's ``columns`` as one operator's operands: an edge operand as a new view per
+    operator. The dispatcher permutes a narrow edge operand into CSR order when the same tensor
+    object comes back (static edge weights, reused every step); edge logits used by three operators
+    of one step would pay that permutation (costlier than the operator) and never see it again.
+    Node operands are read as they are: one view serves a whole pass (each view costs a dispatcher
+    call)."""
+    if not ops.edge_scores:
+        return columns
+    return [column.view_as(column) if kind == "edge" else column for column, kind in zip(columns, ops.score_kinds)]
 
 
 def _three_passes(
@@ -184,24 +214,26 @@ def _three_passes(
     extra: List[Tensor],
     graph: Optional[GraphTensor] = None,
     output_schedule: str = AUTO,
-    run_op: Callable[..., Tensor] = _run,
+    run_op: Callable[[GraphStructure, List[Tensor], str, str], Tensor] = run_graph_op,
 ) -> Tuple[Tensor, Tensor]:
     """``(out, log-normaliser)`` from the three forward operators run by ``run_op`` (observers of
     ``ug.plan`` are told about each one when the ``graph`` is given), the output's under
     ``output_schedule``. The shift carries no gradient: softmax is shift-invariant (PyG detaches
     its maximum too)."""
+    observing = graph is not None and observed()
 
-    def run(op: OpInfo, operands: List[Tensor], schedule: str = AUTO) -> Tensor:
-        if graph is not None:
+    def run(op: OpInfo, text: str, operands: List[Tensor], schedule: str = AUTO) -> Tensor:
+        if observing:
             notify(graph, op, operands)
-        return run_op(structure, op, operands, schedule)
+        return run_op(structure, operands, text, schedule)
 
-    kinds = ops.score_kinds
-    shift = run(ops.shift, _operands(columns, kinds))
+    shift = run(ops.shift, ops.shift_text, _operands(columns, ops))
     if shift.requires_grad:
         shift = shift.detach()
-    normaliser = shift + (run(ops.denominator, _operands(columns, kinds) + [shift]) + EPSILON).log()
-    return run(ops.output, [x] + _operands(columns, kinds) + [normaliser] + extra, output_schedule), normaliser
+    denominator = run(ops.denominator, ops.denominator_text, _operands(columns, ops) + [shift])
+    normaliser = shift + (denominator + EPSILON).log()
+    operands = [x] + _operands(columns, ops) + [normaliser] + extra
+    return run(ops.output, ops.output_text, operands, output_schedule), normaliser
 
 
 def _one_pass_decision(
@@ -221,7 +253,7 @@ def _one_pass_decision(
     with the candidate for the output's."""
     arrays = graph_arrays(structure)
     device = x.device
-    text = serialized(ops.one_pass)
+    text = ops.one_pass_text
 
     def decide() -> Tuple:
         layout = layout_of(text, operands)
@@ -270,8 +302,9 @@ def _forward(
     runs one (:mod:`triton_kernels.vertex_softmax`), else by the three forward operators
     (observers of ``ug.plan`` are told about what runs when the ``graph`` is given)."""
     ops = attention_ops(score, keep is not None)
-    columns = [_column(t) for t in scores]
-    extra = [] if keep is None else [_column(keep)]
+    # [rows, H] as [rows, H, 1], the operators' shape for per-head values
+    columns = [t.unsqueeze(-1) for t in scores]
+    extra = [] if keep is None else [keep.unsqueeze(-1)]
     if not uses_triton(x.device):
         return _three_passes(structure, ops, columns, x, extra, graph)
     operands = [x] + columns + extra
@@ -314,46 +347,46 @@ def _backward(
     """``(gradient of each score operand, grad_x)`` of the closed form (``None`` where not needed)."""
     ops = attention_ops(score, keep is not None)
     grad = grad.contiguous()
-    keep_column = None if keep is None else _column(keep)
-    extra = [] if keep_column is None else [keep_column]
-    columns, kinds = [_column(t) for t in scores], ops.score_kinds
+    extra = [] if keep is None else [keep.unsqueeze(-1)]
+    columns = [t.unsqueeze(-1) for t in scores]
     reversed_ = structure.reverse()
     needs_logits = any(needs_scores)
     grad_x = None
-    grad_x_operands = [grad] + _operands(columns, kinds) + [normaliser] + extra
+    grad_x_operands = [grad] + _operands(columns, ops) + [normaliser] + extra
     if needs_x and needs_logits:
         grad_x, products = run_gather_with_edge_output(
-            reversed_, grad_x_operands, serialized(ops.grad_x), [x, grad], _DOT_REVERSED, AUTO, AUTO
+            reversed_, grad_x_operands, ops.grad_x_text, [x, grad], _DOT_REVERSED, AUTO, AUTO
         )
     elif needs_x:
-        grad_x = _run(reversed_, ops.grad_x, grad_x_operands)
+        grad_x = run_graph_op(reversed_, grad_x_operands, ops.grad_x_text, AUTO)
     elif needs_logits:
-        products = _run(structure, _DOT, [x, grad])
+        products = run_graph_op(structure, [x, grad], _DOT_TEXT, AUTO)
     grads: List[Optional[Tensor]] = [None] * len(scores)
     if needs_logits:
-        if keep_column is not None:
-            products = products * keep_column
+        if keep is not None:
+            products = products * extra[0]
         # [rows, H, 1] each, as the operators read them
         total = head_dot(out, grad) if uses_triton(out.device) else (out * grad).sum(dim=-1, keepdim=True)
-        values = {"normaliser": normaliser, "products": products, "total": total}
-        for i, step in enumerate(ops.grad_scores):
+        # What feeds the slots: the score's operands by their index, the rest by name.
+        values = dict(enumerate(columns), normaliser=normaliser, products=products, total=total)
+        for i, step in enumerate(ops.score_grads):
             if needs_scores[i]:
-                inputs = [
-                    _operand(columns[s] if isinstance(s, int) else values[s], kind)
-                    for s, kind in zip(step.sources, step.op.inputs)
-                ]
-                grads[i] = _run(reversed_ if step.reverse else structure, step.op, inputs).squeeze(-1)
+                inputs = [values[source] for source in step.sources]
+                for slot in step.edge_slots:  # a view per operator, as _operands makes them
+                    inputs[slot] = inputs[slot].view_as(inputs[slot])
+                grads[i] = run_graph_op(reversed_ if step.reverse else structure, inputs, step.text, AUTO).squeeze(-1)
     return grads, grad_x
 
 
 class _SoftmaxAggregate(torch.autograd.Function):
     """The eager path: an autograd Function costs less host time per call than a custom op. The
-    structure record is kept as an attribute, as :class:`~pyg_ugrapher.ops.autograd._EagerGraphOp` keeps it."""
+    structure record is kept as an attribute, as :class:`~pyg_ugrapher.ops.autograd._EagerGraphOp` keeps it.
+    What is not a tensor comes in one argument, ``(graph, score, structure, number of scores)``:
+    ``apply`` makes Python calls for each argument."""
 
     @staticmethod
-    def forward(
-        ctx, graph: GraphTensor, score: str, structure: GraphStructure, num_scores: int, *tensors: Tensor
-    ) -> Tensor:
+    def forward(ctx, call: Tuple[GraphTensor, str, GraphStructure, int], *tensors: Tensor) -> Tensor:
+        graph, score, structure, num_scores = call
         scores = list(tensors[:num_scores])
         x, keep = tensors[num_scores:]
         out, normaliser = _forward(structure, score, scores, x, keep, graph)
@@ -365,15 +398,14 @@ class _SoftmaxAggregate(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         saved = ctx.saved_tensors
         k = ctx.num_scores
-        first = 4  # graph, score, structure, the count
-        needs = ctx.needs_input_grad[first : first + k + 1]
+        needs = ctx.needs_input_grad[1 : k + 2]  # after the call's non-tensors: the scores and x
         if torch.is_grad_enabled():  # a double backward: the closed form's kernels have no derivative
             grads, grad_x = _differentiable_backward(
                 ctx.structure, ctx.score, saved[:k], saved[k], saved[k + 1], grad, needs
             )
         else:
             grads, grad_x = _backward(ctx.structure, ctx.score, saved[:k], *saved[k:], grad, needs[:k], needs[k])
-        return (None,) * first + tuple(grads) + (grad_x, None)
+        return (None,) + tuple(grads) + (grad_x, None)
 
 
 def _differentiable_backward(
@@ -390,14 +422,14 @@ def _differentiable_backward(
     a double backward (``create_graph=True``, a gradient penalty) needs: under
     ``once_differentiable`` the closed form's second-order terms were dropped without an error
     whenever the upstream gradient needed none."""
-    extra = [] if keep is None else [_column(keep)]
+    extra = [] if keep is None else [keep.unsqueeze(-1)]
     out, _ = _three_passes(
         structure,
         attention_ops(score, keep is not None),
-        [_column(t) for t in scores],
+        [t.unsqueeze(-1) for t in scores],
         x,
         extra,
-        run_op=_run_differentiable,
+        run_op=differentiable_graph_op,
     )
     wanted = [t for t, need in zip(list(scores) + [x], needs) if need]
     found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
@@ -563,7 +595,15 @@ def softmax_aggregate(
         raise ValueError(f"x: expected shape [num_src={graph.num_src}, heads={heads}, channels], got {list(x.shape)}")
     if keep is not None and keep.shape != (graph.num_edges, heads):
         raise ValueError(f"keep: expected shape [num_edges={graph.num_edges}, heads={heads}], got {list(keep.shape)}")
-    structure = graph.structure(x.device)
+    return softmax_aggregate_unchecked(graph, scores, x, keep, text)
+
+
+def softmax_aggregate_unchecked(
+    graph: GraphTensor, scores: List[Tensor], x: Tensor, keep: Optional[Tensor], score: str
+) -> Tensor:
+    """:func:`softmax_aggregate` for callers that hold the serialised ``score`` op (:data:`GIVEN_LOGITS`'s
+    for given logits) and pass the list of its operands, each of the shape that function checks
+    (the layers): the same observers and autograd, without the checks."""
     if torch.compiler.is_compiling():
-        return call_softmax_aggregate(structure, scores, x, keep, text)
-    return _SoftmaxAggregate.apply(graph, text, structure, len(scores), *scores, x, keep)
+        return call_softmax_aggregate(graph.structure(x.device), scores, x, keep, score)
+    return _SoftmaxAggregate.apply((graph, score, graph.eager_structure(x.device), len(scores)), *scores, x, keep)

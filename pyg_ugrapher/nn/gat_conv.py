@@ -1,3 +1,4 @@
+from functools import lru_cache
 from typing import Optional, Tuple, Union
 
 import torch
@@ -11,7 +12,7 @@ from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import add_self_loops, remove_self_loops, to_edge_index
 from torch_geometric.utils.sparse import set_sparse_value
 
-from ..attention import EPSILON, call_softmax_aggregate, softmax_aggregate
+from ..attention import EPSILON, call_softmax_aggregate, softmax_aggregate_unchecked
 from ..graph_argument import (
     Graph,
     adjacency,
@@ -23,7 +24,6 @@ from ..graph_argument import (
     gather_op,
     graph_of,
     is_sparse,
-    layer_op,
     looped_edge_attr,
     looped_graph,
     named,
@@ -59,6 +59,12 @@ def score_op(kinds: Tuple[str, ...], negative_slope: float) -> OpInfo:
     for slot in range(1, len(kinds)):
         total = total + Expr.input(slot)
     return OpInfo(Expr.apply("leaky_relu", total, float(negative_slope)), None, operands=kinds)
+
+
+@lru_cache(maxsize=1024)
+def score_text(kinds: Tuple[str, ...], negative_slope: str) -> str:
+    """:func:`score_op` serialised, once per argument pair: what an eager call passes."""
+    return score_op(kinds, negative_slope).serialize()
 
 
 class GATConv(MessagePassing, ScriptedAsPyG):
@@ -287,7 +293,7 @@ class GATConv(MessagePassing, ScriptedAsPyG):
                     "edge_dim: as in PyG, edge features and add_self_loops=True are not "
                     "supported together with a SparseTensor adj_t"
                 )
-        edge_index, size, edge_attr = sparse_tensor_graph(self, edge_index, size, edge_attr, "features")
+            edge_index, size, edge_attr = sparse_tensor_graph(self, edge_index, size, edge_attr, "features")
 
         if isinstance(x, Tensor):
             raw_src = raw_dst = check_features("x", x)
@@ -298,8 +304,9 @@ class GATConv(MessagePassing, ScriptedAsPyG):
             raw_dst = None if x[1] is None else check_features("x[1]", x[1])
         if raw_dst is not None and self.res is not None:
             res = self.res(raw_dst)
-        lin_src = self.lin if self.lin is not None else self.lin_src
-        lin_dst = self.lin if self.lin is not None else self.lin_dst
+        lin = self.lin  # each read of a submodule or parameter is a Python call (Module.__getattr__)
+        lin_src = lin if lin is not None else self.lin_src
+        lin_dst = lin if lin is not None else self.lin_dst
         shared = lin_dst is lin_src and raw_dst is raw_src
         # The projections and the node-level halves of the attention logits.
         alpha_dst: Optional[Tensor] = None
@@ -319,17 +326,14 @@ class GATConv(MessagePassing, ScriptedAsPyG):
             size,
             num_src,
             num_dst,
-            x_src.size(0) if x_dst is None else min(x_src.size(0), x_dst.size(0)),
+            x_src.shape[0] if x_dst is None else min(x_src.shape[0], x_dst.shape[0]),
             bool(return_attention_weights),
         )
         if graph.spare_row and alpha_dst is not None:
             alpha_dst = F.pad(alpha_dst, (0, 0, 0, 1))
 
-        operands = [alpha_src]
-        kinds: Tuple[str, ...] = ("src_v",)
-        if alpha_dst is not None:
-            operands.append(alpha_dst)
-            kinds += ("dst_v",)
+        operands = [alpha_src] if alpha_dst is None else [alpha_src, alpha_dst]
+        kinds: Tuple[str, ...] = ("src_v",) if alpha_dst is None else ("src_v", "dst_v")
         if edge_attr is not None and self.lin_edge is not None:
             if edge_attr.dim() == 1:
                 edge_attr = edge_attr.view(-1, 1)
@@ -346,8 +350,8 @@ class GATConv(MessagePassing, ScriptedAsPyG):
             keep = None
             if dropping:
                 keep = F.dropout(alpha_src.new_ones(graph.num_edges, H), p=self.dropout, training=True)
-            if graph.structure is None:
-                out = softmax_aggregate(graph.tensor, operands, x_src, keep, score=layer_op(score_op, *score))
+            if graph.structure is None:  # the operands' rows follow from the graph's sizes (node_sizes)
+                out = softmax_aggregate_unchecked(graph.tensor, operands, x_src, keep, score_text(*score))
             else:
                 out = call_softmax_aggregate(graph.structure, operands, x_src, keep, op_text(score_op, *score))
             if return_attention_weights:
@@ -365,8 +369,9 @@ class GATConv(MessagePassing, ScriptedAsPyG):
             out = out.mean(dim=1)
         if res is not None:
             out = out + res
-        if self.bias is not None:
-            out = add_bias(out, self.bias)
+        bias = self.bias
+        if bias is not None:
+            out = add_bias(out, bias)
 
         if return_attention_weights:
             if is_sparse(returned_index):
@@ -424,7 +429,8 @@ class GATConv(MessagePassing, ScriptedAsPyG):
             )
             return Graph(graph, None, graph.num_edges), looped, None
 
-        edge_attr = edge_tensor("edge_attr", edge_attr, edge_index.size(1))
+        if edge_attr is not None:
+            edge_attr = edge_tensor("edge_attr", edge_attr, edge_index.size(1))
         if not self.add_self_loops:
             graph, _ = adjacency(self, edge_index, num_src, num_dst)
             return graph, edge_index, edge_attr

@@ -90,8 +90,9 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
             x_l = self.lin_l(x[0]).view(-1, H, C)
             x_r = self.lin_r(x[1]).view(-1, H, C)
 
-        num_loops = min(x_l.size(0), x_r.size(0))
-        looped = looped_graph(edge_index, self.flow, x_l.size(0), x_r.size(0), num_loops)
+        num_src, num_dst = x_l.shape[0], x_r.shape[0]
+        num_loops = min(num_src, num_dst)
+        looped = looped_graph(edge_index, self.flow, num_src, num_dst, num_loops)
         if edge_attr is not None:
             edge_attr = looped_edge_attr(looped, edge_attr, num_loops, self.fill_value)
         alpha = self.edge_updater(looped.index, x=(x_l, x_r), edge_attr=edge_attr)
@@ -100,8 +101,9 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
         out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:
             out = out + res
-        if self.bias is not None:
-            out = out + self.bias
+        bias = self.bias  # each read of a parameter is a Python call (Module.__getattr__)
+        if bias is not None:
+            out = out + bias
         if return_attention_weights:
             # The looped index is cached with the graph: the caller gets its own, as PyG's is new
             # every call.
