@@ -1321,11 +1321,38 @@ def _flatten(trace: Trace, name: str, args, kwargs):
 
 
 def _getitem(trace: Trace, name: str, args, kwargs):
-    """``x[key]`` for a ``key`` of slices, ints and an ``...`` that keeps every edge."""
+    """``x[key]`` for a ``key`` of slices, ints and an ``...`` that keeps every edge; of a
+    ``torch.cat`` (PNA's towers, ``h[:, i]``), each piece is indexed when the concatenated last
+    dimension stays whole."""
     x, key = args[0], args[1]
     if not isinstance(x, TracedTensor):
         raise CaptureError(f"message() calls {name} on a value that is not a tensor argument")
-    return trace.index_features(x, _feature_index(key, x.features))
+    index = _feature_index(key, x.features)
+    if x._parts is None:
+        return trace.index_features(x, index)
+    if len(index) == len(x.features) and index[-1] != (0, x.features[-1], 1):
+        raise CaptureError("message() indexes the concatenated dimension of a torch.cat")
+    pieces = [
+        trace.index_features(piece, index[:-1] + ((0, piece.shape[-1], 1),) if len(index) == len(x.features) else index)
+        for piece in x._parts
+    ]
+    return trace.concatenate(pieces, -1)
+
+
+def _stack(trace: Trace, name: str, args, kwargs):
+    """``torch.stack`` of one value: a new feature dimension (PNA's single tower)."""
+    tensors, dim = cat_arguments(args, kwargs)
+    if tensors is None or len(tensors) != 1 or not isinstance(tensors[0], TracedTensor) or not isinstance(dim, int):
+        raise CaptureError(f"message() calls {name} of several values, which the messages would hold side by side")
+    return _unsqueeze(trace, name, (tensors[0], dim), {})
+
+
+def _repeat(trace: Trace, name: str, args, kwargs):
+    """``x.repeat(1, ..., 1)``: the same value (PNA's edge features over a single tower)."""
+    sizes = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list, torch.Size)) else args[1:]
+    if kwargs or not all(size == 1 for size in sizes) or len(sizes) != args[0].dim():
+        raise CaptureError(f"message() calls {name}, which copies values between features")
+    return _same(trace, args[0])
 
 
 def _feature_index(key: Any, features: Shape) -> FeatureIndex:
@@ -1548,6 +1575,8 @@ def _table() -> Dict[str, Callable]:
     add(_getitem, "torch.Tensor.__getitem__")
     add(_linear, "torch.nn.functional.linear")
     add(_cat, "torch.cat", "torch.concat", "torch.concatenate")
+    add(_stack, "torch.stack")
+    add(_repeat, "torch.Tensor.repeat")
     return table
 
 

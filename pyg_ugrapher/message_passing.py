@@ -61,9 +61,9 @@ from .graph import GraphTensor
 from .graph_argument import derived, layer_graph, note_bounds
 from .ir import Expr, OpInfo
 from .ops import AUTO, call_graph_op, compute
-from .program import Capture, OpRunner, build_operand, build_value
+from .program import Capture, OpRunner, Step, build_operand, build_value
 from .staging import ON_EDGES, Staged, StagedTrace, stage
-from .structure import GraphStructure
+from .structure import GraphStructure, records_steps
 
 #: The gather op :meth:`MessagePassing._static_check` names for PyG's ``SoftmaxAggregation``: a staged
 #: run aggregates the messages by gathers that recompute them
@@ -250,12 +250,14 @@ class MessagePassing(PyGMessagePassing):
         True
     """
 
-    #: A propagation (or ``edge_updater()`` call) that would run staged does so on a graph of at
-    #: least this many edges; on a smaller one PyG's runs (compiled under ``torch.compile``). A
-    #: staged run costs host time per traced operation on every call, more than PyG's few torch
-    #: calls cost where the graph is too small for the graph operators to make up for it (the layers
-    #: and training-step benchmarks, ``docs/performance.md``). Set it on the class, a subclass or a
-    #: layer (``0`` stages on every graph).
+    #: A propagation (or ``edge_updater()`` call) that would run staged, or whose capture runs
+    #: graph operators before the fused one (a softmax: :class:`~pyg_ugrapher.program.Step`), does
+    #: so on a graph of at least this many edges; on a smaller one PyG's runs (compiled under
+    #: ``torch.compile``), except while :class:`~pyg_ugrapher.recording.RecordedStep` records a step.
+    #: A staged run costs host time per traced operation on every call, and each graph operator
+    #: host time of its own, more than PyG's torch calls cost where the graph is too small for the
+    #: graph operators to make up for it (the layers and training-step benchmarks,
+    #: ``docs/performance.md``). Set it on the class, a subclass or a layer (``0``: on every graph).
     staged_min_edges: int = 1 << 20
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "MessagePassing":
@@ -365,6 +367,9 @@ class MessagePassing(PyGMessagePassing):
             self._ug.fallback_reason, self._ug.last = None, None
             out = captured.run(graph, operands)
             _notify_stage(self, self._ug.staged)
+        elif isinstance(captured, _CapturedParts):
+            self._ug.fallback_reason, self._ug.last, self._ug.staged = None, captured.capture, None
+            out = captured.run(graph, operands)
         elif isinstance(captured, _Compiled):
             out = captured.run(graph, operands)
         else:
@@ -608,13 +613,16 @@ class MessagePassing(PyGMessagePassing):
             return self._prepare_compiled(edge_index, collected, tensors, signature, num_edges, gather)
         key = (gather, torch.is_grad_enabled(), _settings(self)) + signature
         try:
-            if gather == PARTS_GATHER:
+            if gather == PARTS_GATHER and in_pytorch(self.aggr_module):
                 raise _Stage(self._parts_reason())
-            captured: Union[Capture, _StagedRun] = self._lookup(key, arguments, num_edges, gather)
+            captured: Union[Capture, _StagedRun, _CapturedParts] = self._lookup(key, arguments, num_edges, gather)
             self._check_node_dim(captured.message_shape)
+            _steps_or_fall_back(self, sum(isinstance(value, Step) for value in captured.values), num_edges)
             reason = None
         except _Stage as stage:
             reason = str(stage)
+            if gather == PARTS_GATHER and not reason.startswith("the aggregation"):
+                reason = f"{self._parts_reason()}; {reason}"
         if reason is not None:
             _stage_or_fall_back(self, reason, num_edges)
         graph = self._call_graph(edge_index, collected)
@@ -624,6 +632,8 @@ class MessagePassing(PyGMessagePassing):
             )
             return captured, graph, [], collected
         operands = _capture_operands(captured, tensors, self, functools.partial(_run, graph), graph.num_edges)
+        if gather == PARTS_GATHER:
+            captured = _CapturedParts(captured, self._parts(collected, graph))
         return captured, graph, operands, collected
 
     def _stage(
@@ -642,12 +652,7 @@ class MessagePassing(PyGMessagePassing):
         aggregate = None
         parts = None
         if gather == PARTS_GATHER:
-            module, dim_size, node_dim = self.aggr_module, graph.num_dst, self.node_dim
-            index, ptr = collected.get("index"), collected.get("ptr")
-
-            def parts(run_gather: GatherRunner, messages: Callable[[], Tensor]) -> Tensor:
-                return aggregate_parts(module, run_gather, messages, index, ptr, dim_size, node_dim)
-
+            parts = self._parts(collected, graph)
             gather = "sum"  # what a captured message op is finished with; each part sets its own
         elif gather == SOFTMAX_GATHER:
             module = self.aggr_module
@@ -667,6 +672,17 @@ class MessagePassing(PyGMessagePassing):
             raise _Fallback(self._ug.captures[key].reason) from None
         self._ug.staged = f"{staged.describe()} ({reason})"
         return _StagedRun(staged, gather, parts)
+
+    def _parts(self, collected: Dict[str, Any], graph: GraphTensor) -> "PartsAggregation":
+        """The aggregation module of this call, computed part by part from ``(run_gather, messages)``
+        (:func:`~pyg_ugrapher.aggregation.aggregate`)."""
+        module, dim_size, node_dim = self.aggr_module, graph.num_dst, self.node_dim
+        index, ptr = collected.get("index"), collected.get("ptr")
+
+        def parts(run_gather: GatherRunner, messages: Callable[[], Tensor]) -> Tensor:
+            return aggregate_parts(module, run_gather, messages, index, ptr, dim_size, node_dim)
+
+        return parts
 
     def _parts_reason(self) -> str:
         """Why a propagation with an aggregation computed part by part runs staged."""
@@ -716,6 +732,7 @@ class MessagePassing(PyGMessagePassing):
             return _stage_or_fall_back(self, captured.reason, num_edges)
         if isinstance(captured, str):
             raise _Fallback(captured)
+        _steps_or_fall_back(self, sum(constants[0] == "step" for constants in captured.values), num_edges)
         self._check_node_dim(captured.message_shape)
         self._ug.fallback_reason = None
         graph = layer_graph(edge_index, self.flow, num_src, num_dst).structure
@@ -807,8 +824,10 @@ class MessagePassing(PyGMessagePassing):
                 if gather == SOFTMAX_GATHER and semi_grad:
                     raise CaptureError("SoftmaxAggregation with semi_grad=True takes no gradient through its weights")
                 # The trace runs Python on tensor subclasses: under torch.compile it runs eagerly.
+                # an aggregation computed part by part runs each part's gather op on the captured op
+                traced_gather = "sum" if gather == PARTS_GATHER else gather
                 entry = torch.compiler.disable(trace_message)(
-                    self.message, arguments, num_edges, gather, self, temperature
+                    self.message, arguments, num_edges, traced_gather, self, temperature
                 )
             except CaptureError as error:
                 reason = str(error)
@@ -848,14 +867,15 @@ class _StagedRun(NamedTuple):
 
     staged: Staged
     gather: str
-    parts: Optional[Callable[[GatherRunner, Callable[[], Tensor]], Tensor]] = None
+    parts: Optional["PartsAggregation"] = None
 
     def run(self, graph: GraphTensor, operands: List[Tensor]) -> Tensor:
         capture = self.staged.capture
         if self.staged.aggregated is not None:
             return self.staged.aggregated
         if self.parts is not None:
-            return self.parts(*self._sources(graph))
+            operands = None if capture is None else _capture_operands(capture, self.staged.tensors)
+            return self.parts(*_gather_sources(graph, capture, operands, self.staged.messages))
         if capture is None:
             return _run(graph, _copy_edges(self.gather), [self.staged.messages])
         out = _run(graph, capture.op, _capture_operands(capture, self.staged.tensors))
@@ -864,38 +884,59 @@ class _StagedRun(NamedTuple):
             out = _run(graph, capture.gather, [out])
         return out
 
-    def _sources(self, graph: GraphTensor) -> Tuple[GatherRunner, Callable[[], Tensor]]:
-        """``(run_gather, messages)`` for :func:`~pyg_ugrapher.aggregation.aggregate`: a captured
-        message op is run with each gather op; each result (a mean is asked again by a variance)
-        and the per-edge messages are computed once, if asked."""
-        capture = self.staged.capture
-        operands = None if capture is None else _capture_operands(capture, self.staged.tensors)
-        computed: List[Tensor] = []
-        gathered: Dict[Tuple[str, bool, bool], Tensor] = {}
 
-        def messages() -> Tensor:
-            if not computed:
-                if capture is None:
-                    computed.append(self.staged.messages)
-                else:
-                    op = capture.op if capture.gather is not None else _with_gather(capture.op, None, False)
-                    out = _run(graph, op, operands)
-                    computed.append(out.reshape(out.shape[:1] + capture.message_shape))
-            return computed[0]
+#: An aggregation module computed part by part: ``parts(run_gather, messages) -> Tensor``.
+PartsAggregation = Callable[[GatherRunner, Callable[[], Tensor]], Tensor]
 
-        def run_gather(gather_op: str, squared: bool) -> Tensor:
-            key = (gather_op, squared, torch.is_grad_enabled())  # a semi-gradient mean of squares has none
-            if key not in gathered:
-                if capture is None or capture.gather is not None:
-                    values = messages()
-                    out = _run(graph, _copy_edges(gather_op), [values * values if squared else values])
-                else:
-                    out = _run(graph, _with_gather(capture.op, gather_op, squared), operands)
-                    out = out.reshape(out.shape[:1] + capture.message_shape)
-                gathered[key] = out
-            return gathered[key]
 
-        return run_gather, messages
+class _CapturedParts(NamedTuple):
+    """A captured ``message()`` aggregated part by part (PNA's degree scalers, lists of
+    aggregations): each part's gather op runs on the captured op's edge function."""
+
+    capture: Capture
+    parts: PartsAggregation
+
+    @property
+    def message_shape(self) -> Tuple[int, ...]:
+        return self.capture.message_shape
+
+    def run(self, graph: GraphTensor, operands: List[Tensor]) -> Tensor:
+        return self.parts(*_gather_sources(graph, self.capture, operands, None))
+
+
+def _gather_sources(
+    graph: GraphTensor, capture: Optional[Capture], operands: Optional[List[Tensor]], real: Optional[Tensor]
+) -> Tuple[GatherRunner, Callable[[], Tensor]]:
+    """``(run_gather, messages)`` for :func:`~pyg_ugrapher.aggregation.aggregate`: a captured
+    message op (over ``operands``) is run with each gather op, or the ``real`` per-edge messages are
+    gathered; each result (a mean is asked again by a variance) and the per-edge messages are
+    computed once, if asked."""
+    computed: List[Tensor] = []
+    gathered: Dict[Tuple[str, bool, bool], Tensor] = {}
+
+    def messages() -> Tensor:
+        if not computed:
+            if capture is None:
+                computed.append(real)
+            else:
+                op = capture.op if capture.gather is not None else _with_gather(capture.op, None, False)
+                out = _run(graph, op, operands)
+                computed.append(out.reshape(out.shape[:1] + capture.message_shape))
+        return computed[0]
+
+    def run_gather(gather_op: str, squared: bool) -> Tensor:
+        key = (gather_op, squared, torch.is_grad_enabled())  # a semi-gradient mean of squares has none
+        if key not in gathered:
+            if capture is None or capture.gather is not None:
+                values = messages()
+                out = _run(graph, _copy_edges(gather_op), [values * values if squared else values])
+            else:
+                out = _run(graph, _with_gather(capture.op, gather_op, squared), operands)
+                out = out.reshape(out.shape[:1] + capture.message_shape)
+            gathered[key] = out
+        return gathered[key]
+
+    return run_gather, messages
 
 
 #: Per class and method (``propagate`` or ``edge_updater``): whether PyG generates the method
@@ -1015,6 +1056,19 @@ def _stage_or_fall_back(module: "MessagePassing", reason: str, num_edges: int) -
         raise _Fallback(
             f"{reason}; a graph of fewer than {limit} edges runs PyG's{compiled} propagation, which "
             f"costs less host time there than a staged run (see MessagePassing.staged_min_edges)"
+        )
+
+
+def _steps_or_fall_back(module: "MessagePassing", steps: int, num_edges: int) -> None:
+    """Raise :class:`_Fallback` for a capture that runs ``steps`` graph operators before the fused one
+    on a graph of fewer than :attr:`~MessagePassing.staged_min_edges` edges, outside a recording of a
+    whole step (:func:`~pyg_ugrapher.structure.records_steps`)."""
+    limit = module.staged_min_edges
+    if steps and int(num_edges) < limit and not records_steps():
+        compiled = " compiled" if torch.compiler.is_compiling() else ""
+        raise _Fallback(
+            f"the capture runs {steps + 1} graph operators; a graph of fewer than {limit} edges runs PyG's"
+            f"{compiled} propagation, which costs less host time there (see MessagePassing.staged_min_edges)"
         )
 
 

@@ -63,7 +63,7 @@ from .graph_argument import (
     holding_graphs,
     rebuilt_by_recordings,
 )
-from .structure import version
+from .structure import recording_steps, version
 
 #: Default growth of the bucket series: a padded batch is at most this much larger than the batch.
 BUCKET_GROWTH = 1.25
@@ -295,6 +295,13 @@ class RecordedStep:
         return recording.outputs
 
     def _record(self, key: Tuple, tensors: Sequence[Tensor], held: Optional[_Recording] = None) -> object:
+        """Record the step on ``tensors`` (:meth:`_record_step`), the layers running what is
+        fastest on the device (:func:`~pyg_ugrapher.structure.recording_steps`): a replay pays
+        no host time per operator."""
+        with recording_steps():
+            return self._record_step(key, tensors, held)
+
+    def _record_step(self, key: Tuple, tensors: Sequence[Tensor], held: Optional[_Recording]) -> object:
         """Record the step on ``tensors``: after the warm-up steps, holding the structures of the
         graphs it reads; or, where the graphs of the recording ``held`` changed, building them
         (its warm-up already ran)."""

@@ -257,6 +257,31 @@ def keeping_nothing() -> Iterator[None]:
         _KEEPING.depth -= 1
 
 
+class _Recording(threading.local):
+    #: Open :func:`recording_steps` blocks of this thread.
+    depth = 0
+
+
+_RECORDING = _Recording()
+
+
+@contextmanager
+def recording_steps() -> Iterator[None]:
+    """Inside the block a whole step is being recorded into a CUDA graph (its warm-up runs and its
+    capture, see :class:`~pyg_ugrapher.recording.RecordedStep`): host time per call is paid once,
+    so what is fastest on the device runs (:func:`records_steps`)."""
+    _RECORDING.depth += 1
+    try:
+        yield
+    finally:
+        _RECORDING.depth -= 1
+
+
+def records_steps() -> bool:
+    """Whether a :func:`recording_steps` block is open in this thread."""
+    return _RECORDING.depth > 0
+
+
 def keeps_nothing(tensor: Tensor) -> bool:
     """Whether no cache may keep a tensor made from ``tensor`` now: inside :func:`keeping_nothing`,
     or while ``tensor``'s device captures a CUDA graph (:func:`capturing`)."""

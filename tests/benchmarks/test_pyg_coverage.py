@@ -14,7 +14,7 @@ from benchmarks import pyg_coverage  # noqa: E402
 
 
 def test_five_classes(tmp_path):
-    classes = ["GCNConv", "LEConv", "EdgeConv", "PNAConv", "EGConv"]
+    classes = ["GCNConv", "LEConv", "EdgeConv", "FeaStConv", "EGConv"]
     pyg_coverage.main(["--classes", *classes, "--out", str(tmp_path)])
     frame = pd.read_csv(tmp_path / "pyg_coverage.csv").set_index("layer")
     assert tuple(frame.reset_index().columns) == pyg_coverage.COLUMNS
@@ -22,18 +22,16 @@ def test_five_classes(tmp_path):
     assert list(frame.conversion) == ["swapped", "routed", "routed", "routed", "routed"]
     assert (frame.runs == "yes").all() and frame.forward_match.all() and frame.grads_match.all()
     assert (frame.forward_error <= pyg_coverage.TOLERANCE).all() and (frame.grads_error <= pyg_coverage.TOLERANCE).all()
-    # EdgeConv's network (one Linear) is captured as products of the node rows; PNA's aggregation
-    # runs part by part, staged, every part on graph operators: no per-edge value in PyTorch.
+    # EdgeConv's network (one Linear) is captured as products of the node rows; FeaStConv's softmax
+    # over its heads runs staged, in PyTorch on per-edge values.
     assert list(frame.fully_fused) == [True, True, True, False, False]
     assert list(frame.staged) == [False, False, False, True, False]
-    assert not frame.edges_in_pytorch.any()
+    assert list(frame.edges_in_pytorch) == [False, False, False, True, False]
     assert frame.loc["LEConv", "ops"] == 1 and frame.loc["EdgeConv", "ops"] == 1
     assert frame.loc["EGConv", "ops"] == 0 and frame.loc["EGConv", "fallbacks"] >= 1
-    assert (
-        "DegreeScalerAggregation" in frame.loc["PNAConv", "reason"] and "aggregate()" in frame.loc["EGConv", "reason"]
-    )
+    assert "softmax" in frame.loc["FeaStConv", "reason"] and "aggregate()" in frame.loc["EGConv", "reason"]
     table = (tmp_path / "pyg_coverage.md").read_text()
-    assert "| 5 | 5 | 0 | 0 | 5 | 5 | 1 | 3 | 4 | 1 | 0 | 1 |" in table and "| EdgeConv | routed | yes |" in table
+    assert "| 5 | 5 | 0 | 0 | 5 | 5 | 1 | 3 | 3 | 1 | 0 | 1 |" in table and "| EdgeConv | routed | yes |" in table
 
 
 def test_every_class_has_arguments():

@@ -30,6 +30,7 @@ from torch_geometric.utils import softmax
 import pyg_ugrapher as ug
 from pyg_ugrapher.message_passing import observe_fallbacks, observe_stages
 from pyg_ugrapher.staging import ON_EDGE_ROWS, ON_EDGES, ON_NODES
+from pyg_ugrapher.structure import recording_steps
 
 from ..conftest import (
     TOLERANCE,
@@ -87,17 +88,17 @@ def add_attention(module, channels: int = 4):
     module.att_dst = nn.Parameter(torch.randn(channels))
 
 
-def stacked_attention_message(self, x_i, x_j, index, ptr, size_i):
-    """:func:`attention_message` ending in ``torch.stack`` of one value (PNA's single tower): the
-    capture refuses the stack, a staged run keeps it symbolic."""
+def repeated_attention_message(self, x_i, x_j, index, ptr, size_i):
+    """:func:`attention_message` of ``x_j`` repeated along its features: the capture refuses the
+    repeat, a staged run repeats the node rows."""
     alpha = torch.nn.functional.leaky_relu((x_i * self.att_dst).sum(-1) + (x_j * self.att_src).sum(-1), 0.2)
     alpha = softmax(alpha, index, ptr, size_i)
-    return torch.stack([x_j * alpha.unsqueeze(-1)], dim=1)
+    return x_j.repeat(1, 2) * alpha.unsqueeze(-1)
 
 
 EDGE_MLP = ({"forward": forward, "message": edge_mlp_message}, add_mlp)
 ATTENTION = ({"forward": forward, "message": attention_message}, add_attention)
-STAGED_ATTENTION = ({"forward": forward, "message": stacked_attention_message}, add_attention)
+STAGED_ATTENTION = ({"forward": forward, "message": repeated_attention_message}, add_attention)
 
 
 @pytest.mark.parametrize("aggr", ["max", "mean"])
@@ -130,13 +131,12 @@ def add_tower_linear(module, tower: int = 1):
 @pytest.mark.parametrize("aggr", ["sum", "max"])
 def test_a_tower_of_a_concatenation_is_picked_on_node_rows(executor, aggr):
     """``h[:, i]`` of a concatenation of node operands indexes the node tensors, and a stack of one
-    value is a new feature dimension: the message stays one operator, fused into the gather."""
+    value is a new feature dimension: the message is captured, one operator fused into the gather."""
     x, edge_index = layer_inputs(executor)
     body = {"forward": towers_forward, "message": tower_message}
     ours, theirs = twins(body, add_tower_linear, aggr=aggr, node_dim=0)
     assert_same_results(outputs_and_grads(ours, x, edge_index), outputs_and_grads(theirs, x, edge_index), aggr)
-    in_pytorch = ours.staged_reason.split(" (")[0]  # the parenthesis says why the capture failed
-    assert ours.fallback_reason is None and "__getitem__" not in in_pytorch and "torch.stack" not in in_pytorch
+    assert ours.fallback_reason is None and ours.staged_reason is None
     assert ran_ops(ours, x, edge_index) == [f"v_add_u_{aggr}"]
 
 
@@ -200,7 +200,7 @@ def test_segment_softmax_runs_as_graph_operators_when_staged(executor):
     x, edge_index = layer_inputs(executor)
     ours, theirs = twins(*STAGED_ATTENTION, node_dim=0)
     assert_same_results(outputs_and_grads(ours, x, edge_index), outputs_and_grads(theirs, x, edge_index))
-    assert "torch_geometric.utils.softmax" not in ours.staged_reason and "torch.stack" in ours.staged_reason
+    assert "torch_geometric.utils.softmax" not in ours.staged_reason and "repeat" in ours.staged_reason
     names = ran_ops(ours, x, edge_index)
     assert "copy_e_max" in names and names[-1] == "u_mul_e_sum", names
 
@@ -526,6 +526,28 @@ def test_small_graphs_run_pygs_propagation(monkeypatch, graph_size):
             assert not staged and f"fewer than {num_edges + 1} edges runs PyG's propagation" in fallback
 
 
+@pytest.mark.parametrize("graph_size", ["at_the_threshold", "below_it"])
+def test_captures_of_several_operators_follow_the_same_rule(monkeypatch, graph_size):
+    """A capture that runs graph operators before the fused one (TransformerConv's softmax) runs PyG's
+    propagation below ``staged_min_edges`` edges too, except while a whole step is recorded; a
+    capture of one operator (EdgeConv with a Linear) runs on every graph."""
+    x, edge_index = layer_inputs("reference", features=6)
+    num_edges = edge_index.size(1)
+    monkeypatch.setattr(ug.MessagePassing, "staged_min_edges", num_edges + (graph_size == "below_it"))
+    torch.manual_seed(0)
+    transformer, edge = TransformerConv(6, 3, heads=2), EdgeConv(nn.Linear(12, 4))
+    for theirs in (transformer, edge):
+        ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+        assert_same_results(outputs_and_grads(ours, x, edge_index), outputs_and_grads(theirs, x, edge_index))
+        if graph_size == "below_it" and theirs is transformer:
+            assert ours.capture is None and "the capture runs 5 graph operators" in ours.fallback_reason
+            with recording_steps():
+                assert_close(ours(x, edge_index), theirs(x, edge_index))
+            assert ours.fallback_reason is None and len(ours.capture.ops) == 5
+        else:
+            assert ours.fallback_reason is None and ours.capture is not None
+
+
 def single_linear_message(self, x_i, x_j):
     return self.lin(torch.cat([x_i, x_j - x_i], dim=-1)).relu()
 
@@ -634,8 +656,8 @@ def test_linear_maps_of_arguments_are_captured_as_products(executor, case):
 def test_pyg_layers_multiply_edge_features_as_input_transforms(build):
     """PyG's layers that apply a Linear to their edge features (alone, or in a concatenation with
     node features) equal PyG's, float64, and compute no per-edge value in PyTorch: the Linear is a
-    product of the edge features' rows, in the capture (CGConv, GeneralConv, GENConv and
-    TransformerConv) or named as such in a staged run."""
+    product of the edge features' rows, in the capture (CGConv, GeneralConv, GENConv, TransformerConv
+    and PNAConv) or named as such in a staged run."""
     x, edge_index = layer_inputs("reference", features=6, dtype=torch.float64)
     generator = torch.Generator().manual_seed(3)
     edge_attr = torch.randn(edge_index.size(1), 3, generator=generator, dtype=torch.float64)
@@ -654,7 +676,7 @@ def test_pyg_layers_multiply_edge_features_as_input_transforms(build):
     ):
         ours(x, *args)
     assert not fallbacks, fallbacks
-    if isinstance(theirs, (CGConv, GeneralConv, GENConv, TransformerConv)):
+    if isinstance(theirs, (CGConv, GeneralConv, GENConv, TransformerConv, PNAConv)):
         assert not stages and "edge_attr" in {product.source.argument for product in ours.capture.products}
         return
     assert any(ON_EDGE_ROWS in text for text in stages), stages
