@@ -237,6 +237,36 @@ def test_recorded_full_batch_steps_equal_eager_steps(model_name):
 
 
 @pytest.mark.cuda
+def test_recorded_steps_run_captures_of_several_operators(monkeypatch):
+    """Below ``staged_min_edges`` edges a routed TransformerConv (its softmax: several graph operators)
+    runs PyG's propagation eagerly, and its capture while a step is recorded: the same losses and
+    parameters."""
+    monkeypatch.setattr(ug.MessagePassing, "staged_min_edges", 1 << 20)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = nn.ModuleList([pyg_nn.TransformerConv(12, 4, heads=4), pyg_nn.TransformerConv(16, 5)])
+
+        def forward(self, x, edge_index):
+            return self.convs[1](self.convs[0](x, edge_index).relu(), edge_index)
+
+    torch.manual_seed(0)
+    model = ug.accelerate(Net().to("cuda"))
+    reference = copy.deepcopy(model)
+    step = ug.RecordedStep(make_step(model, torch.optim.Adam(model.parameters(), lr=0.01, capturable=True)))
+    eager = make_step(reference, torch.optim.Adam(reference.parameters(), lr=0.01, capturable=True))
+    batch = random_batch(500, 4000, seed=4, device=torch.device("cuda"))
+    losses = [step(*batch).clone() for _ in range(3)]
+    want = [eager(*batch) for _ in range(3 + 3)]
+    assert rel_err(losses[-1], want[-1]) < 1e-4
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert rel_err(a, b) < 1e-4
+    assert model.convs[0].fallback_reason is None and len(model.convs[0].capture.ops) == 5
+    assert "the capture runs 5 graph operators" in reference.convs[0].fallback_reason
+
+
+@pytest.mark.cuda
 def test_recorded_step_refuses_a_changed_large_graph():
     """The structures of a graph above SMALL_GRAPH_EDGES are built before the recording, which then
     serves that graph alone."""
