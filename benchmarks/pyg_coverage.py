@@ -21,7 +21,9 @@ same loss on the CPU (our graph operators on the reference executor, or on Trito
   PyG's own path; ``edge_updates``: calls of ``edge_updater()`` that took PyG's path;
   ``staged``: ``message()`` ran staged (graph operators around what it computes in PyTorch, see
   :mod:`pyg_ugrapher.staging`; as on a graph of ``MessagePassing.staged_min_edges`` edges or more, below which a
-  staged propagation runs PyG's); ``fully_fused``: at least one operator, no PyG path and not staged;
+  staged propagation, and a capture of several operators, runs PyG's); ``fully_fused``: at least one
+  operator, no PyG path and not staged (``message()`` captured once: the fused operator, and where
+  needed a few before it, such as a softmax's maxima and sums);
   ``edges_in_pytorch``: a staged call computed per-edge values in PyTorch, or an aggregation
   part ran in PyTorch on the per-edge messages. A Linear split by linearity into products of the
   node rows does not count (it multiplies node rows), nor one split into products of the edge
@@ -361,9 +363,9 @@ def _describe(error: BaseException) -> str:
 
 @contextmanager
 def staged_at_any_size() -> Iterator[None]:
-    """Propagations that run staged do so on the table's small graph too, as on a graph of
-    ``MessagePassing.staged_min_edges`` edges or more (below, they run PyG's propagation): the
-    table says how each layer runs where staging applies."""
+    """Propagations that run staged, or captured as several operators, do so on the table's small
+    graph too, as on a graph of ``MessagePassing.staged_min_edges`` edges or more (below, they run
+    PyG's propagation): the table says how each layer runs where that rule applies."""
     saved = ug.MessagePassing.staged_min_edges
     ug.MessagePassing.staged_min_edges = 0
     try:
@@ -500,7 +502,10 @@ def markdown(frame: pd.DataFrame) -> str:
         f"forward and backward of PyG's layer against `ug.accelerate` of a copy "
         f"(match: error <= {TOLERANCE:g} relative to the largest magnitude of PyG's outputs, or gradients). "
         f"Staged: `message()` runs on every call as graph operators around what it computes in PyTorch "
-        f"(`pyg_ugrapher/staging.py`); fully fused: one graph operator per propagation; every per-edge "
+        f"(`pyg_ugrapher/staging.py`); fully fused: `message()` captured once, the fused graph operator "
+        f"and where needed a few before it (a softmax's maxima and sums), as on a graph of "
+        f"`MessagePassing.staged_min_edges` edges or more for a capture of several operators, as for "
+        f"staged runs (below, PyG's propagation runs); every per-edge "
         f"value on graph operators: fully fused, or staged with no per-edge value computed in PyTorch "
         f"(a Linear split by linearity into products of the node rows multiplies node rows; one "
         f"split into products of the edge features' rows multiplies the rows of edge features given "

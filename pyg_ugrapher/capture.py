@@ -46,6 +46,9 @@ Shapes, dtypes and devices are the real ones, so shape-dependent Python (``x_j.s
   computed before the fused operator, once per vertex where it reads one end of the edges
   (:class:`NodeStep`: GAT's ``(x_i * att).sum(-1)``), else per edge by an operator of its own
   (:class:`Step`);
+* ``torch.matmul`` of per-edge matrices (NNConv) and a sum over the next-to-last feature dimension:
+  operands transposed (:attr:`Operand.transposed`), then a sum over the last one; views of
+  parameters; a pick of a tower of a ``torch.cat`` and ``torch.stack`` of one value (PNA);
 * PyG's ``softmax(src, index, ptr, size_i)`` over the receivers of the edges (its scores, maxima,
   sums and weights are steps, see :meth:`Trace.edge_softmax`), PyG's ``SoftmaxAggregation``
   (``softmax_temperature``: two gathers and the final one), and per-edge values ``message()``
@@ -85,6 +88,8 @@ from .program import (
     Shape,
     Step,
     Value,
+    module_attribute,
+    swapped,
 )
 
 
@@ -575,11 +580,48 @@ class Trace:
             return self.value(x._expr, features, x.dtype, x.device, x.requires_grad, x._computed, x._reduce)
         mapping = {}
         for index in x._expr.inputs():
-            shape = _reshaped_leaf(self.leaves[index].shape, current, features)
-            if shape is None:
+            leaf = self.leaves[index]
+            shape = _reshaped_leaf(leaf.shape, current, features)
+            # a transposed operand follows a view that leaves its transposed dimensions alone
+            if shape is None or (leaf.transposed and shape[-2:] != leaf.shape[-2:]):
                 return self.value(x._expr, features, x.dtype, x.device, x.requires_grad, computed=current)
-            mapping[index] = self.leaf(replace(self.leaves[index], shape=shape), self.dtypes[index])
+            mapping[index] = self.leaf(replace(leaf, shape=shape), self.dtypes[index])
         return self.value(x._expr.remap(mapping), features, x.dtype, x.device, x.requires_grad)
+
+    def transpose(self, x: TracedTensor) -> TracedTensor:
+        """``x`` with its last two feature dimensions swapped: each operand is transposed likewise
+        (a copy of its rows), or only viewed where one of the two dimensions has a single entry."""
+        x = self.traced(x)
+        features = x.features
+        if len(features) < 2:
+            raise CaptureError("message() transposes a value with fewer than two feature dimensions")
+        mapping = {}
+        for index in x._expr.inputs():
+            leaf = self.leaves[index]
+            padded = (1,) * (len(features) - len(leaf.shape)) + tuple(leaf.shape)
+            if 1 in padded[-2:]:  # a view: no element moves
+                if leaf.transposed:
+                    raise CaptureError("message() transposes a value twice")
+                moved = replace(leaf, shape=swapped(padded))
+            else:
+                moved = replace(leaf, shape=swapped(padded), transposed=not leaf.transposed)
+            mapping[index] = self.leaf(moved, self.dtypes[index])
+        return self.value(x._expr.remap(mapping), swapped(features), x.dtype, x.device, x.requires_grad)
+
+    def matmul(self, a: Any, b: Any) -> TracedTensor:
+        """``a @ b`` of per-edge matrices (NNConv's ``x_j.unsqueeze(1) @ W_e``): the products of the
+        rows of ``a`` and the columns of ``b``, summed over the shared dimension, a dot product."""
+        if not isinstance(a, TracedTensor) or not isinstance(b, TracedTensor):
+            raise CaptureError("message() multiplies matrices that are not both computed from its arguments")
+        if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != b.shape[-2]:
+            raise CaptureError(
+                f"message() calls matmul of per-edge values of shapes {list(a.features)} and "
+                f"{list(b.features)}; only products of per-edge matrices are captured"
+            )
+        rows = self.reshape(self.traced(a), tuple(a.features[:-1]) + (1, a.shape[-1]))
+        columns = self.transpose(b)
+        columns = self.reshape(columns, tuple(columns.features[:-2]) + (1,) + tuple(columns.features[-2:]))
+        return _sum(self, "torch.matmul", (self.combine("mul", rows, columns), -1), {})
 
     def index_features(self, x: TracedTensor, index: FeatureIndex) -> TracedTensor:
         """``x`` with its features selected by ``index`` (one entry per feature dimension, see
@@ -595,10 +637,10 @@ class Trace:
         mapping = {}
         for leaf_id in x._expr.inputs():
             leaf = self.leaves[leaf_id]
-            if leaf.index is not None:
+            if leaf.index is not None or leaf.transposed:
                 raise CaptureError(
-                    "message() indexes the features of a value whose features it indexed before; "
-                    "index the arguments once"
+                    "message() indexes the features of a value whose features it indexed or transposed "
+                    "before; index the arguments once"
                 )
             if len(leaf.shape) != len(features):
                 raise CaptureError(f"message() indexes features {list(features)} of operands of another rank")
@@ -665,7 +707,8 @@ class Trace:
         if padded[0] != 1:
             raise CaptureError(f"message() combines its edges with a tensor of {padded[0]} rows")
         features = padded[1:]
-        name = self._named(Broadcast("", path, tuple(tensor.shape), tensor.dtype, features), "tensor")
+        held = module_attribute(self.module, path)
+        name = self._named(Broadcast("", path, tuple(held.shape), tensor.dtype, features), "tensor")
         self._broadcasts.add(name)
         leaf = self.leaf(Operand(name, "edge", features), tensor.dtype)
         return self.value(Expr.input(leaf), features, tensor.dtype, tensor.device, tensor.requires_grad)
@@ -777,6 +820,9 @@ class Trace:
         weight_path, bias_path = self._parameter_path(weight, "weight"), None
         if bias is not None:
             bias_path = self._parameter_path(bias, "bias")
+        for path, tensor in ((weight_path, weight), (bias_path, bias)):
+            if path is not None and module_attribute(self.module, path) is not tensor:
+                raise CaptureError(f"message() applies a Linear to a view of {path}")
         if weight.dim() != 2 or weight.dtype != x.dtype or weight.shape[1] != x.shape[-1]:
             raise CaptureError(
                 f"message() applies a Linear whose {weight.dtype} weight of shape {list(weight.shape)} does not "
@@ -798,6 +844,8 @@ class Trace:
             for index, coefficient in terms.items():
                 if self.leaves[index].shape != tuple(piece.shape[1:]):
                     raise CaptureError("message() applies a Linear to arguments broadcast against each other")
+                if self.leaves[index].transposed:
+                    raise CaptureError("message() applies a Linear to a transposed value")
                 columns.setdefault(index, []).append((start, start + width, coefficient))
             start += width
         result: Optional[TracedTensor] = None
@@ -840,6 +888,9 @@ class Trace:
             for path, value in list(named) + list(buffers):
                 self._paths.setdefault(id(value), path)
         path = self._paths.get(id(tensor))
+        base = tensor._base
+        if path is None and base is not None and _reshapes(tensor, base):
+            path = self._paths.get(id(base))  # a view of a parameter (``self.mu.view(1, K, D)``)
         if path is None:
             raise CaptureError(
                 what
@@ -1347,6 +1398,12 @@ def _stack(trace: Trace, name: str, args, kwargs):
     return _unsqueeze(trace, name, (tensors[0], dim), {})
 
 
+def _matmul(trace: Trace, name: str, args, kwargs):
+    if kwargs or len(args) != 2:
+        raise CaptureError(f"message() calls {name} with arguments the capture does not model")
+    return trace.matmul(*args)
+
+
 def _repeat(trace: Trace, name: str, args, kwargs):
     """``x.repeat(1, ..., 1)``: the same value (PNA's edge features over a single tower)."""
     sizes = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list, torch.Size)) else args[1:]
@@ -1407,16 +1464,31 @@ def _sum(trace: Trace, name: str, args, kwargs):
     if isinstance(dim, (tuple, list)) and len(dim) == 1:
         dim = dim[0]
     rank = x.dim()
+    if isinstance(dim, int) and rank >= 3 and _normalize(dim, rank) == rank - 2:
+        # over the next-to-last dimension: the operands transposed, then over the last one
+        features = x.features
+        summed = _sum(trace, name, (trace.transpose(x), -1), {})
+        return trace.reshape(summed, features[:-2] + ((1,) if keepdim else ()) + features[-1:])
     if dim is None or not isinstance(dim, int) or rank < 2 or _normalize(dim, rank) != rank - 1:
         raise CaptureError(
-            f"message() sums over dim={dim!r} of a {rank}-dimensional tensor; only a sum "
-            f"over the last feature dimension (a dot product) is captured"
+            f"message() sums over dim={dim!r} of a {rank}-dimensional tensor; only a sum over the "
+            f"last feature dimension (a dot product), or the one before it, is captured"
         )
     features = x.features
     kept = features[:-1] + ((1,) if keepdim else ())
     if features[-1] == 1:  # a sum over one element is a view
         return trace.reshape(x, kept)
     return trace.value(x._expr, kept, x.dtype, x.device, x.requires_grad, computed=features, reduce=True)
+
+
+def _reshapes(view: Tensor, base: Tensor) -> bool:
+    """Whether ``view`` holds ``base``'s elements in their order, only viewed in another shape."""
+    return (
+        view.numel() == base.numel()
+        and view.storage_offset() == base.storage_offset()
+        and view.is_contiguous()
+        and base.is_contiguous()
+    )
 
 
 def linear_terms(expr: Expr) -> Optional[Dict[int, float]]:
@@ -1576,6 +1648,7 @@ def _table() -> Dict[str, Callable]:
     add(_linear, "torch.nn.functional.linear")
     add(_cat, "torch.cat", "torch.concat", "torch.concatenate")
     add(_stack, "torch.stack")
+    add(_matmul, "torch.matmul", "torch.Tensor.matmul", "torch.Tensor.__matmul__", "torch.bmm", "torch.Tensor.bmm")
     add(_repeat, "torch.Tensor.repeat")
     return table
 

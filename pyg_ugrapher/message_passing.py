@@ -617,7 +617,8 @@ class MessagePassing(PyGMessagePassing):
                 raise _Stage(self._parts_reason())
             captured: Union[Capture, _StagedRun, _CapturedParts] = self._lookup(key, arguments, num_edges, gather)
             self._check_node_dim(captured.message_shape)
-            _steps_or_fall_back(self, sum(isinstance(value, Step) for value in captured.values), num_edges)
+            steps = sum(isinstance(value, Step) for value in captured.values)
+            _steps_or_fall_back(self, steps, num_edges, parts=gather == PARTS_GATHER)
             reason = None
         except _Stage as stage:
             reason = str(stage)
@@ -1024,9 +1025,9 @@ class _Compiled(NamedTuple):
     op: str  #: the serialised op
     gather: Optional[str]  #: the serialised gather op of a reducing message, if any
     message_shape: Tuple[int, ...]
-    #: per operand: its argument and the fields of :func:`~pyg_ugrapher.program.build_operand`
-    #: (shape, expand, view, index)
-    operands: Tuple[Tuple[str, Tuple[int, ...], Optional[Tuple[int, ...]], Optional[Tuple[int, ...]], Any], ...]
+    #: per operand: its :meth:`~pyg_ugrapher.program.Operand.recipe`, the argument and the fields
+    #: of :func:`~pyg_ugrapher.program.build_operand`
+    operands: Tuple[Tuple[Any, ...], ...]
     #: per value computed before the op: its :meth:`constants` (see
     #: :func:`~pyg_ugrapher.program.build_value`)
     values: Tuple[Tuple[Any, ...], ...] = ()
@@ -1059,16 +1060,18 @@ def _stage_or_fall_back(module: "MessagePassing", reason: str, num_edges: int) -
         )
 
 
-def _steps_or_fall_back(module: "MessagePassing", steps: int, num_edges: int) -> None:
-    """Raise :class:`_Fallback` for a capture that runs ``steps`` graph operators before the fused one
-    on a graph of fewer than :attr:`~MessagePassing.staged_min_edges` edges, outside a recording of a
+def _steps_or_fall_back(module: "MessagePassing", steps: int, num_edges: int, parts: bool = False) -> None:
+    """Raise :class:`_Fallback` for a capture that runs ``steps`` graph operators besides the fused
+    one (a softmax's), or a gather per part of an aggregation computed part by part (``parts``), on
+    a graph of fewer than :attr:`~MessagePassing.staged_min_edges` edges, outside a recording of a
     whole step (:func:`~pyg_ugrapher.structure.records_steps`)."""
     limit = module.staged_min_edges
-    if steps and int(num_edges) < limit and not records_steps():
+    if (steps or parts) and int(num_edges) < limit and not records_steps():
         compiled = " compiled" if torch.compiler.is_compiling() else ""
+        runs = "a gather per part of its aggregation" if parts else f"{steps + 1} graph operators"
         raise _Fallback(
-            f"the capture runs {steps + 1} graph operators; a graph of fewer than {limit} edges runs PyG's"
-            f"{compiled} propagation, which costs less host time there (see MessagePassing.staged_min_edges)"
+            f"the capture runs {runs}; a graph of fewer than {limit} edges runs PyG's{compiled} "
+            f"propagation, which costs less host time there (see MessagePassing.staged_min_edges)"
         )
 
 
@@ -1109,7 +1112,7 @@ def _compiled_capture(
         captured.op.serialize(),
         None if captured.gather is None else captured.gather.serialize(),
         captured.message_shape,
-        tuple((o.argument, o.shape, o.expand, o.view, o.index) for o in captured.operands),
+        tuple(o.recipe() for o in captured.operands),
         tuple(value.constants() for value in captured.values),
         captured.stores,
     )

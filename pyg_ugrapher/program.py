@@ -34,8 +34,9 @@ class Operand:
 
     The argument's rows are kept; its features are viewed as ``view`` and the features ``index``
     selects are taken (where ``message()`` indexed them), then reshaped to ``shape`` (the views
-    ``message()`` applied) and, where the kernels cannot broadcast them as they are, expanded to
-    ``expand``.
+    ``message()`` applied; with ``transposed``, to ``shape`` with its last two dimensions swapped,
+    which are then transposed: a matmul's right operand, a sum over the next-to-last dimension)
+    and, where the kernels cannot broadcast them as they are, expanded to ``expand``.
     """
 
     argument: str  #: the ``message()`` parameter it comes from (``x_j``, ``edge_weight``...)
@@ -44,6 +45,7 @@ class Operand:
     expand: Optional[Shape] = None  #: broadcast feature shape (a stride-0 view), if needed
     view: Optional[Shape] = None  #: feature shape the features are selected from, with ``index``
     index: Optional[FeatureIndex] = None  #: the features selected, per dimension of ``view``
+    transposed: bool = False  #: whether its last two feature dimensions are transposed (a copy)
 
     @property
     def features(self) -> Shape:
@@ -52,7 +54,16 @@ class Operand:
 
     def build(self, tensor: Tensor) -> Tensor:
         """The operand from the real tensor (node features for vertex kinds, per-edge values for edges)."""
-        return build_operand(tensor, self.shape, self.expand, self.view, self.index)
+        return build_operand(tensor, self.shape, self.expand, self.view, self.index, self.transposed)
+
+    def recipe(self) -> Tuple[Any, ...]:
+        """``(argument, shape, expand, view, index, transposed)``: what a compiled model holds."""
+        return (self.argument, self.shape, self.expand, self.view, self.index, self.transposed)
+
+
+def swapped(shape: Shape) -> Shape:
+    """``shape`` with its last two dimensions swapped."""
+    return tuple(shape[:-2]) + (shape[-1], shape[-2])
 
 
 def build_operand(
@@ -61,15 +72,19 @@ def build_operand(
     expand: Optional[Shape] = None,
     view: Optional[Shape] = None,
     index: Optional[FeatureIndex] = None,
+    transposed: bool = False,
 ) -> Tensor:
     """:meth:`Operand.build` from the operand's fields (a compiled model holds them as constants)."""
     rows = tensor.shape[0]
+    built = swapped(shape) if transposed else shape
     if index is None:
-        out = tensor.reshape((rows,) + shape)
+        out = tensor.reshape((rows,) + built)
     else:
         selection = (slice(None),) + tuple(slice(*entry) if isinstance(entry, tuple) else entry for entry in index)
         # A copy of the selected features, whole rows of them, as the kernels read operands.
-        out = tensor.reshape((rows,) + view)[selection].contiguous().reshape((rows,) + shape)
+        out = tensor.reshape((rows,) + view)[selection].contiguous().reshape((rows,) + built)
+    if transposed:
+        out = out.transpose(-1, -2).contiguous()
     return out if expand is None else out.expand((rows,) + expand)
 
 
@@ -154,7 +169,7 @@ class Step:
 
     def constants(self) -> Tuple[Any, ...]:
         """The step as plain constants (its op serialised), for :func:`build_value`."""
-        operands = tuple((o.argument, o.shape, o.expand, o.view, o.index) for o in self.operands)
+        operands = tuple(o.recipe() for o in self.operands)
         return ("step", self.name, self.op.serialize(), operands, self.features, self.grad)
 
     def matches(self, module: torch.nn.Module) -> bool:
@@ -181,7 +196,7 @@ class NodeStep:
 
     def constants(self) -> Tuple[Any, ...]:
         """The node step as plain constants (its expression serialised), for :func:`build_value`."""
-        operands = tuple((o.argument, o.kind, o.shape, o.expand, o.view, o.index) for o in self.operands)
+        operands = tuple((o.argument, o.kind) + o.recipe()[1:] for o in self.operands)
         return ("node", self.name, self.expr.serialize(), operands, self.shape, self.features, self.reduce)
 
     def matches(self, module: torch.nn.Module) -> bool:
@@ -291,7 +306,9 @@ def build_product(
     """:meth:`Product.build` from the product's fields (a compiled model holds them as constants)."""
     rows = build_operand(tensor, shape, None, view, index)
     matrix = combine_columns(module_attribute(module, weight), columns)
-    out = torch.nn.functional.linear(rows, matrix, None if bias is None else module_attribute(module, bias))
+    out = torch.nn.functional.linear(rows, matrix)
+    if bias is not None:
+        out = out + module_attribute(module, bias)
     # autocast may run the Linear in another dtype than the kernel was captured for
     return out if out.dtype == dtype else out.to(dtype)
 

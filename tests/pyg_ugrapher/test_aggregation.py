@@ -258,4 +258,5 @@ def test_hub_of_100k_edges_on_the_gpu(check_refereed, name):
         zip(outputs_and_grads(ours, x, edge_index), outputs_and_grads(theirs, x, edge_index))
     ):
         check_refereed(a, b, lambda: exact[index].float(), f"{name}: tensor {index}")
-    assert ours.fallback_reason is None and "part by part" in ours.staged_reason
+    assert ours.fallback_reason is None
+    assert ("part by part" in ours.staged_reason) if name == "sage-moments" else ours.capture is not None

@@ -251,7 +251,7 @@ REASONS = {
     "power": (lambda a, b, w: a**3, "power 3"),
     "index list": (lambda a, b, w: a[:, [0, 2]], "only slices, ints and ... of the feature dimensions"),
     "index edges": (lambda a, b, w: a[1:] * 2, "indexes the edge dimension"),
-    "index twice": (lambda a, b, w: a[:, 1:][:, :2], "whose features it indexed before"),
+    "index twice": (lambda a, b, w: a[:, 1:][:, :2], "whose features it indexed or transposed before"),
     "index nothing": (lambda a, b, w: a[:, 2:2], "selects no features"),
     "indices": (lambda a, b, w, index: a * index.view(-1, 1), "argument 'index', a torch.int64 tensor"),
     "user error": (lambda a, b, w: a.view(-1, 2, 2) * b.view(-1, 4, 1), "raised RuntimeError"),
@@ -438,3 +438,59 @@ def test_softmax_over_other_groups_is_not_captured():
     arguments = {"x_j": node(4), "index": Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None, "")}
     with pytest.raises(CaptureError, match="torch.Tensor.flip"):
         capture(message, arguments, NUM_EDGES, "sum", module)
+
+
+class EdgeNetwork(torch.nn.Module):
+    """NNConv's message: a per-edge matrix from the edge features, times the source's features."""
+
+    def __init__(self):
+        super().__init__()
+        self.nn = torch.nn.Linear(3, 4 * 2)
+
+    def message(self, x_j, edge_attr):
+        weight = self.nn(edge_attr).view(-1, 4, 2)
+        return torch.matmul(x_j.unsqueeze(1), weight).squeeze(1)
+
+
+class Mixture(torch.nn.Module):
+    """GMMConv's pattern: views of parameters, a dot product computed with, a sum over the
+    next-to-last dimension."""
+
+    def __init__(self):
+        super().__init__()
+        self.mu = torch.nn.Parameter(torch.randn(2, 3, generator=torch.Generator().manual_seed(8)))
+
+    def message(self, x_j, edge_attr):
+        gaussian = torch.exp(-0.5 * (edge_attr.view(-1, 1, 3) - self.mu.view(1, 2, 3)).pow(2).sum(dim=-1))
+        return (x_j.view(-1, 2, 2) * gaussian.view(-1, 2, 1)).sum(dim=-2)
+
+
+@pytest.mark.parametrize("cls", [EdgeNetwork, Mixture], ids=["matmul", "sum_over_dim_-2"])
+def test_per_edge_matrices_and_sums_over_the_next_to_last_dimension(cls):
+    """A matmul of per-edge matrices and a sum over the next-to-last dimension transpose their
+    operands (a copy of the rows) and sum over the last one; a view of a parameter is the
+    parameter's operand: the messages, aggregated, and their gradients equal message()'s."""
+    module = cls().double()
+    generator = torch.Generator().manual_seed(9)
+    x = torch.randn(NUM_NODES, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    edge_attr = torch.randn(NUM_EDGES, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    arguments = {"x_j": node(4, dtype=torch.float64), "edge_attr": arg(3, dtype=torch.float64)}
+    result = capture(module.message, arguments, NUM_EDGES, "sum", module)
+    assert any(o.transposed for o in result.operands)
+    if cls is Mixture:
+        assert [value.path for value in result.values if hasattr(value, "path")] == ["mu"]
+    out = run_capture(result, {"x_j": x, "edge_attr": edge_attr}, module)
+    src, dst = EDGES
+    expected = torch.zeros(NUM_NODES, 2, dtype=torch.float64).index_add(0, dst, module.message(x[src], edge_attr))
+    torch.testing.assert_close(out, expected)
+    probe = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+    wrt = [x, edge_attr] + list(module.parameters())
+    for a, b in zip(torch.autograd.grad((out * probe).sum(), wrt), torch.autograd.grad((expected * probe).sum(), wrt)):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_transposed_operand_is_built_transposed():
+    operand = Operand("w", "edge", (3, 2), transposed=True)
+    rows = torch.arange(2 * 6.0).view(2, 6)
+    assert torch.equal(operand.build(rows), rows.view(2, 2, 3).transpose(1, 2))
+    assert operand.build(rows).is_contiguous()

@@ -240,7 +240,7 @@ def test_recorded_full_batch_steps_equal_eager_steps(model_name):
 def test_recorded_steps_run_captures_of_several_operators(monkeypatch):
     """Below ``staged_min_edges`` edges a routed TransformerConv (its softmax: several graph operators)
     runs PyG's propagation eagerly, and its capture while a step is recorded: the same losses and
-    parameters."""
+    parameters (SGD: Adam's normalised steps turn rounding in gradients near 0 into whole steps)."""
     monkeypatch.setattr(ug.MessagePassing, "staged_min_edges", 1 << 20)
 
     class Net(nn.Module):
@@ -254,8 +254,8 @@ def test_recorded_steps_run_captures_of_several_operators(monkeypatch):
     torch.manual_seed(0)
     model = ug.accelerate(Net().to("cuda"))
     reference = copy.deepcopy(model)
-    step = ug.RecordedStep(make_step(model, torch.optim.Adam(model.parameters(), lr=0.01, capturable=True)))
-    eager = make_step(reference, torch.optim.Adam(reference.parameters(), lr=0.01, capturable=True))
+    step = ug.RecordedStep(make_step(model, torch.optim.SGD(model.parameters(), lr=0.1)))
+    eager = make_step(reference, torch.optim.SGD(reference.parameters(), lr=0.1))
     batch = random_batch(500, 4000, seed=4, device=torch.device("cuda"))
     losses = [step(*batch).clone() for _ in range(3)]
     want = [eager(*batch) for _ in range(3 + 3)]

@@ -23,6 +23,7 @@ from torch_geometric.nn.conv import (
     NNConv,
     PNAConv,
     PointTransformerConv,
+    SAGEConv,
     TransformerConv,
 )
 from torch_geometric.utils import softmax
@@ -369,14 +370,14 @@ def test_own_edge_updater_is_kept():
         (lambda: EdgeConv(nn.Sequential(nn.Linear(12, 5), nn.ReLU(), nn.Linear(5, 4)), aggr="max"), None, "staged"),
         (lambda: GENConv(6, 6, edge_dim=3), "edge_attr", "fused"),
         (lambda: AGNNConv(), None, "fused"),
-        (lambda: NNConv(6, 4, nn.Linear(3, 24), aggr="mean"), "edge_attr", "staged"),
+        (lambda: NNConv(6, 4, nn.Linear(3, 24), aggr="mean"), "edge_attr", "fused"),
         (lambda: PointTransformerConv(6, 4), "pos", "fused"),
     ],
     ids=["TransformerConv", "EdgeConv", "GENConv", "AGNNConv", "NNConv", "PointTransformerConv"],
 )
 def test_pyg_layers_run_fused_or_staged(build, extra, runs_as):
-    """PyG's layers whose message() has a softmax, parameters or a Linear of its arguments are
-    captured whole; an MLP after an activation, or a matmul of per-edge values, runs staged."""
+    """PyG's layers whose message() has a softmax, parameters, a Linear of its arguments or a matmul
+    of per-edge matrices (NNConv) are captured whole; an MLP after an activation runs staged."""
     x, edge_index = layer_inputs("reference", features=6, dtype=torch.float64)
     torch.manual_seed(0)
     theirs = build().double()
@@ -535,11 +536,17 @@ def test_captures_of_several_operators_follow_the_same_rule(monkeypatch, graph_s
     num_edges = edge_index.size(1)
     monkeypatch.setattr(ug.MessagePassing, "staged_min_edges", num_edges + (graph_size == "below_it"))
     torch.manual_seed(0)
-    transformer, edge = TransformerConv(6, 3, heads=2), EdgeConv(nn.Linear(12, 4))
-    for theirs in (transformer, edge):
+    transformer, edge, parts = (
+        TransformerConv(6, 3, heads=2),
+        EdgeConv(nn.Linear(12, 4)),
+        SAGEConv(6, 4, aggr=["mean", "max"]),
+    )
+    for theirs in (transformer, edge, parts):
         ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
         assert_same_results(outputs_and_grads(ours, x, edge_index), outputs_and_grads(theirs, x, edge_index))
-        if graph_size == "below_it" and theirs is transformer:
+        if graph_size == "below_it" and theirs is parts:
+            assert ours.capture is None and "a gather per part of its aggregation" in ours.fallback_reason
+        elif graph_size == "below_it" and theirs is transformer:
             assert ours.capture is None and "the capture runs 5 graph operators" in ours.fallback_reason
             with recording_steps():
                 assert_close(ours(x, edge_index), theirs(x, edge_index))
