@@ -360,8 +360,8 @@ def flat_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Iterable[A
 # -- the trace ------------------------------------------------------------------------------------
 _SCALARS = (bool, int, float)
 _ELEMENTWISE_HINT = (
-    "only elementwise arithmetic, activations, feature views and slices, and a final sum over the "
-    "last dimension are captured"
+    "the capture models elementwise arithmetic and activations, feature views, slices and sums, Linear "
+    "maps and matmuls, and PyG's softmax"
 )
 
 _MASK_USE = (
@@ -388,6 +388,8 @@ class Trace:
         self._receivers: List[TracedTensor] = []
         self.num_dst: Optional[int] = None  #: the number of receivers, where an argument gives it
         self._broadcasts: Set[str] = set()  #: the operand arguments of :class:`Broadcast` values
+        #: edge tensors given to ``propagate()`` and the per-edge values computed from them alone
+        self._edge_inputs: Set[str] = set()
 
     # -- leaves -------------------------------------------------------------------------------
     def leaf(self, operand: Operand, dtype: torch.dtype) -> int:
@@ -416,6 +418,8 @@ class Trace:
                 f"arguments: operand {name!r} needs {self.num_edges} rows, got shape {list(argument.shape)}"
             )
         features = argument.shape[1:]
+        if argument.kind == "edge":
+            self._edge_inputs.add(name)
         expr = Expr.input(self.leaf(Operand(name, argument.kind, features), argument.dtype))
         return self.value(expr, features, argument.dtype, argument.device, argument.requires_grad)
 
@@ -688,6 +692,8 @@ class Trace:
             kind = "edge" if gather_op is None else "dst_v"
             op, operands = fit_operands(expr, leaves, shape, gather_op, x._reduce)
             name = self._named(Step("", op, operands, x.features, grad), "step")
+            if gather_op is None and self._of_edge_inputs(x):
+                self._edge_inputs.add(name)
         leaf = self.leaf(Operand(name, kind, x.features), x.dtype)
         return self.value(Expr.input(leaf), x.features, x.dtype, x.device, x.requires_grad and grad)
 
@@ -836,6 +842,11 @@ class Trace:
             if isinstance(piece, TracedTensor):
                 piece = self.traced(piece)
                 terms = linear_terms(piece._expr)
+                if terms is None and self._of_edge_inputs(piece):
+                    # a transform of the edge features alone (HEATConv's leaky_relu of their
+                    # Linear): written per edge, then multiplied row by row, as PyG multiplies it
+                    piece = self.step(piece, None, per_edge=True)
+                    terms = {piece._expr.index: 1.0}
             if terms is None:
                 raise CaptureError(
                     "message() applies a Linear to a value that is not a sum of its arguments times numbers "
@@ -852,7 +863,8 @@ class Trace:
         requires_grad = weight.requires_grad or (bias is not None and bias.requires_grad) or x.requires_grad
         for index, blocks in columns.items():
             leaf = self.leaves[index]
-            if any(isinstance(value, Step) and value.name == leaf.argument for value in self.values):
+            computed = any(isinstance(value, Step) and value.name == leaf.argument for value in self.values)
+            if computed and leaf.argument not in self._edge_inputs:
                 raise CaptureError(
                     "message() applies a Linear to per-edge values it computed (a dot product, a softmax...), "
                     "which would multiply a row per edge"
@@ -867,12 +879,20 @@ class Trace:
                 bias_path if result is None else None,
             )
             name = self._named(product, "linear")
+            if leaf.argument in self._edge_inputs:
+                self._edge_inputs.add(name)
             features = leaf.shape[:-1] + (weight.shape[0],)
             expr = Expr.input(self.leaf(Operand(name, leaf.kind, features), weight.dtype))
             term = self.value(expr, features, weight.dtype, x.device, requires_grad)
             result = term if result is None else self.combine("add", result, term)
         assert result is not None, "a traced Linear input has at least one operand"
         return result
+
+    def _of_edge_inputs(self, x: TracedTensor) -> bool:
+        """Whether ``x`` is computed from edge inputs alone (edge tensors given to ``propagate()``,
+        and values computed from them and the module's parameters only), one of them at least."""
+        arguments = {self.leaves[index].argument for index in x._expr.inputs()}
+        return bool(arguments & self._edge_inputs) and arguments <= self._edge_inputs | self._broadcasts
 
     def _parameter_path(self, tensor: Any, what: str) -> str:
         """The attribute path of ``tensor`` among the module's parameters and buffers; ``what`` names
