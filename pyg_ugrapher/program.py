@@ -192,7 +192,10 @@ class NodeStep:
 
     def build(self, tensors: Mapping[str, Tensor], module: torch.nn.Module, run: "OpRunner", num_edges: int) -> Tensor:
         """The value of every vertex."""
-        return build_value(self.constants(), tensors, module, run, num_edges)
+        recipes = [(o.argument, o.kind) + o.recipe()[1:] for o in self.operands]
+        return evaluate_on_vertices(
+            self.expr, _vertex_operands(recipes, tensors), self.shape, self.features, self.reduce
+        )
 
     def constants(self) -> Tuple[Any, ...]:
         """The node step as plain constants (its expression serialised), for :func:`build_value`."""
@@ -242,6 +245,15 @@ def run_step(run: OpRunner, op: Any, operands: List[Tensor], features: Shape, gr
     return out.reshape(out.shape[:1] + tuple(features))
 
 
+def _vertex_operands(recipes: Sequence[Tuple[Any, ...]], tensors: Mapping[str, Tensor]) -> List[Tensor]:
+    """The operands of a :class:`NodeStep` from ``(argument, kind, *build_operand fields)``: vertex
+    rows, and one row of each parameter."""
+    return [
+        build_operand(_single_row(tensors[argument]) if kind == "edge" else tensors[argument], *fields)
+        for argument, kind, *fields in recipes
+    ]
+
+
 def _single_row(broadcast: Tensor) -> Tensor:
     """The one row a :class:`Broadcast` operand repeats (with a stride of 0): what broadcasts over
     the vertices, also when the graph has no edge."""
@@ -262,10 +274,7 @@ def build_value(
         return value.reshape((1,) + tuple(features)).expand((num_edges,) + tuple(features))
     if kind == "node":
         _, _, expr, operands, shape, features, reduce = constants
-        built = [
-            build_operand(_single_row(tensors[argument]) if end == "edge" else tensors[argument], *recipe)
-            for argument, end, *recipe in operands
-        ]
+        built = _vertex_operands(operands, tensors)
         return evaluate_on_vertices(parse_expr(expr), built, shape, features, reduce)
     _, _, op, operands, features, grad = constants
     built = [build_operand(tensors[argument], *recipe) for argument, *recipe in operands]
