@@ -54,7 +54,7 @@ Shapes, dtypes and devices are the real ones, so shape-dependent Python (``x_j.s
   (``softmax_temperature``: two gathers and the final one), and per-edge values ``message()``
   stores on the module (``self._alpha``, :attr:`Capture.stores`).
 
-Anything else raises :class:`CaptureError` with a sentence saying why: ``matmul``, a Linear of
+Anything else raises :class:`CaptureError` with a sentence saying why: other matmuls, a Linear of
 anything else (an MLP's later layers), other ``nn.Module`` calls, tensors that are neither arguments
 nor parameters or buffers of the module (a tensor made inside ``message()``), in-place operations,
 Python branching on tensor values, tuples of messages.
@@ -191,16 +191,14 @@ def capture(
             restore_traced_attributes(module, before)
 
 
-def restore_traced_attributes(module: torch.nn.Module, before: Mapping[str, Any]) -> List[str]:
+def restore_traced_attributes(module: torch.nn.Module, before: Mapping[str, Any]) -> None:
     """Put back the attributes a trace of ``module``'s ``message()`` set to traced tensors (which
-    have no values); returns their names."""
-    stored = [name for name, value in vars(module).items() if isinstance(value, TracedTensor)]
-    for name in stored:
+    have no values)."""
+    for name in [name for name, value in vars(module).items() if isinstance(value, TracedTensor)]:
         if name in before:
             vars(module)[name] = before[name]
         else:
             del vars(module)[name]
-    return stored
 
 
 #: The arguments PyG fills with the receiver of each edge.
@@ -503,7 +501,8 @@ class Trace:
 
     def traced(self, x: TracedTensor) -> TracedTensor:
         """``x`` as an expression later operations can extend: a dot product, or a view its operands
-        cannot follow, is first computed per edge by a :class:`Step` of its own."""
+        cannot follow, is first computed on its own (:meth:`step`: per vertex where it reads one end
+        of the edges, else per edge)."""
         if x._expr is None:
             raise CaptureError(f"message() computes with {x._why}")
         if x._reduce or x._computed is not None:
@@ -756,10 +755,8 @@ class Trace:
         leaves = [self.leaves[index] for index in scores._expr.inputs()]
         if any(leaf.kind != "edge" or leaf.argument in self._broadcasts for leaf in leaves):
             scores = self.step(scores, None, per_edge=True)
-        maximum = self.step(scores, "max", grad=False)
-        shifted = self.unary("exp", self.combine("sub", scores, maximum))
-        total = self.step(shifted, "sum")
-        return self.step(self.combine("div", shifted, self.combine("add", total, SOFTMAX_EPSILON)), None, per_edge=True)
+        shifted, denominator = self._shifted_exponentials(scores)
+        return self.step(self.combine("div", shifted, denominator), None, per_edge=True)
 
     def softmax_aggregate(self, messages: Any, temperature: Any, semi_grad: bool = False) -> Any:
         r"""The messages weighed by their softmax over each receiver (PyG's ``SoftmaxAggregation``),
@@ -775,10 +772,15 @@ class Trace:
         scaled = messages
         if not isinstance(temperature, (int, float)) or temperature != 1:
             scaled = self.combine("mul", messages, temperature)
-        maximum = self.step(scaled, "max", grad=False)
-        shifted = self.unary("exp", self.combine("sub", scaled, maximum))
-        total = self.step(shifted, "sum")
-        return self.combine("div", self.combine("mul", shifted, messages), self.combine("add", total, SOFTMAX_EPSILON))
+        shifted, denominator = self._shifted_exponentials(scaled)
+        return self.combine("div", self.combine("mul", shifted, messages), denominator)
+
+    def _shifted_exponentials(self, scores: TracedTensor) -> Tuple[TracedTensor, TracedTensor]:
+        r""":math:`e^{s - m_i}` and :math:`\sum_j e^{s_{ji} - m_i} + 10^{-16}` of a softmax over the
+        receivers, with the maxima :math:`m_i` (no gradient, as PyG's) and the sums two gathers."""
+        maximum = self.step(scores, "max", grad=False)
+        shifted = self.unary("exp", self.combine("sub", scores, maximum))
+        return shifted, self.combine("add", self.step(shifted, "sum"), SOFTMAX_EPSILON)
 
     def store(self, module: torch.nn.Module, before: Mapping[str, Any]) -> None:
         """Record the traced values ``message()`` stored on ``module`` (``self._alpha = alpha``): each

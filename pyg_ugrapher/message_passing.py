@@ -813,17 +813,18 @@ class MessagePassing(PyGMessagePassing):
         """The cached capture of this signature, tracing ``message()`` when there is none."""
         captures = self._ug.captures
         entry = captures.get(key)
-        stale = isinstance(entry, Capture) and entry.products and not entry.matches(self)
+        stale = isinstance(entry, Capture) and entry.values and not entry.matches(self)
         if entry is None or stale or entry.num_edges not in (None, num_edges):
             self._ug.trace_count += 1
-            temperature = None
-            if gather == SOFTMAX_GATHER:
-                aggregation = self.aggr_module
-                temperature = aggregation.t if aggregation.learn else float(aggregation.t)
-                semi_grad = aggregation.semi_grad and not aggregation.learn
             try:
-                if gather == SOFTMAX_GATHER and semi_grad:
-                    raise CaptureError("SoftmaxAggregation with semi_grad=True takes no gradient through its weights")
+                temperature = None
+                if gather == SOFTMAX_GATHER:
+                    aggregation = self.aggr_module
+                    if aggregation.semi_grad and not aggregation.learn:
+                        raise CaptureError(
+                            "SoftmaxAggregation with semi_grad=True takes no gradient through its weights"
+                        )
+                    temperature = aggregation.t if aggregation.learn else float(aggregation.t)
                 # The trace runs Python on tensor subclasses: under torch.compile it runs eagerly.
                 # an aggregation computed part by part runs each part's gather op on the captured op
                 traced_gather = "sum" if gather == PARTS_GATHER else gather

@@ -486,6 +486,16 @@ def test_module_parameter_in_message_is_an_operand_read_at_every_call(executor):
     assert ours.trace_count == 1
 
 
+def test_a_parameter_of_a_new_shape_traces_again():
+    x, edge_index, _, _ = random_inputs("reference", seed=18)
+    ours, theirs = twins(parameter_message, setup=lambda m: setattr(m, "weight", torch.nn.Parameter(torch.randn(4))))
+    compare(ours, theirs, edge_index, x=x)
+    for module in (ours, theirs):
+        module.weight = torch.nn.Parameter(torch.randn(1, generator=torch.Generator().manual_seed(2)))
+    compare(ours, theirs, edge_index, x=x)
+    assert ours.trace_count == 2 and ours.capture.values[0].shape == (1,)
+
+
 def test_a_tensor_made_inside_message_runs_staged():
     x, edge_index, _, _ = random_inputs("reference", seed=18)
 

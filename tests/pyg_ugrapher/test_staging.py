@@ -606,14 +606,9 @@ CAPTURED_LINEAR_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(LINEAR_CASES))
-def test_the_staged_reason_says_where_linear_maps_ran(executor, case):
-    """A Linear split into products of the node rows is named as such, and one of the edge
-    features' rows (edge features given to propagate(), or values computed from them alone) as
-    such: every per-edge value then comes from graph operators. A second Linear after a
-    nonlinearity of gathered vertex rows, or a Linear of a per-edge value computed from vertex
-    rows, runs in PyTorch on per-edge values and is named so."""
-    message, setup, edge_width, phrases = LINEAR_CASES[case]
+def _ours_equal_pygs(executor, case, message, setup, edge_width):
+    """Our twin of a layer with ``message()`` (and edge features of ``edge_width``, if any), whose
+    outputs and gradients equal PyG's, float64."""
     x, edge_index = layer_inputs(executor, dtype=torch.float64)
     body = {"forward": forward if edge_width is None else forward_with_edges, "message": message}
     ours, theirs = (module.double() for module in twins(body, setup))
@@ -622,6 +617,18 @@ def test_the_staged_reason_says_where_linear_maps_ran(executor, case):
         generator = torch.Generator().manual_seed(3)
         args += (torch.randn(edge_index.size(1), edge_width, generator=generator, dtype=torch.float64),)
     assert_same_results(outputs_and_grads(ours, *args), outputs_and_grads(theirs, *args), case)
+    return ours
+
+
+@pytest.mark.parametrize("case", list(LINEAR_CASES))
+def test_the_staged_reason_says_where_linear_maps_ran(executor, case):
+    """A Linear split into products of the node rows is named as such, and one of the edge
+    features' rows (edge features given to propagate(), or values computed from them alone) as
+    such: every per-edge value then comes from graph operators. A second Linear after a
+    nonlinearity of gathered vertex rows, or a Linear of a per-edge value computed from vertex
+    rows, runs in PyTorch on per-edge values and is named so."""
+    message, setup, edge_width, phrases = LINEAR_CASES[case]
+    ours = _ours_equal_pygs(executor, case, message, setup, edge_width)
     reason = ours.staged_reason
     assert ours.fallback_reason is None and reason is not None
     for phrase in (ON_NODES, ON_EDGES, ON_EDGE_ROWS):
@@ -635,14 +642,7 @@ def test_linear_maps_of_arguments_are_captured_as_products(executor, case):
     """A Linear of arguments alone (or of a concatenation of them) is captured, not staged: one
     product per argument it reads, each multiplying that argument's rows before the fused kernel."""
     message, setup, edge_width, arguments = CAPTURED_LINEAR_CASES[case]
-    x, edge_index = layer_inputs(executor, dtype=torch.float64)
-    body = {"forward": forward if edge_width is None else forward_with_edges, "message": message}
-    ours, theirs = (module.double() for module in twins(body, setup))
-    args = (x, edge_index)
-    if edge_width is not None:
-        generator = torch.Generator().manual_seed(3)
-        args += (torch.randn(edge_index.size(1), edge_width, generator=generator, dtype=torch.float64),)
-    assert_same_results(outputs_and_grads(ours, *args), outputs_and_grads(theirs, *args), case)
+    ours = _ours_equal_pygs(executor, case, message, setup, edge_width)
     assert ours.fallback_reason is None and ours.staged_reason is None
     sources = {product.source.argument for product in ours.capture.products}
     assert {source for source in sources if not source.startswith("%")} == arguments
