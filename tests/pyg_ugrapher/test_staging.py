@@ -690,3 +690,30 @@ def test_pyg_layers_multiply_edge_features_as_input_transforms(build):
         return
     assert any(ON_EDGE_ROWS in text for text in stages), stages
     assert not any(ON_EDGES in text for text in stages), stages
+
+
+@pytest.mark.parametrize(
+    "build, edge_dim",
+    [(lambda: EdgeConv(nn.Linear(8, 3), aggr="max"), None), (lambda: NNConv(4, 3, nn.Linear(2, 12)), 2)],
+    ids=["EdgeConv", "NNConv"],
+)
+@pytest.mark.parametrize("graph", ["empty", "hub"])
+def test_captured_linear_maps_on_an_empty_graph_and_a_hub(build, edge_dim, graph):
+    """Node-row products (EdgeConv) and per-edge matrices (NNConv) on a graph without edges and on
+    one whose hub receives 100,000 edges beside isolated vertices: PyG's results, float64."""
+    generator = torch.Generator().manual_seed(12)
+    num_nodes = 40
+    if graph == "empty":
+        edge_index = torch.empty(2, 0, dtype=torch.long)
+    else:
+        src = torch.randint(0, num_nodes - 5, (100_000,), generator=generator)
+        edge_index = torch.stack([src, torch.where(torch.arange(100_000) % 100 == 0, src % 9, 0)])
+    x = torch.randn(num_nodes, 4, generator=generator, dtype=torch.float64)
+    args = [edge_index]
+    if edge_dim:
+        args.append(torch.randn(edge_index.size(1), edge_dim, generator=generator, dtype=torch.float64))
+    torch.manual_seed(0)
+    theirs = build().double()
+    ours = ug.accelerate(copy.deepcopy(theirs), inplace=False)
+    assert_same_results(outputs_and_grads(ours, x, *args), outputs_and_grads(theirs, x, *args), graph)
+    assert ours.fallback_reason is None and ours.staged_reason is None
