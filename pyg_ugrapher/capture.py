@@ -41,7 +41,10 @@ Shapes, dtypes and devices are the real ones, so shape-dependent Python (``x_j.s
   :class:`Product` per argument, a Linear of its rows (``N`` node rows, not ``E``) computed before
   the kernel from the module's current weights at every call;
 * parameters and buffers of the module combined with per-edge values (``self.beta * alpha``):
-  :class:`Broadcast` operands, read from the module at every call;
+  :class:`Broadcast` operands, read from the module at every call; a tensor computed from them
+  alone (GMMConv's ``EPS + self.sigma.view(1, K, D).pow(2)``), which no traced tensor sees, is
+  recorded by :class:`ParameterCalls` and becomes a :class:`Computed` operand, made again at every
+  call by the same torch calls;
 * a dot product (or a view the operands cannot follow) that later code computes with: a value
   computed before the fused operator, once per vertex where it reads one end of the edges
   (:class:`NodeStep`: GAT's ``(x_i * att).sum(-1)``), else per edge by an operator of its own
@@ -50,9 +53,12 @@ Shapes, dtypes and devices are the real ones, so shape-dependent Python (``x_j.s
   operands transposed (:attr:`Operand.transposed`), then a sum over the last one; views of
   parameters; a pick of a tower of a ``torch.cat`` and ``torch.stack`` of one value (PNA);
 * PyG's ``softmax(src, index, ptr, size_i)`` over the receivers of the edges (its scores, maxima,
-  sums and weights are steps, see :meth:`Trace.edge_softmax`), PyG's ``SoftmaxAggregation``
+  sums and weights are steps, see :meth:`Trace.edge_softmax`), also from another method of the
+  module that ``message()`` calls (:func:`tracing`), PyG's ``SoftmaxAggregation``
   (``softmax_temperature``: two gathers and the final one), and per-edge values ``message()``
-  stores on the module (``self._alpha``, :attr:`Capture.stores`).
+  stores on the module (``self._alpha``, :attr:`Capture.stores`);
+* a module's own ``aggregate()`` that returns one PyG ``scatter`` of the messages over the
+  receivers (:meth:`Trace.scatter`): its reduction is the gather op.
 
 Anything else raises :class:`CaptureError` with a sentence saying why: other matmuls, a Linear of
 anything else (an MLP's later layers), other ``nn.Module`` calls, tensors that are neither arguments
@@ -67,12 +73,14 @@ import functools
 import math
 import threading
 import types
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import Tensor
-from torch.overrides import resolve_name
+from torch.overrides import TorchFunctionMode, resolve_name
+from torch_geometric.utils import scatter as pyg_scatter
 from torch_geometric.utils import softmax as pyg_softmax
 
 from .backward import canonical
@@ -80,16 +88,20 @@ from .ir import SOFTPLUS_THRESHOLD, Expr, OpInfo
 from .layout import infer_layout
 from .program import (
     Broadcast,
+    Call,
     Capture,
+    Computed,
     FeatureIndex,
     NodeStep,
     Operand,
     Product,
     Shape,
     Step,
+    TaggedArgument,
     Value,
     module_attribute,
     swapped,
+    torch_function,
 )
 
 
@@ -141,6 +153,7 @@ def capture(
     gather_op: str,
     module: Optional[torch.nn.Module] = None,
     softmax_temperature: Any = None,
+    aggregate: Optional[Tuple[Callable[..., Any], Mapping[str, Any]]] = None,
 ) -> Capture:
     r"""Trace ``message(**arguments)`` into IR operators that aggregate with ``gather_op``.
 
@@ -156,30 +169,34 @@ def capture(
         softmax_temperature: when given (a number, or a parameter of ``module``), the messages are
             aggregated by PyG's ``SoftmaxAggregation`` with that temperature instead of ``gather_op``:
             :math:`\sum_j \operatorname{softmax}_j(t\,\mathbf{m}_{ji}) \odot \mathbf{m}_{ji}`.
+        aggregate: when given, ``(method, arguments)``: the module's own ``aggregate()`` (bound) and
+            its keyword arguments besides the messages, as ``arguments`` are given. It is traced on
+            the traced messages and must return one ``torch_geometric.utils.scatter`` over the
+            receivers (:meth:`Trace.scatter`), whose reduction replaces ``gather_op``.
 
     Raises:
         CaptureError: ``message()`` is not one elementwise IR operator (or raised an error).
     """
     trace = Trace(num_edges, module)
-    sizes = [arguments.get(name) for name in ("size_i", "dim_size")]
+    given = [arguments] if aggregate is None else [arguments, aggregate[1]]
+    sizes = [values.get(name) for values in given for name in ("size_i", "dim_size")]
     trace.num_dst = next((size for size in sizes if type(size) is int), None)
     before = dict(vars(module)) if module is not None else {}
-    function = getattr(message, "__func__", None)
-    if function is not None:
-        message = types.MethodType(with_traced_softmax(function), message.__self__)
     try:
         kwargs = {
             name: trace.wrap(name, value) if isinstance(value, Argument) else value for name, value in arguments.items()
         }
         try:
-            with tracing(trace):
-                result = message(**kwargs)
+            with tracing(trace, message) as traced_message, ParameterCalls(trace):
+                result = traced_message(**kwargs)
         except CaptureError:
             raise
         except Exception as error:  # the user's code failed on traced tensors: let PyG run it
             raise CaptureError(f"message() raised {type(error).__name__} on traced tensors ({error})") from error
         if module is not None:
             trace.store(module, before)
+        if aggregate is not None:
+            return trace.finish_aggregate(trace.run_aggregate(result, *aggregate))
         if softmax_temperature is not None:
             return trace.finish(trace.softmax_aggregate(result, softmax_temperature), "sum")
         return trace.finish(result, gather_op)
@@ -216,13 +233,54 @@ _ACTIVE = _Active()
 
 
 @contextlib.contextmanager
-def tracing(trace: "Trace") -> Iterator[None]:
-    """Make ``trace`` the one :func:`traced_softmax` answers to, in this thread."""
+def tracing(trace: "Trace", method: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """Make ``trace`` the one :func:`traced_softmax` and :func:`traced_scatter` answer to, in this
+    thread, and yield ``method`` reading them in place of PyG's ``softmax`` and ``scatter``.
+
+    For a bound ``method``, the other methods of its object that read those functions read the
+    traced ones too while the trace runs (SuperGATConv's ``message()`` calls
+    ``self.get_attention()``, which normalises): bound to the object as attributes of its own, which
+    shadow the class's, and removed after. Outside a trace, the traced functions are PyG's, so
+    another thread calling them meanwhile computes what it would have.
+    """
+    function = getattr(method, "__func__", None)
+    owner = getattr(method, "__self__", None)
+    shadowed: List[str] = []
+    if function is not None:
+        shadows = vars(owner)
+        for name, other in _methods_reading_traced(type(owner)).items():
+            if name != function.__name__ and name not in shadows:
+                shadows[name] = types.MethodType(with_traced_functions(other), owner)
+                shadowed.append(name)
+        method = types.MethodType(with_traced_functions(function), owner)
     _ACTIVE.traces.append(trace)
     try:
-        yield
+        yield method
     finally:
         _ACTIVE.traces.pop()
+        for name in shadowed:
+            vars(owner).pop(name, None)
+
+
+class ParameterCalls(TorchFunctionMode):
+    """While a trace runs, record the torch calls that compute on the module's parameters and
+    buffers alone (:meth:`Trace.record_call`), which no traced tensor sees: a result that later
+    meets per-edge values becomes a :class:`~pyg_ugrapher.program.Computed` operand."""
+
+    def __init__(self, trace: "Trace") -> None:
+        super().__init__()
+        self.trace = trace
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not any(isinstance(value, TracedTensor) for value in flat_arguments(args, kwargs)):
+            self.trace.record_call(func, args, kwargs, out)
+        return out
+
+
+def _active_trace() -> Optional["Trace"]:
+    return _ACTIVE.traces[-1] if _ACTIVE.traces else None
 
 
 def traced_softmax(
@@ -234,31 +292,67 @@ def traced_softmax(
 ) -> Tensor:
     """``torch_geometric.utils.softmax`` inside a traced ``message()``: the trace's
     :meth:`Trace.softmax`; PyG's own outside a trace."""
-    trace = _ACTIVE.traces[-1] if _ACTIVE.traces else None
+    trace = _active_trace()
     if trace is None:
         return pyg_softmax(src, index, ptr, num_nodes, dim)
     return trace.softmax(src, index, ptr, num_nodes, dim)
 
 
-#: Per code object and globals: the namespace with :func:`traced_softmax` in place of PyG's
-#: ``softmax`` (``None`` where the code does not read PyG's ``softmax``).
+def traced_scatter(
+    src: Tensor, index: Tensor, dim: int = 0, dim_size: Optional[int] = None, reduce: str = "sum"
+) -> Tensor:
+    """``torch_geometric.utils.scatter`` inside a traced ``aggregate()``: the trace's
+    :meth:`Trace.scatter`; PyG's own elsewhere."""
+    trace = _active_trace()
+    if trace is None or not trace.aggregating:
+        return pyg_scatter(src, index, dim, dim_size, reduce)
+    return trace.scatter(src, index, dim, dim_size, reduce)
+
+
+#: PyG's functions that a traced method reads in their traced form.
+_TRACED_FUNCTIONS: Dict[Any, Callable] = {pyg_softmax: traced_softmax, pyg_scatter: traced_scatter}
+
+#: Per code object and globals: the namespace with the traced functions in place of PyG's (``None``
+#: where the code reads none of them).
 _PATCHED_GLOBALS: Dict[Tuple[Any, int], Optional[Dict[str, Any]]] = {}
 _PATCHED_LOCK = threading.Lock()
+#: Per class: :func:`_methods_reading_traced`.
+_TRACED_METHODS: "weakref.WeakKeyDictionary[type, Dict[str, Callable]]" = weakref.WeakKeyDictionary()
 
 
-def with_traced_softmax(function: Callable) -> Callable:
-    """``function`` (a plain function) reading :func:`traced_softmax` wherever its module's globals
-    hold PyG's ``softmax``; the same function when they do not."""
+def _methods_reading_traced(cls: type) -> Dict[str, Callable]:
+    """The plain functions of ``cls`` (its own or inherited, by attribute name) whose code reads one
+    of PyG's functions that have a traced form."""
+    methods = _TRACED_METHODS.get(cls)
+    if methods is None:
+        methods = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                methods.pop(name, None)
+                if isinstance(value, types.FunctionType) and with_traced_functions(value) is not value:
+                    methods[name] = value
+        _TRACED_METHODS[cls] = methods
+    return methods
+
+
+def with_traced_functions(function: Callable) -> Callable:
+    """``function`` (a plain function) reading :func:`traced_softmax` and :func:`traced_scatter`
+    wherever its module's globals hold PyG's ``softmax`` and ``scatter``; the same function when
+    its code reads neither."""
     code = getattr(function, "__code__", None)
     if code is None:
         return function
     key = (code, id(function.__globals__))
     if key not in _PATCHED_GLOBALS:
-        names = [name for name, value in function.__globals__.items() if value is pyg_softmax]
+        replaced = {
+            name: _TRACED_FUNCTIONS[value]
+            for name, value in function.__globals__.items()
+            if name in code.co_names and _is_traced_function(value)
+        }
         namespace = None
-        if names and any(name in code.co_names for name in names):
+        if replaced:
             namespace = dict(function.__globals__)
-            namespace.update({name: traced_softmax for name in names})
+            namespace.update(replaced)
         with _PATCHED_LOCK:
             _PATCHED_GLOBALS[key] = namespace
     namespace = _PATCHED_GLOBALS[key]
@@ -268,6 +362,13 @@ def with_traced_softmax(function: Callable) -> Callable:
     patched = types.FunctionType(code, namespace, function.__name__, function.__defaults__, function.__closure__)
     patched.__kwdefaults__ = function.__kwdefaults__
     return patched
+
+
+def _is_traced_function(value: Any) -> bool:
+    try:
+        return value in _TRACED_FUNCTIONS
+    except TypeError:  # an unhashable global
+        return False
 
 
 # -- the traced tensor ----------------------------------------------------------------------------
@@ -290,6 +391,8 @@ class TracedTensor(Tensor):
     _value: Optional[Tensor] = None
     #: the pieces of a ``torch.cat`` along the features that a staged run keeps apart (``expr is None``)
     _parts: Optional[Tuple[Any, ...]] = None
+    #: ``(messages, gather_op)`` of the result of a scatter in ``aggregate()`` (``expr is None``)
+    _aggregated: Optional[Tuple["TracedTensor", str]] = None
 
     @staticmethod
     def __new__(
@@ -388,6 +491,12 @@ class Trace:
         self._broadcasts: Set[str] = set()  #: the operand arguments of :class:`Broadcast` values
         #: edge tensors given to ``propagate()`` and the per-edge values computed from them alone
         self._edge_inputs: Set[str] = set()
+        #: per ``id()``: a tensor computed from the module's tensors alone, and the call that made it
+        #: (its tensor arguments tagged ``("tensor", path)`` or ``("result", id)``), see
+        #: :class:`ParameterCalls`
+        self._computed: Dict[int, Tuple[Tensor, Call]] = {}
+        #: whether ``aggregate()`` is being traced: PyG's ``scatter`` then aggregates the messages
+        self.aggregating = False
 
     # -- leaves -------------------------------------------------------------------------------
     def leaf(self, operand: Operand, dtype: torch.dtype) -> int:
@@ -701,19 +810,26 @@ class Trace:
         a :class:`Broadcast` operand."""
         if not tensor.is_floating_point():
             raise CaptureError(f"message() combines its values with a {tensor.dtype} tensor")
-        path = self._parameter_path(
-            tensor,
-            "message() computes with a tensor that is not an argument of propagate() nor a parameter or "
-            "buffer of the module (a tensor made inside message(), or computed from parameters)",
-        )
         if tensor.dim() > rank:
             raise CaptureError("message() broadcasts its per-edge values against a larger tensor")
         padded = (1,) * (rank - tensor.dim()) + tuple(tensor.shape)
         if padded[0] != 1:
             raise CaptureError(f"message() combines its edges with a tensor of {padded[0]} rows")
         features = padded[1:]
-        held = module_attribute(self.module, path)
-        name = self._named(Broadcast("", path, tuple(held.shape), tensor.dtype, features), "tensor")
+        path = self._path_of(tensor)
+        value: Value
+        if path is not None:
+            held = module_attribute(self.module, path)
+            value = Broadcast("", path, tuple(held.shape), tensor.dtype, features)
+        elif self._computed.get(id(tensor), (None,))[0] is tensor:
+            calls, reads = self._calls_making(tensor)
+            value = Computed("", calls, reads, features)
+        else:
+            raise CaptureError(
+                "message() computes with a tensor that is not an argument of propagate() nor a parameter or "
+                "buffer of the module, nor computed from those alone (a tensor made inside message())"
+            )
+        name = self._named(value, "tensor")
         self._broadcasts.add(name)
         leaf = self.leaf(Operand(name, "edge", features), tensor.dtype)
         return self.value(Expr.input(leaf), features, tensor.dtype, tensor.device, tensor.requires_grad)
@@ -781,6 +897,64 @@ class Trace:
         maximum = self.step(scores, "max", grad=False)
         shifted = self.unary("exp", self.combine("sub", scores, maximum))
         return shifted, self.combine("add", self.step(shifted, "sum"), SOFTMAX_EPSILON)
+
+    def run_aggregate(self, messages: Any, method: Callable[..., Any], arguments: Mapping[str, Any]) -> Any:
+        """What the module's ``aggregate()`` returns for the traced ``messages``; ``arguments`` as
+        :func:`capture` takes them."""
+        if not isinstance(messages, TracedTensor):
+            raise CaptureError("message() returns a tensor that does not come from its arguments")
+        kwargs = {
+            name: self.wrap(name, value) if isinstance(value, Argument) else value for name, value in arguments.items()
+        }
+        self.aggregating = True
+        try:
+            with tracing(self, method) as traced_aggregate, ParameterCalls(self):
+                return traced_aggregate(messages, **kwargs)
+        except CaptureError:
+            raise
+        except Exception as error:
+            raise CaptureError(f"aggregate() raised {type(error).__name__} on traced tensors ({error})") from error
+        finally:
+            self.aggregating = False
+
+    def scatter(self, src: Any, index: Any, dim: int, dim_size: Optional[int], reduce: str) -> TracedTensor:
+        """PyG's ``scatter(src, index, dim, dim_size, reduce)`` in ``aggregate()``: the reduction of
+        the per-edge values ``src`` over the receivers of the edges, which ``aggregate()`` must
+        return as it is (it is the fused operator's result)."""
+        if not isinstance(src, TracedTensor) or src._expr is None:
+            raise CaptureError("aggregate() scatters a value that is not computed from the messages")
+        if not any(index is r for r in self._receivers):
+            raise CaptureError(
+                "aggregate() scatters over other groups than the receivers of the edges (PyG's index or ptr)"
+            )
+        if _normalize(dim, src.dim()) != 0:
+            raise CaptureError(f"aggregate() scatters along dim={dim}, not over the edges")
+        if dim_size is None or dim_size != self.num_dst:
+            raise CaptureError("aggregate() scatters with dim_size that is not the number of receivers")
+        gather_op = _SCATTER_REDUCTIONS.get(reduce)
+        if gather_op is None:
+            raise CaptureError(f"aggregate() scatters with reduce={reduce!r}; sum, add, mean, max and min are captured")
+        out = TracedTensor(
+            self,
+            (dim_size,) + tuple(src.features),
+            src.dtype,
+            src.device,
+            src.requires_grad,
+            None,
+            "the result of a scatter in aggregate(), which aggregate() may only return as it is",
+        )
+        out._aggregated = (src, gather_op)
+        return out
+
+    def finish_aggregate(self, result: Any) -> Capture:
+        """The capture of a traced ``aggregate()``'s ``result``: the scatter it returns."""
+        aggregated = getattr(result, "_aggregated", None) if isinstance(result, TracedTensor) else None
+        if aggregated is None or result._trace is not self:
+            raise CaptureError(
+                "aggregate() returns something else than one torch_geometric.utils.scatter of the messages over "
+                "the receivers; only that is captured"
+            )
+        return self.finish(*aggregated)
 
     def store(self, module: torch.nn.Module, before: Mapping[str, Any]) -> None:
         """Record the traced values ``message()`` stored on ``module`` (``self._alpha = alpha``): each
@@ -903,6 +1077,19 @@ class Trace:
             raise CaptureError(f"message() applies a Linear whose {what} is computed from its arguments")
         if not isinstance(tensor, Tensor):
             raise CaptureError(f"message() applies a Linear whose {what} is a {type(tensor).__name__}")
+        path = self._path_of(tensor)
+        if path is None:
+            raise CaptureError(
+                what
+                if what.startswith("message() ")
+                else f"message() applies a Linear whose {what} is not a parameter or buffer of the module "
+                f"(a tensor computed from them, or made inside message())"
+            )
+        return path
+
+    def _path_of(self, tensor: Tensor) -> Optional[str]:
+        """The attribute path of ``tensor`` among the module's parameters and buffers, or of the
+        tensor it views in the same element order (``self.mu.view(1, K, D)``); ``None`` if neither."""
         if self._paths is None:
             named = () if self.module is None else self.module.named_parameters(remove_duplicate=False)
             buffers = () if self.module is None else self.module.named_buffers(remove_duplicate=False)
@@ -912,15 +1099,86 @@ class Trace:
         path = self._paths.get(id(tensor))
         base = tensor._base
         if path is None and base is not None and _reshapes(tensor, base):
-            path = self._paths.get(id(base))  # a view of a parameter (``self.mu.view(1, K, D)``)
-        if path is None:
-            raise CaptureError(
-                what
-                if what.startswith("message() ")
-                else f"message() applies a Linear whose {what} is not a parameter or buffer of the module "
-                f"(a tensor computed from them, or made inside message())"
-            )
+            path = self._paths.get(id(base))
         return path
+
+    def record_call(self, func: Callable, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> None:
+        """Keep how ``out`` was made when ``func`` computed it from the module's tensors (and
+        earlier such results) and constants alone, for :class:`Computed` to make it again."""
+        if not isinstance(out, Tensor) or isinstance(out, TracedTensor) or self.module is None:
+            return
+        name = function_name(func)
+        try:
+            if torch_function(name) is not func:
+                return
+        except (AttributeError, ValueError):
+            return
+        reads: List[bool] = []
+
+        def tag(value: Any) -> Optional[TaggedArgument]:
+            if isinstance(value, Tensor):
+                if isinstance(value, TracedTensor):
+                    return None
+                path = self._paths_of_module().get(id(value))
+                if path is not None:
+                    reads.append(True)
+                    return ("tensor", path)
+                if self._computed.get(id(value), (None,))[0] is value:
+                    reads.append(True)
+                    return ("result", id(value))
+                return None
+            if isinstance(value, (list, tuple)):
+                items = tuple(tag(item) for item in value)
+                if any(item is None for item in items):
+                    return None
+                return ("list" if isinstance(value, list) else "tuple", items)
+            if isinstance(value, slice):
+                return ("slice", (value.start, value.stop, value.step))
+            if value is None or value is Ellipsis or isinstance(value, (bool, int, float, str, torch.dtype)):
+                return ("value", value)
+            return None
+
+        tagged_args = tuple(tag(a) for a in args)
+        tagged_kwargs = tuple((key, tag(a)) for key, a in kwargs.items())
+        if not reads or any(a is None for a in tagged_args) or any(a is None for _, a in tagged_kwargs):
+            return
+        self._computed[id(out)] = (out, (name, tagged_args, tagged_kwargs))
+
+    def _paths_of_module(self) -> Dict[int, str]:
+        """Per ``id()``, the attribute path of each parameter and buffer of the module."""
+        if self._paths is None:
+            self._path_of(torch.empty(0))
+        assert self._paths is not None
+        return self._paths
+
+    def _calls_making(self, tensor: Tensor) -> Tuple[Tuple[Call, ...], Tuple[Tuple[str, Shape, torch.dtype], ...]]:
+        """The calls that made a recorded ``tensor`` (its own last), each ``("result", k)`` naming
+        the ``k``-th of them, and the module tensors they read with their shapes and dtypes."""
+        calls: List[Call] = []
+        done: Dict[int, int] = {}
+        reads: Dict[str, Tuple[str, Shape, torch.dtype]] = {}
+
+        def renumber(tagged: TaggedArgument) -> TaggedArgument:
+            tag, value = tagged
+            if tag == "result":
+                return ("result", make(value))
+            if tag in ("list", "tuple"):
+                return (tag, tuple(renumber(item) for item in value))
+            if tag == "tensor":
+                held = module_attribute(self.module, value)
+                reads[value] = (value, tuple(held.shape), held.dtype)
+            return tagged
+
+        def make(key: int) -> int:
+            if key not in done:
+                name, args, kwargs = self._computed[key][1]
+                call = (name, tuple(renumber(a) for a in args), tuple((k, renumber(a)) for k, a in kwargs))
+                done[key] = len(calls)
+                calls.append(call)
+            return done[key]
+
+        make(id(tensor))
+        return tuple(calls), tuple(reads.values())
 
     # -- the result -----------------------------------------------------------------------------
     def finish(self, result: Any, gather_op: str) -> Capture:
@@ -1676,6 +1934,9 @@ def _table() -> Dict[str, Callable]:
 
 
 HANDLERS = _table()
+
+#: The gather op of each reduction of PyG's ``scatter`` that the capture models.
+_SCATTER_REDUCTIONS = {"sum": "sum", "add": "sum", "mean": "mean", "max": "max", "min": "min"}
 
 #: What a ``torch.cat`` of traced values is, until a Linear splits it.
 _CAT_PIECES = "the pieces of a torch.cat (captured only as the input of a Linear)"

@@ -76,6 +76,11 @@ SOFTMAX_GATHER = "softmax"
 PARTS_GATHER = "parts"
 
 
+#: The gather op :meth:`MessagePassing._static_check` names for a module with its own
+#: ``aggregate()``: traced with ``message()``, it must return one PyG ``scatter`` of the messages
+#: over the receivers, whose reduction is the gather op; anything else runs PyG's path.
+AGGREGATE_GATHER = "aggregate()"
+
 #: How many argument signatures a module keeps captures for.
 MAX_CAPTURES = 64
 
@@ -224,7 +229,8 @@ class MessagePassing(PyGMessagePassing):
 
     PyG's own ``propagate()`` runs instead, never a wrong answer, when ``message()`` is not one
     elementwise IR op (``torch.cat``, per-edge ``nn.Module`` s, tuples, data-dependent Python...),
-    for other aggregations, an overridden ``aggregate()``, hooks on ``message()``/``aggregate()``,
+    for other aggregations, an ``aggregate()`` of the class's own that is not one PyG ``scatter``
+    of the messages over the receivers, hooks on ``message()``/``aggregate()``,
     explain mode, ``decomposed_layers > 1``, and inputs for which PyG runs
     ``message_and_aggregate()``. :attr:`fallback_reason` says why, as a sentence. A ``message()`` or
     ``edge_update()`` that is not one IR op runs *staged* (:mod:`pyg_ugrapher.staging`) on a graph
@@ -550,8 +556,6 @@ class MessagePassing(PyGMessagePassing):
                 f"decomposed_layers={self.decomposed_layers}: PyG slices the features into "
                 f"several propagations, which the fused op does not need"
             )
-        if "aggregate" in vars(self) or type(self).aggregate is not PyGMessagePassing.aggregate:
-            return None, "the module overrides aggregate(), which needs the materialised per-edge messages"
         if (
             self._message_forward_pre_hooks
             or self._message_forward_hooks
@@ -559,6 +563,8 @@ class MessagePassing(PyGMessagePassing):
             or self._aggregate_forward_hooks
         ):
             return None, "hooks on message() or aggregate() need the materialised per-edge messages"
+        if "aggregate" in vars(self) or type(self).aggregate is not PyGMessagePassing.aggregate:
+            return AGGREGATE_GATHER, None
         module = self.aggr_module
         gather = GATHER_OPS.get(type(module)) if isinstance(self.aggr, str) else None
         if type(module) is SoftmaxAggregation:
@@ -606,7 +612,10 @@ class MessagePassing(PyGMessagePassing):
         if differentiable_coo:
             self._restore_sparse_values(collected, edge_index, kwargs)
         message_kwargs = self.inspector.collect_param_data("message", collected)
-        arguments, tensors, signature = self._describe(message_kwargs, num_edges)
+        traced_kwargs = message_kwargs
+        if gather == AGGREGATE_GATHER:
+            traced_kwargs = {**self.inspector.collect_param_data("aggregate", collected), **message_kwargs}
+        arguments, tensors, signature = self._describe(traced_kwargs, num_edges)
         if torch.compiler.is_compiling():
             if gather == PARTS_GATHER:
                 return _stage_or_fall_back(self, self._parts_reason(), num_edges)
@@ -825,17 +834,25 @@ class MessagePassing(PyGMessagePassing):
                             "SoftmaxAggregation with semi_grad=True takes no gradient through its weights"
                         )
                     temperature = aggregation.t if aggregation.learn else float(aggregation.t)
+                message_arguments, aggregate = arguments, None
+                if gather == AGGREGATE_GATHER:
+                    message_arguments = {name: arguments[name] for name in self.inspector.get_param_names("message")}
+                    aggregate_names = self.inspector.get_param_names("aggregate")
+                    aggregate = (self.aggregate, {name: arguments[name] for name in aggregate_names})
                 # The trace runs Python on tensor subclasses: under torch.compile it runs eagerly.
                 # an aggregation computed part by part runs each part's gather op on the captured op
-                traced_gather = "sum" if gather == PARTS_GATHER else gather
+                traced_gather = "sum" if gather in (PARTS_GATHER, AGGREGATE_GATHER) else gather
                 entry = torch.compiler.disable(trace_message)(
-                    self.message, arguments, num_edges, traced_gather, self, temperature
+                    self.message, message_arguments, num_edges, traced_gather, self, temperature, aggregate
                 )
             except CaptureError as error:
                 reason = str(error)
                 if gather == SOFTMAX_GATHER:
                     reason = f"{reason} (under the aggregation SoftmaxAggregation)"
-                entry = _Failure(reason, error.num_edges, stageable=True)
+                if gather == AGGREGATE_GATHER:
+                    # a staged run aggregates with the gather ops of the IR, not the module's own
+                    reason = f"{reason}; with its own aggregate(), the module runs PyG's propagation"
+                entry = _Failure(reason, error.num_edges, stageable=gather != AGGREGATE_GATHER)
             captures[key] = entry
             if len(captures) > MAX_CAPTURES:
                 captures.popitem(last=False)

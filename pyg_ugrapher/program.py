@@ -4,10 +4,11 @@ r"""A captured ``message()`` as what a propagation runs (:class:`Capture`).
 that computes the aggregated messages, how each of its operands is built from an argument of
 ``message()`` (:class:`Operand`), and the values computed before it into operand arguments of their
 own (:data:`Value`): Linear maps of node rows (:class:`Product`), parameters of the module
-(:class:`Broadcast`), per-vertex values (:class:`NodeStep`) and operators run first
-(:class:`Step`). Every value reads the module's current weights and the call's tensors, so that one
-capture serves every call; :meth:`Capture.operand_tensors` computes them, and
-:func:`build_value` does the same from the plain constants a compiled model holds.
+(:class:`Broadcast`) and tensors computed from them (:class:`Computed`), per-vertex values
+(:class:`NodeStep`) and operators run first (:class:`Step`). Every value reads the module's
+current weights and the call's tensors, so that one capture serves every call;
+:meth:`Capture.operand_tensors` computes them, and :func:`build_value` does the same from the
+plain constants a compiled model holds.
 """
 
 from __future__ import annotations
@@ -149,6 +150,76 @@ class Broadcast:
         return _has_shape(module, self.path, self.shape, self.dtype)
 
 
+#: An argument of a replayed torch call (:class:`Computed`), tagged: ``("tensor", path)`` a tensor
+#: of the module, ``("result", k)`` the result of call ``k``, ``("list", items)`` / ``("tuple",
+#: items)`` a sequence of tagged items, ``("slice", (start, stop, step))``, ``("value", v)`` a constant.
+TaggedArgument = Tuple[str, Any]
+#: One torch call: ``(name, args, kwargs)``, the function by its torch name (``torch.Tensor.pow``),
+#: ``args`` a tuple and ``kwargs`` a tuple of ``(keyword, argument)``, all tagged.
+Call = Tuple[str, Tuple[TaggedArgument, ...], Tuple[Tuple[str, TaggedArgument], ...]]
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A tensor that ``message()`` computes from parameters and buffers of the module alone, then
+    combines with per-edge values (GMMConv's ``EPS + self.sigma.view(1, K, D).pow(2)``): an edge
+    operand read through a stride-0 view, as a :class:`Broadcast`, computed at every call by
+    replaying the torch calls that made it on the module's current tensors, so that training
+    updates reach it and gradients reach the parameters."""
+
+    name: str  #: the operand argument it fills
+    calls: Tuple[Call, ...]  #: the calls that make it, the last one its value
+    #: the module tensors the calls read: ``(path, shape, dtype)`` when traced; another shape or
+    #: dtype traces ``message()`` again
+    reads: Tuple[Tuple[str, Shape, torch.dtype], ...]
+    features: Shape  #: the operand's feature shape: its shape with leading 1s to the message's rank
+
+    def build(self, tensors: Mapping[str, Tensor], module: torch.nn.Module, run: "OpRunner", num_edges: int) -> Tensor:
+        """The computed tensor, viewed with a row per edge."""
+        return build_value(self.constants(), tensors, module, run, num_edges)
+
+    def constants(self) -> Tuple[Any, ...]:
+        """The computed tensor as plain constants, for :func:`build_value`."""
+        return ("computed", self.name, self.calls, self.features)
+
+    def matches(self, module: torch.nn.Module) -> bool:
+        """Whether every module tensor the calls read still has its traced shape and dtype."""
+        return all(_has_shape(module, path, shape, dtype) for path, shape, dtype in self.reads)
+
+
+def torch_function(name: str) -> Callable[..., Any]:
+    """The torch function of a name :func:`torch.overrides.resolve_name` gives (``torch.Tensor.pow``,
+    ``torch.nn.functional.softplus``)."""
+    owner, *attributes = name.split(".")
+    if owner != "torch":
+        raise ValueError(f"name: {name!r} is not a torch function")
+    return functools.reduce(getattr, attributes, torch)
+
+
+def replay_calls(calls: Sequence[Call], module: torch.nn.Module) -> Tensor:
+    """The result of the last of ``calls`` (see :data:`Call`), made on ``module``'s tensors."""
+    results: List[Tensor] = []
+
+    def argument(tagged: TaggedArgument) -> Any:
+        tag, value = tagged
+        if tag == "tensor":
+            return module_attribute(module, value)
+        if tag == "result":
+            return results[value]
+        if tag == "list":
+            return [argument(item) for item in value]
+        if tag == "tuple":
+            return tuple(argument(item) for item in value)
+        if tag == "slice":
+            return slice(*value)
+        return value
+
+    for name, args, kwargs in calls:
+        function = torch_function(name)
+        results.append(function(*[argument(a) for a in args], **{key: argument(a) for key, a in kwargs}))
+    return results[-1]
+
+
 @dataclass(frozen=True)
 class Step:
     """An operator that runs before the fused one, whose result later operators read: a per-edge
@@ -224,7 +295,7 @@ def evaluate_on_vertices(expr: Expr, operands: Sequence[Tensor], shape: Shape, f
 
 
 #: A value computed before the fused operator, into an operand argument of its own.
-Value = Union[Product, Broadcast, Step, NodeStep]
+Value = Union[Product, Broadcast, Computed, Step, NodeStep]
 #: Runs one IR operator on the propagation's graph: ``run(op, operands)``, ``op`` an
 #: :class:`~pyg_ugrapher.ir.OpInfo` or, in a compiled model, its serialised form.
 OpRunner = Callable[[Any, List[Tensor]], Tensor]
@@ -271,6 +342,10 @@ def build_value(
     if kind == "broadcast":
         _, _, path, features = constants
         value = module_attribute(module, path)
+        return value.reshape((1,) + tuple(features)).expand((num_edges,) + tuple(features))
+    if kind == "computed":
+        _, _, calls, features = constants
+        value = replay_calls(calls, module)
         return value.reshape((1,) + tuple(features)).expand((num_edges,) + tuple(features))
     if kind == "node":
         _, _, expr, operands, shape, features, reduce = constants
@@ -369,7 +444,7 @@ class Capture:
             return tensors
         if run is None:
             raise ValueError("run: a capture with values runs operators on the propagation's graph")
-        if module is None and any(isinstance(value, (Product, Broadcast)) for value in self.values):
+        if module is None and any(isinstance(value, (Product, Broadcast, Computed)) for value in self.values):
             raise ValueError("module: a capture with Linear products or parameters reads them from its module")
         tensors = dict(tensors)
         for value in self.values:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import types
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -61,7 +60,6 @@ from .capture import (
     linear_arguments,
     linear_terms,
     tracing,
-    with_traced_softmax,
 )
 from .ir import Expr
 from .program import Capture, Operand, OpRunner, Shape, combine_columns
@@ -585,12 +583,9 @@ def stage(
     kwargs = {
         name: trace.wrap(name, value) if isinstance(value, Argument) else value for name, value in arguments.items()
     }
-    function = getattr(method, "__func__", None)
-    if function is not None:
-        method = types.MethodType(with_traced_softmax(function), method.__self__)
-    with tracing(trace):
+    with tracing(trace, method) as traced_method:
         try:
-            value = method(**kwargs)
+            value = traced_method(**kwargs)
         except CaptureError:
             raise
         except Exception as error:

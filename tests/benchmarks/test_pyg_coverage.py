@@ -1,5 +1,5 @@
-"""The PyG coverage script on four classes: a swapped layer, a routed one that fuses, a routed one
-whose ``message()`` runs staged and one whose custom ``aggregate()`` takes PyG's path."""
+"""The PyG coverage script on six classes: a swapped layer, routed ones that fuse (one with its own
+``aggregate()``), a routed one whose ``message()`` runs staged and one that takes PyG's path."""
 
 import sys
 from pathlib import Path
@@ -13,25 +13,27 @@ if str(ROOT) not in sys.path:  # `benchmarks` is a plain folder at the repositor
 from benchmarks import pyg_coverage  # noqa: E402
 
 
-def test_five_classes(tmp_path):
-    classes = ["GCNConv", "LEConv", "EdgeConv", "FeaStConv", "EGConv"]
+def test_six_classes(tmp_path):
+    classes = ["GCNConv", "LEConv", "EdgeConv", "FeaStConv", "FastRGCNConv", "EGConv"]
     pyg_coverage.main(["--classes", *classes, "--out", str(tmp_path)])
     frame = pd.read_csv(tmp_path / "pyg_coverage.csv").set_index("layer")
     assert tuple(frame.reset_index().columns) == pyg_coverage.COLUMNS
     assert list(frame.index) == classes
-    assert list(frame.conversion) == ["swapped", "routed", "routed", "routed", "routed"]
+    assert list(frame.conversion) == ["swapped"] + ["routed"] * 5
     assert (frame.runs == "yes").all() and frame.forward_match.all() and frame.grads_match.all()
     assert (frame.forward_error <= pyg_coverage.TOLERANCE).all() and (frame.grads_error <= pyg_coverage.TOLERANCE).all()
     # EdgeConv's network (one Linear) is captured as products of the node rows; FeaStConv's softmax
-    # over its heads runs staged, in PyTorch on per-edge values.
-    assert list(frame.fully_fused) == [True, True, True, False, False]
-    assert list(frame.staged) == [False, False, False, True, False]
-    assert list(frame.edges_in_pytorch) == [False, False, False, True, False]
-    assert frame.loc["LEConv", "ops"] == 1 and frame.loc["EdgeConv", "ops"] == 1
-    assert frame.loc["EGConv", "ops"] == 0 and frame.loc["EGConv", "fallbacks"] >= 1
-    assert "softmax" in frame.loc["FeaStConv", "reason"] and "aggregate()" in frame.loc["EGConv", "reason"]
+    # over its heads runs staged, in PyTorch on per-edge values; EGConv's own aggregate() is one
+    # scatter, fused; FastRGCNConv's message() indexes a weight per edge type, so with its own
+    # aggregate() it takes PyG's path.
+    assert list(frame.fully_fused) == [True, True, True, False, False, True]
+    assert list(frame.staged) == [False, False, False, True, False, False]
+    assert list(frame.edges_in_pytorch) == [False, False, False, True, False, False]
+    assert frame.loc["LEConv", "ops"] == 1 and frame.loc["EdgeConv", "ops"] == 1 and frame.loc["EGConv", "ops"] == 1
+    assert frame.loc["FastRGCNConv", "ops"] == 0 and frame.loc["FastRGCNConv", "fallbacks"] >= 1
+    assert "softmax" in frame.loc["FeaStConv", "reason"] and "aggregate()" in frame.loc["FastRGCNConv", "reason"]
     table = (tmp_path / "pyg_coverage.md").read_text()
-    assert "| 5 | 5 | 0 | 0 | 5 | 5 | 1 | 3 | 3 | 1 | 0 | 1 |" in table and "| EdgeConv | routed | yes |" in table
+    assert "| 6 | 6 | 0 | 0 | 6 | 6 | 1 | 4 | 4 | 1 | 0 | 1 |" in table and "| EdgeConv | routed | yes |" in table
 
 
 def test_every_class_has_arguments():

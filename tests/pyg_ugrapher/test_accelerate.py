@@ -8,7 +8,19 @@ import pickle
 import pytest
 import torch
 from torch_geometric.nn import MessagePassing
-from torch_geometric.nn.conv import EdgeConv, GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, LEConv, SAGEConv
+from torch_geometric.nn.conv import (
+    EdgeConv,
+    EGConv,
+    GATConv,
+    GATv2Conv,
+    GCNConv,
+    GINConv,
+    GMMConv,
+    GraphConv,
+    LEConv,
+    SAGEConv,
+    SuperGATConv,
+)
 from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 
 import pyg_ugrapher as ug
@@ -272,3 +284,35 @@ def test_bad_arguments():
         ug.accelerate(GCNConv)
     with pytest.raises(TypeError, match="inplace"):
         ug.accelerate(GCNConv(2, 2), inplace="yes")
+
+
+#: PyG layers whose capture needs a computed parameter (GMMConv), a softmax in another method of the
+#: module (SuperGATConv) and the module's own aggregate() (EGConv), built with float32 weights.
+CAPTURED_ON_THE_GPU = {
+    "GMMConv": (lambda: GMMConv(16, 8, dim=3, kernel_size=4), True),
+    "SuperGATConv": (lambda: SuperGATConv(16, 4, heads=2).eval(), False),
+    "EGConv": (lambda: EGConv(16, 16), False),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(CAPTURED_ON_THE_GPU))
+def test_routed_layers_fuse_on_the_gpu(monkeypatch, name):
+    """The Triton kernels of these captures, against PyG's layer in float32 on the GPU, on a graph
+    with a hub, self loops, duplicate edges and isolated vertices."""
+    monkeypatch.setattr(ug.MessagePassing, "staged_min_edges", 0)
+    build, takes_pseudo = CAPTURED_ON_THE_GPU[name]
+    generator = torch.Generator().manual_seed(1)
+    hub = torch.stack([torch.randint(0, 3000, (20000,), generator=generator), torch.zeros(20000, dtype=torch.long)])
+    rest = torch.randint(0, 2990, (2, 30000), generator=generator)
+    loops = torch.arange(50).repeat(2, 1)
+    edge_index = torch.cat([hub, rest, loops, rest[:, :100]], dim=1).cuda()
+    x = torch.randn(3000, 16, generator=generator).cuda()
+    extra = (torch.rand(edge_index.size(1), 3, generator=generator).cuda(),) if takes_pseudo else ()
+    torch.manual_seed(0)
+    model = build().cuda()
+    reference = copy.deepcopy(model)
+    routed = ug.accelerate(model)
+    ours = outputs_and_grads(routed, x, edge_index, *extra)
+    assert routed.fallback_reason is None and routed.staged_reason is None and routed.capture is not None
+    assert_same(ours, outputs_and_grads(reference, x, edge_index, *extra), name)

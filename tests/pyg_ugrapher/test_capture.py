@@ -6,7 +6,7 @@ from typing import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from torch_geometric.utils import softmax
+from torch_geometric.utils import scatter, softmax
 
 import pyg_ugrapher as ug
 from pyg_ugrapher.capture import Argument, CaptureError, capture
@@ -465,7 +465,22 @@ class Mixture(torch.nn.Module):
         return (x_j.view(-1, 2, 2) * gaussian.view(-1, 2, 1)).sum(dim=-2)
 
 
-@pytest.mark.parametrize("cls", [EdgeNetwork, Mixture], ids=["matmul", "sum_over_dim_-2"])
+class ScaledMixture(Mixture):
+    """GMMConv's full pattern: a divisor computed from a parameter outside the traced values."""
+
+    def __init__(self):
+        super().__init__()
+        self.sigma = torch.nn.Parameter(torch.rand(2, 3, generator=torch.Generator().manual_seed(10)) + 0.5)
+
+    def message(self, x_j, edge_attr):
+        distance = -0.5 * (edge_attr.view(-1, 1, 3) - self.mu.view(1, 2, 3)).pow(2)
+        gaussian = torch.exp((distance / (1e-15 + self.sigma.view(1, 2, 3).pow(2))).sum(dim=-1))
+        return (x_j.view(-1, 2, 2) * gaussian.view(-1, 2, 1)).sum(dim=-2)
+
+
+@pytest.mark.parametrize(
+    "cls", [EdgeNetwork, Mixture, ScaledMixture], ids=["matmul", "sum_over_dim_-2", "computed_parameter"]
+)
 def test_per_edge_matrices_and_sums_over_the_next_to_last_dimension(cls):
     """A matmul of per-edge matrices and a sum over the next-to-last dimension transpose their
     operands (a copy of the rows) and sum over the last one; a view of a parameter is the
@@ -477,7 +492,7 @@ def test_per_edge_matrices_and_sums_over_the_next_to_last_dimension(cls):
     arguments = {"x_j": node(4, dtype=torch.float64), "edge_attr": arg(3, dtype=torch.float64)}
     result = capture(module.message, arguments, NUM_EDGES, "sum", module)
     assert any(o.transposed for o in result.operands)
-    if cls is Mixture:
+    if cls is not EdgeNetwork:
         assert [value.path for value in result.values if hasattr(value, "path")] == ["mu"]
     out = run_capture(result, {"x_j": x, "edge_attr": edge_attr}, module)
     src, dst = EDGES
@@ -494,3 +509,83 @@ def test_a_transposed_operand_is_built_transposed():
     rows = torch.arange(2 * 6.0).view(2, 6)
     assert torch.equal(operand.build(rows), rows.view(2, 2, 3).transpose(1, 2))
     assert operand.build(rows).is_contiguous()
+
+
+def test_a_tensor_computed_from_parameters_is_computed_again_at_every_call():
+    """The calls that made ``1e-15 + sigma.view(...).pow(2)`` are replayed on the module's current
+    sigma: an update in place reaches the capture, and another shape traces again."""
+    module = ScaledMixture().double()
+    arguments = {"x_j": node(4, dtype=torch.float64), "edge_attr": arg(3, dtype=torch.float64)}
+    result = capture(module.message, arguments, NUM_EDGES, "sum", module)
+    (computed,) = [value for value in result.values if type(value).__name__ == "Computed"]
+    assert [name for name, _, _ in computed.calls] == ["torch.Tensor.view", "torch.Tensor.pow", "torch.Tensor.add"]
+    assert computed.reads == (("sigma", (2, 3), torch.float64),)
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(NUM_NODES, 4, generator=generator, dtype=torch.float64)
+    edge_attr = torch.randn(NUM_EDGES, 3, generator=generator, dtype=torch.float64)
+    with torch.no_grad():
+        module.sigma.mul_(3.0)
+    out = run_capture(result, {"x_j": x, "edge_attr": edge_attr}, module)
+    src, dst = EDGES
+    expected = torch.zeros(NUM_NODES, 2, dtype=torch.float64).index_add(0, dst, module.message(x[src], edge_attr))
+    torch.testing.assert_close(out, expected)
+    assert result.matches(module)
+    module.sigma = torch.nn.Parameter(torch.ones(6, dtype=torch.float64))
+    assert not result.matches(module)
+
+
+def test_a_tensor_made_inside_message_is_not_an_operand():
+    module = ScaledMixture()
+
+    def message(x_j):
+        return x_j / (1.0 + torch.ones(4) * module.sigma.sum())
+
+    with pytest.raises(CaptureError, match="nor computed from those alone"):
+        capture(message, {"x_j": node(4)}, NUM_EDGES, "sum", module)
+
+
+class DelegatedAttention(Attention):
+    """SuperGATConv's pattern: message() calls a method of the module that calls PyG's softmax."""
+
+    def message(self, x_j, x_i, index, size_i):
+        return x_j * self.attention(x_j, x_i, index, size_i).unsqueeze(-1)
+
+    def attention(self, x_j, x_i, index, size_i):
+        alpha = F.leaky_relu((x_j * self.att_src).sum(-1) + (x_i * self.att_dst).sum(-1), 0.2)
+        return softmax(alpha, index, num_nodes=size_i)
+
+
+def test_a_method_that_message_calls_reads_the_traced_softmax():
+    module = DelegatedAttention().double()
+    index = Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None, "an index")
+    arguments = {
+        "x_j": node(4, dtype=torch.float64),
+        "x_i": arg(4, kind="dst_v", dtype=torch.float64),
+        "index": index,
+        "size_i": NUM_NODES,
+    }
+    result = capture(module.message, arguments, NUM_EDGES, "sum", module)
+    assert [op.gather_op for op in result.ops] == [None, "max", "sum", None, "sum"]
+    assert "attention" not in vars(module)  # the traced method is bound for the trace only
+    x = torch.randn(NUM_NODES, 4, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+    src, dst = EDGES
+    expected = torch.zeros(NUM_NODES, 4, dtype=torch.float64).index_add(
+        0, dst, module.message(x[src], x[dst], dst, NUM_NODES)
+    )
+    torch.testing.assert_close(run_capture(result, {"x_j": x, "x_i": x}, module), expected)
+
+
+class Summed(torch.nn.Module):
+    def message(self, x_j):
+        return x_j * 2.0
+
+    def aggregate(self, inputs, index, dim_size=None):
+        return scatter(inputs, index, 0, dim_size, reduce="max") * 2.0
+
+
+def test_an_aggregate_that_computes_with_its_scatter_says_why():
+    module = Summed()
+    index = Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None, "an index")
+    aggregate = (module.aggregate, {"index": index, "dim_size": NUM_NODES})
+    with pytest.raises(CaptureError, match="the result of a scatter in aggregate()"):
+        capture(module.message, {"x_j": node(4)}, NUM_EDGES, "sum", module, aggregate=aggregate)

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
-from torch_geometric.utils import softmax
+from torch_geometric.utils import scatter, softmax
 
 import pyg_ugrapher as ug
 from autotune import selection
@@ -320,6 +320,37 @@ class SoftmaxAttention(ug.MessagePassing):
         return x_j * self._alpha.unsqueeze(-1)
 
 
+class OwnAggregate(ug.MessagePassing):
+    """A module with its own aggregate(): one PyG scatter of weighted messages over the receivers."""
+
+    def __init__(self, aggr: str = "mean"):
+        super().__init__()
+        self.reduce = aggr
+
+    def forward(self, x, edge_index, edge_weight):
+        return self.propagate(edge_index, x=x, edge_weight=edge_weight)
+
+    def message(self, x_j):
+        return torch.tanh(x_j)
+
+    def aggregate(self, inputs, index, dim_size=None, edge_weight=None):
+        return scatter(inputs * edge_weight.view(-1, 1), index, 0, dim_size, reduce=self.reduce)
+
+
+class Bandwidth(ug.MessagePassing):
+    """GMMConv's pattern: a divisor computed from a parameter in message()."""
+
+    def __init__(self, aggr: str = "add"):
+        super().__init__(aggr=aggr)
+        self.sigma = torch.nn.Parameter(torch.rand(6) + 0.5)
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j):
+        return torch.exp(-((x_j - x_i) ** 2) / (1e-6 + self.sigma.view(1, -1).pow(2)))
+
+
 def graph_targets(calls: List[set]) -> Callable:
     """An ``aot_eager`` backend that records the call targets of every Dynamo graph."""
 
@@ -332,14 +363,22 @@ def graph_targets(calls: List[set]) -> Callable:
 
 @pytest.mark.parametrize(
     "cls, aggr",
-    [(WeightedSum, "mean"), (Attention, None), (Sliced, "max"), (EdgeLinear, "max"), (SoftmaxAttention, "add")],
-    ids=["weighted_mean", "heads", "sliced", "linear_products", "softmax"],
+    [
+        (WeightedSum, "mean"),
+        (Attention, None),
+        (Sliced, "max"),
+        (EdgeLinear, "max"),
+        (SoftmaxAttention, "add"),
+        (OwnAggregate, "max"),
+        (Bandwidth, "add"),
+    ],
+    ids=["weighted_mean", "heads", "sliced", "linear_products", "softmax", "own_aggregate", "computed_parameter"],
 )
 def test_captured_message_passing_compiles_to_the_fused_op(cls, aggr):
     torch.manual_seed(0)
     model = cls(aggr=aggr) if aggr else cls()
     x, edge_index, weight, _ = layer_inputs()
-    if cls in (WeightedSum, Sliced):
+    if cls in (WeightedSum, Sliced, OwnAggregate):
         forward, inputs = (lambda m, x, ei, w: m(x, ei, w)), [x, edge_index, weight]
     else:
         forward, inputs = (lambda m, x, ei: m(x, ei)), [x, edge_index]

@@ -463,6 +463,57 @@ def test_tuple_message_with_custom_aggregate_falls_back():
     assert "aggregate()" in ours.fallback_reason
 
 
+def tanh_message(self, x_j):
+    return torch.tanh(x_j)
+
+
+def weighted_scatter(reduce: str) -> Callable:
+    def aggregate(self, inputs, index, dim_size=None, edge_weight=None):
+        return scatter(inputs * edge_weight.view(-1, 1), index, dim=0, dim_size=dim_size, reduce=reduce)
+
+    return aggregate
+
+
+@pytest.mark.parametrize("reduce, gather_op", [("sum", "sum"), ("add", "sum"), ("mean", "mean"), ("max", "max")])
+def test_an_aggregate_of_one_scatter_is_the_fused_gather(executor, reduce, gather_op):
+    """A module's own aggregate() that returns one PyG scatter over the receivers: its reduction is
+    the gather op, and what it scatters (here weighted by an argument of aggregate() alone) is fused
+    into the message; the module's aggr plays no part, as in PyG."""
+    x, edge_index, num_edges, generator = random_inputs(executor, seed=23)
+    ours, theirs = twins(tanh_message, aggr="min", extra={"aggregate": weighted_scatter(reduce)})
+    compare(ours, theirs, edge_index, x=x, edge_weight=torch.rand(num_edges, generator=generator))
+    assert len(ours.capture.ops) == 1 and ours.capture.op.gather_op == gather_op
+    assert [o.argument for o in ours.capture.operands] == ["x_j", "edge_weight"]
+
+
+def two_scatters(self, inputs, index, dim_size=None):
+    return torch.stack([scatter(inputs, index, 0, dim_size, "sum"), scatter(inputs, index, 0, dim_size, "max")], 1)
+
+
+def scatter_without_size(self, inputs, index, dim_size=None):
+    return scatter(inputs, index, 0, reduce="sum")
+
+
+def scatter_product(self, inputs, index, dim_size=None):
+    return scatter(inputs, index, 0, dim_size, reduce="mul")
+
+
+@pytest.mark.parametrize(
+    "aggregate, why",
+    [
+        (two_scatters, "torch.stack of several values"),
+        (scatter_without_size, "dim_size that is not the number of receivers"),
+        (scatter_product, "reduce='mul'"),
+    ],
+    ids=["stacked", "no_dim_size", "product"],
+)
+def test_any_other_aggregate_runs_pygs_path_and_says_why(aggregate, why):
+    x, edge_index, _, _ = random_inputs("reference", seed=24)
+    ours, theirs = twins(tanh_message, extra={"aggregate": aggregate})
+    compare(ours, theirs, edge_index, captured=False, x=x)
+    assert why in ours.fallback_reason and "own aggregate()" in ours.fallback_reason
+
+
 def test_tuple_message_reason():
     x, edge_index, num_edges, generator = random_inputs("reference", seed=17)
     ours, _ = twins(tuple_message)
