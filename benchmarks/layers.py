@@ -49,7 +49,6 @@ ROUTED: Dict[str, Callable[[ModuleType, int], nn.Module]] = {
     "TransformerConv": lambda ns, w: ns.TransformerConv(w, w // HEADS, heads=HEADS),
     "EdgeConv": lambda ns, w: ns.EdgeConv(nn.Sequential(nn.Linear(2 * w, w), nn.ReLU(), nn.Linear(w, w)), aggr="max"),
     "GENConv": lambda ns, w: ns.GENConv(w, w),
-    "SuperGATConv": lambda ns, w: ns.SuperGATConv(w, w // HEADS, heads=HEADS),
     "EGConv": lambda ns, w: ns.EGConv(w, w),
     # PNA's scalers read the average degree of the training graphs: a histogram with every vertex at
     # degree 16, about the benchmark graphs' mean (it scales the outputs, not the work).

@@ -49,7 +49,7 @@ def outputs_and_grads(model, x, *args, **kwargs):
     """The model's output and the gradients of every parameter and of ``x`` for a fixed loss."""
     x = x.clone().requires_grad_()
     out = model(x, *args, **kwargs)
-    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
     (out * weights).sum().backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
     grads["x"] = x.grad
