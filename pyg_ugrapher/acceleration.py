@@ -48,6 +48,7 @@ through it (``benchmarks/results/cpu/pyg_coverage.md``).
 from __future__ import annotations
 
 import copy
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
@@ -56,9 +57,11 @@ from torch_geometric.nn.conv import MessagePassing as PyGMessagePassing
 
 from . import nn as drop_ins
 from .aggregation import GATHER_OPS
+from .graph_argument import KEPT_ON_THE_GRAPH
 from .inspect import plan
 from .message_passing import MessagePassing, adopt
 from .nn.twins import ARGUMENTS, BASE_SETTINGS, PYG_CLASSES, transplant
+from .rebinding import with_globals_replaced
 
 #: Module methods a swapped layer implements itself: set on an instance, they would be dropped.
 _METHODS = (
@@ -137,23 +140,28 @@ def routed_class(cls: Type[PyGMessagePassing]) -> Type[MessagePassing]:
     """``Accelerated<cls>``: ``cls`` with :class:`pyg_ugrapher.MessagePassing` first in its MRO, made
     once per class. Its ``propagate`` is ours, also where PyG's explain mode and
     ``decomposed_layers`` setters rebind it on an instance (they read ``_orig_propagate`` and
-    ``_jinja_propagate``; ours falls back to PyG's path in those modes itself)."""
+    ``_jinja_propagate``; ours falls back to PyG's path in those modes itself). Its ``forward`` is
+    ``cls``'s, reading PyG's self-loop helpers in the forms that keep their results on the graph
+    (:func:`~pyg_ugrapher.graph_argument.kept_on_the_graph`)."""
     routed = _ROUTED.get(cls)
     if routed is None:
         name = f"Accelerated{cls.__name__}"
-        routed = type(
-            name,
-            (MessagePassing, cls),
-            {
-                "__module__": __name__,
-                "__qualname__": name,
-                "__doc__": f"{cls.__qualname__}, its propagations run by :class:`pyg_ugrapher.MessagePassing`.",
-                "_orig_propagate": MessagePassing.propagate,
-                "_jinja_propagate": MessagePassing.propagate,
-                "__reduce_ex__": _reduce_routed,
-                "accelerated_from": cls,
-            },
-        )
+        body = {
+            "__module__": __name__,
+            "__qualname__": name,
+            "__doc__": f"{cls.__qualname__}, its propagations run by :class:`pyg_ugrapher.MessagePassing`.",
+            "_orig_propagate": MessagePassing.propagate,
+            "_jinja_propagate": MessagePassing.propagate,
+            "__reduce_ex__": _reduce_routed,
+            "accelerated_from": cls,
+        }
+        # PyG's self-loop helpers in its forward() keep their results on the graph (built once)
+        forward = cls.forward
+        if isinstance(forward, types.FunctionType):
+            kept = with_globals_replaced(forward, KEPT_ON_THE_GRAPH)
+            if kept is not forward:
+                body["forward"] = kept
+        routed = type(name, (MessagePassing, cls), body)
         # Of two threads that make one at once, both keep the first: one class per original.
         routed = _ROUTED.setdefault(cls, routed)
     return routed

@@ -103,6 +103,7 @@ from .program import (
     swapped,
     torch_function,
 )
+from .rebinding import with_globals_replaced
 
 
 class CaptureError(Exception):
@@ -312,10 +313,6 @@ def traced_scatter(
 #: PyG's functions that a traced method reads in their traced form.
 _TRACED_FUNCTIONS: Dict[Any, Callable] = {pyg_softmax: traced_softmax, pyg_scatter: traced_scatter}
 
-#: Per code object and globals: the namespace with the traced functions in place of PyG's (``None``
-#: where the code reads none of them).
-_PATCHED_GLOBALS: Dict[Tuple[Any, int], Optional[Dict[str, Any]]] = {}
-_PATCHED_LOCK = threading.Lock()
 #: Per class: :func:`_methods_reading_traced`.
 _TRACED_METHODS: "weakref.WeakKeyDictionary[type, Dict[str, Callable]]" = weakref.WeakKeyDictionary()
 
@@ -339,36 +336,7 @@ def with_traced_functions(function: Callable) -> Callable:
     """``function`` (a plain function) reading :func:`traced_softmax` and :func:`traced_scatter`
     wherever its module's globals hold PyG's ``softmax`` and ``scatter``; the same function when
     its code reads neither."""
-    code = getattr(function, "__code__", None)
-    if code is None:
-        return function
-    key = (code, id(function.__globals__))
-    if key not in _PATCHED_GLOBALS:
-        replaced = {
-            name: _TRACED_FUNCTIONS[value]
-            for name, value in function.__globals__.items()
-            if name in code.co_names and _is_traced_function(value)
-        }
-        namespace = None
-        if replaced:
-            namespace = dict(function.__globals__)
-            namespace.update(replaced)
-        with _PATCHED_LOCK:
-            _PATCHED_GLOBALS[key] = namespace
-    namespace = _PATCHED_GLOBALS[key]
-    if namespace is None:
-        return function
-    # the function's own closure and defaults: functions of one code object may differ in them
-    patched = types.FunctionType(code, namespace, function.__name__, function.__defaults__, function.__closure__)
-    patched.__kwdefaults__ = function.__kwdefaults__
-    return patched
-
-
-def _is_traced_function(value: Any) -> bool:
-    try:
-        return value in _TRACED_FUNCTIONS
-    except TypeError:  # an unhashable global
-        return False
+    return with_globals_replaced(function, _TRACED_FUNCTIONS)
 
 
 # -- the traced tensor ----------------------------------------------------------------------------

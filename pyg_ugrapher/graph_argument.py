@@ -53,6 +53,7 @@ from typing import (
     Any,
     Callable,
     ContextManager,
+    Dict,
     Hashable,
     Iterator,
     List,
@@ -70,8 +71,9 @@ import torch
 from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.typing import SparseTensor
-from torch_geometric.utils import to_edge_index
+from torch_geometric.utils import add_remaining_self_loops, add_self_loops, to_edge_index
 from torch_geometric.utils.loop import compute_loop_attr
 
 from autotune import selection
@@ -833,3 +835,59 @@ def aggregate(
     if weight is None:
         return run(graph, named, (f"copy_u_{gather}",), [x_src])
     return run(graph, named, (f"u_mul_e_{gather}",), [x_src, weight.view(-1, 1)])
+
+
+def kept_on_the_graph(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function(edge_index, ...)``, one of PyG's helpers that add self loops or normalise a graph
+    (:data:`KEPT_ON_THE_GRAPH`), with its result kept on ``edge_index`` (:func:`derived`, so until
+    it dies or changes in place) when every other argument is a plain value. A routed PyG layer
+    that adds self loops in every ``forward()`` (``EGConv``, ``ChebConv``...) then passes the same
+    looped index on every call, and its structures are built once, as the drop-in layers keep
+    their looped graphs, instead of on every step; PyG's own work on the graph is saved too.
+
+    It is ``function`` itself where a kept result could differ from a new one or cannot be kept:
+    another tensor among the arguments (edge weights or attributes, which may change or carry a
+    gradient), a graph that is not a plain index tensor or requires a gradient, under
+    ``torch.compile``, inside a CUDA graph capture. A kept result changed in place is made again.
+    """
+
+    @wraps(function)
+    def kept(edge_index: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _keepable(edge_index, args, kwargs):
+            return function(edge_index, *args, **kwargs)
+        key = ("kept", function, args, tuple(sorted(kwargs.items())))
+        try:
+            hash(key)
+        except TypeError:
+            return function(edge_index, *args, **kwargs)
+        holder: List[Any] = derived(edge_index, key, lambda: [None, None])
+        result, versions = holder
+        if result is None or _versions(result) != versions:
+            with torch.inference_mode(False), torch.no_grad():
+                result = function(edge_index, *args, **kwargs)
+            holder[:] = [result, _versions(result)]
+        return result
+
+    return kept
+
+
+def _keepable(edge_index: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+    return (
+        type(edge_index) is Tensor
+        and not edge_index.requires_grad
+        and not torch.compiler.is_compiling()
+        and not (edge_index.is_cuda and torch.cuda.is_current_stream_capturing())
+        and not any(isinstance(value, Tensor) for value in list(args) + list(kwargs.values()))
+    )
+
+
+def _versions(result: Any) -> Tuple[Any, ...]:
+    values = result if isinstance(result, tuple) else (result,)
+    return tuple(version(value) if isinstance(value, Tensor) else None for value in values)
+
+
+#: PyG's graph helpers whose results a routed layer's ``forward()`` keeps on its graph
+#: (:func:`kept_on_the_graph`), each mapped to its keeping form.
+KEPT_ON_THE_GRAPH: Dict[Callable[..., Any], Callable[..., Any]] = {
+    function: kept_on_the_graph(function) for function in (add_self_loops, add_remaining_self_loops, gcn_norm)
+}

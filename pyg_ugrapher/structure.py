@@ -379,9 +379,11 @@ def degree_stats(degree: Tensor, num_edges: int) -> Tensor:
 
 
 #: Degree arrays of up to this many entries are summarised on the host after one copy: on a GPU
-#: the summary is ~25 tiny kernels, which cost more host time than the copy (a sampler's new
-#: mini-batch graph pays it every step).
-HOST_STATS_MAX_DEGREES = 1 << 20
+#: the summary is ~25 tiny kernels, which cost more host time than the copy and the host's passes
+#: over so few degrees (a sampler's new mini-batch graph pays it every step). Above it the host's
+#: passes (the top-k above all) cost more than the kernels, increasingly with the vertices: a
+#: layer whose ``forward()`` makes a new edge index on every call pays them on every call.
+HOST_STATS_MAX_DEGREES = 1 << 14
 
 
 def csr_stats(csr: CSR) -> GraphStats:

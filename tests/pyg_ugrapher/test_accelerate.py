@@ -286,6 +286,25 @@ def test_bad_arguments():
         ug.accelerate(GCNConv(2, 2), inplace="yes")
 
 
+def test_routed_forward_keeps_its_self_loops_on_the_graph(graph):
+    """A routed layer whose forward() adds self loops and normalises on every call (EGConv, through
+    PyG's gcn_norm) passes the same looped graph to propagate() on every call, so its structures are
+    built once; its outputs and gradients stay PyG's, also after the graph changes in place."""
+    x, edge_index, _ = graph
+    seen = []
+    torch.manual_seed(0)
+    model = EGConv(F_IN, 8).double()
+    reference = copy.deepcopy(model)
+    routed = ug.accelerate(model)
+    routed.register_propagate_forward_pre_hook(lambda module, inputs: seen.append(inputs[0]))
+    for _ in range(2):
+        assert_same(outputs_and_grads(routed, x, edge_index), outputs_and_grads(reference, x, edge_index), "EGConv")
+    assert seen[0] is seen[1] and seen[0] is not edge_index
+    edge_index[1, 0] = (edge_index[1, 0] + 1) % 9
+    assert_same(outputs_and_grads(routed, x, edge_index), outputs_and_grads(reference, x, edge_index), "changed")
+    assert seen[2] is not seen[1]
+
+
 #: PyG layers whose capture needs a computed parameter (GMMConv), a softmax in another method of the
 #: module (SuperGATConv) and the module's own aggregate() (EGConv), built with float32 weights.
 CAPTURED_ON_THE_GPU = {

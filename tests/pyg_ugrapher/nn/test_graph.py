@@ -105,3 +105,32 @@ def test_looped_graph_checks_the_index_range(bad, message):
         graph_argument.looped_graph(bad, "source_to_target", 12, 12, 12)
     with pytest.raises(ValueError, match="^size: 13 self loops"):
         graph_argument.looped_graph(torch.tensor([[0], [1]]), "source_to_target", 12, 13, 13)
+
+
+@pytest.mark.parametrize("name", ["add_self_loops", "add_remaining_self_loops", "gcn_norm"])
+def test_kept_graph_helpers_return_pygs_results_once_per_graph(name):
+    """The keeping form returns what PyG's helper returns, the same objects for the same graph and
+    arguments, new ones for other arguments, an in-place change of the graph or of a kept result."""
+    pyg, kept = next((f, k) for f, k in graph_argument.KEPT_ON_THE_GRAPH.items() if f.__name__ == name)
+    edge_index = make_graph(12, 40, seed=3)
+    first = kept(edge_index, num_nodes=12)
+    expected = pyg(edge_index, num_nodes=12)
+    for a, b in zip(first, expected):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert all(a is b for a, b in zip(kept(edge_index, num_nodes=12), first))
+    assert kept(edge_index, num_nodes=13)[0] is not first[0]
+    first[0][0, 0] = 11  # a kept result changed in place is made again
+    again = kept(edge_index, num_nodes=12)
+    assert again[0] is not first[0] and torch.equal(again[0], expected[0])
+    edge_index[0, 0] = 11
+    changed = kept(edge_index, num_nodes=12)
+    assert torch.equal(changed[0], pyg(edge_index, num_nodes=12)[0])
+
+
+def test_kept_graph_helpers_pass_tensor_arguments_through():
+    """Edge weights may change between calls or carry a gradient: not kept."""
+    kept = graph_argument.KEPT_ON_THE_GRAPH[next(iter(graph_argument.KEPT_ON_THE_GRAPH))]
+    edge_index = make_graph(12, 40, seed=4)
+    weight = torch.rand(edge_index.size(1), requires_grad=True)
+    looped, looped_weight = kept(edge_index, weight, num_nodes=12)
+    assert looped_weight.requires_grad and kept(edge_index, weight, num_nodes=12)[0] is not looped
