@@ -847,12 +847,20 @@ def kept_on_the_graph(function: Callable[..., Any]) -> Callable[..., Any]:
 
     It is ``function`` itself where a kept result could differ from a new one or cannot be kept:
     another tensor among the arguments (edge weights or attributes, which may change or carry a
-    gradient), a graph that is not a plain index tensor or requires a gradient, under
-    ``torch.compile``, inside a CUDA graph capture. A kept result changed in place is made again.
+    gradient), a graph that is not a plain index tensor or requires a gradient, inside a CUDA graph
+    capture, and under ``torch.compile`` where PyG's helper compiles. Where it breaks the compiled
+    graph anyway (self loops added to those that remain: a data-dependent number of edges, unless
+    Dynamo captures such shapes), the kept form runs there instead, eagerly: the compiled layer then
+    finds its graph's structures built, as the eager one does. A kept result changed in place is
+    made again.
     """
 
     @wraps(function)
     def kept(edge_index: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            if _breaks_compiled_graphs(function, args, kwargs):
+                return kept_eagerly(edge_index, *args, **kwargs)
+            return function(edge_index, *args, **kwargs)
         if not _keepable(edge_index, args, kwargs):
             return function(edge_index, *args, **kwargs)
         key = ("kept", function, args, tuple(sorted(kwargs.items())))
@@ -868,14 +876,27 @@ def kept_on_the_graph(function: Callable[..., Any]) -> Callable[..., Any]:
             holder[:] = [result, _versions(result)]
         return result
 
+    kept_eagerly = torch.compiler.disable(kept)
     return kept
+
+
+def _breaks_compiled_graphs(function: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+    """Whether Dynamo breaks the graph at PyG's ``function`` called with these arguments: it adds
+    self loops to those that remain (``add_remaining_self_loops``, ``gcn_norm`` with
+    ``add_self_loops``), whose count depends on the data, and Dynamo does not capture such shapes."""
+    if torch._dynamo.config.capture_dynamic_output_shape_ops:
+        return False
+    if function is add_remaining_self_loops:
+        return True
+    if function is gcn_norm:
+        return bool(args[3] if len(args) > 3 else kwargs.get("add_self_loops", True))
+    return False
 
 
 def _keepable(edge_index: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
     return (
         type(edge_index) is Tensor
         and not edge_index.requires_grad
-        and not torch.compiler.is_compiling()
         and not (edge_index.is_cuda and torch.cuda.is_current_stream_capturing())
         and not any(isinstance(value, Tensor) for value in list(args) + list(kwargs.values()))
     )

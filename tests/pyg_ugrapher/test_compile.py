@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch_geometric import nn as pyg_nn
 from torch_geometric.utils import scatter, softmax
 
 import pyg_ugrapher as ug
@@ -181,6 +182,27 @@ def test_the_graph_is_prepared_once_per_graph(monkeypatch):
     other = make_graph(12, 30, seed=5)
     compiled(x, other)
     assert built == [edge_index.size(1), other.size(1)]
+
+
+def test_a_routed_layer_that_adds_self_loops_prepares_its_graph_once(monkeypatch):
+    """A routed EGConv adds the self loops that remain in its forward() (a graph break for PyG's
+    helper too): compiled, the helper's kept form runs there, so every call passes the same looped
+    graph, whose structure is built once; the outputs and gradients are the eager ones."""
+    built = []
+    original = graph_argument.graph_of
+    monkeypatch.setattr(
+        graph_argument, "graph_of", lambda *args, **kwargs: built.append(args[0].size(1)) or original(*args, **kwargs)
+    )
+    torch.manual_seed(0)
+    model = ug.accelerate(pyg_nn.EGConv(6, 8))
+    x, edge_index, _, _ = layer_inputs()
+    forward = lambda m, x, ei: m(x, ei)  # noqa: E731
+    compiled = torch.compile(forward, backend="aot_eager")
+    for _ in range(2):
+        got = outputs_and_grads(model, compiled, [x, edge_index])
+    for index, (a, b) in enumerate(zip(got, outputs_and_grads(model, forward, [x, edge_index]))):
+        assert_close(a, b, "output" if index == 0 else f"gradient {index - 1}")
+    assert len(built) == 1 and model.fallback_reason is None
 
 
 @pytest.mark.parametrize("name", ["gcn", "gat", "sage", "graph_conv_max"])
