@@ -246,10 +246,10 @@ def tracing(trace: "Trace", method: Callable[..., Any]) -> Iterator[Callable[...
     """
     function = getattr(method, "__func__", None)
     owner = getattr(method, "__self__", None)
+    shadows = getattr(owner, "__dict__", None)
     shadowed: List[str] = []
     if function is not None:
-        shadows = vars(owner)
-        for name, other in _methods_reading_traced(type(owner)).items():
+        for name, other in _methods_reading_traced(type(owner)).items() if shadows is not None else ():
             if name != function.__name__ and name not in shadows:
                 shadows[name] = types.MethodType(with_traced_functions(other), owner)
                 shadowed.append(name)
@@ -260,7 +260,7 @@ def tracing(trace: "Trace", method: Callable[..., Any]) -> Iterator[Callable[...
     finally:
         _ACTIVE.traces.pop()
         for name in shadowed:
-            vars(owner).pop(name, None)
+            shadows.pop(name, None)
 
 
 class ParameterCalls(TorchFunctionMode):

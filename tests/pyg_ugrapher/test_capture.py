@@ -589,3 +589,18 @@ def test_an_aggregate_that_computes_with_its_scatter_says_why():
     aggregate = (module.aggregate, {"index": index, "dim_size": NUM_NODES})
     with pytest.raises(CaptureError, match="the result of a scatter in aggregate()"):
         capture(module.message, {"x_j": node(4)}, NUM_EDGES, "sum", module, aggregate=aggregate)
+
+
+class Slotted:
+    """A message() bound to an object without an attribute dictionary."""
+
+    __slots__ = ()
+
+    def message(self, x_j):
+        return x_j * softmax(x_j.sum(-1), torch.zeros(NUM_EDGES, dtype=torch.long)).unsqueeze(-1)
+
+
+def test_a_method_of_an_object_without_attributes_is_traced():
+    """Its message() reads the trace's softmax (which refuses groups that are not the receivers)."""
+    with pytest.raises(CaptureError, match="other groups than the receivers"):
+        capture(Slotted().message, {"x_j": node(4)}, NUM_EDGES, "sum")
