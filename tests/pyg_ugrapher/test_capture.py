@@ -392,19 +392,27 @@ class Attention(torch.nn.Module):
         return x_j * alpha.unsqueeze(-1)
 
 
+def receivers() -> Argument:
+    """PyG's ``index``: the receiver of each edge, not an operand."""
+    return Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None, "an index")
+
+
+def attention_arguments() -> dict:
+    """The float64 arguments of :class:`Attention`'s ``message()``."""
+    return {
+        "x_j": node(4, dtype=torch.float64),
+        "x_i": arg(4, kind="dst_v", dtype=torch.float64),
+        "index": receivers(),
+        "size_i": NUM_NODES,
+    }
+
+
 def test_softmax_over_the_receivers_and_stored_weights():
     """Parameters become broadcast operands, the one-ended scores steps per vertex, PyG's softmax four
     steps (scores, maxima, sums, weights), and ``self._alpha`` the weights' step, set on the module
     when the capture runs: outputs, weights and gradients equal message() on gathered rows."""
     module = Attention().double()
-    index = Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None, "an index")
-    arguments = {
-        "x_j": node(4, dtype=torch.float64),
-        "x_i": arg(4, kind="dst_v", dtype=torch.float64),
-        "index": index,
-        "size_i": NUM_NODES,
-    }
-    result = capture(module.message, arguments, NUM_EDGES, "sum", module)
+    result = capture(module.message, attention_arguments(), NUM_EDGES, "sum", module)
     assert module._alpha is None  # the traced value is not left on the module
     kinds = [type(value).__name__ for value in result.values]
     assert kinds.count("Broadcast") == 2 and kinds.count("NodeStep") == 2 and kinds.count("Step") == 4, kinds
@@ -435,7 +443,7 @@ def test_softmax_over_other_groups_is_not_captured():
     def message(x_j, index):
         return x_j * softmax(x_j.sum(-1), index.flip(0)).unsqueeze(-1)
 
-    arguments = {"x_j": node(4), "index": Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None, "")}
+    arguments = {"x_j": node(4), "index": receivers()}
     with pytest.raises(CaptureError, match="torch.Tensor.flip"):
         capture(message, arguments, NUM_EDGES, "sum", module)
 
@@ -557,14 +565,7 @@ class DelegatedAttention(Attention):
 
 def test_a_method_that_message_calls_reads_the_traced_softmax():
     module = DelegatedAttention().double()
-    index = Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None, "an index")
-    arguments = {
-        "x_j": node(4, dtype=torch.float64),
-        "x_i": arg(4, kind="dst_v", dtype=torch.float64),
-        "index": index,
-        "size_i": NUM_NODES,
-    }
-    result = capture(module.message, arguments, NUM_EDGES, "sum", module)
+    result = capture(module.message, attention_arguments(), NUM_EDGES, "sum", module)
     assert [op.gather_op for op in result.ops] == [None, "max", "sum", None, "sum"]
     assert "attention" not in vars(module)  # the traced method is bound for the trace only
     x = torch.randn(NUM_NODES, 4, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
@@ -585,8 +586,7 @@ class Summed(torch.nn.Module):
 
 def test_an_aggregate_that_computes_with_its_scatter_says_why():
     module = Summed()
-    index = Argument((NUM_EDGES,), torch.int64, torch.device("cpu"), False, None, "an index")
-    aggregate = (module.aggregate, {"index": index, "dim_size": NUM_NODES})
+    aggregate = (module.aggregate, {"index": receivers(), "dim_size": NUM_NODES})
     with pytest.raises(CaptureError, match="the result of a scatter in aggregate()"):
         capture(module.message, {"x_j": node(4)}, NUM_EDGES, "sum", module, aggregate=aggregate)
 
