@@ -47,6 +47,7 @@ sparse tensor itself.
 from __future__ import annotations
 
 import threading
+import weakref
 from contextlib import contextmanager
 from functools import lru_cache, wraps
 from typing import (
@@ -840,19 +841,21 @@ def aggregate(
 def kept_on_the_graph(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function(edge_index, ...)``, one of PyG's helpers that add self loops or normalise a graph
     (:data:`KEPT_ON_THE_GRAPH`), with its result kept on ``edge_index`` (:func:`derived`, so until
-    it dies or changes in place) when every other argument is a plain value. A routed PyG layer
-    that adds self loops in every ``forward()`` (``EGConv``, ``ChebConv``...) then passes the same
-    looped index on every call, and its structures are built once, as the drop-in layers keep
-    their looped graphs, instead of on every step; PyG's own work on the graph is saved too.
+    it dies or changes in place). A routed PyG layer that adds self loops in every ``forward()``
+    (``EGConv``, ``LEConv``...) then passes the same looped index on every call, and its structures
+    are built once, as the drop-in layers keep their looped graphs, instead of on every step; PyG's
+    own work on the graph is saved too.
 
-    It is ``function`` itself where a kept result could differ from a new one or cannot be kept:
-    another tensor among the arguments (edge weights or attributes, which may change or carry a
-    gradient), a graph that is not a plain index tensor or requires a gradient, inside a CUDA graph
-    capture, and under ``torch.compile`` where PyG's helper compiles. Where it breaks the compiled
-    graph anyway (self loops added to those that remain: a data-dependent number of edges, unless
-    Dynamo captures such shapes), the kept form runs there instead, eagerly: the compiled layer then
-    finds its graph's structures built, as the eager one does. A kept result changed in place is
-    made again.
+    One result is kept per graph and plain arguments; it serves a call whose tensor arguments (edge
+    weights, fill values) are the same objects, unchanged, as when it was made, and is made again
+    otherwise, as it is after a change in place of the result itself. It is ``function`` itself
+    where a kept result could differ from a new one or cannot be kept: a tensor argument that
+    requires a gradient (a learnt edge weight), a graph that is not a plain index tensor or requires
+    a gradient, inside a CUDA graph capture, and under ``torch.compile`` where PyG's helper compiles.
+    Where it breaks the compiled graph anyway (self loops added to those that remain: a
+    data-dependent number of edges, unless Dynamo captures such shapes), the kept form runs there
+    instead, eagerly: the compiled layer then finds its graph's structures built, as the eager one
+    does.
     """
 
     @wraps(function)
@@ -863,21 +866,37 @@ def kept_on_the_graph(function: Callable[..., Any]) -> Callable[..., Any]:
             return function(edge_index, *args, **kwargs)
         if not _keepable(edge_index, args, kwargs):
             return function(edge_index, *args, **kwargs)
-        key = ("kept", function, args, tuple(sorted(kwargs.items())))
+        names = tuple(sorted(kwargs))
+        values = args + tuple(kwargs[name] for name in names)
+        # tensors by position: a kept result remembers which ones it was made from
+        key = ("kept", function, len(args), names, tuple(_TENSOR if isinstance(v, Tensor) else v for v in values))
         try:
             hash(key)
         except TypeError:
             return function(edge_index, *args, **kwargs)
-        holder: List[Any] = derived(edge_index, key, lambda: [None, None])
-        result, versions = holder
-        if result is None or _versions(result) != versions:
+        inputs = tuple((value, version(value)) for value in values if isinstance(value, Tensor))
+        holder: List[Any] = derived(edge_index, key, lambda: [None, None, ()])
+        result, versions, made_from = holder
+        if result is None or _versions(result) != versions or not _same_inputs(made_from, inputs):
             with torch.inference_mode(False), torch.no_grad():
                 result = function(edge_index, *args, **kwargs)
-            holder[:] = [result, _versions(result)]
+            holder[:] = [result, _versions(result), tuple((weakref.ref(t), v) for t, v in inputs)]
         return result
 
     kept_eagerly = torch.compiler.disable(kept)
     return kept
+
+
+#: Where a tensor argument stands in the key of a kept result.
+_TENSOR = object()
+
+
+def _same_inputs(made_from: Tuple[Any, ...], inputs: Tuple[Tuple[Tensor, Hashable], ...]) -> bool:
+    """Whether the tensors ``inputs`` (with their versions) are those a kept result was made from
+    (weakly held, with theirs)."""
+    return len(made_from) == len(inputs) and all(
+        reference() is tensor and made == current for (reference, made), (tensor, current) in zip(made_from, inputs)
+    )
 
 
 def _breaks_compiled_graphs(function: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
@@ -898,7 +917,7 @@ def _keepable(edge_index: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) ->
         type(edge_index) is Tensor
         and not edge_index.requires_grad
         and not (edge_index.is_cuda and torch.cuda.is_current_stream_capturing())
-        and not any(isinstance(value, Tensor) for value in list(args) + list(kwargs.values()))
+        and not any(isinstance(value, Tensor) and value.requires_grad for value in list(args) + list(kwargs.values()))
     )
 
 

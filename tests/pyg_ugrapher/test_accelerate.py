@@ -18,6 +18,7 @@ from torch_geometric.nn.conv import (
     GMMConv,
     GraphConv,
     LEConv,
+    LGConv,
     SAGEConv,
     SuperGATConv,
 )
@@ -286,22 +287,29 @@ def test_bad_arguments():
         ug.accelerate(GCNConv(2, 2), inplace="yes")
 
 
-def test_routed_forward_keeps_its_self_loops_on_the_graph(graph):
-    """A routed layer whose forward() adds self loops and normalises on every call (EGConv, through
-    PyG's gcn_norm) passes the same looped graph to propagate() on every call, so its structures are
-    built once; its outputs and gradients stay PyG's, also after the graph changes in place."""
-    x, edge_index, _ = graph
+@pytest.mark.parametrize("weighted", [False, True], ids=["EGConv", "LGConv_weighted"])
+def test_routed_forward_keeps_its_self_loops_on_the_graph(graph, weighted):
+    """A routed layer whose forward() normalises its graph on every call through PyG's gcn_norm
+    (EGConv adding self loops, LGConv with fixed edge weights) passes the same normalised graph to
+    propagate() on every call, so its structures are built once; its outputs and gradients stay
+    PyG's, also after the graph or the weights change in place."""
+    x, edge_index, edge_weight = graph
     seen = []
     torch.manual_seed(0)
-    model = EGConv(F_IN, 8).double()
+    model = (LGConv() if weighted else EGConv(F_IN, 8)).double()
     reference = copy.deepcopy(model)
     routed = ug.accelerate(model)
-    routed.register_propagate_forward_pre_hook(lambda module, inputs: seen.append(inputs[0]))
+    # what gcn_norm made: EGConv's looped index, LGConv's normalised weights (its index is the input)
+    made = (lambda inputs: inputs[2]["edge_weight"]) if weighted else (lambda inputs: inputs[0])
+    routed.register_propagate_forward_pre_hook(lambda module, inputs: seen.append(made(inputs)))
+    extra = (edge_weight,) if weighted else ()
     for _ in range(2):
-        assert_same(outputs_and_grads(routed, x, edge_index), outputs_and_grads(reference, x, edge_index), "EGConv")
-    assert seen[0] is seen[1] and seen[0] is not edge_index
-    edge_index[1, 0] = (edge_index[1, 0] + 1) % 9
-    assert_same(outputs_and_grads(routed, x, edge_index), outputs_and_grads(reference, x, edge_index), "changed")
+        ours, theirs = (outputs_and_grads(m, x, edge_index, *extra) for m in (routed, reference))
+        assert_same(ours, theirs, type(model).__name__)
+    assert seen[0] is seen[1] and seen[0] is not (edge_weight if weighted else edge_index)
+    (edge_weight if weighted else edge_index[1])[0] += 1
+    ours, theirs = (outputs_and_grads(m, x, edge_index, *extra) for m in (routed, reference))
+    assert_same(ours, theirs, "changed")
     assert seen[2] is not seen[1]
 
 

@@ -4,6 +4,7 @@ from typing import List, Tuple
 
 import pytest
 import torch
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from pyg_ugrapher import graph_argument
 from pyg_ugrapher.structure import GraphStructure
@@ -127,10 +128,19 @@ def test_kept_graph_helpers_return_pygs_results_once_per_graph(name):
     assert torch.equal(changed[0], pyg(edge_index, num_nodes=12)[0])
 
 
-def test_kept_graph_helpers_pass_tensor_arguments_through():
-    """Edge weights may change between calls or carry a gradient: not kept."""
-    kept = graph_argument.KEPT_ON_THE_GRAPH[next(iter(graph_argument.KEPT_ON_THE_GRAPH))]
+def test_kept_graph_helpers_keep_results_of_the_same_weights():
+    """A result made with edge weights serves the same weights, unchanged; other weights, or the
+    same changed in place, make it again; weights that require a gradient are passed through."""
+    kept = graph_argument.KEPT_ON_THE_GRAPH[gcn_norm]
     edge_index = make_graph(12, 40, seed=4)
-    weight = torch.rand(edge_index.size(1), requires_grad=True)
-    looped, looped_weight = kept(edge_index, weight, num_nodes=12)
-    assert looped_weight.requires_grad and kept(edge_index, weight, num_nodes=12)[0] is not looped
+    weight = torch.rand(edge_index.size(1))
+    first = kept(edge_index, weight, num_nodes=12)
+    assert all(a is b for a, b in zip(kept(edge_index, weight, num_nodes=12), first))
+    other = weight.clone()
+    assert kept(edge_index, other, num_nodes=12)[1] is not first[1]
+    weight.mul_(2)
+    again = kept(edge_index, weight, num_nodes=12)
+    assert torch.equal(again[1], gcn_norm(edge_index, weight, num_nodes=12)[1])
+    learnt = torch.rand(edge_index.size(1), requires_grad=True)
+    looped, looped_weight = kept(edge_index, learnt, num_nodes=12)
+    assert looped_weight.requires_grad and kept(edge_index, learnt, num_nodes=12)[0] is not looped
