@@ -878,7 +878,11 @@ class Trace:
         try:
             with tracing(self, method) as traced_aggregate, ParameterCalls(self):
                 return traced_aggregate(messages, **kwargs)
-        except CaptureError:
+        except CaptureError as error:
+            # the tracer's sentences name message(), whose code it usually runs
+            reason = str(error)
+            if reason.startswith("message() "):
+                raise CaptureError("aggregate() " + reason[len("message() ") :]) from error
             raise
         except Exception as error:
             raise CaptureError(f"aggregate() raised {type(error).__name__} on traced tensors ({error})") from error

@@ -501,7 +501,7 @@ def scatter_product(self, inputs, index, dim_size=None):
 @pytest.mark.parametrize(
     "aggregate, why",
     [
-        (two_scatters, "torch.stack of several values"),
+        (two_scatters, "aggregate() calls torch.stack of several values"),
         (scatter_without_size, "dim_size that is not the number of receivers"),
         (scatter_product, "reduce='mul'"),
     ],
