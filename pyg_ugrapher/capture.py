@@ -184,9 +184,7 @@ def capture(
     trace.num_dst = next((size for size in sizes if type(size) is int), None)
     before = dict(vars(module)) if module is not None else {}
     try:
-        kwargs = {
-            name: trace.wrap(name, value) if isinstance(value, Argument) else value for name, value in arguments.items()
-        }
+        kwargs = trace.traced_arguments(arguments)
         try:
             with tracing(trace, message) as traced_message, ParameterCalls(trace):
                 result = traced_message(**kwargs)
@@ -498,6 +496,12 @@ class Trace:
         expr = Expr.input(self.leaf(Operand(name, argument.kind, features), argument.dtype))
         return self.value(expr, features, argument.dtype, argument.device, argument.requires_grad)
 
+    def traced_arguments(self, arguments: Mapping[str, Any]) -> Dict[str, Any]:
+        """``arguments`` with each :class:`Argument` a traced tensor (:meth:`wrap`), the rest as given."""
+        return {
+            name: self.wrap(name, value) if isinstance(value, Argument) else value for name, value in arguments.items()
+        }
+
     def value(
         self,
         expr: Expr,
@@ -789,7 +793,7 @@ class Trace:
         if path is not None:
             held = module_attribute(self.module, path)
             value = Broadcast("", path, tuple(held.shape), tensor.dtype, features)
-        elif self._computed.get(id(tensor), (None,))[0] is tensor:
+        elif self._recorded(tensor):
             calls, reads = self._calls_making(tensor)
             value = Computed("", calls, reads, features)
         else:
@@ -871,9 +875,7 @@ class Trace:
         :func:`capture` takes them."""
         if not isinstance(messages, TracedTensor):
             raise CaptureError("message() returns a tensor that does not come from its arguments")
-        kwargs = {
-            name: self.wrap(name, value) if isinstance(value, Argument) else value for name, value in arguments.items()
-        }
+        kwargs = self.traced_arguments(arguments)
         self.aggregating = True
         try:
             with tracing(self, method) as traced_aggregate, ParameterCalls(self):
@@ -1062,17 +1064,26 @@ class Trace:
     def _path_of(self, tensor: Tensor) -> Optional[str]:
         """The attribute path of ``tensor`` among the module's parameters and buffers, or of the
         tensor it views in the same element order (``self.mu.view(1, K, D)``); ``None`` if neither."""
+        paths = self._module_paths()
+        path = paths.get(id(tensor))
+        base = tensor._base
+        if path is None and base is not None and _reshapes(tensor, base):
+            path = paths.get(id(base))
+        return path
+
+    def _module_paths(self) -> Dict[int, str]:
+        """Per ``id()``, the attribute path of each parameter and buffer of the module (made once)."""
         if self._paths is None:
             named = () if self.module is None else self.module.named_parameters(remove_duplicate=False)
             buffers = () if self.module is None else self.module.named_buffers(remove_duplicate=False)
             self._paths = {}
             for path, value in list(named) + list(buffers):
                 self._paths.setdefault(id(value), path)
-        path = self._paths.get(id(tensor))
-        base = tensor._base
-        if path is None and base is not None and _reshapes(tensor, base):
-            path = self._paths.get(id(base))
-        return path
+        return self._paths
+
+    def _recorded(self, tensor: Tensor) -> bool:
+        """Whether :meth:`record_call` kept how ``tensor`` was made."""
+        return self._computed.get(id(tensor), (None,))[0] is tensor
 
     def record_call(self, func: Callable, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any) -> None:
         """Keep how ``out`` was made when ``func`` computed it from the module's tensors (and
@@ -1091,11 +1102,11 @@ class Trace:
             if isinstance(value, Tensor):
                 if isinstance(value, TracedTensor):
                     return None
-                path = self._paths_of_module().get(id(value))
+                path = self._module_paths().get(id(value))
                 if path is not None:
                     reads.append(True)
                     return ("tensor", path)
-                if self._computed.get(id(value), (None,))[0] is value:
+                if self._recorded(value):
                     reads.append(True)
                     return ("result", id(value))
                 return None
@@ -1115,13 +1126,6 @@ class Trace:
         if not reads or any(a is None for a in tagged_args) or any(a is None for _, a in tagged_kwargs):
             return
         self._computed[id(out)] = (out, (name, tagged_args, tagged_kwargs))
-
-    def _paths_of_module(self) -> Dict[int, str]:
-        """Per ``id()``, the attribute path of each parameter and buffer of the module."""
-        if self._paths is None:
-            self._path_of(torch.empty(0))
-        assert self._paths is not None
-        return self._paths
 
     def _calls_making(self, tensor: Tensor) -> Tuple[Tuple[Call, ...], Tuple[Tuple[str, Shape, torch.dtype], ...]]:
         """The calls that made a recorded ``tensor`` (its own last), each ``("result", k)`` naming

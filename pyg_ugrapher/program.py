@@ -341,12 +341,10 @@ def build_value(
         return build_product(tensors[argument], module, shape, view, index, weight, columns, bias, dtype)
     if kind == "broadcast":
         _, _, path, features = constants
-        value = module_attribute(module, path)
-        return value.reshape((1,) + tuple(features)).expand((num_edges,) + tuple(features))
+        return _per_edge(module_attribute(module, path), features, num_edges)
     if kind == "computed":
         _, _, calls, features = constants
-        value = replay_calls(calls, module)
-        return value.reshape((1,) + tuple(features)).expand((num_edges,) + tuple(features))
+        return _per_edge(replay_calls(calls, module), features, num_edges)
     if kind == "node":
         _, _, expr, operands, shape, features, reduce = constants
         built = _vertex_operands(operands, tensors)
@@ -354,6 +352,11 @@ def build_value(
     _, _, op, operands, features, grad = constants
     built = [build_operand(tensors[argument], *recipe) for argument, *recipe in operands]
     return run_step(run, op, built, features, grad)
+
+
+def _per_edge(value: Tensor, features: Shape, num_edges: int) -> Tensor:
+    """``value`` viewed as ``features`` with one row, repeated for every edge (a stride-0 view)."""
+    return value.reshape((1,) + tuple(features)).expand((num_edges,) + tuple(features))
 
 
 def module_attribute(module: torch.nn.Module, path: str) -> Any:

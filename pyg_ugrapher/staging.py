@@ -580,9 +580,7 @@ def stage(
     Raises:
         CaptureError: ``method`` modifies a traced value in place, or raised on traced values.
     """
-    kwargs = {
-        name: trace.wrap(name, value) if isinstance(value, Argument) else value for name, value in arguments.items()
-    }
+    kwargs = trace.traced_arguments(arguments)
     with tracing(trace, method) as traced_method:
         try:
             value = traced_method(**kwargs)
