@@ -15,15 +15,18 @@ from torch_geometric.nn.conv import (
     AGNNConv,
     CGConv,
     EdgeConv,
+    EGConv,
     FAConv,
     GATv2Conv,
     GENConv,
     GeneralConv,
+    GMMConv,
     HEATConv,
     NNConv,
     PNAConv,
     PointTransformerConv,
     SAGEConv,
+    SuperGATConv,
     TransformerConv,
 )
 from torch_geometric.utils import softmax
@@ -694,13 +697,22 @@ def test_pyg_layers_multiply_edge_features_as_input_transforms(build):
 
 @pytest.mark.parametrize(
     "build, edge_dim",
-    [(lambda: EdgeConv(nn.Linear(8, 3), aggr="max"), None), (lambda: NNConv(4, 3, nn.Linear(2, 12)), 2)],
-    ids=["EdgeConv", "NNConv"],
+    [
+        (lambda: EdgeConv(nn.Linear(8, 3), aggr="max"), None),
+        (lambda: NNConv(4, 3, nn.Linear(2, 12)), 2),
+        (lambda: GMMConv(4, 3, dim=2, kernel_size=2), 2),
+        (lambda: SuperGATConv(4, 3, heads=2).eval(), None),
+        (lambda: EGConv(4, 8), None),
+    ],
+    ids=["EdgeConv", "NNConv", "GMMConv", "SuperGATConv", "EGConv"],
 )
 @pytest.mark.parametrize("graph", ["empty", "hub"])
-def test_captured_linear_maps_on_an_empty_graph_and_a_hub(build, edge_dim, graph):
-    """Node-row products (EdgeConv) and per-edge matrices (NNConv) on a graph without edges and on
-    one whose hub receives 100,000 edges beside isolated vertices: PyG's results, float64."""
+def test_captures_on_an_empty_graph_and_a_hub(monkeypatch, build, edge_dim, graph):
+    """Node-row products (EdgeConv), per-edge matrices (NNConv), a tensor computed from parameters
+    (GMMConv), a softmax in another method (SuperGATConv) and the module's own aggregate() (EGConv)
+    on a graph without edges and on one whose hub receives 100,000 edges beside isolated vertices:
+    PyG's results, float64, every propagation captured (also those of several operators)."""
+    monkeypatch.setattr(ug.MessagePassing, "staged_min_edges", 0)
     generator = torch.Generator().manual_seed(12)
     num_nodes = 40
     if graph == "empty":
