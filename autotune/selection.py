@@ -2,23 +2,22 @@
 
 On a CUDA device with a trained model (the file named by the environment variable
 ``PYG_UGRAPHER_MODEL``, else ``autotune/models/<gpu>.json`` of the device's GPU or of the nearest
-architecture shipped: :func:`model_path`), every schedule of the design space is scored by the
-cost model and the lowest score wins (a predicted time, or the shipped ranking model's score,
-which grows with time): one feature matrix (:func:`autotune.features.case_features`) and one walk
-of the model's trees on the GPU itself (:mod:`autotune.forest`, several times faster than
-XGBoost's ``inplace_predict`` on the host), so an uncached selection takes well under a
-millisecond. XGBoost scores on the host where the forest cannot run: a model that does not
-convert, or a CUDA graph being captured. A GPU without a model of its own uses the nearest
-architecture's as it is (its SM count and compute capability are features). Graphs of up to
-:data:`SMALL_GRAPH_EDGES` edges on a GPU get one schedule per operator and width
-(:func:`autotune.heuristic.small_graph_schedule`); larger ones are scored by the model whatever
-their size. From :data:`MEASURE_EDGES` edges on,
-where one kernel takes about a millisecond, the model's shortlist is timed once on the call's own
-operands, the winner refined through its neighbours (:func:`~triton_kernels.space.neighbours`),
-and the fastest wins (:func:`select_measured`; off with ``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a
-CPU, where kernels run through Triton's interpreter, whose costs are nothing like a GPU's; no model
-file; CUDA statistics asked for on a machine without CUDA) the documented rules of
-:func:`autotune.heuristic.heuristic` decide.
+architecture shipped: :func:`model_path`), every schedule of the design space is scored by the cost
+model and the lowest score wins (a predicted time, or the shipped ranking model's score, which grows
+with time): one feature matrix (:func:`autotune.features.case_features`) and one walk of the model's
+trees on the GPU itself (:mod:`autotune.forest`, several times faster than XGBoost's
+``inplace_predict`` on the host), so an uncached selection takes well under a millisecond. XGBoost
+scores on the host where the forest cannot run: a model that does not convert, or a CUDA graph being
+captured. A GPU without a model of its own uses the nearest architecture's as it is (its SM count
+and compute capability are features). Graphs of up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get
+one schedule per operator and width (:func:`autotune.heuristic.small_graph_schedule`), unless they
+keep coming back (:data:`REUSED_AFTER_CALLS`); larger ones are scored by the model whatever their
+size. From :data:`MEASURE_EDGES` edges on, where one kernel takes about a millisecond, the model's
+shortlist is timed once on the call's own operands, the winner refined through its neighbours
+(:func:`~triton_kernels.space.neighbours`), and the fastest wins (:func:`select_measured`; off with
+``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a CPU, where kernels run through Triton's interpreter, whose
+costs are nothing like a GPU's; no model file; CUDA statistics asked for on a machine without CUDA)
+the documented rules of :func:`autotune.heuristic.heuristic` decide.
 
 Decisions are made for, and cached by, the graph's statistics rounded to a grid
 (:func:`bucket`), the op, width, reduce size, dtype and device. The statistics are cached on the
@@ -53,7 +52,7 @@ import torch
 
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.parallel import ParallelInfo
-from pyg_ugrapher.structure import CSR, DegreeStats, GraphStats, HasStats, csr_stats
+from pyg_ugrapher.structure import CSR, DegreeStats, GraphStats, HasStats, csr_stats, marked_reused
 from triton_kernels.space import MAX_TILE, neighbours, space
 
 from .cost_model import CostModel
@@ -75,6 +74,13 @@ MODEL_ENV = "PYG_UGRAPHER_MODEL"
 #: their kernels take tens of microseconds, less than their statistics and a model scoring cost a
 #: new graph (a sampler's mini-batch every step), and their steps are bound by host time anyway.
 SMALL_GRAPH_EDGES = 1 << 18
+
+#: A small GPU graph whose structure has served this many eager operator calls keeps coming back
+#: (full-batch training, inference on one graph, a deep model's layers): it is sorted once and its
+#: schedules are the cost model's, as a large graph's (:func:`~pyg_ugrapher.structure.mark_reused`).
+#: A sampler's mini-batch graph serves a few calls per layer and is gone after one step. A whole
+#: step recorded into a CUDA graph sorts at once: its host time is paid only while recording.
+REUSED_AFTER_CALLS = 16
 
 #: On a GPU, graphs of at least this many edges have the model's few best schedules timed once per
 #: (statistics bucket, op, width, dtype) (:func:`select_measured`): a kernel there takes a
@@ -392,8 +398,9 @@ def select(
         device: where it runs; default: the graph's device (CUDA if the statistics are given).
 
     On a GPU, graphs of up to :data:`SMALL_GRAPH_EDGES` edges get
-    :func:`~autotune.heuristic.small_graph_schedule` (no statistics); larger graphs whose
-    statistics fall into one :func:`bucket` get the same schedule.
+    :func:`~autotune.heuristic.small_graph_schedule` (no statistics), except the sorted structures
+    of graphs that keep coming back (:data:`REUSED_AFTER_CALLS`); other graphs whose statistics
+    fall into one :func:`bucket` get the same schedule.
     """
     if isinstance(F, bool) or not isinstance(F, int) or F < 1:
         raise ValueError(f"F: must be a positive int, got {F!r}")
@@ -402,7 +409,7 @@ def select(
     device = torch.device(device)
     # Statistics alone default to CUDA: on a machine without one, there is no GPU to describe.
     on_gpu = device.type == "cuda"
-    if _small_gpu_graph(graph.num_edges, device):
+    if _small_rule(graph, device):
         return small_graph_schedule(op, F)
     stats = bucket(_stats(graph))
     key = (stats, op, F, reduce_size, dtype, device)
@@ -511,7 +518,7 @@ def chooser(graph: Union[CSR, GraphStats, HasStats], device: Union[str, torch.de
     schedule leaves unset, :func:`resolve`; else the whole schedule, :func:`select`):
     ``"small-graph rule"``, ``"cost model"`` or ``"heuristic"``."""
     device = torch.device(device)
-    if not partial and _small_gpu_graph(graph.num_edges, device):
+    if not partial and _small_rule(graph, device):
         return "small-graph rule"
     return "heuristic" if _gpu_booster(device) is None else "cost model"
 
@@ -520,7 +527,7 @@ def graph_independent(graph: Union[CSR, GraphStats, HasStats], device: Union[str
     """Whether the automatic schedule of an op on ``graph`` on ``device`` depends only on the op,
     its width and dtype (:func:`select`'s small GPU graphs, none of them measured), so a decision
     made on one such graph holds on all of them."""
-    return _small_gpu_graph(graph.num_edges, device) and not measures(graph, device)
+    return _small_rule(graph, device) and not measures(graph, device)
 
 
 def _small_gpu_graph(num_edges: int, device: Union[str, torch.device]) -> bool:
@@ -533,6 +540,19 @@ def _small_gpu_graph(num_edges: int, device: Union[str, torch.device]) -> bool:
         return False
     # No capture is under way where CUDA was never initialised (nor asked, for tests that fake it).
     return num_edges <= SMALL_GRAPH_EDGES or (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+
+
+def _small_rule(graph: Union[CSR, GraphStats, HasStats], device: Union[str, torch.device]) -> bool:
+    """Whether :func:`select` gives ``graph`` the small-graph schedules: a small GPU graph
+    (:func:`_small_gpu_graph`) unless its sorted structure is marked as coming back
+    (:func:`~pyg_ugrapher.structure.marked_reused`, :data:`REUSED_AFTER_CALLS`) and no CUDA graph
+    is being captured (its statistics would wait for the GPU; the decisions made before the
+    capture hold in it)."""
+    if not _small_gpu_graph(graph.num_edges, device):
+        return False
+    if isinstance(graph, CSR) and not graph.user_order and marked_reused(graph.rowptr):
+        return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+    return True
 
 
 def reads_user_order(num_edges: int, device: Union[str, torch.device]) -> bool:

@@ -36,6 +36,8 @@ from .structure import (
     in_user_order,
     index_dtype_for,
     keeping_nothing,
+    mark_reused,
+    records_steps,
     split_chunk_slots,
     split_rows,
     version,
@@ -168,6 +170,8 @@ class GraphTensor:
         self._reverse: Optional[GraphTensor] = None
         self._validate = validate
         self._versions = (version(self.src), version(self.dst))
+        #: Eager operator calls served by a structure in the user's order (see :meth:`eager_structure`).
+        self._calls = 0
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -274,6 +278,7 @@ class GraphTensor:
             if graph is not None:
                 graph._coo_cache.clear()
                 graph._structure_cache.clear()
+                graph._calls = 0
         self._versions = versions
         if self._reverse is not None:
             self._reverse._versions = versions[::-1]
@@ -334,8 +339,11 @@ class GraphTensor:
             built = self._structure_cache.get(key)
         if built is not None:
             return built
+        # A whole step being recorded pays its host time once: the sorted structure and the cost
+        # model's schedules (mark_reused) serve every replay.
+        recorded = sort is None and records_steps()
         if sort is None:
-            sort = not selection.reads_user_order(self.num_edges, device)
+            sort = recorded or not selection.reads_user_order(self.num_edges, device)
         if compiling and device not in self._csr_cache:
             arrays = graph_structure(
                 self.src.to(device, self.index_dtype), self.dst.to(device, self.index_dtype), self.num_src, self.num_dst
@@ -348,16 +356,30 @@ class GraphTensor:
             else build_user_order_pair(src, dst, self.num_src, self.num_dst)
         )
         built = GraphStructure(csr, csc, src, dst)
+        if recorded:
+            _mark_reused(built)
         self._structure_cache[key] = built
         return built
 
     def eager_structure(self, device: torch.device) -> GraphStructure:
         """:meth:`structure` on a resolved ``device`` (an operand's), outside ``torch.compile``:
-        what every eager operator call looks up."""
+        what every eager operator call looks up. A structure in the user's order that has served
+        :data:`autotune.selection.REUSED_AFTER_CALLS` calls, or is read while a whole step is
+        recorded, is replaced by the sorted one, whose schedules the cost model picks
+        (:func:`~pyg_ugrapher.structure.mark_reused`): the graph keeps coming back, so its sort and
+        statistics are paid once for faster kernels at every later call."""
         if not self._current():
             self._refresh()
         built = self._structure_cache.get(device)
-        return built if built is not None else self.structure(device)
+        if built is None:
+            return self.structure(device)
+        if built.csr.user_order:
+            self._calls += 1
+            if (self._calls >= selection.REUSED_AFTER_CALLS or records_steps()) and not capturing(built.src):
+                built = self.structure(device, sort=True)
+                _mark_reused(built)
+                self._structure_cache[device] = built
+        return built
 
     def reverse(self) -> "GraphTensor":
         """The graph with every edge turned around; shares this graph's caches."""
@@ -371,6 +393,7 @@ class GraphTensor:
             rev._csr_cache, rev._csc_cache = self._csc_cache, self._csr_cache
             rev._coo_cache = {}
             rev._structure_cache = {}
+            rev._calls = 0
             rev._reverse = self
             self._reverse = rev
         return self._reverse
@@ -490,6 +513,12 @@ def validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int, ext
     if high[1] >= num_dst:
         raise ValueError(f"edge_index: destination index {high[1]} out of range for num_dst={num_dst}")
     return values
+
+
+def _mark_reused(structure: GraphStructure) -> None:
+    """:func:`~pyg_ugrapher.structure.mark_reused` for both directions of a sorted structure."""
+    for csr in (structure.csr, structure.csc):
+        mark_reused(csr.rowptr)
 
 
 def as_graph(graph: Union["GraphTensor", Tensor], num_nodes: NumNodes = None) -> "GraphTensor":

@@ -14,6 +14,8 @@ from pyg_ugrapher.datasets import neighbor_sample, power_law_graph, uniform_grap
 from pyg_ugrapher.graph import GraphTensor, derived_cache
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.parallel import ParallelInfo
+from pyg_ugrapher.structure import mark_reused
+from triton_kernels.row_offsets import build_user_order_pair
 from triton_kernels.space import neighbours, space
 
 GPU = ft.GpuInfo("test-gpu", 132, 90)
@@ -192,6 +194,33 @@ def test_small_gpu_graphs_read_the_user_order(monkeypatch):
     assert not READS_USER_ORDER(SMALL_GRAPH_EDGES + 1, "cuda")
     monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", 100)
     assert READS_USER_ORDER(100, "cuda") and not READS_USER_ORDER(101, "cuda")
+
+
+def test_small_gpu_graphs_that_keep_coming_back_are_scored(monkeypatch):
+    """The sorted structure of a small GPU graph that keeps coming back
+    (:func:`~pyg_ugrapher.structure.mark_reused`) is decided from its statistics, as a large graph
+    is, and its decisions are its own; not while a CUDA graph is being captured (the statistics
+    would wait for the GPU), and not a structure in the user's order, which only the small-graph
+    rule's edge-parallel schedules read."""
+    monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", SMALL_GRAPH_EDGES)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(selection, "load_booster", lambda: None)
+    graph = GraphTensor.from_edge_index(power_law_graph(300, 4000, seed=3), 300)
+    op = OpInfo.from_name("copy_u_sum")
+    csr = graph.csr()
+    small_rule = selection.select(csr, op, 64, device="cuda")
+    assert small_rule.strategy == "edge" and "stats" not in derived_cache(csr.rowptr)
+    mark_reused(csr.rowptr)
+    selection.clear_cache()
+    assert selection.select(csr, op, 64, device="cuda") == heuristic(selection.bucket(graph.stats()), op, 64, True)
+    assert selection.chooser(csr, "cuda") == "heuristic" and not selection.graph_independent(csr, "cuda")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert selection.select(csr, op, 64, device="cuda") == small_rule
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    user_order = build_user_order_pair(*graph.coo(), graph.num_src, graph.num_dst)[0]
+    mark_reused(user_order.rowptr)
+    assert selection.select(user_order, op, 64, device="cuda") == small_rule
 
 
 def test_bad_width():
