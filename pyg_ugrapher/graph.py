@@ -340,8 +340,10 @@ class GraphTensor:
         if built is not None:
             return built
         # A whole step being recorded pays its host time once: the sorted structure and the cost
-        # model's schedules (mark_reused) serve every replay.
-        recorded = sort is None and records_steps()
+        # model's schedules (mark_reused) serve every replay. Not a graph built inside the capture
+        # (a padded mini-batch's), which every replay rebuilds for a new batch: a sort there would
+        # be replayed too, and its schedules are the small-graph rule's anyway.
+        recorded = sort is None and records_steps() and not capturing(self.src)
         if sort is None:
             sort = recorded or not selection.reads_user_order(self.num_edges, device)
         if compiling and device not in self._csr_cache:
