@@ -10,14 +10,15 @@ trees on the GPU itself (:mod:`autotune.forest`, several times faster than XGBoo
 scores on the host where the forest cannot run: a model that does not convert, or a CUDA graph being
 captured. A GPU without a model of its own uses the nearest architecture's as it is (its SM count
 and compute capability are features). Graphs of up to :data:`SMALL_GRAPH_EDGES` edges on a GPU get
-one schedule per operator and width (:func:`autotune.heuristic.small_graph_schedule`), unless they
-keep coming back (:data:`REUSED_AFTER_CALLS`); larger ones are scored by the model whatever their
-size. From :data:`MEASURE_EDGES` edges on, where one kernel takes about a millisecond, the model's
-shortlist is timed once on the call's own operands, the winner refined through its neighbours
-(:func:`~triton_kernels.space.neighbours`), and the fastest wins (:func:`select_measured`; off with
-``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a CPU, where kernels run through Triton's interpreter, whose
-costs are nothing like a GPU's; no model file; CUDA statistics asked for on a machine without CUDA)
-the documented rules of :func:`autotune.heuristic.heuristic` decide.
+one schedule per operator and width (:func:`autotune.heuristic.small_graph_schedule`), except those
+a whole step is recorded on (:func:`_small_rule`); larger ones are scored by the model whatever
+their size. From :data:`MEASURE_EDGES` edges on, where one kernel takes about a millisecond, the
+model's shortlist is timed once on the call's own operands, the winner refined through its
+neighbours (:func:`~triton_kernels.space.neighbours`), and the fastest wins
+(:func:`select_measured`; off with ``PYG_UGRAPHER_MEASURE=0``). Elsewhere (a CPU, where kernels run
+through Triton's interpreter, whose costs are nothing like a GPU's; no model file; CUDA statistics
+asked for on a machine without CUDA) the documented rules of :func:`autotune.heuristic.heuristic`
+decide.
 
 Decisions are made for, and cached by, the graph's statistics rounded to a grid
 (:func:`bucket`), the op, width, reduce size, dtype and device. The statistics are cached on the
@@ -74,13 +75,6 @@ MODEL_ENV = "PYG_UGRAPHER_MODEL"
 #: their kernels take tens of microseconds, less than their statistics and a model scoring cost a
 #: new graph (a sampler's mini-batch every step), and their steps are bound by host time anyway.
 SMALL_GRAPH_EDGES = 1 << 18
-
-#: A small GPU graph whose structure has served this many eager operator calls keeps coming back
-#: (full-batch training, inference on one graph, a deep model's layers): it is sorted once and its
-#: schedules are the cost model's, as a large graph's (:func:`~pyg_ugrapher.structure.mark_reused`).
-#: A sampler's mini-batch graph serves a few calls per layer and is gone after one step. A whole
-#: step recorded into a CUDA graph sorts at once: its host time is paid only while recording.
-REUSED_AFTER_CALLS = 16
 
 #: On a GPU, graphs of at least this many edges have the model's few best schedules timed once per
 #: (statistics bucket, op, width, dtype) (:func:`select_measured`): a kernel there takes a
@@ -399,7 +393,7 @@ def select(
 
     On a GPU, graphs of up to :data:`SMALL_GRAPH_EDGES` edges get
     :func:`~autotune.heuristic.small_graph_schedule` (no statistics), except the sorted structures
-    of graphs that keep coming back (:data:`REUSED_AFTER_CALLS`); other graphs whose statistics
+    of graphs a whole step is recorded on (:func:`_small_rule`); other graphs whose statistics
     fall into one :func:`bucket` get the same schedule.
     """
     if isinstance(F, bool) or not isinstance(F, int) or F < 1:
@@ -539,19 +533,26 @@ def _small_gpu_graph(num_edges: int, device: Union[str, torch.device]) -> bool:
     if torch.device(device).type != "cuda":
         return False
     # No capture is under way where CUDA was never initialised (nor asked, for tests that fake it).
-    return num_edges <= SMALL_GRAPH_EDGES or (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+    return num_edges <= SMALL_GRAPH_EDGES or _capturing()
+
+
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured (never where CUDA was not initialised, nor asked, for
+    tests that fake it)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def _small_rule(graph: Union[CSR, GraphStats, HasStats], device: Union[str, torch.device]) -> bool:
     """Whether :func:`select` gives ``graph`` the small-graph schedules: a small GPU graph
-    (:func:`_small_gpu_graph`) unless its sorted structure is marked as coming back
-    (:func:`~pyg_ugrapher.structure.marked_reused`, :data:`REUSED_AFTER_CALLS`) and no CUDA graph
-    is being captured (its statistics would wait for the GPU; the decisions made before the
-    capture hold in it)."""
+    (:func:`_small_gpu_graph`) unless its sorted structure is marked as one a whole step is recorded
+    on (:func:`~pyg_ugrapher.structure.marked_reused`), where kernel time is what a replay costs,
+    and no CUDA graph is being captured (its statistics would wait for the GPU; the decisions made
+    in the recording's warm-up hold in it). Eager steps on small graphs are bound by host time,
+    which the model's schedules (more launches for GAT's softmax, for one) do not lower."""
     if not _small_gpu_graph(graph.num_edges, device):
         return False
     if isinstance(graph, CSR) and not graph.user_order and marked_reused(graph.rowptr):
-        return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+        return _capturing()
     return True
 
 

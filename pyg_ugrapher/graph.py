@@ -170,8 +170,6 @@ class GraphTensor:
         self._reverse: Optional[GraphTensor] = None
         self._validate = validate
         self._versions = (version(self.src), version(self.dst))
-        #: Eager operator calls served by a structure in the user's order (see :meth:`eager_structure`).
-        self._calls = 0
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -278,7 +276,6 @@ class GraphTensor:
             if graph is not None:
                 graph._coo_cache.clear()
                 graph._structure_cache.clear()
-                graph._calls = 0
         self._versions = versions
         if self._reverse is not None:
             self._reverse._versions = versions[::-1]
@@ -365,22 +362,19 @@ class GraphTensor:
 
     def eager_structure(self, device: torch.device) -> GraphStructure:
         """:meth:`structure` on a resolved ``device`` (an operand's), outside ``torch.compile``:
-        what every eager operator call looks up. A structure in the user's order that has served
-        :data:`autotune.selection.REUSED_AFTER_CALLS` calls, or is read while a whole step is
-        recorded, is replaced by the sorted one, whose schedules the cost model picks
-        (:func:`~pyg_ugrapher.structure.mark_reused`): the graph keeps coming back, so its sort and
-        statistics are paid once for faster kernels at every later call."""
+        what every eager operator call looks up. A structure in the user's order read while a whole
+        step is recorded (outside its capture) is replaced by the sorted one, whose schedules the
+        cost model picks (:func:`~pyg_ugrapher.structure.mark_reused`): every replay reads it, so
+        its sort and statistics are paid once for faster kernels at every replay."""
         if not self._current():
             self._refresh()
         built = self._structure_cache.get(device)
         if built is None:
             return self.structure(device)
-        if built.csr.user_order:
-            self._calls += 1
-            if (self._calls >= selection.REUSED_AFTER_CALLS or records_steps()) and not capturing(built.src):
-                built = self.structure(device, sort=True)
-                _mark_reused(built)
-                self._structure_cache[device] = built
+        if built.csr.user_order and records_steps() and not capturing(built.src):
+            built = self.structure(device, sort=True)
+            _mark_reused(built)
+            self._structure_cache[device] = built
         return built
 
     def reverse(self) -> "GraphTensor":
@@ -395,7 +389,6 @@ class GraphTensor:
             rev._csr_cache, rev._csc_cache = self._csc_cache, self._csr_cache
             rev._coo_cache = {}
             rev._structure_cache = {}
-            rev._calls = 0
             rev._reverse = self
             self._reverse = rev
         return self._reverse

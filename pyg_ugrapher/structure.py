@@ -513,19 +513,18 @@ def in_user_order(rowptr: Tensor) -> bool:
     return _USER_ORDER.get(rowptr, False)
 
 
-#: The ``rowptr`` of both directions of every sorted structure of a graph that keeps coming back
-#: (:func:`mark_reused`), weakly.
+#: The ``rowptr`` of both directions of every sorted structure of a graph that a whole step is
+#: recorded on (:func:`mark_reused`), weakly.
 _REUSED = IdentityMap()
 
 
 def mark_reused(rowptr: Tensor) -> None:
-    """Record that ``rowptr`` is the row offsets of a sorted structure of a graph that keeps coming
-    back (one that served many operator calls, or one a whole step is recorded on): its schedules
-    are worth the graph's statistics and the cost model's scoring, whatever its size
-    (:func:`autotune.selection.select`)."""
+    """Record that ``rowptr`` is the row offsets of a sorted structure of a graph that a whole step
+    is recorded on, whose every replay reads it again: its schedules are worth the graph's
+    statistics and the cost model's scoring, whatever its size (:func:`autotune.selection.select`)."""
     _REUSED[rowptr] = True
 
 
 def marked_reused(rowptr: Tensor) -> bool:
-    """Whether ``rowptr`` belongs to the structure of a graph that keeps coming back (:func:`mark_reused`)."""
+    """Whether ``rowptr`` belongs to the structure of a graph a whole step is recorded on (:func:`mark_reused`)."""
     return _REUSED.get(rowptr, False)

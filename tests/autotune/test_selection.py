@@ -196,8 +196,8 @@ def test_small_gpu_graphs_read_the_user_order(monkeypatch):
     assert READS_USER_ORDER(100, "cuda") and not READS_USER_ORDER(101, "cuda")
 
 
-def test_small_gpu_graphs_that_keep_coming_back_are_scored(monkeypatch):
-    """The sorted structure of a small GPU graph that keeps coming back
+def test_small_gpu_graphs_of_recorded_steps_are_scored(monkeypatch):
+    """The sorted structure of a small GPU graph that a whole step is recorded on
     (:func:`~pyg_ugrapher.structure.mark_reused`) is decided from its statistics, as a large graph
     is, and its decisions are its own; not while a CUDA graph is being captured (the statistics
     would wait for the GPU), and not a structure in the user's order, which only the small-graph
