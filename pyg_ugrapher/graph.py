@@ -54,10 +54,12 @@ OP_TAGS = tuple(tag for tag in (getattr(torch.Tag, "cudagraph_unsafe", None),) i
 
 def recordable(structure: GraphStructure) -> bool:
     """Whether a compiled graph calls the recordable twins (:func:`recordable_pair`) of the operators
-    on ``structure``: a graph of a fixed number of edges (not a symbolic size) of at most
-    :data:`autotune.selection.SMALL_GRAPH_EDGES`, whose schedules read no statistics and wait for
-    nothing. Larger graphs (statistics, timed choices, chunk tables and operands kept in CSR order)
-    and graphs of symbolic size run their operators outside the CUDA graphs."""
+    on ``structure``: a graph of at most :data:`autotune.selection.SMALL_GRAPH_EDGES` edges, counted
+    by a plain int, whose schedules read no statistics and wait for nothing. Dynamo hands the code
+    it traces a symbolic size as an int: a forward pass compiled with dynamic shapes calls the twins
+    and guards on the count (a larger graph recompiles once); the backward pass, traced by
+    AOTAutograd on symbolic sizes, calls the tagged ops. Larger graphs (statistics, timed choices,
+    chunk tables and operands kept in CSR order) run their operators outside the CUDA graphs."""
     num_edges = structure.num_edges
     return type(num_edges) is int and num_edges <= selection.SMALL_GRAPH_EDGES
 
@@ -315,9 +317,9 @@ class GraphTensor:
         (:func:`~triton_kernels.row_offsets.build_user_order_pair`); the default does so where the
         automatic schedules read them so (:func:`autotune.selection.reads_user_order`: small GPU
         graphs, a sampler's mini-batches, which then pay no sort), and sorts elsewhere and under
-        ``torch.compile``.
-        A custom op that returns a structure asks for a sorted one: a user-order structure
-        repeats ``src`` and ``dst``, and a custom op's outputs may not alias one another.
+        ``torch.compile``. The layers' graph-building custom ops, which run outside it, return this
+        default structure, with the arrays that a user-order one repeats copied (a custom op's
+        outputs may not alias one another).
 
         Under ``torch.compile`` a structure not built yet is built by one opaque op inside the
         compiled graph (no graph break, but no caching either: build it once outside to reuse it).

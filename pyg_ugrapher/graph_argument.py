@@ -561,17 +561,35 @@ def _cached_looped(
 
 
 def _unaliased(tensors: Sequence[Tensor], edge_index: Tensor) -> List[Tensor]:
-    """A custom op's outputs may not alias its input: copy the arrays that share its storage
-    (int64 endpoints are views of the index)."""
-    storage = edge_index.untyped_storage().data_ptr()
-    return [t.clone() if t.numel() and t.untyped_storage().data_ptr() == storage else t for t in tensors]
+    """A custom op's outputs may alias neither its input nor one another: copy the arrays that share
+    the index's storage (int64 endpoints are views of it) or an earlier array's (a structure in the
+    user's order repeats its endpoints, :func:`~triton_kernels.row_offsets.build_user_order_pair`)."""
+    seen = {edge_index.untyped_storage().data_ptr()}
+    arrays = []
+    for t in tensors:
+        if t.numel():
+            storage = t.untyped_storage().data_ptr()
+            if storage in seen:
+                t = t.clone()
+            else:
+                seen.add(storage)
+        arrays.append(t)
+    return arrays
+
+
+def _structure_arrays(graph: GraphTensor, edge_index: Tensor, extra: Sequence[Tensor] = ()) -> List[Tensor]:
+    """What a graph-building custom op returns: the structure an eager call on the index's device
+    reads (in the user's order where the automatic schedules read it so: no sort of a new
+    mini-batch graph), flattened, then the ``extra`` arrays, none aliased. An operator given copies
+    of them (a CUDA graph recording's) reads them in either order
+    (:meth:`~pyg_ugrapher.structure.GraphStructure.from_flat`)."""
+    return _unaliased(graph.structure(edge_index.device).flat() + list(extra), edge_index)
 
 
 @torch.library.custom_op("pyg_ugrapher::layer_graph", mutates_args=(), tags=OP_TAGS)
 def _layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> List[Tensor]:
     """The structure arrays of the graph of ``edge_index``, from (or into) its cache."""
-    graph = _cached(edge_index, flow, num_src, num_dst)
-    return _unaliased(graph.structure(edge_index.device, sort=True).flat(), edge_index)
+    return _structure_arrays(_cached(edge_index, flow, num_src, num_dst), edge_index)
 
 
 def _structure_like(edge_index: Tensor, num_src: int, num_dst: int, num_edges: int, bound: int) -> List[Tensor]:
@@ -597,7 +615,7 @@ def _looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num
     """The structure arrays of the looped graph (see :class:`Looped`), then its kept edge ids, loop
     ids, loop nodes and edge index."""
     graph, *extra = _cached_looped(edge_index, flow, num_src, num_dst, num_loops)
-    return _unaliased(graph.structure(edge_index.device, sort=True).flat() + extra, edge_index)
+    return _structure_arrays(graph, edge_index, extra)
 
 
 @_looped_graph.register_fake
@@ -630,8 +648,7 @@ def _cached_spare_row(edge_index: Tensor, flow: str, num_src: int, num_dst: int,
 @torch.library.custom_op("pyg_ugrapher::spare_row_looped_graph", mutates_args=(), tags=OP_TAGS)
 def _spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
     """The structure arrays of :func:`spare_row_looped_graph`, from (or into) its cache."""
-    graph = _cached_spare_row(edge_index, flow, num_src, num_dst, num_loops)
-    return _unaliased(graph.structure(edge_index.device, sort=True).flat(), edge_index)
+    return _structure_arrays(_cached_spare_row(edge_index, flow, num_src, num_dst, num_loops), edge_index)
 
 
 @_spare_row_looped_graph.register_fake
@@ -682,8 +699,7 @@ def _cached_padded(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor
 @torch.library.custom_op("pyg_ugrapher::padded_looped_graph", mutates_args=(), tags=OP_TAGS)
 def _padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> List[Tensor]:
     """The structure arrays of :func:`padded_looped_graph`, from (or into) its cache."""
-    structure = _cached_padded(edge_index, flow, num_nodes).structure(edge_index.device, sort=True)
-    return _unaliased(structure.flat(), edge_index)
+    return _structure_arrays(_cached_padded(edge_index, flow, num_nodes), edge_index)
 
 
 @_padded_looped_graph.register_fake

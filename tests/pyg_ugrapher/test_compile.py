@@ -259,6 +259,39 @@ def test_dynamic_shapes_do_not_recompile_per_graph(name):
     assert compiled_at_first <= 2 and counter.frame_count == compiled_at_first
 
 
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "fixed"])
+@pytest.mark.parametrize("name", ["gcn", "gat_edge_dim", "sage", "gin", "graph_conv_max"])
+def test_compiled_layers_keep_the_user_order_of_small_graphs(name, dynamic, interpret, monkeypatch):
+    """On graphs whose automatic schedules read the edges in the user's order (small GPU graphs,
+    here every graph), a compiled layer's operators get the structure an eager call gets, unsorted
+    (a new mini-batch graph is not sorted), in the forward and the backward pass, and give eager's
+    outputs and gradients on every graph."""
+    from pyg_ugrapher.structure import GraphStructure
+
+    orders = []
+    from_flat = GraphStructure.from_flat.__func__
+
+    def looked_up(cls, arrays, user_order=None):
+        structure = from_flat(cls, arrays, user_order)
+        if user_order is None and type(arrays[0]) is torch.Tensor:  # an operator reading its arrays
+            orders.append(structure.csr.user_order)
+        return structure
+
+    monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: True)
+    monkeypatch.setattr(GraphStructure, "from_flat", classmethod(looked_up))
+    factory, forward = LAYERS[name]
+    torch.manual_seed(0)
+    model = factory()
+    compiled = torch.compile(forward, fullgraph=True, backend="aot_eager", dynamic=dynamic)
+    for step, (num_nodes, num_edges) in enumerate([(12, 40), (15, 52)]):
+        inputs = layer_inputs(num_nodes, num_edges, seed=step)
+        orders.clear()
+        got = outputs_and_grads(model, compiled, inputs)
+        assert orders and all(orders), orders
+        for index, (a, b) in enumerate(zip(got, outputs_and_grads(model, forward, inputs))):
+            assert_close(a, b, f"graph {step}, tensor {index}")
+
+
 def test_default_compile_recompiles_a_bounded_number_of_times():
     """Without dynamic=True, Dynamo's automatic dynamic shapes take over after one recompile."""
     torch.manual_seed(0)
@@ -563,6 +596,31 @@ def test_compiled_layers_call_the_recordable_twins_on_small_graphs(monkeypatch, 
     inside = {"recordable_graph_op", "recordable_softmax_aggregate"}
     outside = {"graph_op", "softmax_aggregate"}
     assert ours & (inside | outside) == (inside if size == "small" else outside), ours
+
+
+def test_dynamic_shapes_call_the_recordable_twins_below_the_small_graph_bound(monkeypatch):
+    """dynamic=True: Dynamo hands traced code a symbolic edge count as an int, so the forward pass
+    calls the recordable twins and guards the count; a graph above ``SMALL_GRAPH_EDGES`` recompiles
+    once, into the operators that run outside CUDA graphs. The results are eager's throughout."""
+    monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", 60)
+    torch.manual_seed(0)
+    model = ug_nn.SAGEConv(6, 4)
+    calls: List[set] = []
+
+    def forward(m, x, ei):
+        return m(x, ei)
+
+    compiled = torch.compile(forward, backend=graph_targets(calls), dynamic=True)
+    # make_graph adds two duplicate edges: 42 and 54 edges, then 72 and 92.
+    for step, (num_nodes, num_edges) in enumerate([(12, 40), (15, 52), (20, 70), (25, 90)]):
+        inputs = layer_inputs(num_nodes, num_edges, seed=step)[:2]
+        expected = outputs_and_grads(model, forward, inputs)
+        for index, (a, b) in enumerate(zip(outputs_and_grads(model, compiled, inputs), expected)):
+            assert_close(a, b, f"graph {step}, tensor {index}")
+    ours = [{str(t).split(".")[1] for t in graph if str(t).startswith("pyg_ugrapher.")} for graph in calls]
+    assert len(ours) == 2, ours
+    assert "recordable_graph_op" in ours[0] and "graph_op" not in ours[0], ours
+    assert "graph_op" in ours[1] and "recordable_graph_op" not in ours[1], ours
 
 
 @pytest.mark.cuda
