@@ -82,7 +82,17 @@ from autotune import selection
 from . import ops
 from .graph import OP_TAGS, GraphTensor, validate_endpoints
 from .ir import OpInfo
-from .structure import CSR, STRUCTURE_ARRAYS, GraphStructure, IdentityMap, checked, collecting, version
+from .structure import (
+    CSR,
+    STRUCTURE_ARRAYS,
+    GraphStructure,
+    IdentityMap,
+    checked,
+    collecting,
+    derived_cache,
+    keeps_nothing,
+    version,
+)
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -560,11 +570,10 @@ def _cached_looped(
     )
 
 
-def _unaliased(tensors: Sequence[Tensor], edge_index: Tensor) -> List[Tensor]:
+def _unaliased(tensors: Sequence[Tensor], edge_index: Optional[Tensor] = None) -> List[Tensor]:
     """A custom op's outputs may alias neither its input nor one another: copy the arrays that share
-    the index's storage (int64 endpoints are views of it) or an earlier array's (a structure in the
-    user's order repeats its endpoints, :func:`~triton_kernels.row_offsets.build_user_order_pair`)."""
-    seen = {edge_index.untyped_storage().data_ptr()}
+    the storage of ``edge_index`` (int64 endpoints are views of it) or of an earlier array."""
+    seen = set() if edge_index is None else {edge_index.untyped_storage().data_ptr()}
     arrays = []
     for t in tensors:
         if t.numel():
@@ -577,13 +586,31 @@ def _unaliased(tensors: Sequence[Tensor], edge_index: Tensor) -> List[Tensor]:
     return arrays
 
 
+def _distinct_arrays(structure: GraphStructure) -> List[Tensor]:
+    """``structure.flat()`` with the arrays that repeat an earlier one copied (a structure in the
+    user's order repeats its endpoints and edge ids,
+    :func:`~triton_kernels.row_offsets.build_user_order_pair`), copied once and kept with the
+    structure where it may be (a graph-building op returns them at every compiled call)."""
+    arrays = structure.flat()
+    if not structure.csr.user_order:
+        return arrays  # a sorted structure's arrays are all its own
+    rowptr = structure.csr.rowptr
+    cache = None if keeps_nothing(rowptr) else derived_cache(rowptr)
+    found = None if cache is None else cache.get("distinct arrays")
+    if found is None:
+        found = _unaliased(arrays)
+        if cache is not None:
+            cache["distinct arrays"] = found
+    return found
+
+
 def _structure_arrays(graph: GraphTensor, edge_index: Tensor, extra: Sequence[Tensor] = ()) -> List[Tensor]:
     """What a graph-building custom op returns: the structure an eager call on the index's device
     reads (in the user's order where the automatic schedules read it so: no sort of a new
     mini-batch graph), flattened, then the ``extra`` arrays, none aliased. An operator given copies
     of them (a CUDA graph recording's) reads them in either order
     (:meth:`~pyg_ugrapher.structure.GraphStructure.from_flat`)."""
-    return _unaliased(graph.structure(edge_index.device).flat() + list(extra), edge_index)
+    return _unaliased(_distinct_arrays(graph.structure(edge_index.device)) + list(extra), edge_index)
 
 
 @torch.library.custom_op("pyg_ugrapher::layer_graph", mutates_args=(), tags=OP_TAGS)

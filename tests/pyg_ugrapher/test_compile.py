@@ -292,6 +292,21 @@ def test_compiled_layers_keep_the_user_order_of_small_graphs(name, dynamic, inte
             assert_close(a, b, f"graph {step}, tensor {index}")
 
 
+@pytest.mark.parametrize("user_order", [True, False], ids=["user", "sorted"])
+def test_graph_ops_return_the_same_distinct_arrays_at_every_call(user_order, monkeypatch):
+    """A graph-building op returns the arrays of the cached structure, each with a storage of its
+    own (a structure in the user's order repeats its endpoints: those are copied once, not at
+    every compiled call), none sharing the index's."""
+    monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: user_order)
+    edge_index = make_graph(12, 40, seed=0)
+    first, again = (torch.ops.pyg_ugrapher.layer_graph(edge_index, "source_to_target", 12, 12) for _ in range(2))
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    storages = {t.untyped_storage().data_ptr() for t in first} | {edge_index.untyped_storage().data_ptr()}
+    assert len(storages) == len(first) + 1
+    read = ug.structure.GraphStructure.from_flat(first)
+    assert read.csr.user_order is user_order and torch.equal(read.src.long(), edge_index[0])
+
+
 def test_default_compile_recompiles_a_bounded_number_of_times():
     """Without dynamic=True, Dynamo's automatic dynamic shapes take over after one recompile."""
     torch.manual_seed(0)
