@@ -523,8 +523,7 @@ def _op_backward(ctx, grads: List[Optional[Tensor]]):
     n, k = ctx.num_structure, ctx.num_scores
     needs_scores, needs_x = list(ctx.needs_input_grad[1]), ctx.needs_input_grad[2]
     structure = list(saved[:n])
-    traced = GraphStructure.from_flat(structure, user_order=False)  # its size alone is read
-    backward_op = _recordable_backward_op if recordable(traced) else _backward_op
+    backward_op = _recordable_backward_op if recordable(GraphStructure.from_flat(structure)) else _backward_op
     results = backward_op(structure, list(saved[n : n + k]), *saved[n + k :], grad, ctx.score, needs_scores, needs_x)
     score_grads = [g if needed else None for g, needed in zip(results[:k], needs_scores)]
     return [None] * n, score_grads, results[k] if needs_x else None, None, None

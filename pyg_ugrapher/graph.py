@@ -317,9 +317,9 @@ class GraphTensor:
         (:func:`~triton_kernels.row_offsets.build_user_order_pair`); the default does so where the
         automatic schedules read them so (:func:`autotune.selection.reads_user_order`: small GPU
         graphs, a sampler's mini-batches, which then pay no sort), and sorts elsewhere and under
-        ``torch.compile``. The layers' graph-building custom ops, which run outside it, return this
-        default structure, with the arrays that a user-order one repeats copied (a custom op's
-        outputs may not alias one another).
+        ``torch.compile``.
+        A custom op that returns a structure asks for a sorted one: a user-order structure
+        repeats ``src`` and ``dst``, and a custom op's outputs may not alias one another.
 
         Under ``torch.compile`` a structure not built yet is built by one opaque op inside the
         compiled graph (no graph break, but no caching either: build it once outside to reuse it).

@@ -82,17 +82,7 @@ from autotune import selection
 from . import ops
 from .graph import OP_TAGS, GraphTensor, validate_endpoints
 from .ir import OpInfo
-from .structure import (
-    CSR,
-    STRUCTURE_ARRAYS,
-    GraphStructure,
-    IdentityMap,
-    checked,
-    collecting,
-    derived_cache,
-    keeps_nothing,
-    version,
-)
+from .structure import CSR, STRUCTURE_ARRAYS, GraphStructure, IdentityMap, checked, collecting, version
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -570,53 +560,18 @@ def _cached_looped(
     )
 
 
-def _unaliased(tensors: Sequence[Tensor], edge_index: Optional[Tensor] = None) -> List[Tensor]:
-    """A custom op's outputs may alias neither its input nor one another: copy the arrays that share
-    the storage of ``edge_index`` (int64 endpoints are views of it) or of an earlier array."""
-    seen = set() if edge_index is None else {edge_index.untyped_storage().data_ptr()}
-    arrays = []
-    for t in tensors:
-        if t.numel():
-            storage = t.untyped_storage().data_ptr()
-            if storage in seen:
-                t = t.clone()
-            else:
-                seen.add(storage)
-        arrays.append(t)
-    return arrays
-
-
-def _distinct_arrays(structure: GraphStructure) -> List[Tensor]:
-    """``structure.flat()`` with the arrays that repeat an earlier one copied (a structure in the
-    user's order repeats its endpoints and edge ids,
-    :func:`~triton_kernels.row_offsets.build_user_order_pair`), copied once and kept with the
-    structure where it may be (a graph-building op returns them at every compiled call)."""
-    arrays = structure.flat()
-    if not structure.csr.user_order:
-        return arrays  # a sorted structure's arrays are all its own
-    rowptr = structure.csr.rowptr
-    cache = None if keeps_nothing(rowptr) else derived_cache(rowptr)
-    found = None if cache is None else cache.get("distinct arrays")
-    if found is None:
-        found = _unaliased(arrays)
-        if cache is not None:
-            cache["distinct arrays"] = found
-    return found
-
-
-def _structure_arrays(graph: GraphTensor, edge_index: Tensor, extra: Sequence[Tensor] = ()) -> List[Tensor]:
-    """What a graph-building custom op returns: the structure an eager call on the index's device
-    reads (in the user's order where the automatic schedules read it so: no sort of a new
-    mini-batch graph), flattened, then the ``extra`` arrays, none aliased. An operator given copies
-    of them (a CUDA graph recording's) reads them in either order
-    (:meth:`~pyg_ugrapher.structure.GraphStructure.from_flat`)."""
-    return _unaliased(_distinct_arrays(graph.structure(edge_index.device)) + list(extra), edge_index)
+def _unaliased(tensors: Sequence[Tensor], edge_index: Tensor) -> List[Tensor]:
+    """A custom op's outputs may not alias its input: copy the arrays that share its storage
+    (int64 endpoints are views of the index)."""
+    storage = edge_index.untyped_storage().data_ptr()
+    return [t.clone() if t.numel() and t.untyped_storage().data_ptr() == storage else t for t in tensors]
 
 
 @torch.library.custom_op("pyg_ugrapher::layer_graph", mutates_args=(), tags=OP_TAGS)
 def _layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> List[Tensor]:
     """The structure arrays of the graph of ``edge_index``, from (or into) its cache."""
-    return _structure_arrays(_cached(edge_index, flow, num_src, num_dst), edge_index)
+    graph = _cached(edge_index, flow, num_src, num_dst)
+    return _unaliased(graph.structure(edge_index.device, sort=True).flat(), edge_index)
 
 
 def _structure_like(edge_index: Tensor, num_src: int, num_dst: int, num_edges: int, bound: int) -> List[Tensor]:
@@ -642,7 +597,7 @@ def _looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num
     """The structure arrays of the looped graph (see :class:`Looped`), then its kept edge ids, loop
     ids, loop nodes and edge index."""
     graph, *extra = _cached_looped(edge_index, flow, num_src, num_dst, num_loops)
-    return _structure_arrays(graph, edge_index, extra)
+    return _unaliased(graph.structure(edge_index.device, sort=True).flat() + extra, edge_index)
 
 
 @_looped_graph.register_fake
@@ -675,7 +630,8 @@ def _cached_spare_row(edge_index: Tensor, flow: str, num_src: int, num_dst: int,
 @torch.library.custom_op("pyg_ugrapher::spare_row_looped_graph", mutates_args=(), tags=OP_TAGS)
 def _spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
     """The structure arrays of :func:`spare_row_looped_graph`, from (or into) its cache."""
-    return _structure_arrays(_cached_spare_row(edge_index, flow, num_src, num_dst, num_loops), edge_index)
+    graph = _cached_spare_row(edge_index, flow, num_src, num_dst, num_loops)
+    return _unaliased(graph.structure(edge_index.device, sort=True).flat(), edge_index)
 
 
 @_spare_row_looped_graph.register_fake
@@ -726,7 +682,8 @@ def _cached_padded(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor
 @torch.library.custom_op("pyg_ugrapher::padded_looped_graph", mutates_args=(), tags=OP_TAGS)
 def _padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> List[Tensor]:
     """The structure arrays of :func:`padded_looped_graph`, from (or into) its cache."""
-    return _structure_arrays(_cached_padded(edge_index, flow, num_nodes), edge_index)
+    structure = _cached_padded(edge_index, flow, num_nodes).structure(edge_index.device, sort=True)
+    return _unaliased(structure.flat(), edge_index)
 
 
 @_padded_looped_graph.register_fake

@@ -140,36 +140,14 @@ class GraphStructure(NamedTuple):
     @classmethod
     def from_flat(cls, arrays: Sequence[Tensor], user_order: Optional[bool] = None) -> "GraphStructure":
         """The structure of :meth:`flat`'s arrays. ``user_order``: whether its edges are in the
-        user's order (:attr:`CSR.user_order`); ``None`` looks it up (:func:`known_order`), which
-        ``torch.compile`` cannot trace (a traced caller passes ``False``: its record gives shapes
-        alone). Tensors whose order no builder recorded (copies: the inputs of a CUDA graph that
-        ``torch.compile(mode="reduce-overhead")`` records are copied into its memory) are read as
-        :meth:`in_any_order` reads them; a traced pass's stand-ins (tensor subclasses) as sorted."""
+        user's order (:attr:`CSR.user_order`); ``None`` looks it up (:func:`in_user_order`), which
+        ``torch.compile`` cannot trace: a compiled caller knows its structures are sorted."""
         rowptr, col, eid, rows, csc_rowptr, csc_col, csc_eid, csc_rows, src, dst = arrays
         if user_order is None:
-            user_order = known_order(rowptr)
-            if user_order is None:
-                if type(rowptr) is Tensor:
-                    return cls.in_any_order(arrays)
-                user_order = False
+            user_order = in_user_order(rowptr)
         return cls(
             CSR(rowptr, col, eid, rows, csc_rowptr.numel() - 1, user_order),
             CSR(csc_rowptr, csc_col, csc_eid, csc_rows, rowptr.numel() - 1, user_order),
-            src,
-            dst,
-        )
-
-    @classmethod
-    def in_any_order(cls, arrays: Sequence[Tensor]) -> "GraphStructure":
-        """The structure of :meth:`flat`'s arrays, sorted or in the user's order, read in the
-        user's order: right for either, since both directions' row offsets give each row's degree
-        in both, ``src`` and ``dst`` are in the user's order in both, and that order's edge ids are
-        the positions (one ``arange``, for both directions)."""
-        rowptr, csc_rowptr, src, dst = arrays[0], arrays[4], arrays[8], arrays[9]
-        eid = torch.arange(src.numel(), dtype=src.dtype, device=src.device)
-        return cls(
-            CSR(rowptr, src, eid, dst, csc_rowptr.numel() - 1, True),
-            CSR(csc_rowptr, dst, eid, src, rowptr.numel() - 1, True),
             src,
             dst,
         )
@@ -516,38 +494,23 @@ def build_csr(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, dtype: t
     )
     rowptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=rows.device)
     torch.cumsum(counts, 0, out=rowptr[1:])
-    csr = CSR(rowptr.to(dtype), cols[perm].to(dtype), perm.to(dtype), sorted_rows.to(dtype), num_cols)
-    mark_sorted(csr.rowptr)
-    return csr
+    return CSR(rowptr.to(dtype), cols[perm].to(dtype), perm.to(dtype), sorted_rows.to(dtype), num_cols)
 
 
-#: The order of the structure of each ``rowptr`` a builder made, by the tensor (weakly): ``True``
-#: for a structure in the user's order (:attr:`CSR.user_order`), ``False`` for a sorted one.
-#: :meth:`GraphStructure.from_flat` finds it again from a custom op's arrays.
-_ORDER = IdentityMap()
+#: The ``rowptr`` of both directions of every structure in the user's order (:attr:`CSR.user_order`),
+#: weakly: :meth:`GraphStructure.from_flat` finds the flag again from a custom op's arrays.
+_USER_ORDER = IdentityMap()
 
 
 def mark_user_order(rowptr: Tensor) -> None:
     """Record that ``rowptr`` is the row offsets of a structure in the user's order (see
     :func:`~triton_kernels.row_offsets.build_user_order_pair`)."""
-    _ORDER[rowptr] = True
-
-
-def mark_sorted(rowptr: Tensor) -> None:
-    """Record that ``rowptr`` is the row offsets of a structure sorted by row (:func:`build_csr`,
-    :func:`~triton_kernels.csr_pair.build_csr_pair`)."""
-    _ORDER[rowptr] = False
+    _USER_ORDER[rowptr] = True
 
 
 def in_user_order(rowptr: Tensor) -> bool:
     """Whether ``rowptr`` is the row offsets of a structure in the user's order (:func:`mark_user_order`)."""
-    return _ORDER.get(rowptr, False)
-
-
-def known_order(rowptr: Tensor) -> Optional[bool]:
-    """Whether the structure of ``rowptr`` is in the user's order (:func:`mark_user_order`) or sorted
-    (:func:`mark_sorted`); ``None`` for a tensor no builder made (a copy of one)."""
-    return _ORDER.get(rowptr)
+    return _USER_ORDER.get(rowptr, False)
 
 
 #: The ``rowptr`` of both directions of every sorted structure of a graph that a whole step is

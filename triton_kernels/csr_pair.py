@@ -18,7 +18,7 @@ import torch
 import triton.language as tl
 from torch import Tensor
 
-from pyg_ugrapher.structure import CSR, INT32_MAX, derived_cache, keeps_nothing, mark_sorted
+from pyg_ugrapher.structure import CSR, INT32_MAX, derived_cache, keeps_nothing
 
 from .codegen import interpreting, uses_triton
 from .launch import cdiv, jit_kernel
@@ -145,7 +145,7 @@ def build_csr_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int, dtype: 
     sorted_keys, perm = torch.sort(keys, stable=True)
     if uses_triton(src.device) and fits(num_edges, num_src, num_dst):
         arrays = csr_pair_arrays(sorted_keys, perm, src, dst, num_src, num_dst)
-        return _sorted(CSR(*arrays[:4], num_src), CSR(*arrays[4:], num_dst))
+        return CSR(*arrays[:4], num_src), CSR(*arrays[4:], num_dst)
     bounds = torch.arange(num_dst + num_src + 1, dtype=key_dtype, device=src.device)
     rowptr = torch.searchsorted(sorted_keys, bounds, out_int32=dtype == torch.int32)
     csr_perm, csc_perm = perm[:num_edges], perm[num_edges:] - num_edges
@@ -168,13 +168,6 @@ def build_csr_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int, dtype: 
         (sorted_keys[num_edges:] - num_dst).to(dtype),
         num_dst,
     )
-    return _sorted(csr, csc)
-
-
-def _sorted(csr: CSR, csc: CSR) -> Tuple[CSR, CSR]:
-    """``(csr, csc)``, each recorded as sorted (:func:`~pyg_ugrapher.structure.mark_sorted`)."""
-    for direction in (csr, csc):
-        mark_sorted(direction.rowptr)
     return csr, csc
 
 

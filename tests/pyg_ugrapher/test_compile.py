@@ -259,54 +259,6 @@ def test_dynamic_shapes_do_not_recompile_per_graph(name):
     assert compiled_at_first <= 2 and counter.frame_count == compiled_at_first
 
 
-@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "fixed"])
-@pytest.mark.parametrize("name", ["gcn", "gat_edge_dim", "sage", "gin", "graph_conv_max"])
-def test_compiled_layers_keep_the_user_order_of_small_graphs(name, dynamic, interpret, monkeypatch):
-    """On graphs whose automatic schedules read the edges in the user's order (small GPU graphs,
-    here every graph), a compiled layer's operators get the structure an eager call gets, unsorted
-    (a new mini-batch graph is not sorted), in the forward and the backward pass, and give eager's
-    outputs and gradients on every graph."""
-    from pyg_ugrapher.structure import GraphStructure
-
-    orders = []
-    from_flat = GraphStructure.from_flat.__func__
-
-    def looked_up(cls, arrays, user_order=None):
-        structure = from_flat(cls, arrays, user_order)
-        if user_order is None and type(arrays[0]) is torch.Tensor:  # an operator reading its arrays
-            orders.append(structure.csr.user_order)
-        return structure
-
-    monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: True)
-    monkeypatch.setattr(GraphStructure, "from_flat", classmethod(looked_up))
-    factory, forward = LAYERS[name]
-    torch.manual_seed(0)
-    model = factory()
-    compiled = torch.compile(forward, fullgraph=True, backend="aot_eager", dynamic=dynamic)
-    for step, (num_nodes, num_edges) in enumerate([(12, 40), (15, 52)]):
-        inputs = layer_inputs(num_nodes, num_edges, seed=step)
-        orders.clear()
-        got = outputs_and_grads(model, compiled, inputs)
-        assert orders and all(orders), orders
-        for index, (a, b) in enumerate(zip(got, outputs_and_grads(model, forward, inputs))):
-            assert_close(a, b, f"graph {step}, tensor {index}")
-
-
-@pytest.mark.parametrize("user_order", [True, False], ids=["user", "sorted"])
-def test_graph_ops_return_the_same_distinct_arrays_at_every_call(user_order, monkeypatch):
-    """A graph-building op returns the arrays of the cached structure, each with a storage of its
-    own (a structure in the user's order repeats its endpoints: those are copied once, not at
-    every compiled call), none sharing the index's."""
-    monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: user_order)
-    edge_index = make_graph(12, 40, seed=0)
-    first, again = (torch.ops.pyg_ugrapher.layer_graph(edge_index, "source_to_target", 12, 12) for _ in range(2))
-    assert all(a is b for a, b in zip(first, again, strict=True))
-    storages = {t.untyped_storage().data_ptr() for t in first} | {edge_index.untyped_storage().data_ptr()}
-    assert len(storages) == len(first) + 1
-    read = ug.structure.GraphStructure.from_flat(first)
-    assert read.csr.user_order is user_order and torch.equal(read.src.long(), edge_index[0])
-
-
 def test_default_compile_recompiles_a_bounded_number_of_times():
     """Without dynamic=True, Dynamo's automatic dynamic shapes take over after one recompile."""
     torch.manual_seed(0)

@@ -253,35 +253,6 @@ def test_graph_read_while_a_step_is_recorded_is_sorted_at_once(graph_case, graph
     torch.testing.assert_close(ug.compute(fresh, "copy_u_sum", x), _summed(fresh, x))
 
 
-@pytest.mark.parametrize("sort", [True, False], ids=["sorted", "user"])
-def test_copied_arrays_are_read_in_either_order(graph_case, graph_factory, executor, sort):
-    """Copies of a structure's arrays (a CUDA graph recording's inputs) carry no record of their
-    order: read back, they are read in the user's order, which is right for a sorted structure as
-    for one in the user's order. Sums, means, maxima and edge-weighted sums on the copies and on
-    the reversed copies equal those on the structure itself; the arrays themselves keep theirs."""
-    from pyg_ugrapher.ops.decisions import serialized
-    from pyg_ugrapher.ops.execute import run_graph_op
-
-    g = graph_factory(graph_case)
-    structure = g.structure(sort=sort)
-    assert GraphStructure.from_flat(structure.flat()).csr.user_order is not sort
-    copies = GraphStructure.from_flat([t.clone() for t in structure.flat()])
-    assert copies.csr.user_order and copies.csc.user_order
-    assert (copies.num_src, copies.num_dst, copies.num_edges) == (g.num_src, g.num_dst, g.num_edges)
-    weight = torch.rand(g.num_edges, 1)
-    for graph, read, rows in ((structure, copies, g.num_src), (structure.reverse(), copies.reverse(), g.num_dst)):
-        x = torch.randn(rows, 5)
-        for name, operands in (
-            ("copy_u_sum", [x]),
-            ("copy_u_mean", [x]),
-            ("copy_u_max", [x]),
-            ("u_mul_e_sum", [x, weight]),
-        ):
-            text = serialized(ug.ops._named(name))
-            want = run_graph_op(graph, operands, text, "auto")
-            torch.testing.assert_close(run_graph_op(read, operands, text, "auto"), want, rtol=1e-5, atol=1e-6)
-
-
 def test_index_dtype():
     assert index_dtype_for(2**31 - 1, 2**31 - 1) == torch.int32
     assert index_dtype_for(2**31, 5) == torch.int64
