@@ -205,6 +205,37 @@ def test_a_routed_layer_that_adds_self_loops_prepares_its_graph_once(monkeypatch
     assert len(built) == 1 and model.fallback_reason is None
 
 
+@pytest.mark.parametrize("name", ["gcn", "gat", "gat_no_loops", "sage", "gin", "graph_conv_max"])
+def test_compiled_training_steps_build_no_structure_again(name, interpret, monkeypatch):
+    """Where small GPU graphs keep the user's order in eager calls (here every graph), a compiled
+    layer's graph is still built sorted, once: later compiled training steps sort nothing, neither
+    to build a structure nor to group a user-order one's rows for a softmax (a recordable twin
+    keeps nothing, so it would sort at every call)."""
+    from pyg_ugrapher import graph as graph_module
+    from triton_kernels import csr_pair
+
+    built = []
+    monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: True)
+    for module in (graph_module, csr_pair):
+        build = module.build_csr_pair
+        monkeypatch.setattr(module, "build_csr_pair", lambda *args, build=build: built.append(1) or build(*args))
+    factory, forward = LAYERS[name]
+    torch.manual_seed(0)
+    model = factory()
+    compiled = torch.compile(model, backend="aot_eager")
+    inputs = layer_inputs()
+
+    def training_step() -> None:
+        torch.autograd.grad(forward(compiled, *inputs).square().sum(), list(model.parameters()))
+
+    training_step()
+    assert built
+    built.clear()
+    for _ in range(2):
+        training_step()
+    assert built == []
+
+
 @pytest.mark.parametrize("name", ["gcn", "gat", "sage", "graph_conv_max"])
 def test_compiled_training_steps_reuse_the_graphs_decisions(name, interpret, monkeypatch):
     """After the first compiled training step, the next ones find every operator's graph (forward
