@@ -675,6 +675,57 @@ def small_graph_rule_plot(frame: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def host_calls_newest(frame: pd.DataFrame) -> pd.DataFrame:
+    """The timed rows of ``host_calls.csv`` of its newest commit, one per (graph, ``F``, case,
+    pass) and implementation: ``host_us`` of ``pyg`` and ``ours`` side by side."""
+    timed = frame[frame.status.isin(TIMED)]
+    if timed.empty:
+        return pd.DataFrame(columns=["graph", "F", "case", "pass", "pyg", "ours"])
+    timed = timed[timed.commit == timed.commit.iloc[-1]].assign(F=lambda f: f.F.astype(float).astype(int))
+    wide = timed.pivot_table(index=["graph", "F", "case", "pass"], columns="impl", values="host_us", aggfunc="last")
+    return wide.reindex(columns=["pyg", "ours"]).reset_index()
+
+
+def host_calls_table(frame: pd.DataFrame) -> str:
+    """Host microseconds per call of the newest commit, PyG's against ours, as markdown."""
+    table = host_calls_newest(frame)
+    header = ["graph", "F", "case", "pass", "PyG host µs", "ours host µs", "PyG / ours"]
+    body = [
+        [
+            r["graph"],
+            str(r["F"]),
+            r["case"],
+            r["pass"],
+            _number(r["pyg"]),
+            _number(r["ours"]),
+            _ratio(r["pyg"] / r["ours"]),
+        ]
+        for r in table.to_dict("records")
+    ]
+    return "### Host time per call\n\n" + markdown(header, body)
+
+
+def host_calls_plot(frame: pd.DataFrame, path: Path) -> None:
+    """Host microseconds per call of the newest commit, PyG's and ours, per case and pass, a panel
+    per graph and ``F``."""
+    table = host_calls_newest(frame)
+    if table.empty:
+        return
+    panels = list(dict.fromkeys(zip(table.graph, table.F)))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+    for ax, (graph, F) in zip(axes[0], panels):
+        part = table[(table.graph == graph) & (table.F == F)]
+        labels = [f"{c}\n{p}" for c, p in zip(part.case, part["pass"])]
+        series = {impl: [None if pd.isna(v) else v for v in part[impl]] for impl in ("pyg", "ours")}
+        _bars(ax, labels, series, "host µs per call")
+        ax.set_title(f"{graph}, F = {F}")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"host time per call, {frame.gpu.iloc[-1]}, commit {frame.commit.iloc[-1]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def distributed_runs(frame: pd.DataFrame) -> pd.DataFrame:
     """The timed rows of each case's newest commit (the commit of its last row), one row per case
     and number of ranks: the median of that commit's launches of it (``launches`` counts them)."""
@@ -739,6 +790,8 @@ def plot(csv: Path) -> Optional[Path]:
         steps_plot(frame, png)
     elif kind == "small_graph_rule":
         small_graph_rule_plot(frame, png)
+    elif kind == "host_calls":
+        host_calls_plot(frame, png)
     elif len(_unique(frame, ("graph", "op", "F"))) <= FEW_CASES:
         headline_plot(frame, png)
     else:
@@ -797,6 +850,8 @@ def write_report(out_dir: Path) -> str:
             parts.append(distributed_table(frames[kind]))
         elif kind == "small_graph_rule" and frames[kind] is not None:
             parts.append(small_graph_rule_table(frames[kind]))
+        elif kind == "host_calls" and frames[kind] is not None:
+            parts.append(host_calls_table(frames[kind]))
         if png is not None:
             parts.append(f"![{kind}]({png.name})")
     text = "\n\n".join(parts) + "\n"

@@ -6,7 +6,8 @@ Every suite appends its rows to one CSV per kind of measurement, by default
 (whole models, full batch or mini-batches), ``distributed.csv`` (training on several ranks,
 ``benchmarks.distributed``), ``steps.csv`` (training steps, ``benchmarks.steps``) and
 ``small_graph_rule.csv`` (edge-parallel schedules on small graphs,
-``benchmarks.small_graph_rule``). A row is appended as soon as it is measured; a file is never
+``benchmarks.small_graph_rule``) and ``host_calls.csv`` (host time per operator or layer call,
+``benchmarks.host_calls``). A row is appended as soon as it is measured; a file is never
 overwritten, its header is written once, and a file written with other columns is
 rewritten in the current ones (old rows keep their values, new columns stay empty) before rows
 are appended. Each row starts with :data:`ENV_COLUMNS`: when, with which code and where it was
@@ -172,6 +173,14 @@ SMALL_GRAPH_RULE_COLUMNS = (
     ENV_COLUMNS + ("graph", "num_nodes", "num_edges", "edge_order", "op", "F", "config", "rule", "time_ms") + STATUS
 )
 SMALL_GRAPH_RULE_KEY = ("commit", "graph", "edge_order", "op", "F", "config")
+#: ``benchmarks.host_calls``: host and wall microseconds per call of an operator or a layer (on a
+#: graph seen before, or a new one per call), ours or PyG's, and its Python function calls.
+HOST_CALL_COLUMNS = (
+    ENV_COLUMNS
+    + ("graph", "num_nodes", "num_edges", "F", "case", "pass", "impl", "calls", "host_us", "wall_us", "python_calls")
+    + STATUS
+)
+HOST_CALL_KEY = ("commit", "graph", "F", "case", "pass", "impl")
 
 
 #: File kind -> (columns, key, baselines of its speed-up columns).
@@ -182,6 +191,7 @@ KINDS: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...], Tuple[str, ...]]] = {
     "distributed": (DISTRIBUTED_COLUMNS, DISTRIBUTED_KEY, ()),
     "steps": (STEP_COLUMNS, STEP_KEY, ()),
     "small_graph_rule": (SMALL_GRAPH_RULE_COLUMNS, SMALL_GRAPH_RULE_KEY, ()),
+    "host_calls": (HOST_CALL_COLUMNS, HOST_CALL_KEY, ()),
 }
 NUMERIC = frozenset(
     MEASURED
@@ -215,6 +225,9 @@ NUMERIC = frozenset(
         "python_calls",
         "kernels",
         "recordings",
+        "calls",
+        "host_us",
+        "wall_us",
     )
 )
 #: Statuses of rows whose times count.

@@ -1,0 +1,50 @@
+"""The host-call suite on a CPU (the bundled Cora): its rows, report table and plot."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from benchmarks import host_calls, report, rows
+
+
+def test_rows_table_and_plot(tmp_path):
+    host_calls.main(
+        ["--graphs", "cora", "--cases", "op copy_u_mean", "new graph SAGEConv", "--calls", "2", "--repeats", "1"]
+        + ["--device", "cpu", "--out", str(tmp_path)]
+    )
+    results = pd.read_csv(tmp_path / "host_calls.csv")
+    assert tuple(results.columns) == rows.HOST_CALL_COLUMNS
+    assert (results["status"] == "ok").all(), results["note"].tolist()
+    # The operator in both passes, the new graph forward only; PyG's and ours each.
+    cases = sorted(zip(results["case"], results["pass"], results["impl"]))
+    assert cases == sorted(
+        (case, pass_, impl)
+        for case, pass_ in [
+            ("op copy_u_mean", "forward"),
+            ("op copy_u_mean", "forward+backward"),
+            ("new graph SAGEConv", "forward"),
+        ]
+        for impl in ("pyg", "ours")
+    )
+    for column in ("host_us", "wall_us", "python_calls"):
+        assert all(math.isfinite(v) and v > 0 for v in results[column]), column
+    assert (results["wall_us"] >= results["host_us"]).all()
+    assert (results["num_nodes"] == 2708).all() and (results["num_edges"] == 10556).all()
+    assert (tmp_path / "host_calls.png").stat().st_size > 0
+    text = report.write_report(tmp_path)
+    assert "Host time per call" in text and "new graph SAGEConv" in text
+
+
+def test_a_part_is_a_smaller_graph_and_unknown_graphs_are_refused():
+    edge_index, num_nodes = host_calls.load_graph("cora-parts", seed=0)
+    assert 0 < num_nodes < 2708 and int(edge_index.max()) < num_nodes
+    with pytest.raises(ValueError, match="^graphs:"):
+        host_calls.load_graph("cora-halves", seed=0)
+
+
+def test_unknown_cases_and_counts_are_refused():
+    with pytest.raises(SystemExit):
+        host_calls.parse_args(["--cases", "op copy_u_prod"])
+    with pytest.raises(SystemExit):
+        host_calls.parse_args(["--calls", "0"])
