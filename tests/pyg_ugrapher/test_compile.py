@@ -206,49 +206,27 @@ def test_a_routed_layer_that_adds_self_loops_prepares_its_graph_once(monkeypatch
 
 
 @pytest.mark.parametrize("name", ["gcn", "gat", "gat_no_loops", "sage", "gin", "graph_conv_max"])
-def test_compiled_training_steps_build_no_structure_again(name, interpret, monkeypatch):
-    """Where small GPU graphs keep the user's order in eager calls (here every graph), a compiled
-    layer's graph is still built sorted, once: later compiled training steps sort nothing, neither
-    to build a structure nor to group a user-order one's rows for a softmax (a recordable twin
-    keeps nothing, so it would sort at every call)."""
+def test_compiled_training_steps_reuse_the_graphs_decisions(name, interpret, monkeypatch):
+    """After the first compiled training step, the next ones find every operator's graph (forward
+    and reversed, in the backward pass too) in the caches: no structure built or sorted, no degree
+    statistics, no new decisions. Caches are keyed by the structure arrays' identity, which a view
+    saved for the backward pass would not keep (it comes back as a new tensor object every step).
+    That holds where small graphs keep the user's order in eager calls (here every graph): a
+    compiled layer's graph is built sorted, once (a recordable softmax twin, which keeps nothing,
+    would sort a user-order structure's rows at every call)."""
     from pyg_ugrapher import graph as graph_module
+    from pyg_ugrapher import structure
+    from pyg_ugrapher.ops import decisions
     from triton_kernels import csr_pair
 
-    built = []
+    stats, decided, built = [], [], []
+    degree_stats, schedule_for = structure.degree_stats, decisions.schedule_for
     monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: True)
+    monkeypatch.setattr(structure, "degree_stats", lambda *args: stats.append(1) or degree_stats(*args))
+    monkeypatch.setattr(decisions, "schedule_for", lambda *args: decided.append(args[0]) or schedule_for(*args))
     for module in (graph_module, csr_pair):
         build = module.build_csr_pair
         monkeypatch.setattr(module, "build_csr_pair", lambda *args, build=build: built.append(1) or build(*args))
-    factory, forward = LAYERS[name]
-    torch.manual_seed(0)
-    model = factory()
-    compiled = torch.compile(model, backend="aot_eager")
-    inputs = layer_inputs()
-
-    def training_step() -> None:
-        torch.autograd.grad(forward(compiled, *inputs).square().sum(), list(model.parameters()))
-
-    training_step()
-    assert built
-    built.clear()
-    for _ in range(2):
-        training_step()
-    assert built == []
-
-
-@pytest.mark.parametrize("name", ["gcn", "gat", "sage", "graph_conv_max"])
-def test_compiled_training_steps_reuse_the_graphs_decisions(name, interpret, monkeypatch):
-    """After the first compiled training step, the next ones find every operator's graph (forward
-    and reversed, in the backward pass too) in the caches: no degree statistics, no new
-    decisions. Caches are keyed by the structure arrays' identity, which a view saved for the
-    backward pass would not keep (it comes back as a new tensor object every step)."""
-    from pyg_ugrapher import structure
-    from pyg_ugrapher.ops import decisions
-
-    stats, decided = [], []
-    degree_stats, schedule_for = structure.degree_stats, decisions.schedule_for
-    monkeypatch.setattr(structure, "degree_stats", lambda *args: stats.append(1) or degree_stats(*args))
-    monkeypatch.setattr(decisions, "schedule_for", lambda *args: decided.append(args[0]) or schedule_for(*args))
     factory, forward = LAYERS[name]
     torch.manual_seed(0)
     model = factory()
@@ -261,12 +239,12 @@ def test_compiled_training_steps_reuse_the_graphs_decisions(name, interpret, mon
         torch.autograd.grad(forward(compiled, *inputs).square().sum(), list(model.parameters()))
 
     training_step()
-    assert stats and decided
-    stats.clear()
-    decided.clear()
+    assert stats and decided and built
+    for log in (stats, decided, built):
+        log.clear()
     for _ in range(2):
         training_step()
-    assert stats == [] and decided == []
+    assert stats == [] and decided == [] and built == []
 
 
 @pytest.mark.parametrize("name", ["gcn", "gat_edge_dim", "sage", "gine"])
