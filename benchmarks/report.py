@@ -470,6 +470,14 @@ def distributed_table(frame: pd.DataFrame) -> str:
 COLORS = {"cusparse": "C0", "pyg": "C1", "pyg_compiled": "C2", "ours": "C3", "ours_compiled": "C4", "floor": "C7"}
 
 
+def _save_figure(fig, title: str, path: Path) -> None:
+    """Title ``fig``, lay it out, write it to ``path`` and close it."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _bars(
     ax, groups: Sequence[str], series: Dict[str, Sequence[Optional[float]]], ylabel: str, log: bool = True
 ) -> None:
@@ -499,10 +507,7 @@ def headline_plot(frame: pd.DataFrame, path: Path) -> None:
         _bars(ax, labels, {m: [_time(at.get((g, o, F, pass_, m))) for g, o, F in cases] for m in methods}, "ms")
         ax.set_title(pass_)
         ax.legend(fontsize=8)
-    fig.suptitle(f"operators, {frame.gpu.iloc[0]}, commit {commits(frame)}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, f"operators, {frame.gpu.iloc[0]}, commit {commits(frame)}", path)
 
 
 def layer_plot(frame: pd.DataFrame, path: Path) -> None:
@@ -522,10 +527,7 @@ def layer_plot(frame: pd.DataFrame, path: Path) -> None:
         )
         ax.set_title(f"training step, {graph}")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"layers, {frame.gpu.iloc[0]}, commit {commits(frame)}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, f"layers, {frame.gpu.iloc[0]}, commit {commits(frame)}", path)
 
 
 def ops_plot(frame: pd.DataFrame, path: Path) -> None:
@@ -550,10 +552,7 @@ def ops_plot(frame: pd.DataFrame, path: Path) -> None:
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    fig.suptitle(f"operators, {frame.gpu.iloc[0]}, commit {commits(frame)}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, f"operators, {frame.gpu.iloc[0]}, commit {commits(frame)}", path)
 
 
 def train_plot(frame: pd.DataFrame, path: Path) -> None:
@@ -573,10 +572,7 @@ def train_plot(frame: pd.DataFrame, path: Path) -> None:
     accuracy = {impl: list(table.get(f"test_acc_{impl}", [None] * len(table))) for impl in ("pyg", "ours")}
     _bars(axes[1], labels, accuracy, "test accuracy", log=False)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"training, {frame.gpu.iloc[0]}, commit {commits(frame)}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, f"training, {frame.gpu.iloc[0]}, commit {commits(frame)}", path)
 
 
 def steps_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -602,10 +598,7 @@ def steps_plot(frame: pd.DataFrame, path: Path) -> None:
     _bars(ax, labels, series, "speed-up over eager PyG (wall clock per step)")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"training steps, {frame.gpu.iloc[0]}, commit {commits(frame)}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, f"training steps, {frame.gpu.iloc[0]}, commit {commits(frame)}", path)
 
 
 def small_graph_rule_ratios(frame: pd.DataFrame) -> pd.DataFrame:
@@ -669,21 +662,19 @@ def small_graph_rule_plot(frame: pd.DataFrame, path: Path) -> None:
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_title(f"edges in {order} order")
         ax.legend(fontsize=7)
-    fig.suptitle(f"small-graph rule, {frame.gpu.iloc[-1]}, commit {timed.commit.iloc[-1]}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, f"small-graph rule, {frame.gpu.iloc[-1]}, commit {timed.commit.iloc[-1]}", path)
 
 
 def host_calls_newest(frame: pd.DataFrame) -> pd.DataFrame:
-    """The timed rows of ``host_calls.csv`` of its newest commit, one per (graph, ``F``, case,
-    pass) and implementation: ``host_us`` of ``pyg`` and ``ours`` side by side."""
+    """The timed rows of ``host_calls.csv`` of its newest commit (``commit``), one per (graph,
+    ``F``, case, pass): ``host_us`` of ``pyg`` and ``ours`` side by side."""
     timed = frame[frame.status.isin(TIMED)]
     if timed.empty:
-        return pd.DataFrame(columns=["graph", "F", "case", "pass", "pyg", "ours"])
-    timed = timed[timed.commit == timed.commit.iloc[-1]].assign(F=lambda f: f.F.astype(float).astype(int))
+        return pd.DataFrame(columns=["graph", "F", "case", "pass", "pyg", "ours", "commit"])
+    newest = timed.commit.iloc[-1]
+    timed = timed[timed.commit == newest].assign(F=lambda f: f.F.astype(float).astype(int))
     wide = timed.pivot_table(index=["graph", "F", "case", "pass"], columns="impl", values="host_us", aggfunc="last")
-    return wide.reindex(columns=["pyg", "ours"]).reset_index()
+    return wide.reindex(columns=["pyg", "ours"]).reset_index().assign(commit=newest)
 
 
 def host_calls_table(frame: pd.DataFrame) -> str:
@@ -720,10 +711,7 @@ def host_calls_plot(frame: pd.DataFrame, path: Path) -> None:
         _bars(ax, labels, series, "host µs per call")
         ax.set_title(f"{graph}, F = {F}")
         ax.legend(fontsize=7)
-    fig.suptitle(f"host time per call, {frame.gpu.iloc[-1]}, commit {frame.commit.iloc[-1]}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, f"host time per call, {frame.gpu.iloc[-1]}, commit {table.commit.iloc[0]}", path)
 
 
 def distributed_runs(frame: pd.DataFrame) -> pd.DataFrame:
@@ -763,10 +751,7 @@ def distributed_plot(frame: pd.DataFrame, path: Path) -> None:
     }
     _bars(axes[1], split_labels, parts, "ms per epoch (slowest rank)", log=False)
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"training on several ranks, {frame.gpu.iloc[0]}, commit {commits(runs)}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, f"training on several ranks, {frame.gpu.iloc[0]}, commit {commits(runs)}", path)
 
 
 def plot(csv: Path) -> Optional[Path]:
