@@ -342,7 +342,7 @@ class GraphTensor:
         # model's schedules (mark_reused) serve every replay. Not a graph built inside the capture
         # (a padded mini-batch's), which every replay rebuilds for a new batch: a sort there would
         # be replayed too, and its schedules are the small-graph rule's anyway.
-        recorded = sort is None and records_steps() and not capturing(self.src)
+        recorded = sort is None and _read_by_recorded_step(self.src)
         if sort is None:
             sort = recorded or not selection.reads_user_order(self.num_edges, device)
         if compiling and device not in self._csr_cache:
@@ -371,13 +371,10 @@ class GraphTensor:
         if not self._current():
             self._refresh()
         built = self._structure_cache.get(device)
-        if built is None:
-            return self.structure(device)
-        if built.csr.user_order and records_steps() and not capturing(built.src):
-            built = self.structure(device, sort=True)
-            _mark_reused(built)
-            self._structure_cache[device] = built
-        return built
+        if built is not None and built.csr.user_order and _read_by_recorded_step(built.src):
+            del self._structure_cache[device]  # built again by structure(): sorted and marked
+            built = None
+        return built if built is not None else self.structure(device)
 
     def reverse(self) -> "GraphTensor":
         """The graph with every edge turned around; shares this graph's caches."""
@@ -510,6 +507,13 @@ def validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int, ext
     if high[1] >= num_dst:
         raise ValueError(f"edge_index: destination index {high[1]} out of range for num_dst={num_dst}")
     return values
+
+
+def _read_by_recorded_step(index: Tensor) -> bool:
+    """Whether a structure read now is read while a whole step is recorded, outside the capture
+    itself (its warm-up): a structure built inside the capture, on ``index``'s device, is rebuilt
+    by every replay (:func:`~pyg_ugrapher.structure.records_steps`)."""
+    return records_steps() and not capturing(index)
 
 
 def _mark_reused(structure: GraphStructure) -> None:
