@@ -13,6 +13,7 @@ build one and the caches keep either, equal in value (``docs/caches.md``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -20,8 +21,9 @@ from torch import Tensor
 from torch._library.custom_ops import CustomOpDef
 
 from autotune import selection
+from triton_kernels.codegen import uses_triton
 from triton_kernels.csr_pair import build_csr_pair, grouped
-from triton_kernels.row_offsets import build_user_order_pair
+from triton_kernels.row_offsets import UserOrderPair, build_user_order_pair
 
 from .structure import (
     CSR,
@@ -151,7 +153,20 @@ class GraphTensor:
         num_dst = _check_num("num_dst", num_dst)
         # Inside a CUDA graph capture a check would wait for the GPU: the recorder checks instead
         # (see pyg_ugrapher.graph_argument.built_in_recording).
-        if validate and not (isinstance(src, Tensor) and capturing(src)):
+        check_now = validate and not (isinstance(src, Tensor) and capturing(src))
+        if check_now:
+            check_endpoints(src, dst)
+        # A small graph on the GPU is checked by the kernel that builds its structure in the user's
+        # order (its first use builds it anyway): one launch and one read of four numbers, where a
+        # separate check would take four launches and the same read.
+        checked_by_build = (
+            check_now
+            and src.numel() > 0
+            and uses_triton(src.device)
+            and selection.reads_user_order(src.numel(), src.device)
+            and not _read_by_recorded_step(src)
+        )
+        if check_now and not checked_by_build:
             validate_endpoints(src, dst, num_src, num_dst)
         if index_dtype is None:
             index_dtype = index_dtype_for(max(num_src, num_dst), src.numel())
@@ -172,6 +187,11 @@ class GraphTensor:
         self._reverse: Optional[GraphTensor] = None
         self._validate = validate
         self._versions = (version(self.src), version(self.dst))
+        if checked_by_build:
+            device = self._resolve(None)
+            built = build_user_order_pair(self.src, self.dst, num_src, num_dst, index_dtype, extrema=True)
+            check_extremes(built.extremes.tolist(), num_src, num_dst)
+            self._cache_user_order(device, built)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -350,16 +370,27 @@ class GraphTensor:
                 self.src.to(device, self.index_dtype), self.dst.to(device, self.index_dtype), self.num_src, self.num_dst
             )
             return GraphStructure.from_flat(arrays, user_order=False)
-        src, dst = self.coo(device)
-        csr, csc = (
-            (self.csr(device), self.csc(device))
-            if sort
-            else build_user_order_pair(src, dst, self.num_src, self.num_dst)
-        )
-        built = GraphStructure(csr, csc, src, dst)
+        if not sort:
+            # The graph's own edges where they live (the kernel copies them into the index dtype).
+            src, dst = (self.src, self.dst) if device == self.src.device else self.coo(device)
+            pair = build_user_order_pair(src, dst, self.num_src, self.num_dst, self.index_dtype)
+            return self._cache_user_order(device, pair, key)
+        built = GraphStructure(self.csr(device), self.csc(device), *self.coo(device))
         if recorded:
             _mark_reused(built)
         self._structure_cache[key] = built
+        return built
+
+    def _cache_user_order(self, device: torch.device, pair: UserOrderPair, key: Any = None) -> GraphStructure:
+        """Cache the structure in the user's order ``pair`` on ``device`` (under ``key``, default
+        ``device``), and its index-dtype copies of the edges as :meth:`coo`; where :meth:`coo` has
+        copies already, the structure reads those (each endpoint array is one tensor everywhere)."""
+        src, dst = self._coo_cache.setdefault(device, (pair.csr.col, pair.csc.col))
+        csr, csc = pair.csr, pair.csc
+        if csr.col is not src:
+            csr, csc = replace(csr, col=src, rows=dst), replace(csc, col=dst, rows=src)
+        built = GraphStructure(csr, csc, src, dst)
+        self._structure_cache[device if key is None else key] = built
         return built
 
     def eager_structure(self, device: torch.device) -> GraphStructure:
@@ -478,11 +509,10 @@ def _check_index_dtype(index: Tensor) -> None:
         raise TypeError(f"edge_index: indices must be an integer tensor, got {index.dtype}")
 
 
-def validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int, extra: Sequence[Tensor] = ()) -> List[int]:
-    """Check an edge list's endpoint tensors and their index ranges (``edge_index`` errors) in one
-    device sync, which also reads the integer scalar tensors ``extra`` (in the index dtype, returned
-    as ints): a caller that needs a count from the device pays no second sync."""
-    for name, index, bound in (("src", src, num_src), ("dst", dst, num_dst)):
+def check_endpoints(src: Tensor, dst: Tensor) -> None:
+    """Check an edge list's endpoint tensors on the host: tensors of integers, one-dimensional, of
+    one length, on one device (``edge_index`` errors). Their ranges: :func:`check_extremes`."""
+    for name, index in (("src", src), ("dst", dst)):
         if not isinstance(index, Tensor):
             raise TypeError(f"edge_index: {name} must be a tensor, got {type(index).__name__}")
         _check_index_dtype(index)
@@ -492,21 +522,35 @@ def validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int, ext
         raise ValueError(f"edge_index: src and dst differ in length ({src.numel()} vs {dst.numel()})")
     if src.device != dst.device:
         raise ValueError(f"edge_index: src and dst are on different devices ({src.device}, {dst.device})")
+
+
+def check_extremes(extremes: Sequence[int], num_src: int, num_dst: int) -> None:
+    """Check an edge list's index ranges from ``extremes``: the lowest source and destination
+    index, then the highest (each may be clamped towards 0, as
+    :attr:`~triton_kernels.row_offsets.UserOrderPair.extremes` are: the check reads the same)."""
+    src_low, dst_low, src_high, dst_high = extremes
+    if min(src_low, dst_low) < 0:
+        raise ValueError(f"edge_index: negative vertex index {min(src_low, dst_low)}")
+    if src_high >= num_src:
+        raise ValueError(f"edge_index: source index {src_high} out of range for num_src={num_src}")
+    if dst_high >= num_dst:
+        raise ValueError(f"edge_index: destination index {dst_high} out of range for num_dst={num_dst}")
+
+
+def validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int, extra: Sequence[Tensor] = ()) -> List[int]:
+    """Check an edge list's endpoint tensors and their index ranges (``edge_index`` errors) in one
+    device sync, which also reads the integer scalar tensors ``extra`` (in the index dtype, returned
+    as ints): a caller that needs a count from the device pays no second sync."""
+    check_endpoints(src, dst)
     if src.numel() == 0:
         return [int(t) for t in extra]
     # One device sync for all four bounds (a new mini-batch graph pays this every step).
     src_low, src_high = torch.aminmax(src)
     dst_low, dst_high = torch.aminmax(dst)
     scalars = [src_low, dst_low, src_high, dst_high] + [t.to(src_low.dtype) for t in extra]
-    src_low, dst_low, src_high, dst_high, *values = torch.stack(scalars).tolist()
-    low, high = [src_low, dst_low], [src_high, dst_high]
-    if min(low) < 0:
-        raise ValueError(f"edge_index: negative vertex index {min(low)}")
-    if high[0] >= num_src:
-        raise ValueError(f"edge_index: source index {high[0]} out of range for num_src={num_src}")
-    if high[1] >= num_dst:
-        raise ValueError(f"edge_index: destination index {high[1]} out of range for num_dst={num_dst}")
-    return values
+    read = torch.stack(scalars).tolist()
+    check_extremes(read[:4], num_src, num_dst)
+    return read[4:]
 
 
 def _read_by_recorded_step(index: Tensor) -> bool:

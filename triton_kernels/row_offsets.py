@@ -2,15 +2,17 @@
 
 A small graph's operators run edge-parallel kernels that read the edges in the user's order
 (:func:`autotune.selection.reads_user_order`), so its structure needs no sort: only each row's
-degree, for means and for which rows have edges. One program per ``BLOCK`` edges counts both
-endpoints' degrees by atomics into one zeroed buffer, each count one slot after its row, so that
-the running sum of each half is that direction's ``rowptr``; :func:`build_user_order_pair` makes
-both directions' structures of them.
+degree, for means and for which rows have edges. One kernel over the edges does everything a new
+graph needs of the device (:func:`build_user_order_pair`): it copies both endpoints into the index
+dtype, writes the edge ids, counts both endpoints' degrees by atomics into one zeroed buffer (each
+count one slot after its row, so that each half's running sum is that direction's ``rowptr``), and
+optionally keeps the extremes of the indices, which the graph's range check reads. Indices out of
+range are counted nowhere, so a bad index never writes out of bounds before the check sees it.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import NamedTuple, Optional
 
 import torch
 import triton.language as tl
@@ -22,49 +24,117 @@ from .codegen import interpreting, uses_triton
 from .launch import cdiv, jit_kernel
 
 BLOCK = 1024
+#: Slots of the extremes ahead of the degree counts in the kernel's buffer (:data:`UserOrderPair.extremes`).
+EXTREMES = 4
 
 
-def degree_count_kernel(src_ptr, dst_ptr, counts_ptr, num_edges, num_dst, BLOCK: tl.constexpr):
+def user_order_kernel(
+    src_ptr,
+    dst_ptr,
+    src_stride,
+    dst_stride,
+    src_out_ptr,
+    dst_out_ptr,
+    eid_ptr,
+    buffer_ptr,
+    num_edges,
+    num_src,
+    num_dst,
+    half,
+    BLOCK: tl.constexpr,
+    EXTREMA: tl.constexpr,
+):
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = e < num_edges
-    v = tl.load(dst_ptr + e, mask=live, other=0)
-    u = tl.load(src_ptr + e, mask=live, other=0)
-    # Destinations' counts from slot 1, sources' from slot num_dst + 2: slot 0 of each half stays 0.
-    tl.atomic_add(counts_ptr + 1 + v, 1, mask=live)
-    tl.atomic_add(counts_ptr + num_dst + 2 + u, 1, mask=live)
+    u = tl.load(src_ptr + e.to(tl.int64) * src_stride, mask=live, other=0).to(tl.int64)
+    v = tl.load(dst_ptr + e.to(tl.int64) * dst_stride, mask=live, other=0).to(tl.int64)
+    tl.store(src_out_ptr + e, u, mask=live)
+    tl.store(dst_out_ptr + e, v, mask=live)
+    tl.store(eid_ptr + e, e, mask=live)
+    # Destinations' counts from slot 1 of the counts, sources' from slot half + 1: slot 0 of each
+    # half stays 0. An index out of range is counted nowhere.
+    counts_ptr = buffer_ptr + 4  # past the EXTREMES slots
+    tl.atomic_add(counts_ptr + 1 + v, 1, mask=live & (v >= 0) & (v < num_dst))
+    tl.atomic_add(counts_ptr + half + 1 + u, 1, mask=live & (u >= 0) & (u < num_src))
+    if EXTREMA:
+        # Slots 0-3: the lowest source and destination index (or 0 if none is lower), the highest
+        # (or 0 if none is higher). Combined per program first: four atomics per block of edges.
+        tl.atomic_min(buffer_ptr, tl.min(tl.where(live, u, 0), axis=0))
+        tl.atomic_min(buffer_ptr + 1, tl.min(tl.where(live, v, 0), axis=0))
+        tl.atomic_max(buffer_ptr + 2, tl.max(tl.where(live, u, 0), axis=0))
+        tl.atomic_max(buffer_ptr + 3, tl.max(tl.where(live, v, 0), axis=0))
 
 
-def row_offsets(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> Tuple[Tensor, Tensor]:
-    """``(rowptr, csc_rowptr)``: the offsets of the rows of destinations and of sources, in
-    ``src``'s dtype, for the edges ``(src, dst)`` in any order, on a GPU or through Triton's
-    interpreter (see :func:`interpreting`). Indices must be in range (the graph checked them)."""
-    if src.dtype != dst.dtype or src.device != dst.device or src.numel() != dst.numel():
+class UserOrderPair(NamedTuple):
+    """What :func:`build_user_order_pair` builds of a graph's edges ``(src, dst)``."""
+
+    csr: CSR  #: destinations' rows; ``col`` is ``src`` in the index dtype
+    csc: CSR  #: sources' rows; ``col`` is ``dst`` in the index dtype
+    #: ``[4]`` int64 on the device, with ``extrema=True``: the lowest source and destination index
+    #: (or 0 if none is lower) and the highest (or 0 if none is higher), all a range check needs;
+    #: else ``None``.
+    extremes: Optional[Tensor]
+
+
+def build_user_order_pair(
+    src: Tensor,
+    dst: Tensor,
+    num_src: int,
+    num_dst: int,
+    index_dtype: torch.dtype,
+    *,
+    extrema: bool = False,
+) -> UserOrderPair:
+    """Both directions of the edges ``(src, dst)`` (integer tensors of one length, on one device)
+    kept in the user's order (:attr:`CSR.user_order`), in ``index_dtype``, with each direction's row
+    offsets: what an edge-parallel kernel that combines every row by atomics reads
+    (:func:`autotune.selection.reads_user_order`). No sort: on a GPU, one zeroed buffer, one kernel
+    (:func:`user_order_kernel`) and one running sum for both directions, against
+    :func:`~triton_kernels.csr_pair.build_csr_pair`'s sort and its kernel with eight outputs. With
+    ``extrema``, the same kernel keeps the indices' extremes for the caller's range check, which
+    then costs one read of four numbers. The offsets are remembered
+    (:func:`~pyg_ugrapher.structure.mark_user_order`)."""
+    if src.device != dst.device or src.numel() != dst.numel() or src.dim() != 1 or dst.dim() != 1:
         raise ValueError(
-            f"src, dst: expected index tensors of one dtype, device and length, got "
-            f"{src.dtype} / {dst.dtype}, {src.device} / {dst.device}, {src.numel()} / {dst.numel()}"
+            f"src, dst: expected one-dimensional index tensors of one length and device, got shapes "
+            f"{list(src.shape)} / {list(dst.shape)} on {src.device} / {dst.device}"
         )
-    counts = torch.zeros(num_dst + num_src + 2, dtype=src.dtype, device=src.device)
-    num_edges = src.numel()
-    if num_edges:
-        kernel = jit_kernel(degree_count_kernel, ("num_edges", "num_dst"), interpreting())
-        kernel[(cdiv(num_edges, BLOCK),)](src, dst, counts, num_edges, num_dst, BLOCK=BLOCK)
-    return counts[: num_dst + 1].cumsum(0, dtype=src.dtype), counts[num_dst + 1 :].cumsum(0, dtype=src.dtype)
-
-
-def build_user_order_pair(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> Tuple[CSR, CSR]:
-    """Both directions of the edges ``(src, dst)`` (in the index dtype) kept in the user's order
-    (:attr:`CSR.user_order`), with each direction's row offsets: what an edge-parallel kernel that
-    combines every row by atomics reads (:func:`autotune.selection.reads_user_order`). No sort:
-    on a GPU, a zeroed buffer, one kernel counting both directions' degrees (:func:`row_offsets`),
-    two running sums and the edge ids, against :func:`~triton_kernels.csr_pair.build_csr_pair`'s
-    sort and its kernel with eight outputs. Every array but the offsets and the edge ids is ``src``
-    or ``dst`` itself; the offsets are remembered (:func:`~pyg_ugrapher.structure.mark_user_order`)."""
-    if uses_triton(src.device):
-        rowptr, csc_rowptr = row_offsets(src, dst, num_src, num_dst)
+    if index_dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"index_dtype: must be torch.int32 or torch.int64, got {index_dtype}")
+    device, num_edges = src.device, src.numel()
+    extremes: Optional[Tensor] = None
+    if uses_triton(device):
+        half = max(num_src, num_dst) + 1
+        buffer = torch.zeros(EXTREMES + 2 * half, dtype=torch.int64, device=device)
+        src_out = torch.empty(num_edges, dtype=index_dtype, device=device)
+        dst_out = torch.empty(num_edges, dtype=index_dtype, device=device)
+        eid = torch.empty(num_edges, dtype=index_dtype, device=device)
+        if num_edges:
+            kernel = jit_kernel(
+                user_order_kernel,
+                ("src_stride", "dst_stride", "num_edges", "num_src", "num_dst", "half"),
+                interpreting(),
+            )
+            kernel[(cdiv(num_edges, BLOCK),)](
+                src, dst, src.stride(0), dst.stride(0), src_out, dst_out, eid, buffer,
+                num_edges, num_src, num_dst, half, BLOCK=BLOCK, EXTREMA=extrema,
+            )  # fmt: skip
+        offsets = buffer[EXTREMES:].view(2, half).cumsum(1, dtype=index_dtype)
+        rowptr, csc_rowptr = offsets[0, : num_dst + 1], offsets[1, : num_src + 1]
+        if extrema:
+            extremes = buffer[:EXTREMES]
     else:
+        src_out, dst_out = src.to(index_dtype), dst.to(index_dtype)
+        eid = torch.arange(num_edges, dtype=index_dtype, device=device)
         counts = [torch.bincount(index.to(torch.int64), minlength=n) for index, n in ((dst, num_dst), (src, num_src))]
-        rowptr, csc_rowptr = (torch.cat([c.new_zeros(1), c.cumsum(0)]).to(src.dtype) for c in counts)
-    eid = torch.arange(src.numel(), dtype=src.dtype, device=src.device)
-    for offsets in (rowptr, csc_rowptr):
-        mark_user_order(offsets)
-    return CSR(rowptr, src, eid, dst, num_src, True), CSR(csc_rowptr, dst, eid, src, num_dst, True)
+        rowptr, csc_rowptr = (torch.cat([c.new_zeros(1), c.cumsum(0)]).to(index_dtype) for c in counts)
+        if extrema:
+            # A zero column: the extremes are "or 0", as the kernel's.
+            ends = torch.stack([src, dst]).to(torch.int64)
+            ends = torch.cat([ends, ends.new_zeros(2, 1)], dim=1)
+            extremes = torch.cat([ends.amin(1), ends.amax(1)])
+    for offsets_of_rows in (rowptr, csc_rowptr):
+        mark_user_order(offsets_of_rows)
+    csr = CSR(rowptr, src_out, eid, dst_out, num_src, True)
+    csc = CSR(csc_rowptr, dst_out, eid, src_out, num_dst, True)
+    return UserOrderPair(csr, csc, extremes)

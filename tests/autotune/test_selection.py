@@ -218,7 +218,7 @@ def test_small_gpu_graphs_of_recorded_steps_are_scored(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert selection.select(csr, op, 64, device="cuda") == small_rule
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    user_order = build_user_order_pair(*graph.coo(), graph.num_src, graph.num_dst)[0]
+    user_order = build_user_order_pair(*graph.coo(), graph.num_src, graph.num_dst, graph.index_dtype).csr
     mark_reused(user_order.rowptr)
     assert selection.select(user_order, op, 64, device="cuda") == small_rule
 

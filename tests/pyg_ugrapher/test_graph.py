@@ -236,6 +236,69 @@ def test_eager_calls_keep_the_user_order(graph_factory, user_order):
     assert not structure_module.marked_reused(first.csr.rowptr)
 
 
+def _count_builds(monkeypatch):
+    """The calls of the user-order builder that :class:`GraphTensor` makes, and of the separate range check."""
+    calls = {"build": 0, "check": 0}
+    build, check = graph_module.build_user_order_pair, graph_module.validate_endpoints
+
+    def counted_build(*args, **kwargs):
+        calls["build"] += 1
+        return build(*args, **kwargs)
+
+    def counted_check(*args, **kwargs):
+        calls["check"] += 1
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(graph_module, "build_user_order_pair", counted_build)
+    monkeypatch.setattr(graph_module, "validate_endpoints", counted_check)
+    return calls
+
+
+def test_a_small_graph_is_checked_by_the_build_of_its_structure(
+    graph_case, graph_factory, interpret, user_order, monkeypatch
+):
+    """Where kernels run and a graph's structure keeps the user's order (a small GPU graph's), the
+    graph is checked at construction by the kernel that builds that structure, which its first
+    operator call then reads: one build, no separate check, the structures and results of a graph
+    checked apart (every kind of graph: empty, isolated vertices, a hub, self loops, duplicates,
+    bipartite)."""
+    want = graph_factory(graph_case)
+    reference_structure = want.structure(sort=False)
+    calls = _count_builds(monkeypatch)
+    g = GraphTensor(want.src, want.dst, want.num_src, want.num_dst)
+    built_now = g.num_edges > 0
+    assert calls == {"build": int(built_now), "check": int(not built_now)}
+    structure = g.structure()
+    assert calls["build"] == 1 and g.structure() is structure and structure.csr.user_order
+    assert structure.src is g.coo()[0] and structure.csr.col is structure.src and structure.csc.col is structure.dst
+    assert all(torch.equal(a, b) for a, b in zip(structure.flat(), reference_structure.flat(), strict=True))
+    x = torch.randn(g.num_src, 8)
+    torch.testing.assert_close(ug.compute(g, "copy_u_sum", x), _summed(want, x))
+    assert calls["build"] == 1
+
+
+@pytest.mark.parametrize(
+    "src,dst,num_src,num_dst,message",
+    [
+        ([0, 5], [1, 0], 4, 4, "source index 5 out of range for num_src=4"),
+        ([0, 1], [1, 4], 5, 4, "destination index 4 out of range for num_dst=4"),
+        ([0, -1], [1, 0], 4, 4, "negative vertex index -1"),
+        ([0, 1], [-7, 0], 4, 4, "negative vertex index -7"),
+        ([0, 0], [0, 0], 0, 1, "source index 0 out of range for num_src=0"),
+    ],
+)
+def test_the_build_that_checks_a_small_graph_refuses_bad_indices(
+    src, dst, num_src, num_dst, message, interpret, user_order, monkeypatch
+):
+    """The range errors of a graph checked by its structure's build are the separate check's."""
+    calls = _count_builds(monkeypatch)
+    with pytest.raises(ValueError, match=f"^edge_index: {message}$"):
+        GraphTensor(torch.tensor(src), torch.tensor(dst), num_src, num_dst)
+    assert calls == {"build": 1, "check": 0}
+    with pytest.raises(ValueError, match=f"^edge_index: {message}$"):
+        graph_module.validate_endpoints(torch.tensor(src), torch.tensor(dst), num_src, num_dst)
+
+
 def test_graph_read_while_a_step_is_recorded_is_sorted_at_once(graph_case, graph_factory, executor, user_order):
     """A whole step being recorded pays its host time once: a graph it reads gets the sorted
     structure, marked as read by a recorded step, at its first call, and a user-order one built

@@ -1,5 +1,6 @@
-"""The degree-count kernel (``triton_kernels.row_offsets``) against the sorted structures' row
-offsets, on every graph case and on skewed sizes."""
+"""The user-order structure builder (``triton_kernels.row_offsets``) against the sorted structures'
+row offsets and the edges themselves, on every graph case, on skewed sizes, on strided and bad
+indices."""
 
 import pytest
 import torch
@@ -8,35 +9,80 @@ from triton_kernels import row_offsets
 from triton_kernels.csr_pair import build_csr_pair
 
 
+def _extremes(src: torch.Tensor, dst: torch.Tensor):
+    """What the builder's extremes must be: each side's lowest and highest index, or 0."""
+    lows = [min(0, int(t.min())) if t.numel() else 0 for t in (src, dst)]
+    highs = [max(0, int(t.max())) if t.numel() else 0 for t in (src, dst)]
+    return lows + highs
+
+
+def _check_pair(pair, src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int, index_dtype) -> None:
+    num_edges = src.numel()
+    for csr, col, rows, size in ((pair.csr, src, dst, num_dst), (pair.csc, dst, src, num_src)):
+        assert csr.user_order and csr.num_rows == size
+        for array in (csr.rowptr, csr.col, csr.eid, csr.rows):
+            assert array.dtype == index_dtype and array.device == src.device
+        assert torch.equal(csr.col.cpu().long(), col.cpu().long())
+        assert torch.equal(csr.rows.cpu().long(), rows.cpu().long())
+        assert torch.equal(csr.eid.cpu().long(), torch.arange(num_edges))
+        degree = torch.bincount(rows.cpu().long(), minlength=size)
+        want = torch.cat([torch.zeros(1, dtype=torch.int64), degree.cumsum(0)])
+        assert torch.equal(csr.rowptr.cpu().long(), want)
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_offsets_match_the_sorted_structures(graph_case, graph_factory, index_dtype, device):
+def test_pair_matches_the_sorted_structures(graph_case, graph_factory, index_dtype, device):
     g = graph_factory(graph_case, index_dtype=index_dtype)
     src, dst = (t.to(device) for t in g.coo())
-    rowptr, csc_rowptr = row_offsets.row_offsets(src, dst, g.num_src, g.num_dst)
+    pair = row_offsets.build_user_order_pair(src, dst, g.num_src, g.num_dst, index_dtype, extrema=True)
     csr, csc = build_csr_pair(src, dst, g.num_src, g.num_dst, index_dtype)
-    for got, want in ((rowptr, csr.rowptr), (csc_rowptr, csc.rowptr)):
+    for got, want in ((pair.csr.rowptr, csr.rowptr), (pair.csc.rowptr, csc.rowptr)):
         assert got.dtype == index_dtype and got.device == want.device and torch.equal(got, want)
+    _check_pair(pair, src, dst, g.num_src, g.num_dst, index_dtype)
+    assert pair.extremes.tolist() == _extremes(src.cpu(), dst.cpu())
 
 
 @pytest.mark.parametrize("num_src,num_dst,num_edges", [(1, 1, 0), (3000, 2, 4099), (2, 3000, 4099), (700, 900, 1)])
-def test_offsets_on_skewed_and_sparse_sizes(num_src, num_dst, num_edges, device):
+def test_pair_on_skewed_and_sparse_sizes(num_src, num_dst, num_edges, device):
     """More rows than edges and the other way round, one edge, no edge; a hub holding half the
-    edges (many atomics on one counter)."""
+    edges (many atomics on one counter); int64 edges in, int32 structures out."""
     g = torch.Generator().manual_seed(num_edges)
     src = torch.randint(0, num_src, (num_edges,), generator=g)
     dst = torch.randint(0, num_dst, (num_edges,), generator=g)
     dst[: num_edges // 2] = 0
-    rowptr, csc_rowptr = row_offsets.row_offsets(
-        src.to(device, torch.int32), dst.to(device, torch.int32), num_src, num_dst
-    )
-    for got, index, size in ((rowptr, dst, num_dst), (csc_rowptr, src, num_src)):
-        want = torch.cat([torch.zeros(1, dtype=torch.int64), torch.bincount(index, minlength=size).cumsum(0)])
-        assert torch.equal(got.cpu().long(), want)
+    src, dst = src.to(device), dst.to(device)
+    pair = row_offsets.build_user_order_pair(src, dst, num_src, num_dst, torch.int32, extrema=True)
+    _check_pair(pair, src, dst, num_src, num_dst, torch.int32)
+    assert pair.extremes.tolist() == _extremes(src.cpu(), dst.cpu())
 
 
-def test_offsets_reject_mismatched_endpoints(interpret):
+def test_pair_reads_strided_rows_and_keeps_no_extremes_unasked(device):
+    """The rows of a transposed ``[E, 2]`` index (stride 2); without ``extrema``, none are kept."""
+    g = torch.Generator().manual_seed(3)
+    pairs = torch.randint(0, 50, (2000, 2), generator=g).to(device)
+    src, dst = pairs.t()
+    assert src.stride(0) == 2
+    pair = row_offsets.build_user_order_pair(src, dst, 50, 50, torch.int64)
+    _check_pair(pair, src, dst, 50, 50, torch.int64)
+    assert pair.extremes is None
+
+
+def test_pair_counts_no_index_out_of_range(device):
+    """Negative and too-large indices are counted nowhere (nothing written out of bounds: the
+    counts of the rows in range are exact) and show in the extremes, for the caller's check."""
+    src = torch.tensor([0, -3, 1, 2, 7], device=device)
+    dst = torch.tensor([1, 1, 9, -1, 0], device=device)
+    pair = row_offsets.build_user_order_pair(src, dst, 3, 2, torch.int32, extrema=True)
+    assert pair.extremes.tolist() == [-3, -1, 7, 9]
+    assert pair.csr.rowptr.tolist() == [0, 1, 3]  # destinations 0 (edge 4) and 1 (edges 0, 1)
+    assert pair.csc.rowptr.tolist() == [0, 1, 2, 3]  # sources 0, 1, 2 (edges 0, 2, 3)
+
+
+def test_pair_rejects_mismatched_endpoints_and_index_dtypes():
     src = torch.tensor([0, 1], dtype=torch.int32)
     with pytest.raises(ValueError, match="src, dst"):
-        row_offsets.row_offsets(src, src.long(), 2, 2)
+        row_offsets.build_user_order_pair(src, src[:1], 2, 2, torch.int32)
     with pytest.raises(ValueError, match="src, dst"):
-        row_offsets.row_offsets(src, src[:1], 2, 2)
+        row_offsets.build_user_order_pair(src.view(1, 2), src.view(1, 2), 2, 2, torch.int32)
+    with pytest.raises(TypeError, match="index_dtype"):
+        row_offsets.build_user_order_pair(src, src, 2, 2, torch.int16)
