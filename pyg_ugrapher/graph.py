@@ -190,7 +190,13 @@ class GraphTensor:
         if checked_by_build:
             device = self._resolve(None)
             built = build_user_order_pair(self.src, self.dst, num_src, num_dst, index_dtype, extrema=True)
-            check_extremes(built.extremes.tolist(), num_src, num_dst)
+            extremes = built.extremes.tolist()
+            limits = torch.iinfo(index_dtype)
+            if limits.min in extremes or limits.max in extremes:
+                # Saturated at the index dtype's range (out of any such graph's): the exact check
+                # names the index.
+                validate_endpoints(src, dst, num_src, num_dst)
+            check_extremes(extremes, num_src, num_dst)
             self._cache_user_order(device, built)
 
     # -- construction ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from pyg_ugrapher.structure import CSR, mark_user_order
 from .codegen import interpreting, uses_triton
 from .launch import cdiv, jit_kernel
 
-BLOCK = 1024
+BLOCK = 256
 #: Slots of the extremes ahead of the degree counts in the kernel's buffer (:data:`UserOrderPair.extremes`).
 EXTREMES = 4
 
@@ -43,6 +43,7 @@ def user_order_kernel(
     half,
     BLOCK: tl.constexpr,
     EXTREMA: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = e < num_edges
@@ -51,18 +52,31 @@ def user_order_kernel(
     tl.store(src_out_ptr + e, u, mask=live)
     tl.store(dst_out_ptr + e, v, mask=live)
     tl.store(eid_ptr + e, e, mask=live)
-    # Destinations' counts from slot 1 of the counts, sources' from slot half + 1: slot 0 of each
-    # half stays 0. An index out of range is counted nowhere.
+    # The buffer is in the index dtype (WIDE: int64): counts in int32 where indices fit it, whose
+    # atomics contend less on a hub's counter. Destinations' counts from slot 1 of the counts,
+    # sources' from slot half + 1: slot 0 of each half stays 0. An index out of range is counted
+    # nowhere.
     counts_ptr = buffer_ptr + 4  # past the EXTREMES slots
     tl.atomic_add(counts_ptr + 1 + v, 1, mask=live & (v >= 0) & (v < num_dst))
     tl.atomic_add(counts_ptr + half + 1 + u, 1, mask=live & (u >= 0) & (u < num_src))
     if EXTREMA:
         # Slots 0-3: the lowest source and destination index (or 0 if none is lower), the highest
-        # (or 0 if none is higher). Combined per program first: four atomics per block of edges.
-        tl.atomic_min(buffer_ptr, tl.min(tl.where(live, u, 0), axis=0))
-        tl.atomic_min(buffer_ptr + 1, tl.min(tl.where(live, v, 0), axis=0))
-        tl.atomic_max(buffer_ptr + 2, tl.max(tl.where(live, u, 0), axis=0))
-        tl.atomic_max(buffer_ptr + 3, tl.max(tl.where(live, v, 0), axis=0))
+        # (or 0 if none is higher), saturated at the buffer's range. Combined per program first:
+        # four atomics per block of edges.
+        low_u = tl.min(tl.where(live, u, 0), axis=0)
+        low_v = tl.min(tl.where(live, v, 0), axis=0)
+        high_u = tl.max(tl.where(live, u, 0), axis=0)
+        high_v = tl.max(tl.where(live, v, 0), axis=0)
+        if WIDE:
+            tl.atomic_min(buffer_ptr, low_u)
+            tl.atomic_min(buffer_ptr + 1, low_v)
+            tl.atomic_max(buffer_ptr + 2, high_u)
+            tl.atomic_max(buffer_ptr + 3, high_v)
+        else:
+            tl.atomic_min(buffer_ptr, tl.maximum(low_u, -2147483648).to(tl.int32))
+            tl.atomic_min(buffer_ptr + 1, tl.maximum(low_v, -2147483648).to(tl.int32))
+            tl.atomic_max(buffer_ptr + 2, tl.minimum(high_u, 2147483647).to(tl.int32))
+            tl.atomic_max(buffer_ptr + 3, tl.minimum(high_v, 2147483647).to(tl.int32))
 
 
 class UserOrderPair(NamedTuple):
@@ -70,9 +84,10 @@ class UserOrderPair(NamedTuple):
 
     csr: CSR  #: destinations' rows; ``col`` is ``src`` in the index dtype
     csc: CSR  #: sources' rows; ``col`` is ``dst`` in the index dtype
-    #: ``[4]`` int64 on the device, with ``extrema=True``: the lowest source and destination index
-    #: (or 0 if none is lower) and the highest (or 0 if none is higher), all a range check needs;
-    #: else ``None``.
+    #: ``[4]`` in the index dtype on the device, with ``extrema=True``: the lowest source and
+    #: destination index (or 0 if none is lower) and the highest (or 0 if none is higher), saturated
+    #: at the index dtype's range: all a range check needs (an error message that names the index
+    #: reads the edges again); else ``None``.
     extremes: Optional[Tensor]
 
 
@@ -105,7 +120,7 @@ def build_user_order_pair(
     extremes: Optional[Tensor] = None
     if uses_triton(device):
         half = max(num_src, num_dst) + 1
-        buffer = torch.zeros(EXTREMES + 2 * half, dtype=torch.int64, device=device)
+        buffer = torch.zeros(EXTREMES + 2 * half, dtype=index_dtype, device=device)
         src_out = torch.empty(num_edges, dtype=index_dtype, device=device)
         dst_out = torch.empty(num_edges, dtype=index_dtype, device=device)
         eid = torch.empty(num_edges, dtype=index_dtype, device=device)
@@ -117,7 +132,7 @@ def build_user_order_pair(
             )
             kernel[(cdiv(num_edges, BLOCK),)](
                 src, dst, src.stride(0), dst.stride(0), src_out, dst_out, eid, buffer,
-                num_edges, num_src, num_dst, half, BLOCK=BLOCK, EXTREMA=extrema,
+                num_edges, num_src, num_dst, half, BLOCK=BLOCK, EXTREMA=extrema, WIDE=index_dtype == torch.int64,
             )  # fmt: skip
         offsets = buffer[EXTREMES:].view(2, half).cumsum(1, dtype=index_dtype)
         rowptr, csc_rowptr = offsets[0, : num_dst + 1], offsets[1, : num_src + 1]
@@ -132,7 +147,8 @@ def build_user_order_pair(
             # A zero column: the extremes are "or 0", as the kernel's.
             ends = torch.stack([src, dst]).to(torch.int64)
             ends = torch.cat([ends, ends.new_zeros(2, 1)], dim=1)
-            extremes = torch.cat([ends.amin(1), ends.amax(1)])
+            limits = torch.iinfo(index_dtype)
+            extremes = torch.cat([ends.amin(1), ends.amax(1)]).clamp(limits.min, limits.max).to(index_dtype)
     for offsets_of_rows in (rowptr, csc_rowptr):
         mark_user_order(offsets_of_rows)
     csr = CSR(rowptr, src_out, eid, dst_out, num_src, True)

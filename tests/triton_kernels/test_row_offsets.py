@@ -67,6 +67,18 @@ def test_pair_reads_strided_rows_and_keeps_no_extremes_unasked(device):
     assert pair.extremes is None
 
 
+def test_pair_extremes_saturate_at_the_index_dtype(device):
+    """Indices beyond int32 in an int32 build are reported at int32's limits (still out of any
+    int32 graph's range), exactly in an int64 build."""
+    src = torch.tensor([0, 2**40, 1], device=device)
+    dst = torch.tensor([1, -(2**35), 0], device=device)
+    narrow = row_offsets.build_user_order_pair(src, dst, 3, 3, torch.int32, extrema=True)
+    assert narrow.extremes.dtype == torch.int32 and narrow.extremes.tolist() == [0, -(2**31), 2**31 - 1, 1]
+    wide = row_offsets.build_user_order_pair(src, dst, 3, 3, torch.int64, extrema=True)
+    assert wide.extremes.dtype == torch.int64 and wide.extremes.tolist() == [0, -(2**35), 2**40, 1]
+    assert narrow.csr.rowptr.tolist() == wide.csr.rowptr.tolist() == [0, 1, 2, 2]
+
+
 def test_pair_counts_no_index_out_of_range(device):
     """Negative and too-large indices are counted nowhere (nothing written out of bounds: the
     counts of the rows in range are exact) and show in the extremes, for the caller's check."""
