@@ -125,11 +125,9 @@ def build_user_order_pair(
         dst_out = torch.empty(num_edges, dtype=index_dtype, device=device)
         eid = torch.empty(num_edges, dtype=index_dtype, device=device)
         if num_edges:
-            kernel = jit_kernel(
-                user_order_kernel,
-                ("src_stride", "dst_stride", "num_edges", "num_src", "num_dst", "half"),
-                interpreting(),
-            )
+            # The strides are specialised: a row of an edge index is contiguous (stride 1, read
+            # by vector loads) unless the index was transposed.
+            kernel = jit_kernel(user_order_kernel, ("num_edges", "num_src", "num_dst", "half"), interpreting())
             kernel[(cdiv(num_edges, BLOCK),)](
                 src, dst, src.stride(0), dst.stride(0), src_out, dst_out, eid, buffer,
                 num_edges, num_src, num_dst, half, BLOCK=BLOCK, EXTREMA=extrema, WIDE=index_dtype == torch.int64,
