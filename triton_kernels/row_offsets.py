@@ -104,7 +104,7 @@ def build_user_order_pair(
     kept in the user's order (:attr:`CSR.user_order`), in ``index_dtype``, with each direction's row
     offsets: what an edge-parallel kernel that combines every row by atomics reads
     (:func:`autotune.selection.reads_user_order`). No sort: on a GPU, one zeroed buffer, one kernel
-    (:func:`user_order_kernel`) and one running sum for both directions, against
+    (:func:`user_order_kernel`) and a running sum per direction, against
     :func:`~triton_kernels.csr_pair.build_csr_pair`'s sort and its kernel with eight outputs. With
     ``extrema``, the same kernel keeps the indices' extremes for the caller's range check, which
     then costs one read of four numbers. The offsets are remembered
@@ -132,8 +132,10 @@ def build_user_order_pair(
                 src, dst, src.stride(0), dst.stride(0), src_out, dst_out, eid, buffer,
                 num_edges, num_src, num_dst, half, BLOCK=BLOCK, EXTREMA=extrema, WIDE=index_dtype == torch.int64,
             )  # fmt: skip
-        offsets = buffer[EXTREMES:].view(2, half).cumsum(1, dtype=index_dtype)
-        rowptr, csc_rowptr = offsets[0, : num_dst + 1], offsets[1, : num_src + 1]
+        # One running sum per direction: torch scans a 1-D tensor across the whole GPU, but the
+        # rows of a 2-D one each in one block.
+        rowptr = buffer[EXTREMES : EXTREMES + num_dst + 1].cumsum(0, dtype=index_dtype)
+        csc_rowptr = buffer[EXTREMES + half : EXTREMES + half + num_src + 1].cumsum(0, dtype=index_dtype)
         if extrema:
             extremes = buffer[:EXTREMES]
     else:
