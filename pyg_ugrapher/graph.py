@@ -189,7 +189,9 @@ class GraphTensor:
         self._versions = (version(self.src), version(self.dst))
         if checked_by_build:
             device = self._resolve(None)
-            built = build_user_order_pair(self.src, self.dst, num_src, num_dst, index_dtype, extrema=True)
+            # Built now for a later first use, maybe in training: never as inference tensors.
+            with torch.inference_mode(False):
+                built = build_user_order_pair(self.src, self.dst, num_src, num_dst, index_dtype, extrema=True)
             extremes = built.extremes.tolist()
             limits = torch.iinfo(index_dtype)
             if limits.min in extremes or limits.max in extremes:

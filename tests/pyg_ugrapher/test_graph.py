@@ -277,6 +277,19 @@ def test_a_small_graph_is_checked_by_the_build_of_its_structure(
     assert calls["build"] == 1
 
 
+def test_a_small_graph_made_in_inference_mode_builds_a_structure_training_can_read(interpret, user_order):
+    """The structure built at construction is made outside inference mode, as a structure built at
+    its first use in training would be: a step may save it for its backward pass."""
+    edge_index = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]])
+    with torch.inference_mode():
+        g = GraphTensor.from_edge_index(edge_index, 3)
+    structure = g.structure()
+    assert structure.csr.user_order and not any(t.is_inference() for t in structure.flat())
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(ug.compute(g, "copy_u_sum", x).sum(), x)
+    torch.testing.assert_close(grad, _summed(g.reverse(), torch.ones(3, 4, dtype=torch.float64)), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "src,dst,num_src,num_dst,message",
     [
