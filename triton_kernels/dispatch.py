@@ -412,18 +412,24 @@ def _as_rows(tensor: Tensor) -> Tensor:
 
 
 def all_packed(tensors: Sequence[Tensor]) -> bool:
-    """Whether every tensor is :func:`packed_rows` (what a launch plan takes)."""
+    """Whether every tensor is :func:`packed_rows` (what a launch plan takes). Every operator call
+    asks: a contiguous tensor, the usual one, costs one call."""
     for t in tensors:
-        if not packed_rows(t):
+        if not t.is_contiguous() and not packed_rows(t):
             return False
     return True
 
 
 def _needs_wide(tensors: Sequence[Tensor]) -> bool:
-    """Whether an element offset (``row * stride(0) + feature``) may exceed int32."""
+    """Whether an element offset (``row * stride(0) + feature``) may exceed int32. Every operator
+    call asks, of every operand: two calls per tensor."""
     for t in tensors:
-        if t.numel() and t.shape[0] * max(t.stride(0), 1) + t.numel() // t.shape[0] > _INT32_LIMIT:
-            return True
+        elements = t.numel()
+        if elements:
+            rows = t.shape[0]
+            stride = t.stride(0)
+            if rows * (stride if stride > 0 else 1) + elements // rows > _INT32_LIMIT:
+                return True
     return False
 
 

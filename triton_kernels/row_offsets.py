@@ -125,8 +125,8 @@ def build_user_order_pair(
         dst_out = torch.empty(num_edges, dtype=index_dtype, device=device)
         eid = torch.empty(num_edges, dtype=index_dtype, device=device)
         if num_edges:
-            # The strides are specialised: a row of an edge index is contiguous (stride 1, read
-            # by vector loads) unless the index was transposed.
+            # The strides are specialised (a stride of 1 is compiled as a constant): a row of an
+            # edge index is contiguous unless the index was transposed.
             kernel = jit_kernel(user_order_kernel, ("num_edges", "num_src", "num_dst", "half"), interpreting())
             kernel[(cdiv(num_edges, BLOCK),)](
                 src, dst, src.stride(0), dst.stride(0), src_out, dst_out, eid, buffer,
