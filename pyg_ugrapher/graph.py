@@ -136,7 +136,8 @@ class GraphTensor:
         num_dst: number of destination vertices.
         index_dtype: force int32 or int64 indices in the kernels; default: int32 where it fits.
         validate: check dtypes, shapes and index ranges (one device sync; not while a CUDA graph
-            is being captured).
+            is being captured). A small GPU graph whose structure keeps the user's order is
+            checked by the kernel that builds that structure, which construction then builds.
     """
 
     def __init__(
