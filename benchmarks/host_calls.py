@@ -7,8 +7,9 @@ costs the host decides it. For every graph and width this suite times, ours agai
   ``scatter(x[src], dst)``;
 * ``layer SAGEConv`` / ``layer GINConv`` / ``layer GCNConv``: one layer with its default arguments
   (GIN around a Linear), on a graph it has seen;
-* ``new graph SAGEConv``: that layer on a new edge index at every call (a mini-batch's: the index
-  is copied before each call, so nothing is cached for it), forward only.
+* ``new graph SAGEConv`` / ``new graph GCNConv``: that layer on a new edge index at every call (a
+  mini-batch's: the index is copied before each call, so nothing is cached for it; GCN's adds self
+  loops and normalises), forward only.
 
 each in the passes ``forward`` (no gradient) and ``forward+backward`` (input features and
 parameters with gradients, the output's gradient given), except the new graph's. A row holds the
@@ -63,6 +64,7 @@ CASES = (
     "layer GINConv",
     "layer GCNConv",
     "new graph SAGEConv",
+    "new graph GCNConv",
 )
 
 

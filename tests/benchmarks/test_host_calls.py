@@ -10,13 +10,13 @@ from benchmarks import host_calls, report, rows
 
 def test_rows_table_and_plot(tmp_path):
     host_calls.main(
-        ["--graphs", "cora", "--cases", "op copy_u_mean", "new graph SAGEConv", "--calls", "2", "--repeats", "1"]
-        + ["--device", "cpu", "--out", str(tmp_path)]
+        ["--graphs", "cora", "--cases", "op copy_u_mean", "new graph SAGEConv", "new graph GCNConv"]
+        + ["--calls", "2", "--repeats", "1", "--device", "cpu", "--out", str(tmp_path)]
     )
     results = pd.read_csv(tmp_path / "host_calls.csv")
     assert tuple(results.columns) == rows.HOST_CALL_COLUMNS
     assert (results["status"] == "ok").all(), results["note"].tolist()
-    # The operator in both passes, the new graph forward only; PyG's and ours each.
+    # The operator in both passes, the new graphs forward only; PyG's and ours each.
     cases = sorted(zip(results["case"], results["pass"], results["impl"]))
     assert cases == sorted(
         (case, pass_, impl)
@@ -24,6 +24,7 @@ def test_rows_table_and_plot(tmp_path):
             ("op copy_u_mean", "forward"),
             ("op copy_u_mean", "forward+backward"),
             ("new graph SAGEConv", "forward"),
+            ("new graph GCNConv", "forward"),
         ]
         for impl in ("pyg", "ours")
     )
