@@ -666,21 +666,23 @@ def small_graph_rule_plot(frame: pd.DataFrame, path: Path) -> None:
 
 
 def host_calls_newest(frame: pd.DataFrame) -> pd.DataFrame:
-    """The timed rows of ``host_calls.csv`` of its newest commit (``commit``), one per (graph,
-    ``F``, case, pass): ``host_us`` of ``pyg`` and ``ours`` side by side."""
+    """The timed rows of ``host_calls.csv`` of each case's newest commit (the commit of its last
+    row), one per (graph, ``F``, case, pass): ``host_us`` of ``pyg`` and ``ours`` side by side, and
+    that ``commit``. A run of a few cases leaves the others' newest rows in the table."""
+    columns = ["graph", "F", "case", "pass"]
     timed = frame[frame.status.isin(TIMED)]
     if timed.empty:
-        return pd.DataFrame(columns=["graph", "F", "case", "pass", "pyg", "ours", "commit"])
-    newest = timed.commit.iloc[-1]
-    timed = timed[timed.commit == newest].assign(F=lambda f: f.F.astype(float).astype(int))
-    wide = timed.pivot_table(index=["graph", "F", "case", "pass"], columns="impl", values="host_us", aggfunc="last")
-    return wide.reindex(columns=["pyg", "ours"]).reset_index().assign(commit=newest)
+        return pd.DataFrame(columns=columns + ["pyg", "ours", "commit"])
+    timed = timed.assign(F=lambda f: f.F.astype(float).astype(int))
+    timed = timed[timed.commit == timed.groupby(columns).commit.transform("last")]
+    wide = timed.pivot_table(index=columns + ["commit"], columns="impl", values="host_us", aggfunc="last")
+    return wide.reindex(columns=["pyg", "ours"]).reset_index()[columns + ["pyg", "ours", "commit"]]
 
 
 def host_calls_table(frame: pd.DataFrame) -> str:
-    """Host microseconds per call of the newest commit, PyG's against ours, as markdown."""
+    """Host microseconds per call of each case's newest commit, PyG's against ours, as markdown."""
     table = host_calls_newest(frame)
-    header = ["graph", "F", "case", "pass", "PyG host µs", "ours host µs", "PyG / ours"]
+    header = ["graph", "F", "case", "pass", "PyG host µs", "ours host µs", "PyG / ours", "commit"]
     body = [
         [
             r["graph"],
@@ -690,6 +692,7 @@ def host_calls_table(frame: pd.DataFrame) -> str:
             _number(r["pyg"]),
             _number(r["ours"]),
             _ratio(r["pyg"] / r["ours"]),
+            str(r["commit"]),
         ]
         for r in table.to_dict("records")
     ]
@@ -697,8 +700,8 @@ def host_calls_table(frame: pd.DataFrame) -> str:
 
 
 def host_calls_plot(frame: pd.DataFrame, path: Path) -> None:
-    """Host microseconds per call of the newest commit, PyG's and ours, per case and pass, a panel
-    per graph and ``F``."""
+    """Host microseconds per call of each case's newest commit, PyG's and ours, per case and pass,
+    a panel per graph and ``F``."""
     table = host_calls_newest(frame)
     if table.empty:
         return
@@ -711,7 +714,8 @@ def host_calls_plot(frame: pd.DataFrame, path: Path) -> None:
         _bars(ax, labels, series, "host µs per call")
         ax.set_title(f"{graph}, F = {F}")
         ax.legend(fontsize=7)
-    _save_figure(fig, f"host time per call, {frame.gpu.iloc[-1]}, commit {table.commit.iloc[0]}", path)
+    commits = ", ".join(dict.fromkeys(table.commit.astype(str)))
+    _save_figure(fig, f"host time per call, {frame.gpu.iloc[-1]}, commits {commits}", path)
 
 
 def distributed_runs(frame: pd.DataFrame) -> pd.DataFrame:

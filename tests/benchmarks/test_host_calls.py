@@ -49,3 +49,25 @@ def test_unknown_cases_and_counts_are_refused():
         host_calls.parse_args(["--cases", "op copy_u_prod"])
     with pytest.raises(SystemExit):
         host_calls.parse_args(["--calls", "0"])
+
+
+def test_the_report_keeps_each_cases_newest_commit():
+    """A run of a few cases replaces those cases' rows in the table and leaves the others' newest."""
+    key = {"gpu": "h200", "graph": "cora", "F": 64, "pass": "forward", "status": "ok"}
+    frame = pd.DataFrame(
+        [
+            {**key, "commit": commit, "case": case, "impl": impl, "host_us": host_us}
+            for commit, case, impl, host_us in [
+                ("old", "layer SAGEConv", "pyg", 200.0),
+                ("old", "layer SAGEConv", "ours", 100.0),
+                ("old", "new graph SAGEConv", "pyg", 300.0),
+                ("old", "new graph SAGEConv", "ours", 900.0),
+                ("new", "new graph SAGEConv", "pyg", 310.0),
+                ("new", "new graph SAGEConv", "ours", 600.0),
+            ]
+        ]
+    )
+    table = report.host_calls_newest(frame).set_index("case")
+    assert table.loc["layer SAGEConv", ["pyg", "ours", "commit"]].tolist() == [200.0, 100.0, "old"]
+    assert table.loc["new graph SAGEConv", ["pyg", "ours", "commit"]].tolist() == [310.0, 600.0, "new"]
+    assert "| cora | 64 | layer SAGEConv | forward | 200 | 100 | 2x | old |" in report.host_calls_table(frame)
