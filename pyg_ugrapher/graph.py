@@ -158,8 +158,8 @@ class GraphTensor:
         if check_now:
             check_endpoints(src, dst)
         # A small graph on the GPU is checked by the kernel that builds its structure in the user's
-        # order (its first use builds it anyway): one launch and one read of four numbers, where a
-        # separate check would take four launches and the same read.
+        # order (its first use builds it anyway): the check costs no launch of its own and one read
+        # of four numbers, where a separate check takes four launches and the same read.
         checked_by_build = (
             check_now
             and src.numel() > 0
