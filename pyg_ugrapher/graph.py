@@ -159,7 +159,7 @@ class GraphTensor:
             check_endpoints(src, dst)
         # A small graph on the GPU is checked by the kernel that builds its structure in the user's
         # order (its first use builds it anyway): the check costs no launch of its own and one read
-        # of four numbers, where a separate check takes four launches and the same read.
+        # of four numbers, where a separate check takes three launches and the same read.
         checked_by_build = (
             check_now
             and src.numel() > 0
