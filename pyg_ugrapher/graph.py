@@ -155,19 +155,20 @@ class GraphTensor:
         # Inside a CUDA graph capture a check would wait for the GPU: the recorder checks instead
         # (see pyg_ugrapher.graph_argument.built_in_recording).
         check_now = validate and not (isinstance(src, Tensor) and capturing(src))
-        if check_now:
-            check_endpoints(src, dst)
         # A small graph on the GPU is checked by the kernel that builds its structure in the user's
         # order (its first use builds it anyway): the check costs no launch of its own and one read
         # of four numbers, where a separate check takes three launches and the same read.
         checked_by_build = (
             check_now
+            and isinstance(src, Tensor)
             and src.numel() > 0
             and uses_triton(src.device)
             and selection.reads_user_order(src.numel(), src.device)
             and not _read_by_recorded_step(src)
         )
-        if check_now and not checked_by_build:
+        if checked_by_build:
+            check_endpoints(src, dst)
+        elif check_now:
             validate_endpoints(src, dst, num_src, num_dst)
         if index_dtype is None:
             index_dtype = index_dtype_for(max(num_src, num_dst), src.numel())
