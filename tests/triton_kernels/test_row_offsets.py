@@ -56,6 +56,17 @@ def test_pair_on_skewed_and_sparse_sizes(num_src, num_dst, num_edges, device):
     assert pair.extremes.tolist() == _extremes(src.cpu(), dst.cpu())
 
 
+def test_pair_of_a_100k_edge_hub(device):
+    """Every edge into one vertex (100k atomics on one counter), vertices without edges around it."""
+    g = torch.Generator().manual_seed(7)
+    src = torch.randint(0, 5000, (100_000,), generator=g).to(device)
+    dst = torch.full((100_000,), 3, device=device)
+    pair = row_offsets.build_user_order_pair(src, dst, 5000, 10, torch.int32, extrema=True)
+    _check_pair(pair, src, dst, 5000, 10, torch.int32)
+    assert pair.csr.rowptr.tolist() == [0, 0, 0, 0] + [100_000] * 7
+    assert pair.extremes.tolist() == _extremes(src.cpu(), dst.cpu())
+
+
 def test_pair_reads_strided_rows_and_keeps_no_extremes_unasked(device):
     """The rows of a transposed ``[E, 2]`` index (stride 2); without ``extrema``, none are kept."""
     g = torch.Generator().manual_seed(3)
