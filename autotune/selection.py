@@ -37,6 +37,7 @@ decision run under one lock (:data:`_LOCK`); see ``docs/caches.md``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -714,14 +715,18 @@ def select_measured(
             candidates = shortlist(stats, op, F, dtype, reduce_size=reduce_size, device=device)
             if adapt is not None:
                 candidates = list(dict.fromkeys(adapt(candidate) for candidate in candidates))
-            choice = fastest(
-                candidates,
-                run,
-                timer=timer,
-                neighbours_of=lambda info: neighbours(info, op, F),
-                rounds=REFINE_ROUNDS,
-                refine_above=REFINE_MS,
-            )
+            # The timer's events and busy-wait go to the current device's stream: time the
+            # candidates with the graph's own GPU current.
+            on_its_gpu = device.type == "cuda" and device.index is not None
+            with torch.cuda.device(device) if on_its_gpu else contextlib.nullcontext():
+                choice = fastest(
+                    candidates,
+                    run,
+                    timer=timer,
+                    neighbours_of=lambda info: neighbours(info, op, F),
+                    rounds=REFINE_ROUNDS,
+                    refine_above=REFINE_MS,
+                )
             _MEASURED[key + (context,)] = choice
             if context is None:
                 _CACHE[key] = choice

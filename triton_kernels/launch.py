@@ -8,6 +8,9 @@ take only tensors and integers (everything else is a ``constexpr`` keyword), so 
 specialisation is a short tuple computed here; the first call of each one goes through Triton
 (which compiles), later calls launch its ``CompiledKernel``.
 
+Triton compiles for and launches on the current CUDA device; a launch on tensors of another GPU
+makes theirs current for its duration, as torch's operations run on their tensors' device.
+
 Anything this does not recognise (other argument types, launch hooks set by a profiler, a Triton
 whose compiled kernels lack the attributes used here) goes through Triton's own path.
 
@@ -24,6 +27,7 @@ import functools
 import threading
 from typing import Any, Callable, Dict, Sequence, Tuple
 
+import torch
 import triton
 from torch import Tensor
 from triton import knobs
@@ -47,6 +51,15 @@ def _hooked(hook: Any) -> bool:
     """Whether a launch hook would run: Triton 3.6 keeps a (usually empty) ``HookChain`` there,
     older versions ``None`` or a function."""
     return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _home_device(args: Sequence[Any]) -> int:
+    """The CUDA device of the first tensor argument (the kernels' tensors share one), -1 for a
+    CPU tensor or none."""
+    for arg in args:
+        if isinstance(arg, Tensor):
+            return arg.get_device()
+    return -1
 
 
 def _int_type(value: int) -> str:
@@ -85,12 +98,19 @@ class DirectKernel:
         return tuple(key)
 
     def run(self, grid: Sequence[int], args: Sequence[Any], kwargs: Dict[str, Any]) -> None:
+        device = driver.active.get_current_device()
+        home = _home_device(args)
+        if home >= 0 and home != device:
+            # Triton compiles for and launches on the current device, whose context cannot run
+            # a kernel on another GPU's memory: a call on tensors of another GPU runs there.
+            with torch.cuda.device(home):
+                self.run(grid, args, kwargs)
+            return
         runtime = knobs.runtime
         if not self.direct or _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             with TRITON_LOCK:
                 self.fn[grid](*args, **kwargs)
             return
-        device = driver.active.get_current_device()
         key = self._key(device, args, kwargs)
         binary = self.binaries.get(key) if key is not None else None
         if binary is None:

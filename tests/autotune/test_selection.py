@@ -1,3 +1,4 @@
+import contextlib
 import dataclasses
 import math
 
@@ -395,6 +396,34 @@ def test_select_measured_times_the_shortlist_once_per_case(graphs, monkeypatch):
         == candidates[0]
     )
     assert selection.select(graph, op, F, device="cuda") == candidates[1]
+
+
+def test_select_measured_times_with_the_graphs_gpu_current(graphs, monkeypatch):
+    """The timer queues its events on the current device's stream: a graph on another GPU is
+    timed with that GPU current, and the current device is back after."""
+    graph, op, F = graphs[0], OpInfo.from_name("copy_u_sum"), 64
+    candidates = _schedules(op, F, 2)
+    monkeypatch.setattr(selection, "shortlist", lambda *args, **kwargs: candidates)
+    monkeypatch.setattr(selection, "REFINE_ROUNDS", 0)
+    current = [0]
+    seen = []
+
+    @contextlib.contextmanager
+    def device(index):
+        previous, current[0] = current[0], torch.device(index).index
+        try:
+            yield
+        finally:
+            current[0] = previous
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+
+    def timer(call, repeats):
+        seen.append(current[0])
+        return 1.0 if call() == candidates[0] else 2.0
+
+    chosen = selection.select_measured(graph, op, F, lambda info: info, device="cuda:1", timer=timer)
+    assert chosen == candidates[0] and seen == [1, 1] and current == [0]
 
 
 def test_shortlist_is_the_models_best_then_the_heuristic(graphs, model_file, monkeypatch):

@@ -4,10 +4,12 @@ The CPU tests drive it with a stand-in JIT function and driver (the logic is pur
 ``cuda`` test launches real kernels with operands whose alignment changes between calls.
 """
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch_geometric.nn as pyg
 
 import pyg_ugrapher as ug
 from pyg_ugrapher.ir import OpInfo
@@ -169,6 +171,41 @@ def test_an_unexpected_compiled_kernel_turns_direct_launches_off(driver):
     assert kinds == ["jit"] * 3 and not kernel.direct
 
 
+#: Launches on a GPU that is not the current one.
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+
+
+def test_a_launch_on_tensors_of_another_device_switches_to_it(monkeypatch):
+    """Tensors of a device that is not the current one: the launch (compiling first, then the
+    binary) runs with their device current, and the current device is restored after."""
+    current = [0]
+    switches = []
+
+    @contextlib.contextmanager
+    def device(index):
+        switches.append(index)
+        previous, current[0] = current[0], index
+        try:
+            yield
+        finally:
+            current[0] = previous
+
+    active = SimpleNamespace(get_current_device=lambda: current[0], get_current_stream=lambda index: 100 + index)
+    monkeypatch.setattr(launch, "driver", SimpleNamespace(active=active))
+    monkeypatch.setattr(launch.torch.cuda, "device", device)
+    monkeypatch.setattr(launch, "_home_device", lambda args: 1)
+    fn = JitFunction()
+    kinds, kernel = launches(fn, [((torch.zeros(4), 2, 3), dict(BLOCK=16))] * 2)
+    assert kinds == ["jit", "binary"] and switches == [1, 1] and current == [0]
+    assert fn.log[1][2][3] == 101  # the stream of the tensors' device
+    assert all(key[0] == 1 for key in kernel.binaries)
+
+
+def test_cpu_tensors_and_integers_have_no_home_device():
+    assert launch._home_device((3, torch.zeros(2), 5)) == -1  # a CPU tensor: nothing to switch
+    assert launch._home_device((3, 4)) == -1
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("strategy", ["vertex", "edge", "group"])
 def test_misaligned_operands_after_aligned_ones(strategy, device, graph_factory, check_close):
@@ -182,3 +219,47 @@ def test_misaligned_operands_after_aligned_ones(strategy, device, graph_factory,
     for x in (wide[:, :64], wide[:, 1:], wide[:, :64].contiguous()):
         expected = ug.reference.execute(graph, op, [x.double(), weight.double()]).float()
         check_close(ug.compute(graph, op, x, weight, parallel_info=info), expected)
+
+
+@pytest.mark.cuda
+@TWO_GPUS
+@pytest.mark.parametrize("strategy", ["vertex", "edge", "group"])
+def test_operands_on_another_gpu_run_on_that_gpu(strategy, graph_factory, check_close):
+    """With the first GPU current, operands on the second: each kernel (the structure's build
+    included) runs on the operands' GPU, as torch's own operations do."""
+    second = torch.device("cuda", 1)
+    op = OpInfo.from_name("u_mul_e_sum")
+    with torch.cuda.device(0):
+        graph = graph_factory("mixed")
+        x = torch.randn(graph.num_src, 32, device=second)
+        weight = torch.randn(graph.num_edges, device=second)
+        expected = ug.reference.execute(graph, op, [x.double().cpu(), weight.double().cpu()]).float()
+        out = ug.compute(graph, op, x, weight, parallel_info=ug.ParallelInfo(strategy))
+        assert out.device == second
+        check_close(out.cpu(), expected)
+
+
+@pytest.mark.cuda
+@TWO_GPUS
+@pytest.mark.parametrize("layer", ["GCNConv", "GATConv", "SAGEConv"])
+def test_a_layer_on_another_gpu_trains_there(layer, graph_factory, check_close):
+    """A drop-in layer moved to the second GPU while the first is current (a new graph: the
+    structure is built and checked there too) gives PyG's output and gradients on the CPU."""
+    graph = graph_factory("mixed")
+    edge_index = torch.stack([graph.src, graph.dst]).long()
+    x = torch.randn(graph.num_src, 16)
+    theirs = getattr(pyg, layer)(16, 8)
+    ours = getattr(ug.nn, layer)(16, 8)
+    ours.load_state_dict(theirs.state_dict())
+    second = torch.device("cuda", 1)
+    ours = ours.to(second)
+    with torch.cuda.device(0):
+        x_ours = x.to(second).requires_grad_()
+        out = ours(x_ours, edge_index.to(second))
+        out.square().sum().backward()
+    x_theirs = x.clone().requires_grad_()
+    expected = theirs(x_theirs, edge_index)
+    expected.square().sum().backward()
+    assert out.device == second
+    check_close(out.cpu(), expected.detach())
+    check_close(x_ours.grad.cpu(), x_theirs.grad)
