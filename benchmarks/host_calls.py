@@ -9,7 +9,11 @@ costs the host decides it. For every graph and width this suite times, ours agai
   (GIN around a Linear), on a graph it has seen;
 * ``new graph SAGEConv`` / ``new graph GCNConv``: that layer on a new edge index at every call (a
   mini-batch's: the index is copied before each call, so nothing is cached for it; GCN's adds self
-  loops and normalises), forward only.
+  loops and normalises), forward only;
+* ``compiled layer SAGEConv`` / ``compiled layer GCNConv``: the layer under ``torch.compile``
+  (default mode), PyG's compiled against ours: our operators run as custom ops, whose dispatch
+  costs host time at every call, where Inductor fuses PyG's gathers and scatters into its own
+  kernels.
 
 each in the passes ``forward`` (no gradient) and ``forward+backward`` (input features and
 parameters with gradients, the output's gradient given), except the new graph's. A row holds the
@@ -65,6 +69,8 @@ CASES = (
     "layer GCNConv",
     "new graph SAGEConv",
     "new graph GCNConv",
+    "compiled layer SAGEConv",
+    "compiled layer GCNConv",
 )
 
 
@@ -119,6 +125,12 @@ def make_call(
 
     elif kind == "layer":
         module = layer(name, impl, width).to(device)
+
+        def forward() -> Tensor:
+            return module(x, edge_index)
+
+    elif kind == "compiled":
+        module = torch.compile(layer(name.split()[-1], impl, width).to(device))
 
         def forward() -> Tensor:
             return module(x, edge_index)

@@ -37,6 +37,19 @@ def test_rows_table_and_plot(tmp_path):
     assert "Host time per call" in text and "new graph SAGEConv" in text
 
 
+def test_a_compiled_layer_case_times_both_compiled_layers(tmp_path):
+    host_calls.main(
+        ["--graphs", "cora", "--cases", "compiled layer SAGEConv", "--calls", "2", "--repeats", "1"]
+        + ["--device", "cpu", "--out", str(tmp_path)]
+    )
+    results = pd.read_csv(tmp_path / "host_calls.csv")
+    assert (results["status"] == "ok").all(), results["note"].tolist()
+    assert sorted(zip(results["pass"], results["impl"])) == [
+        (pass_, impl) for pass_ in ("forward", "forward+backward") for impl in ("ours", "pyg")
+    ]
+    assert (results["host_us"] > 0).all() and (results["python_calls"] > 0).all()
+
+
 def test_a_part_is_a_smaller_graph_and_unknown_graphs_are_refused():
     edge_index, num_nodes = host_calls.load_graph("cora-parts", seed=0)
     assert 0 < num_nodes < 2708 and int(edge_index.max()) < num_nodes
