@@ -275,6 +275,11 @@ class RecordedStep:
         devices = {t.device.type for t in tensors}
         if not self.enabled or devices != {"cuda"}:
             return self.step(*tensors)
+        home = tensors[0].device.index
+        if home is not None and home != torch.cuda.current_device():
+            # torch.cuda.graph captures the current device's work: record and replay on theirs.
+            with torch.cuda.device(home):
+                return self(*tensors)
         key = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
         recording = self._recordings.get(key)
         if recording is None:
@@ -333,7 +338,10 @@ class RecordedStep:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with holding_graphs(holds), graphs_read_while_capturing() as read, torch.cuda.graph(graph, pool=self._pool):
+        # A stream of the inputs' device: torch.cuda.graph's default capture stream is one for the
+        # whole process, made on whichever device was current at its first use.
+        capture = torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.Stream(device=device))
+        with holding_graphs(holds), graphs_read_while_capturing() as read, capture:
             if seen_out_of_range is not None:
                 for index, bounds in checked.items():
                     _clamp_indices(inputs[index], bounds, seen_out_of_range)

@@ -54,11 +54,11 @@ def random_batch(num_nodes: int, num_edges: int, seed: int, device="cpu"):
     return [t.to(device) for t in (x, edge_index, y, weight)]
 
 
-def cuda_steps(model_name: str, layers):
+def cuda_steps(model_name: str, layers, device="cuda"):
     """A model on the GPU, a recorded step of it and an eager step of an equal copy (both with
     capturable Adam), from the same seed."""
     torch.manual_seed(0)
-    model = two_layers(model_name, layers).to("cuda")
+    model = two_layers(model_name, layers).to(device)
     reference = copy.deepcopy(model)
     step = ug.RecordedStep(make_step(model, torch.optim.Adam(model.parameters(), lr=0.01, capturable=True)))
     eager = make_step(reference, torch.optim.Adam(reference.parameters(), lr=0.01, capturable=True))
@@ -234,6 +234,25 @@ def test_recorded_full_batch_steps_equal_eager_steps(model_name):
     other = random_batch(500, 4000, seed=5, device=device)
     other[1] = batch[1]
     assert rel_err(step(*other), eager(*other)) < 1e-4
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("model_name", MODELS)
+def test_recorded_steps_on_a_gpu_that_is_not_current_equal_eager_steps(model_name):
+    """A model and its inputs on the second GPU while the first is current: the steps are recorded
+    and replayed on theirs, with the eager steps' losses and parameters."""
+    second = torch.device("cuda", 1)
+    with torch.cuda.device(0):
+        model, reference, step, eager = cuda_steps(model_name, ug.nn, second)
+        batch = random_batch(500, 4000, seed=4, device=second)
+        losses = [step(*batch).clone() for _ in range(3)]
+        want = [eager(*batch) for _ in range(3 + 3)]
+        assert torch.cuda.current_device() == 0
+    assert step.num_recordings == 1 and losses[-1].device == second
+    assert rel_err(losses[-1], want[-1]) < 1e-4
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert rel_err(a, b) < 1e-4
 
 
 @pytest.mark.cuda
