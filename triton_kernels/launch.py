@@ -104,8 +104,12 @@ class DirectKernel:
             # Triton compiles for and launches on the current device, whose context cannot run
             # a kernel on another GPU's memory: a call on tensors of another GPU runs there.
             with torch.cuda.device(home):
-                self.run(grid, args, kwargs)
+                self._launch(grid, args, kwargs, home)
             return
+        self._launch(grid, args, kwargs, device)
+
+    def _launch(self, grid: Sequence[int], args: Sequence[Any], kwargs: Dict[str, Any], device: int) -> None:
+        """The launch on ``device``, the current one."""
         runtime = knobs.runtime
         if not self.direct or _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             with TRITON_LOCK:
