@@ -82,8 +82,8 @@ INTERPRETER_NUMPY_OK = tuple(int(p) for p in np.__version__.split(".")[:2]) < (2
 
 # -- markers -------------------------------------------------------------------------------------
 def pytest_collection_modifyitems(config, items):
-    """Skip ``cuda`` tests on a machine without a GPU, and tests that need Triton's interpreter
-    where NumPy is too new for it."""
+    """Skip ``cuda`` tests on a machine without a GPU, ``two_gpus`` tests on one with fewer than two,
+    and tests that need Triton's interpreter where NumPy is too new for it."""
     skips = []
     if not CUDA:
         skips.append(
@@ -92,6 +92,8 @@ def pytest_collection_modifyitems(config, items):
                 pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)"),
             )
         )
+    if torch.cuda.device_count() < 2:
+        skips.append((lambda item: "two_gpus" in item.keywords, pytest.mark.skip(reason="needs two GPUs")))
     if not INTERPRETER_NUMPY_OK:
         skips.append(
             (

@@ -237,7 +237,7 @@ def test_recorded_full_batch_steps_equal_eager_steps(model_name):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.two_gpus
 @pytest.mark.parametrize("model_name", MODELS)
 def test_recorded_steps_on_a_gpu_that_is_not_current_equal_eager_steps(model_name):
     """A model and its inputs on the second GPU while the first is current: the steps are recorded

@@ -171,10 +171,6 @@ def test_an_unexpected_compiled_kernel_turns_direct_launches_off(driver):
     assert kinds == ["jit"] * 3 and not kernel.direct
 
 
-#: Launches on a GPU that is not the current one.
-TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-
-
 def test_a_launch_on_tensors_of_another_device_switches_to_it(monkeypatch):
     """Tensors of a device that is not the current one: the launch (compiling first, then the
     binary) runs with their device current, and the current device is restored after."""
@@ -222,7 +218,7 @@ def test_misaligned_operands_after_aligned_ones(strategy, device, graph_factory,
 
 
 @pytest.mark.cuda
-@TWO_GPUS
+@pytest.mark.two_gpus
 @pytest.mark.parametrize("strategy", ["vertex", "edge", "group"])
 def test_operands_on_another_gpu_run_on_that_gpu(strategy, graph_factory, check_close):
     """With the first GPU current, operands on the second: each kernel (the structure's build
@@ -240,7 +236,7 @@ def test_operands_on_another_gpu_run_on_that_gpu(strategy, graph_factory, check_
 
 
 @pytest.mark.cuda
-@TWO_GPUS
+@pytest.mark.two_gpus
 @pytest.mark.parametrize("layer", ["GCNConv", "GATConv", "SAGEConv"])
 def test_a_layer_on_another_gpu_trains_there(layer, graph_factory, check_close):
     """A drop-in layer moved to the second GPU while the first is current (a new graph: the
