@@ -13,7 +13,9 @@ costs the host decides it. For every graph and width this suite times, ours agai
 * ``compiled layer SAGEConv`` / ``compiled layer GCNConv``: the layer under ``torch.compile``
   (default mode), PyG's compiled against ours: our operators run as custom ops, whose dispatch
   costs host time at every call, where Inductor fuses PyG's gathers and scatters into its own
-  kernels.
+  kernels;
+* ``compiled op copy_u_sum``: the aggregation under ``torch.compile``, on a graph whose structure
+  only the compiled calls build.
 
 each in the passes ``forward`` (no gradient) and ``forward+backward`` (input features and
 parameters with gradients, the output's gradient given), except the new graph's. A row holds the
@@ -71,6 +73,7 @@ CASES = (
     "new graph GCNConv",
     "compiled layer SAGEConv",
     "compiled layer GCNConv",
+    "compiled op copy_u_sum",
 )
 
 
@@ -113,6 +116,9 @@ def make_call(
     x = torch.randn(num_nodes, width, generator=generator).to(device).requires_grad_(backward)
     edge_index = edge_index.to(device)
     kind, _, name = case.partition(" ")
+    compiled_op = kind == "compiled" and name.startswith("op ")
+    if compiled_op:
+        kind, _, name = name.partition(" ")
     if kind == "op":
         gather = name.rsplit("_", 1)[1]
         src, dst = edge_index
@@ -146,6 +152,8 @@ def make_call(
 
     else:
         raise ValueError(f"cases: unknown case {case!r}; expected one of {', '.join(CASES)}")
+    if compiled_op:
+        forward = torch.compile(forward)
     if not backward:
 
         def call() -> object:

@@ -38,6 +38,7 @@ from .structure import (
     in_user_order,
     index_dtype_for,
     keeping_nothing,
+    keeps_nothing,
     mark_reused,
     records_steps,
     split_chunk_slots,
@@ -92,18 +93,47 @@ def recordable_pair(
     return outside, inside
 
 
+def _built_structure(src: Tensor, dst: Tensor, num_src: int, num_dst: int, index_dtype: torch.dtype) -> List[Tensor]:
+    """Both sorted directions of the graph ``(src, dst)`` and its endpoints, in ``index_dtype``,
+    flattened; every array a new one (a custom op's outputs may alias neither its inputs nor one
+    another)."""
+    src, dst = src.to(index_dtype, copy=True), dst.to(index_dtype, copy=True)
+    csr, csc = build_csr_pair(src, dst, num_src, num_dst, index_dtype)
+    return GraphStructure(csr, csc, src, dst).flat()
+
+
 @torch.library.custom_op("pyg_ugrapher::graph_structure", mutates_args=(), tags=OP_TAGS)
-def graph_structure(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> List[Tensor]:
-    """:meth:`GraphTensor.structure` of the graph ``(src, dst)`` (same index dtype), uncached and
-    flattened (:meth:`~pyg_ugrapher.structure.GraphStructure.flat`)."""
-    csr, csc = build_csr_pair(src, dst, num_src, num_dst, src.dtype)
-    return GraphStructure(csr, csc, src.clone(), dst.clone()).flat()
+def graph_structure(
+    src: Tensor, dst: Tensor, num_src: int, num_dst: int, index_dtype: Optional[torch.dtype] = None
+) -> List[Tensor]:
+    """:meth:`GraphTensor.structure` of the graph ``(src, dst)``, sorted, in ``index_dtype`` (by
+    default ``src``'s), flattened (:meth:`~pyg_ugrapher.structure.GraphStructure.flat`).
+
+    What a compiled graph calls for a graph whose structure was not built before: every call of
+    the compiled code passes the same ``src`` and ``dst`` objects, so the structure is built once,
+    kept with ``src`` until it dies, and built again if either array changes in place (or ``src``
+    comes with another ``dst``). Not kept where nothing may be (:func:`keeps_nothing`: inside a
+    CUDA graph capture, whose replays would rewrite it)."""
+    index_dtype = src.dtype if index_dtype is None else index_dtype
+    if keeps_nothing(src):
+        return _built_structure(src, dst, num_src, num_dst, index_dtype)
+    cache = derived_cache(src)
+    key = ("graph structure", num_src, num_dst, index_dtype)
+    versions = (version(src), version(dst))
+    kept = cache.get(key)
+    # The entry holds ``dst`` itself: an identity test cannot be fooled by a reused id.
+    if kept is None or kept[0] is not dst or kept[1] != versions:
+        kept = (dst, versions, _built_structure(src, dst, num_src, num_dst, index_dtype))
+        cache[key] = kept
+    return list(kept[2])
 
 
 @graph_structure.register_fake
-def _(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> List[Tensor]:
+def _(src: Tensor, dst: Tensor, num_src: int, num_dst: int, index_dtype: Optional[torch.dtype] = None) -> List[Tensor]:
+    dtype = src.dtype if index_dtype is None else index_dtype
+
     def empty(size: int) -> Tensor:
-        return src.new_empty(size)
+        return src.new_empty(size, dtype=dtype)
 
     num_edges = src.shape[0]
     csr = CSR(empty(num_dst + 1), empty(num_edges), empty(num_edges), empty(num_edges), num_src)
@@ -352,7 +382,7 @@ class GraphTensor:
         repeats ``src`` and ``dst``, and a custom op's outputs may not alias one another.
 
         Under ``torch.compile`` a structure not built yet is built by one opaque op inside the
-        compiled graph (no graph break, but no caching either: build it once outside to reuse it).
+        compiled graph (no graph break), once: :func:`graph_structure` keeps it with the edges.
         """
         compiling = torch.compiler.is_compiling()
         if compiling:
@@ -377,7 +407,7 @@ class GraphTensor:
             sort = recorded or not selection.reads_user_order(self.num_edges, device)
         if compiling and device not in self._csr_cache:
             arrays = graph_structure(
-                self.src.to(device, self.index_dtype), self.dst.to(device, self.index_dtype), self.num_src, self.num_dst
+                self.src.to(device), self.dst.to(device), self.num_src, self.num_dst, self.index_dtype
             )
             return GraphStructure.from_flat(arrays, user_order=False)
         if not sort:

@@ -37,9 +37,10 @@ def test_rows_table_and_plot(tmp_path):
     assert "Host time per call" in text and "new graph SAGEConv" in text
 
 
-def test_a_compiled_layer_case_times_both_compiled_layers(tmp_path):
+@pytest.mark.parametrize("case", ["compiled layer SAGEConv", "compiled op copy_u_sum"])
+def test_a_compiled_case_times_both_compiled_calls(tmp_path, case):
     host_calls.main(
-        ["--graphs", "cora", "--cases", "compiled layer SAGEConv", "--calls", "2", "--repeats", "1"]
+        ["--graphs", "cora", "--cases", case, "--calls", "2", "--repeats", "1"]
         + ["--device", "cpu", "--out", str(tmp_path)]
     )
     results = pd.read_csv(tmp_path / "host_calls.csv")

@@ -165,6 +165,56 @@ def test_structure_op_outputs_share_no_memory(graph_case, graph_factory):
     assert all(t._base is None for t in g.structure().flat())
 
 
+def test_structure_op_builds_a_graph_once(graph_factory, monkeypatch):
+    """What a compiled graph calls for a structure not built before: kept with ``src`` (its
+    arrays new, never the inputs), so the same edges are not sorted again; built again when either
+    array changes in place or ``src`` comes with another ``dst``, and never kept where nothing may
+    be. Every build is the graph's own sorted structure, in the index dtype asked for."""
+    g = graph_factory("mixed")
+    expected = g.structure(sort=True).flat()
+    builds = []
+    original = graph_module.build_csr_pair
+    monkeypatch.setattr(graph_module, "build_csr_pair", lambda *args: builds.append(1) or original(*args))
+    src, dst = g.src.clone(), g.dst.clone()
+
+    def built(source=src, target=dst):
+        return graph_module.graph_structure(source, target, g.num_src, g.num_dst, g.index_dtype)
+
+    first = built()
+    assert all(got.dtype == g.index_dtype and torch.equal(got, want) for got, want in zip(first, expected, strict=True))
+    inputs = {src.untyped_storage().data_ptr(), dst.untyped_storage().data_ptr()}
+    assert not inputs & {t.untyped_storage().data_ptr() for t in first if t.numel()}
+    assert all(a is b for a, b in zip(built(), first, strict=True)) and len(builds) == 1
+    dst[0] = (dst[0] + 1) % g.num_dst  # in place: the structure is stale
+    changed = built()
+    assert len(builds) == 2 and not torch.equal(changed[1], first[1])
+    moved = GraphTensor(src, dst, g.num_src, g.num_dst, index_dtype=g.index_dtype).structure(sort=True).flat()
+    assert all(torch.equal(a, b) for a, b in zip(changed, moved, strict=True)) and len(builds) == 3
+    other = torch.flip(dst, [0])
+    built(target=other)
+    assert len(builds) == 4
+    with structure_module.keeping_nothing():
+        unkept = built()
+    assert len(builds) == 5 and all(a is not b for a, b in zip(unkept, built(), strict=True))
+    assert len(builds) == 6  # the entry of ``other`` replaced the first pair's
+
+
+def test_compiled_calls_on_a_new_graph_sort_it_once(graph_factory, monkeypatch, check_close):
+    """A compiled ``ug.compute`` on a graph whose structure no eager call built builds it inside the
+    compiled graph on its first call only; the results are the reference's at every call."""
+    torch._dynamo.reset()
+    builds = []
+    original = graph_module.build_csr_pair
+    monkeypatch.setattr(graph_module, "build_csr_pair", lambda *args: builds.append(1) or original(*args))
+    g = graph_factory("hub")
+    compiled = torch.compile(lambda x: ug.compute(g, "copy_u_sum", x), fullgraph=True, backend="aot_eager")
+    for seed in range(3):
+        x = torch.randn(g.num_src, 5, generator=torch.Generator().manual_seed(seed))
+        check_close(compiled(x), reference.execute(g, ug.OpInfo.from_name("copy_u_sum"), [x]), context=f"call {seed}")
+    assert len(builds) == 1
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("on", ["torch", "kernel"])
 def test_user_order_structure(graph_case, graph_factory, on, request):
     """``structure(sort=False)``: both directions' edges stay in the user's order, with the sorted
