@@ -26,7 +26,7 @@ from ..graph import GraphTensor
 from ..ir import OpInfo
 from ..layout import Layout, infer_layout
 from ..parallel import ParallelInfo
-from ..structure import CSR, GraphStructure, derived_cache
+from ..structure import CSR, GraphStructure, capturing, derived_cache
 
 AUTO = "auto"
 
@@ -207,7 +207,11 @@ def op_decision(
                 return candidate
             return triton_kernels.pair_schedule(candidate, layout.message_width, layout_of(*pair).reduce_size)
 
-        chosen = schedule_for(info, layout, csr, dtype, device, schedule, run, context, adapt)
+        chosen = None
+        if schedule == AUTO and capturing(operands[0]):
+            chosen = _decided_apart_from_reuse(csr, op, device, context, operands)
+        if chosen is None:
+            chosen = schedule_for(info, layout, csr, dtype, device, schedule, run, context, adapt)
         if pair is None:
             plan = triton_kernels.prepare(info, layout, operands, chosen, dtype, reused=reused)
         else:
@@ -224,6 +228,42 @@ def op_decision(
         return info, layout, chosen, dtype, plan
 
     return cached_decision(csr, device, schedule, (op, schedule, device, context), operands, decide)
+
+
+def _without_reuse(context: Hashable) -> Hashable:
+    """:func:`op_decision`'s ``context`` without which operands come back: ``None``, or a pair's
+    message op and operand signature."""
+    if isinstance(context, tuple) and context and context[0] == "reused":
+        context = context[2]
+    return None if context is None else (context[0],) + tuple(context[2:])
+
+
+def _decided_apart_from_reuse(
+    csr: CSR, op: str, device: torch.device, context: Hashable, operands: Sequence[Tensor]
+) -> Optional[ParallelInfo]:
+    """The schedule decided before on ``csr`` for ``op`` on operands of this signature under
+    another reuse state (:func:`triton_kernels.reuse_state`), if any: what a call inside a CUDA
+    graph capture runs where its own decision is missing. A capture keeps nothing, so no operand
+    counts as coming back there, and a weight that came back in every warm-up call (GCN's
+    normalisation on a large graph) arrives with a key the warm-up never decided; deciding it
+    inside the capture would take the small-graph rule (statistics and timings wait for the GPU),
+    whose edge-parallel schedules are several times slower on a large graph. The warm-up's
+    schedule ran on this structure, so whatever it reads (chunk tables) is built."""
+    decisions = derived_cache(csr.rowptr).get("decisions")
+    if not decisions:
+        return None
+    wanted, signature = _without_reuse(context), _signature(operands)
+    for key, decision in list(decisions.items()):
+        (decided_op, decided_schedule, decided_device, decided_context), *rest = key
+        if (
+            decided_op == op
+            and decided_schedule == AUTO
+            and decided_device == device
+            and tuple(rest) == signature
+            and _without_reuse(decided_context) == wanted
+        ):
+            return decision[2]
+    return None
 
 
 def cached_decision(

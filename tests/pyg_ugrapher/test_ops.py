@@ -266,6 +266,40 @@ def test_a_reused_edge_operand_is_decided_again_as_it_is_read(monkeypatch, inter
     assert len(ran) == 4  # both were decided already
 
 
+def test_a_capture_runs_the_schedule_decided_for_the_reused_weight(monkeypatch, interpret, graph_factory, check_close):
+    """Inside a CUDA graph capture nothing may be kept, so no edge operand counts as coming back:
+    a weight that came back at every warm-up call (GCN's normalisation, seen first by another
+    layer) arrives with a key no warm-up call decided. It runs the schedule decided for the
+    reused weight, read through the edge ids, and nothing is decided (or timed) in the capture;
+    that schedule then holds for the key outside captures too."""
+    from pyg_ugrapher.ops import decisions
+    from pyg_ugrapher.structure import keeping_nothing
+    from triton_kernels import dispatch
+    from triton_kernels.space import space
+
+    graph = graph_factory("mixed")
+    op = ug.OpInfo.from_name("u_mul_e_sum")
+    candidates = [next(info for info in space(op, 6) if info.strategy == strategy) for strategy in ("vertex", "group")]
+    ran = _measured_selection(monkeypatch, candidates, (3.0, 1.0, 1.0, 3.0))
+    gen = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(graph.num_src, 6, generator=gen), torch.rand(graph.num_edges, 1, generator=gen)
+    expected = reference.execute(graph, op, [x, weight])
+    dispatch.is_reused(weight, graph.structure(torch.device("cpu")).csr.eid)  # seen before, by another op
+    check_close(ug.compute(graph, op, x, weight), expected)
+    assert len(ran) == 2
+    reused_choice = decisions.decided_schedule(graph, op, [x, weight])
+    assert reused_choice == candidates[1]
+    monkeypatch.setattr(decisions, "capturing", lambda tensor: True)
+    with keeping_nothing():
+        check_close(ug.compute(graph, op, x, weight), expected)
+    assert len(ran) == 2
+    with keeping_nothing():
+        assert decisions.decided_schedule(graph, op, [x, weight]) == reused_choice
+    monkeypatch.setattr(decisions, "capturing", lambda tensor: False)
+    check_close(ug.compute(graph, op, x, weight.clone()), expected)  # a new weight, outside a capture
+    assert len(ran) == 2  # its key was decided in the capture
+
+
 @pytest.mark.parametrize("shared", [True, False], ids=["graph_independent", "per_graph"])
 def test_decisions_made_once_for_every_graph_when_the_schedule_ignores_it(
     monkeypatch, interpret, graph_factory, check_close, shared
