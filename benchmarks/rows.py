@@ -42,7 +42,7 @@ COMMIT_ENV = "PYG_UGRAPHER_COMMIT"
 #: (``cuda_event`` or ``wall``) and the versions of torch, Triton and PyG.
 ENV_COLUMNS = ("date", "commit", "gpu", "timer", "torch", "triton", "torch_geometric")
 #: Measured timings and peaks shared by the operator and layer files.
-MEASURED = ("time_ms", "host_ms", "peak_mib", "first_call_s", "max_rel_err", "graphs", "graph_breaks")
+MEASURED = ("time_ms", "host_ms", "gpu_ms", "peak_mib", "first_call_s", "max_rel_err", "graphs", "graph_breaks")
 STATUS = ("status", "note")
 #: Speed-ups of a row over baselines of the same case: baseline ms / this row's ms (above 1: faster).
 OPS_BASELINES = ("pyg", "pyg_compiled", "cusparse")

@@ -5,6 +5,9 @@ On CUDA, :func:`bench` times a call as a user's loop runs it: the median of CUDA
 each call (:func:`autotune.timing.cuda_ms`) with a cold L2 cache and *no* busy-wait, so that a
 call bound by the host is timed at the host's pace (:func:`host_ms` shows how much of it the host
 takes to issue). Small graphs are not flattered by inputs left in L2 by the previous call.
+:func:`device_ms` times the same calls behind a GPU busy-wait, which hides the host: the GPU work
+alone, by which the kernels (a schedule against cuSPARSE's, say) compare on a small graph whose
+``time_ms`` is host time.
 Warm-up is never timed: :func:`measure` makes the first call (compilation, Triton JIT, structure
 building) and the correctness call itself, and :func:`bench` warms up again before its timed
 calls. :class:`Stopwatch` times a block of several calls (a training epoch), host included.
@@ -27,7 +30,7 @@ import torch
 from torch import Tensor
 from torch._dynamo.utils import counters
 
-from autotune.timing import cuda_ms, wall_ms
+from autotune.timing import BUSY_CYCLES, cuda_ms, wall_ms
 
 #: A result whose normwise relative error to the reference exceeds this is marked ``mismatch``.
 #: float32 sums in another order differ by ~1e-6 relative; a wrong kernel differs by O(1).
@@ -109,6 +112,23 @@ def host_ms(fn: Callable[[], Any], device: torch.device, settings: Settings) -> 
     issued = time.perf_counter() - start
     torch.cuda.synchronize(device)
     return issued / calls * 1e3
+
+
+#: GPU clock cycles of busy-waiting per millisecond of a call's host time in :func:`device_ms`:
+#: twice a millisecond at 2 GHz, so that the wait outlasts the host on slower clocks too.
+BUSY_CYCLES_PER_HOST_MS = 4_000_000
+
+
+def device_ms(fn: Callable[[], Any], device: torch.device, settings: Settings, host: float = NAN) -> float:
+    """Median milliseconds of GPU work per call of an already warmed-up ``fn``: CUDA events
+    around each call with a cold L2, each call queued behind a GPU busy-wait longer than the
+    ``host`` milliseconds it takes to issue (:func:`host_ms`; at least
+    :data:`autotune.timing.BUSY_CYCLES`), so that the host has issued all of it before its start
+    event runs (NaN on a CPU)."""
+    if not is_cuda(device):
+        return NAN
+    cycles = BUSY_CYCLES if math.isnan(host) else max(BUSY_CYCLES, int(host * BUSY_CYCLES_PER_HOST_MS))
+    return statistics.median(cuda_ms(fn, warmup=1, reps=max(settings.min_reps, 10), busy_cycles=cycles, device=device))
 
 
 def peak_mib(fn: Callable[[], Any], device: torch.device) -> float:
@@ -214,7 +234,8 @@ def measure(
        because a training step changes the weights it is compared on).
     2. After one more call, which may still settle what later calls do (ours decides again for
        static edge weights it now reads in CSR order), the peak memory of one call, then the
-       median time, then the host time per call (:func:`host_ms`).
+       median time, then the host time per call (:func:`host_ms`) and the GPU time per call
+       (:func:`device_ms`).
 
     Returns the measurement columns of a row; an exception (out of memory, compile error) gives
     ``status`` ``oom`` / ``error`` and NaN for what was not measured.
@@ -222,6 +243,7 @@ def measure(
     row: Dict[str, Any] = {
         "time_ms": NAN,
         "host_ms": NAN,
+        "gpu_ms": NAN,
         "peak_mib": NAN,
         "first_call_s": NAN,
         "max_rel_err": NAN,
@@ -254,6 +276,7 @@ def measure(
         row["peak_mib"] = peak_mib(step, device)
         row["time_ms"] = bench(step, device, settings)
         row["host_ms"] = host_ms(step, device, settings)
+        row["gpu_ms"] = device_ms(step, device, settings, row["host_ms"])
     except Exception as error:  # noqa: BLE001 - every failure becomes a row, the run goes on
         row.update(failure(error))
     if row["status"] in ("oom", "error"):

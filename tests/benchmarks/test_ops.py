@@ -207,6 +207,29 @@ def test_plots_and_tables_show_the_newest_row_of_each_case(tmp_path):
     assert (tmp_path / "layers.png").stat().st_size > 0
 
 
+def test_the_summary_compares_gpu_times_where_rows_have_them():
+    """The summary's GPU-time columns divide the baselines' ``gpu_ms`` by ours (geometric mean over
+    graphs), apart from ``time_ms``; rows without GPU times (a CPU run, an older file) give none."""
+    base = {c: float("nan") if c in rows.NUMERIC else "" for c in rows.OPS_COLUMNS}
+    base.update(suite="ops", op="copy_u_sum", F="32", status="ok", commit="aaaaaaa")
+    times = {"cusparse": (2.0, 0.04), "pyg_compiled": (3.0, 0.09), "ours": (4.0, 0.01)}
+    frame = pd.DataFrame(
+        [
+            {**base, "graph": graph, "pass": "fwd", "method": method, "time_ms": wall, "gpu_ms": gpu * scale}
+            for graph, scale in (("a", 1.0), ("b", 4.0))
+            for method, (wall, gpu) in times.items()
+        ]
+    )
+    summary, _ = report.ops_tables(frame)
+    row = next(line for line in summary.splitlines() if line.startswith("| copy_u_sum"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[7] == "0.5x"  # time_ms: cuSPARSE's 2.0 over our 4.0
+    assert cells[8:10] == ["9x", "4x"]  # gpu_ms: PyG compiled's and cuSPARSE's over ours
+    summary, _ = report.ops_tables(frame.drop(columns="gpu_ms"))
+    row = next(line for line in summary.splitlines() if line.startswith("| copy_u_sum"))
+    assert [cell.strip() for cell in row.strip("|").split("|")][8:10] == ["–", "–"]
+
+
 def test_failures_become_rows(tmp_path, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")

@@ -14,9 +14,11 @@ SETTINGS = timing.Settings(warmup_ms=1.0, rep_ms=2.0, min_reps=3, max_cpu_reps=5
 
 
 def test_cpu_rows_have_no_host_column():
-    """On a CPU every millisecond is host time: ``host_ms`` stays NaN, ``time_ms`` is wall-clock."""
+    """On a CPU every millisecond is host time: ``host_ms`` and ``gpu_ms`` stay NaN, ``time_ms`` is
+    wall-clock."""
     row = timing.measure(lambda: torch.ones(8).sum(), torch.device("cpu"), SETTINGS)
-    assert row["status"] == "ok" and row["time_ms"] > 0 and math.isnan(row["host_ms"])
+    assert row["status"] == "ok" and row["time_ms"] > 0
+    assert math.isnan(row["host_ms"]) and math.isnan(row["gpu_ms"])
 
 
 def test_each_compiled_row_notes_its_own_graph_breaks():
@@ -50,6 +52,7 @@ def test_host_time_of_a_host_bound_call():
     row = timing.measure(step, device, SETTINGS)
     assert row["status"] == "ok"
     assert row["host_ms"] >= 2.0 and row["time_ms"] >= 1.5, row
+    assert row["gpu_ms"] < 0.5, row  # the busy-wait outlasts the host: the kernel alone
 
 
 @pytest.mark.cuda
