@@ -44,6 +44,7 @@ def user_order_kernel(
     BLOCK: tl.constexpr,
     EXTREMA: tl.constexpr,
     WIDE: tl.constexpr,
+    SLOTS: tl.constexpr,
 ):
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = e < num_edges
@@ -56,7 +57,7 @@ def user_order_kernel(
     # atomics contend less on a hub's counter. Destinations' counts from slot 1 of the counts,
     # sources' from slot half + 1: slot 0 of each half stays 0. An index out of range is counted
     # nowhere.
-    counts_ptr = buffer_ptr + 4  # past the EXTREMES slots
+    counts_ptr = buffer_ptr + SLOTS  # past the extremes' slots (EXTREMES)
     tl.atomic_add(counts_ptr + 1 + v, 1, mask=live & (v >= 0) & (v < num_dst))
     tl.atomic_add(counts_ptr + half + 1 + u, 1, mask=live & (u >= 0) & (u < num_src))
     if EXTREMA:
@@ -130,7 +131,8 @@ def build_user_order_pair(
             kernel = jit_kernel(user_order_kernel, ("num_edges", "num_src", "num_dst", "half"), interpreting())
             kernel[(cdiv(num_edges, BLOCK),)](
                 src, dst, src.stride(0), dst.stride(0), src_out, dst_out, eid, buffer,
-                num_edges, num_src, num_dst, half, BLOCK=BLOCK, EXTREMA=extrema, WIDE=index_dtype == torch.int64,
+                num_edges, num_src, num_dst, half,
+                BLOCK=BLOCK, EXTREMA=extrema, WIDE=index_dtype == torch.int64, SLOTS=EXTREMES,
             )  # fmt: skip
         # One running sum per direction: torch scans a 1-D tensor across the whole GPU, but the
         # rows of a 2-D one each in one block.
