@@ -13,6 +13,7 @@ build one and the caches keep either, equal in value (``docs/caches.md``).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -112,7 +113,7 @@ def graph_structure(
     What a compiled graph calls for a graph whose structure was not built before: every call of
     the compiled code passes the same ``src`` and ``dst`` objects, so the structure is built once,
     kept with ``src`` until it dies, and built again if either array changes in place (or ``src``
-    comes with another ``dst``). Not kept where nothing may be (:func:`keeps_nothing`: inside a
+    comes with another ``dst``, or its ``dst`` died). Not kept where nothing may be (:func:`keeps_nothing`: inside a
     CUDA graph capture, whose replays would rewrite it)."""
     index_dtype = src.dtype if index_dtype is None else index_dtype
     if keeps_nothing(src):
@@ -121,9 +122,10 @@ def graph_structure(
     key = ("graph structure", num_src, num_dst, index_dtype)
     versions = (version(src), version(dst))
     kept = cache.get(key)
-    # The entry holds ``dst`` itself: an identity test cannot be fooled by a reused id.
-    if kept is None or kept[0] is not dst or kept[1] != versions:
-        kept = (dst, versions, _built_structure(src, dst, num_src, num_dst, index_dtype))
+    # ``dst`` by a weak reference: a dead one is no tensor's (an id may be reused), and a strong
+    # one would keep ``src`` alive, and the entry with it, where ``dst`` is ``src`` or a view of it.
+    if kept is None or kept[0]() is not dst or kept[1] != versions:
+        kept = (weakref.ref(dst), versions, _built_structure(src, dst, num_src, num_dst, index_dtype))
         cache[key] = kept
     return list(kept[2])
 

@@ -3,6 +3,8 @@ every validation error."""
 
 import contextlib
 import dataclasses
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -197,6 +199,19 @@ def test_structure_op_builds_a_graph_once(graph_factory, monkeypatch):
         unkept = built()
     assert len(builds) == 5 and all(a is not b for a, b in zip(unkept, built(), strict=True))
     assert len(builds) == 6  # the entry of ``other`` replaced the first pair's
+
+
+def test_structure_op_keeps_nothing_alive():
+    """The structure kept with ``src`` holds its ``dst`` weakly: where ``dst`` is a view of ``src``
+    (every edge a self loop), the entry dies with the arrays."""
+    src = torch.tensor([0, 1, 2, 2])
+    dst = src[:]
+    built = graph_module.graph_structure(src, dst, 3, 3)
+    assert torch.equal(built[1], torch.tensor([0, 1, 2, 2]))  # the CSR's sources
+    alive = weakref.ref(src)
+    del src, dst, built
+    gc.collect()
+    assert alive() is None
 
 
 def test_compiled_calls_on_a_new_graph_sort_it_once(graph_factory, monkeypatch, check_close):
