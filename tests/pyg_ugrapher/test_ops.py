@@ -231,12 +231,11 @@ def test_large_graphs_run_the_fastest_of_the_shortlist(monkeypatch, interpret, g
     assert permuted is None
 
 
-def test_a_reused_edge_operand_is_decided_again_as_it_is_read(monkeypatch, interpret, graph_factory, check_close):
-    """A narrow edge weight that comes back is read in CSR order: its op is decided (timed) again,
-    with the timing runs reading the weight in CSR order as the call does; the first decision
-    stays for new weights."""
-    from pyg_ugrapher.graph import derived_cache
-    from triton_kernels import dispatch
+def _weighted_sum_timed_twice(monkeypatch, graph_factory):
+    """``u_mul_e_sum`` on a graph with a narrow edge weight, every graph counting as large: a
+    vertex and a group schedule timed (3.0, 1.0) at the first decision and (1.0, 3.0) at the
+    second. Returns the graph, the op, the two schedules, the timed runs' results, ``x`` and the
+    weight."""
     from triton_kernels.space import space
 
     graph = graph_factory("mixed")
@@ -245,6 +244,17 @@ def test_a_reused_edge_operand_is_decided_again_as_it_is_read(monkeypatch, inter
     ran = _measured_selection(monkeypatch, candidates, (3.0, 1.0, 1.0, 3.0))
     gen = torch.Generator().manual_seed(0)
     x, weight = torch.randn(graph.num_src, 6, generator=gen), torch.rand(graph.num_edges, 1, generator=gen)
+    return graph, op, candidates, ran, x, weight
+
+
+def test_a_reused_edge_operand_is_decided_again_as_it_is_read(monkeypatch, interpret, graph_factory, check_close):
+    """A narrow edge weight that comes back is read in CSR order: its op is decided (timed) again,
+    with the timing runs reading the weight in CSR order as the call does; the first decision
+    stays for new weights."""
+    from pyg_ugrapher.graph import derived_cache
+    from triton_kernels import dispatch
+
+    graph, op, candidates, ran, x, weight = _weighted_sum_timed_twice(monkeypatch, graph_factory)
     permuted = []
     permute = dispatch.in_csr_order
     monkeypatch.setattr(dispatch, "in_csr_order", lambda t, eid: permuted.append(t) or permute(t, eid))
@@ -275,14 +285,8 @@ def test_a_capture_runs_the_schedule_decided_for_the_reused_weight(monkeypatch, 
     from pyg_ugrapher.ops import decisions
     from pyg_ugrapher.structure import keeping_nothing
     from triton_kernels import dispatch
-    from triton_kernels.space import space
 
-    graph = graph_factory("mixed")
-    op = ug.OpInfo.from_name("u_mul_e_sum")
-    candidates = [next(info for info in space(op, 6) if info.strategy == strategy) for strategy in ("vertex", "group")]
-    ran = _measured_selection(monkeypatch, candidates, (3.0, 1.0, 1.0, 3.0))
-    gen = torch.Generator().manual_seed(0)
-    x, weight = torch.randn(graph.num_src, 6, generator=gen), torch.rand(graph.num_edges, 1, generator=gen)
+    graph, op, candidates, ran, x, weight = _weighted_sum_timed_twice(monkeypatch, graph_factory)
     expected = reference.execute(graph, op, [x, weight])
     dispatch.is_reused(weight, graph.structure(torch.device("cpu")).csr.eid)  # seen before, by another op
     check_close(ug.compute(graph, op, x, weight), expected)
