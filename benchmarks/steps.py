@@ -9,6 +9,9 @@ host's time in it (the clock is read after ``torch.cuda.synchronize``). Modes:
 * ``eager``;
 * ``compiled``: ``torch.compile(model)`` (mini-batches: ``dynamic=True``);
 * ``reduce-overhead``: ``torch.compile(model, mode="reduce-overhead")`` (full batch);
+* ``compiled-layers-eager`` (not run by default): ``torch.compile(model)`` with each
+  message-passing layer's ``forward`` left out of the compiled graph (``torch.compiler.disable``),
+  which tells what compiling costs a model apart from its layers' graph operators;
 * ``recorded``: the whole step recorded once with :class:`pyg_ugrapher.RecordedStep`
   (``torch.cuda.graph``, Adam with ``capturable=True``) and replayed; on mini-batches every batch
   is padded to a size bucket (:func:`pyg_ugrapher.pad_to_bucket`), one recording per bucket.
@@ -49,6 +52,7 @@ import torch_geometric.nn
 from torch import Tensor, nn
 from torch_geometric.data import Data
 from torch_geometric.loader import RandomNodeLoader
+from torch_geometric.nn import MessagePassing
 from tqdm import tqdm
 
 import pyg_ugrapher.nn
@@ -62,8 +66,10 @@ from .timing import failure, synchronize
 from .train_e2e import MODELS, build_model
 
 IMPLEMENTATIONS = {"pyg": torch_geometric.nn, "ours": pyg_ugrapher.nn}
-FULL_MODES = ("eager", "compiled", "reduce-overhead", "recorded")
-MINIBATCH_MODES = ("eager", "compiled", "recorded")
+FULL_MODES = ("eager", "compiled", "reduce-overhead", "recorded", "compiled-layers-eager")
+MINIBATCH_MODES = ("eager", "compiled", "recorded", "compiled-layers-eager")
+#: The modes a run times unless ``--modes`` names others.
+DEFAULT_MODES = ("eager", "compiled", "reduce-overhead", "recorded")
 DATASETS = ("cora", "pubmed", "tolokers", "coauthor-physics", "github", "amazon-computers", "collab")
 #: Steps before timing: compilation, recording, the layers' caches.
 WARMUP_STEPS = 5
@@ -188,10 +194,15 @@ class Case:
         model = build_model(model_name, IMPLEMENTATIONS[impl], args.features, args.hidden, problem.num_classes, False)
         model.load_state_dict(reference.state_dict())
         model = model.to(self.device)
-        if mode == "compiled":
+        if mode == "compiled-layers-eager":
+            for module in model.modules():
+                if isinstance(module, MessagePassing):
+                    module.forward = torch.compiler.disable(module.forward)
+        if mode in ("compiled", "compiled-layers-eager"):
             model = torch.compile(model, dynamic=True if batching == "minibatch" else None)
         elif mode == "reduce-overhead":
             model = torch.compile(model, mode="reduce-overhead")
+        self.model = model
         recorded = mode == "recorded"
         step = make_step(model, torch.optim.Adam(model.parameters(), lr=0.01, capturable=recorded))
         self.step = RecordedStep(step) if recorded else step
@@ -353,7 +364,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.steps", description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--modes", nargs="+", choices=FULL_MODES, default=list(FULL_MODES))
+    parser.add_argument("--modes", nargs="+", choices=FULL_MODES, default=list(DEFAULT_MODES))
     parser.add_argument("--batching", nargs="+", choices=("full", "minibatch"), default=["full", "minibatch"])
     parser.add_argument("--parts", type=int, default=16, help="mini-batches: RandomNodeLoader's num_parts")
     parser.add_argument("--features", type=int, default=128)

@@ -5,6 +5,7 @@ import types
 import pandas as pd
 import pytest
 import torch
+import torch_geometric.nn
 
 from benchmarks import report, rows, steps
 
@@ -118,3 +119,22 @@ def test_a_failing_implementation_leaves_the_other_timed():
     steps.run_pair(build, rows, _args())
     assert rows["pyg"]["status"] != "ok" and "cannot build" in rows["pyg"]["note"]
     assert rows["ours"]["status"] == "ok" and rows["ours"]["steps"] == 6
+
+
+def test_compiled_model_with_eager_layers(tmp_path, monkeypatch):
+    """``compiled-layers-eager`` compiles the model with every message-passing layer left out of the
+    compiled graph; its step trains as the eager one does."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the reference executor on a CPU
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)  # eager's dropout masks
+    args = steps.parse_args(["--device", "cpu", "--features", "8", "--hidden", "8", "--out", str(tmp_path)])
+    problem = steps.make_problem("cora", features=8, seed=0)
+    eager = steps.Case(problem, "gcn", "ours", "eager", "full", args)
+    compiled = steps.Case(problem, "gcn", "ours", "compiled-layers-eager", "full", args)
+    layers = [m for m in compiled.model.modules() if isinstance(m, torch_geometric.nn.MessagePassing)]
+    assert len(layers) == 2 and all(getattr(m.forward, "_torchdynamo_disable", False) for m in layers)
+    with eager.own_rng():
+        expected = [float(eager.run()) for _ in range(2)]
+    with compiled.own_rng():
+        got = [float(compiled.run()) for _ in range(2)]
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert "compiled-layers-eager" not in steps.parse_args([]).modes  # opt-in
