@@ -125,7 +125,6 @@ def test_compiled_model_with_eager_layers(tmp_path, monkeypatch):
     """``compiled-layers-eager`` compiles the model with every message-passing layer left out of the
     compiled graph; its step trains as the eager one does."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the reference executor on a CPU
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)  # eager's dropout masks
     args = steps.parse_args(["--device", "cpu", "--features", "8", "--hidden", "8", "--out", str(tmp_path)])
     problem = steps.make_problem("cora", features=8, seed=0)
     eager = steps.Case(problem, "gcn", "ours", "eager", "full", args)
@@ -134,7 +133,9 @@ def test_compiled_model_with_eager_layers(tmp_path, monkeypatch):
     assert len(layers) == 2 and all(getattr(m.forward, "_torchdynamo_disable", False) for m in layers)
     with eager.own_rng():
         expected = [float(eager.run()) for _ in range(2)]
-    with compiled.own_rng():
+    # Inductor draws eager's dropout masks; its config is patched as a context: monkeypatch's undo
+    # would delete the entry from the config module.
+    with compiled.own_rng(), torch._inductor.config.patch(fallback_random=True):
         got = [float(compiled.run()) for _ in range(2)]
     assert got == pytest.approx(expected, rel=1e-5)
     assert "compiled-layers-eager" not in steps.parse_args([]).modes  # opt-in
