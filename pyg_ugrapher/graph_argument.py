@@ -16,9 +16,12 @@ per layer as PyG's layer reads them: edge weights (``GCNConv``, ``GraphConv``), 
 they have more than one dimension (``GINEConv``, ``GATConv``), or not at all (``SAGEConv``,
 ``GINConv``).
 
-Under ``torch.compile`` that Python-side cache cannot be traced. There a layer's graph is the
-output of a custom op (``pyg_ugrapher::layer_graph`` / ``pyg_ugrapher::looped_graph``) that looks
-the same cache up at run time and returns the structure arrays that
+Under ``torch.compile`` that Python-side cache cannot be traced. On a small graph
+(:func:`traced_graph`) a layer's graph is its edges in the user's order, and its operators are the
+reference executor's torch operations, which Inductor fuses: no custom op, nothing sorted or looked
+up. On a larger graph a layer's graph is the output of a custom op (``pyg_ugrapher::layer_graph``
+/ ``pyg_ugrapher::looped_graph``) that looks the same cache up at run time and returns the
+structure arrays that
 :func:`pyg_ugrapher.ops.graph_op` takes; the operators then go to ``graph_op`` directly, with their
 serialised :class:`~pyg_ugrapher.OpInfo` a trace-time constant (:func:`op_text`). A compiled model
 thus has no graph break, one graph serves every graph of a mini-batch loader (only tensors
@@ -79,10 +82,10 @@ from torch_geometric.utils.loop import compute_loop_attr
 
 from autotune import selection
 
-from . import ops
+from . import ops, reference
 from .graph import OP_TAGS, GraphTensor, validate_endpoints
 from .ir import OpInfo
-from .structure import CSR, STRUCTURE_ARRAYS, GraphStructure, IdentityMap, checked, collecting, version
+from .structure import CSR, STRUCTURE_ARRAYS, EdgeList, GraphStructure, IdentityMap, checked, collecting, version
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -493,7 +496,8 @@ def graph_of(edge_index: Tensor, flow: str, num_src: int, num_dst: int, validate
 class Graph(NamedTuple):
     """The graph of one layer call: a cached :class:`GraphTensor` in eager mode (so that
     :func:`pyg_ugrapher.compute` validates and ``ug.plan`` observes every op), or, under
-    ``torch.compile``, the structure a custom op returned (see the module docstring)."""
+    ``torch.compile``, the structure a custom op returned (see the module docstring), or a small
+    graph's edges (:func:`traced_graph`)."""
 
     tensor: Optional[GraphTensor]
     structure: Optional[GraphStructure]
@@ -501,6 +505,7 @@ class Graph(NamedTuple):
     #: One destination row more than the layer's nodes (:func:`spare_row_looped_graph`): the layer
     #: gives destination operands a spare row and drops the output's.
     spare_row: bool = False
+    edges: Optional[EdgeList] = None
 
 
 class Looped(NamedTuple):
@@ -536,6 +541,31 @@ def _looped(
     added = torch.arange(num_loops, device=index.device).repeat(2, 1)
     looped = torch.cat([index[:, kept], added], dim=1)
     return graph_of(looped, flow, num_src, num_dst, validate=False), kept, loops, index[0, loops], looped
+
+
+#: Compiled layer calls on graphs of at most this many edges run their operators as traced torch
+#: operations (:func:`traced_graph`).
+TRACED_GRAPH_EDGES = selection.SMALL_GRAPH_EDGES
+
+
+def traced_graph(num_edges: int) -> bool:
+    """Whether a layer call runs its graph operators as torch operations that ``torch.compile``
+    traces and fuses, as it does PyG's gathers and scatters (the reference executor's, on the
+    graph's :class:`~pyg_ugrapher.structure.EdgeList`): compiled, on a graph of at most
+    :data:`TRACED_GRAPH_EDGES` edges (the small graphs of :mod:`autotune.selection`). There a
+    kernel takes microseconds and a step's time is the host's; a custom op's dispatch, and the
+    structure that its kernels read (a sort, a lookup of the index's cache), cost more host time
+    than Inductor's fused kernels take, and a new mini-batch graph needs neither. Larger graphs
+    keep the custom ops and their schedules. The index is not checked against the node counts
+    here (a check waits for the device): an index out of range fails in the gather, on a GPU as a
+    device-side assertion, as in PyG's compiled layers. Under ``dynamic=True`` the edge count is
+    guarded: a larger graph recompiles once."""
+    return torch.compiler.is_compiling() and num_edges <= TRACED_GRAPH_EDGES
+
+
+def _edge_list(index: Tensor, flow: str, num_src: int, num_dst: int) -> EdgeList:
+    j, i = endpoints(flow)
+    return EdgeList(index[j], index[i], num_src, num_dst)
 
 
 def _cached(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> GraphTensor:
@@ -650,7 +680,16 @@ def spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst:
 
     For ``torch.compile``, which without ``fullgraph`` breaks the graph at an op whose output size
     depends on the data (:func:`looped_graph`'s kept edges); eager layers keep :func:`looped_graph`,
-    which needs no padded operands. So the graph is always the custom op's structure arrays."""
+    which needs no padded operands. So the graph is always the custom op's structure arrays, or
+    on a small graph its edges (:func:`traced_graph`)."""
+    num_edges = edge_index.size(1) + num_loops
+    if traced_graph(num_edges):
+        index = plain_index(edge_index)
+        j, i = endpoints(flow)
+        loops = torch.arange(num_loops, device=index.device)
+        src = torch.cat([index[j], loops])
+        dst = torch.cat([torch.where(index[0] == index[1], num_dst, index[i]), loops])
+        return Graph(None, None, num_edges, True, EdgeList(src, dst, num_src, num_dst + 1))
     arrays = _spare_row_looped_graph(edge_index, flow, num_src, num_dst, num_loops)
     return Graph(None, GraphStructure.from_flat(arrays, user_order=False), edge_index.size(1) + num_loops, True)
 
@@ -700,6 +739,10 @@ def padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> Graph:
     (``torch.compile`` without ``fullgraph`` breaks the graph at an op whose output size depends on
     the data)."""
     num_edges = edge_index.size(1) + num_nodes
+    if traced_graph(num_edges):
+        loops = torch.arange(num_nodes, device=edge_index.device).repeat(2, 1)
+        edges = _edge_list(torch.cat([plain_index(edge_index), loops], dim=1), flow, num_nodes, num_nodes)
+        return Graph(None, None, num_edges, edges=edges)
     if torch.compiler.is_compiling():
         arrays = _padded_looped_graph(edge_index, flow, num_nodes)
         return Graph(None, GraphStructure.from_flat(arrays, user_order=False), num_edges)
@@ -708,12 +751,20 @@ def padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> Graph:
 
 def layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> Graph:
     """The graph of a ``[2, E]`` index (or ``EdgeIndex``) for one layer call."""
+    if traced_graph(edge_index.size(1)):
+        return Graph(None, None, edge_index.size(1), edges=_edge_list(plain_index(edge_index), flow, num_src, num_dst))
     if torch.compiler.is_compiling():
-        # The index itself, not an alias made in the graph: the op finds its cache by identity.
-        arrays = _layer_graph(edge_index, flow, num_src, num_dst)
-        return Graph(None, GraphStructure.from_flat(arrays, user_order=False), edge_index.size(1))
+        return Graph(None, layer_structure(edge_index, flow, num_src, num_dst), edge_index.size(1))
     graph = _cached(edge_index, flow, num_src, num_dst)
     return Graph(graph, None, graph.src.shape[0])
+
+
+def layer_structure(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> GraphStructure:
+    """Under ``torch.compile``, the structure of a ``[2, E]`` index's graph that the custom op
+    ``pyg_ugrapher::layer_graph`` returns, whatever the graph's size."""
+    # The index itself, not an alias made in the graph: the op finds its cache by identity.
+    arrays = _layer_graph(edge_index, flow, num_src, num_dst)
+    return GraphStructure.from_flat(arrays, user_order=False)
 
 
 def looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Looped:
@@ -767,6 +818,13 @@ def op_text(build: Callable[..., OpInfo], *args: Hashable) -> str:
     return layer_op(build, *args).serialize()
 
 
+@torch.compiler.assume_constant_result
+def traced_plan(build: Callable[..., OpInfo], *args: Hashable) -> reference.Plan:
+    """The reference executor's plan of the op ``build(*args)``: a constant of the compiled graph,
+    decided at trace time (an op itself is not traceable)."""
+    return reference.plan(layer_op(build, *args))
+
+
 def named(name: str) -> OpInfo:
     """A built-in op by its DGL-style name (a builder for :func:`run`)."""
     return OpInfo.from_name(name)
@@ -775,7 +833,10 @@ def named(name: str) -> OpInfo:
 def run(graph: Graph, build: Callable[..., OpInfo], args: Tuple[Hashable, ...], operands: Sequence[Tensor]) -> Tensor:
     """Run the op ``build(*args)`` on ``graph``: :func:`pyg_ugrapher.compute` in eager mode, the
     custom op it calls under ``torch.compile`` (``compute``'s Python-side checks and caches are
-    not traceable; the layers pass it only shapes they checked)."""
+    not traceable; the layers pass it only shapes they checked), the reference executor's torch
+    operations on a compiled small graph's edges (:func:`traced_graph`)."""
+    if graph.edges is not None:
+        return reference.execute_plan(graph.edges, traced_plan(build, *args), operands)
     if graph.structure is not None:
         return ops.call_graph_op(graph.structure, list(operands), op_text(build, *args), ops.AUTO)
     op, text = _layer_op_and_text(build, args)

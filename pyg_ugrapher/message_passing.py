@@ -58,7 +58,7 @@ from .backward import canonical
 from .capture import Argument, CaptureError
 from .capture import capture as trace_message
 from .graph import GraphTensor
-from .graph_argument import derived, layer_graph, note_bounds
+from .graph_argument import derived, layer_structure, note_bounds
 from .ir import Expr, OpInfo
 from .ops import AUTO, call_graph_op, compute
 from .program import Capture, OpRunner, Step, build_operand, build_value
@@ -745,7 +745,7 @@ class MessagePassing(PyGMessagePassing):
         _steps_or_fall_back(self, sum(constants[0] == "step" for constants in captured.values), num_edges)
         self._check_node_dim(captured.message_shape)
         self._ug.fallback_reason = None
-        graph = layer_graph(edge_index, self.flow, num_src, num_dst).structure
+        graph = layer_structure(edge_index, self.flow, num_src, num_dst)
         if captured.values:
 
             def run(op: str, operands: List[Tensor]) -> Tensor:

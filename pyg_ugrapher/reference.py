@@ -8,7 +8,8 @@ of the test suite, differentiable through torch's own autograd, and the CPU exec
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Sequence, Union
+import functools
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +17,10 @@ from torch import Tensor
 
 from .graph import GraphTensor
 from .ir import Expr, OpInfo
-from .layout import Layout, infer_layout
-from .structure import GraphStructure
+from .structure import EdgeList, GraphStructure
+
+#: What an op runs on: a graph, its structure, or its edges.
+Edges = Union[GraphTensor, GraphStructure, EdgeList]
 
 TORCH_FNS: Dict[str, Callable[..., Tensor]] = {
     "neg": torch.neg,
@@ -57,17 +60,58 @@ TORCH_PARAMETRIZED_FNS: Dict[str, Callable[[Tensor, float], Tensor]] = {
 }
 
 
+#: An edge function as nested tuples of names and numbers: ``("input", i)``, ``("const", value)``,
+#: ``(fn, tree)`` with a constant parameter ``(fn, tree, value)`` for
+#: :data:`TORCH_PARAMETRIZED_FNS`, ``(fn, *trees)`` otherwise.
+Tree = Tuple[Any, ...]
+
+
+class Plan(NamedTuple):
+    """An op as the reference executor walks it: names and numbers only, so that ``torch.compile``
+    holds a plan as a constant and traces the torch operations it stands for, where an
+    :class:`~pyg_ugrapher.ir.OpInfo` is not traceable (:func:`plan`)."""
+
+    inputs: Tuple[str, ...]  #: per operand: ``src_v``, ``dst_v`` or ``edge``
+    tree: Tree  #: the edge function (:data:`Tree`)
+    reduces: bool  #: the message is summed over its last feature dimension
+    gather: Optional[str]  #: the gather op, ``None`` for message creation
+
+
+@functools.lru_cache(maxsize=None)
+def expression_tree(expr: Expr) -> Tree:
+    """``expr`` as a :data:`Tree`."""
+    if expr.fn == "input":
+        return ("input", expr.index)
+    if expr.fn == "const":
+        return ("const", expr.value)
+    if expr.fn in TORCH_PARAMETRIZED_FNS:
+        return (expr.fn, expression_tree(expr.args[0]), expr.args[1].value)
+    return (expr.fn,) + tuple(expression_tree(arg) for arg in expr.args)
+
+
+@functools.lru_cache(maxsize=None)
+def plan(op: OpInfo) -> Plan:
+    """The :class:`Plan` of ``op``."""
+    return Plan(tuple(op.inputs), expression_tree(op.expr), op.reduces, op.gather_op)
+
+
 def evaluate(expr: Expr, inputs: Sequence[Tensor]) -> Tensor:
     """Evaluate an edge function on already gathered, broadcastable operand tensors."""
-    if expr.fn == "input":
-        return inputs[expr.index]
-    if expr.fn == "const":
+    return evaluate_tree(expression_tree(expr), inputs)
+
+
+def evaluate_tree(tree: Tree, inputs: Sequence[Tensor]) -> Tensor:
+    """:func:`evaluate` of an edge function's :data:`Tree`."""
+    fn = tree[0]
+    if fn == "input":
+        return inputs[tree[1]]
+    if fn == "const":
         return torch.tensor(
-            expr.value, dtype=inputs[0].dtype if inputs else torch.float32, device=inputs[0].device if inputs else None
+            tree[1], dtype=inputs[0].dtype if inputs else torch.float32, device=inputs[0].device if inputs else None
         )
-    if expr.fn in TORCH_PARAMETRIZED_FNS:
-        return TORCH_PARAMETRIZED_FNS[expr.fn](evaluate(expr.args[0], inputs), expr.args[1].value)
-    return TORCH_FNS[expr.fn](*(evaluate(arg, inputs) for arg in expr.args))
+    if fn in TORCH_PARAMETRIZED_FNS:
+        return TORCH_PARAMETRIZED_FNS[fn](evaluate_tree(tree[1], inputs), tree[2])
+    return TORCH_FNS[fn](*(evaluate_tree(arg, inputs) for arg in tree[1:]))
 
 
 def result_dtype(operands: Sequence[Tensor]) -> torch.dtype:
@@ -77,60 +121,58 @@ def result_dtype(operands: Sequence[Tensor]) -> torch.dtype:
     return dtype
 
 
-def messages(
-    graph: Union[GraphTensor, GraphStructure],
-    op: OpInfo,
-    operands: Sequence[Tensor],
-    layout: Layout,
-    dtype: torch.dtype,
-) -> Tensor:
-    """``[E, *out_shape]`` messages in the user's edge order, in ``dtype``."""
+def messages(graph: Edges, op: Plan, operands: Sequence[Tensor], dtype: torch.dtype) -> Tensor:
+    """``[E, *message_shape]`` messages in the user's edge order, in ``dtype`` (summed over the last
+    feature dimension for a reducing op)."""
     num_edges = graph.src.shape[0]
+    # Feature shapes broadcast NumPy-style (aligned on the right) to the message's
+    # (pyg_ugrapher.layout): each gets leading sizes of 1 up to the largest rank.
+    rank = max([tensor.dim() - 1 for tensor in operands] + [0])
     gathered = []
     for kind, tensor in zip(op.inputs, operands):
-        features = tensor.shape[1:]
         # Widened before the gather: its backward sums each vertex's gradients (a scatter-add),
         # which in a half type would round at every add, in an order the GPU does not fix.
         wide = tensor.to(dtype)
         if kind != "edge":
             wide = wide.index_select(0, (graph.src if kind == "src_v" else graph.dst).to(tensor.device))
-        if features != layout.message_shape:  # broadcast: leading feature sizes of 1
-            wide = wide.reshape((num_edges,) + (1,) * (len(layout.message_shape) - len(features)) + features)
+        if tensor.dim() - 1 < rank:
+            wide = wide.reshape((num_edges,) + (1,) * (rank - tensor.dim() + 1) + tuple(tensor.shape[1:]))
         gathered.append(wide)
-    out = evaluate(op.expr, gathered)
-    out = out.expand((num_edges,) + layout.message_shape)
+    out = evaluate_tree(op.tree, gathered)
+    out = out.expand(torch.broadcast_shapes(*(tensor.shape for tensor in gathered)))
     if op.reduces:
         out = out.sum(dim=-1, keepdim=True)
     return out
 
 
-def execute(
-    graph: Union[GraphTensor, GraphStructure],
-    op: OpInfo,
-    operands: Sequence[Tensor],
-    layout: Optional[Layout] = None,
-) -> Tensor:
-    """Run ``op`` on ``graph`` (a graph, or its structure on the operands' device); operands are
-    in slot order (see :attr:`OpInfo.inputs`); ``layout``: theirs, where the caller has it."""
-    if layout is None:
-        layout = infer_layout(op, [t.shape for t in operands])
+def execute(graph: Edges, op: OpInfo, operands: Sequence[Tensor]) -> Tensor:
+    """Run ``op`` on ``graph`` (a graph, its structure or its edges on the operands' device); operands
+    are in slot order (see :attr:`OpInfo.inputs`)."""
+    return execute_plan(graph, plan(op), operands)
+
+
+def execute_plan(graph: Edges, op: Plan, operands: Sequence[Tensor]) -> Tensor:
+    """:func:`execute` of an op's :class:`Plan`: what a compiled layer traces on a small graph."""
     out_dtype = result_dtype(operands)
     # Operands are floating point: one of them is float64 exactly when the promoted dtype is.
     acc = torch.float64 if out_dtype == torch.float64 else torch.float32
-    msg = messages(graph, op, operands, layout, acc)
-    if op.gather_op is None:
+    msg = messages(graph, op, operands, acc)
+    if op.gather is None:
         return msg.to(out_dtype)
     num_dst = graph.num_dst
     # scatter_add's index is int64; a structure's may be int32.
     dst = graph.dst.to(msg.device, torch.int64)
-    out = msg.new_zeros((num_dst,) + layout.out_shape)
-    ones = (1,) * len(layout.out_shape)
+    out_shape = tuple(msg.shape[1:])
+    out = msg.new_zeros((num_dst,) + out_shape)
+    ones = (1,) * len(out_shape)
     index = dst.view((-1,) + ones).expand_as(msg)
-    if op.gather_op in ("sum", "mean"):
+    if op.gather in ("sum", "mean"):
         out = out.scatter_add(0, index, msg)
-        if op.gather_op == "mean":
-            degree = torch.bincount(dst, minlength=num_dst).clamp_min(1).to(acc)
+        if op.gather == "mean":
+            # A sum of ones rather than bincount, whose output size depends on the values: a traced
+            # mean keeps one graph.
+            degree = msg.new_zeros(num_dst).index_add_(0, dst, msg.new_ones(dst.shape[0])).clamp_min_(1)
             out = out / degree.view((-1,) + ones)
     else:
-        out = out.scatter_reduce(0, index, msg, reduce="amax" if op.gather_op == "max" else "amin", include_self=False)
+        out = out.scatter_reduce(0, index, msg, reduce="amax" if op.gather == "max" else "amin", include_self=False)
     return out.to(out_dtype)

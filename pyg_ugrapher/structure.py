@@ -153,6 +153,22 @@ class GraphStructure(NamedTuple):
         )
 
 
+class EdgeList(NamedTuple):
+    """A graph as its edges in the user's order and its node counts, nothing sorted or counted:
+    what the reference executor's gathers and scatters read (:mod:`pyg_ugrapher.reference`), and
+    what a compiled layer on a small graph runs its operators on (``torch.compile`` fuses them as
+    it fuses PyG's; see :func:`pyg_ugrapher.graph_argument.traced_graph`)."""
+
+    src: Tensor  #: ``[E]`` sources
+    dst: Tensor  #: ``[E]`` destinations
+    num_src: int
+    num_dst: int
+
+    @property
+    def num_edges(self) -> int:
+        return self.src.shape[0]
+
+
 _MISSING = object()
 
 

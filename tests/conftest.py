@@ -71,6 +71,7 @@ import pyg_ugrapher as ug  # noqa: E402
 import triton_kernels  # noqa: E402
 from autotune import selection  # noqa: E402
 from benchmarks import rows  # noqa: E402
+from pyg_ugrapher import graph_argument  # noqa: E402
 from pyg_ugrapher.ops import decisions  # noqa: E402
 from triton_kernels import buffers  # noqa: E402
 
@@ -189,6 +190,22 @@ def small_graph_mode(monkeypatch, user_order):
     monkeypatch.setattr(selection, "select", lambda graph, op, F, *args, **kwargs: small_graph_schedule(op, F))
     monkeypatch.setattr(selection, "graph_independent", lambda graph, device: True)
     monkeypatch.setattr(decisions, "SHARED_DECISIONS", {})
+
+
+@pytest.fixture
+def custom_op_graphs(monkeypatch):
+    """Compiled layers run their graph operators as the custom ops whatever the graph's size, as
+    on a graph above :data:`~pyg_ugrapher.graph_argument.TRACED_GRAPH_EDGES` edges."""
+    monkeypatch.setattr(graph_argument, "TRACED_GRAPH_EDGES", -1)
+
+
+@pytest.fixture(params=["traced", "custom ops"])
+def compiled_route(request) -> str:
+    """The test runs twice: compiled layers trace their operators as torch operations (a small
+    graph, :func:`~pyg_ugrapher.graph_argument.traced_graph`), then call the custom ops."""
+    if request.param == "custom ops":
+        request.getfixturevalue("custom_op_graphs")
+    return request.param
 
 
 @pytest.fixture(params=["reference", "interpreter"])

@@ -346,7 +346,8 @@ class GATConv(MessagePassing, ScriptedAsPyG):
         alpha: Optional[Tensor] = None
         # Returned coefficients come from their own ops, and the output from the plain call's
         # fused op (the same numbers as a call without them), unless dropout must drop both alike.
-        if self._gather == "sum" and not (return_attention_weights and dropping):
+        # A compiled small graph's edges (traced_graph) take the separate ops, as torch operations.
+        if self._gather == "sum" and not (return_attention_weights and dropping) and graph.edges is None:
             keep = None
             if dropping:
                 keep = F.dropout(alpha_src.new_ones(graph.num_edges, H), p=self.dropout, training=True)

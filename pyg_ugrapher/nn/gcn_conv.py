@@ -384,6 +384,11 @@ class GCNConv(MessagePassing, ScriptedAsPyG):
                     ("gcn_looped_norm", self.flow, num_nodes, x.dtype),
                     lambda: unit_norm(edge_index, self.flow, num_nodes, True, x.dtype, looped.kept),
                 )
+            if graph.edges is not None:
+                # Traced with the graph's ops (traced_graph): a few fused kernels, no custom op.
+                index = plain_index(edge_index)
+                j, i = endpoints(self.flow)
+                return graph, unit_norm_torch(index[j], index[i], num_nodes, self.add_self_loops, x.dtype)
             norm = _compiled_unit_norm if torch.compiler.is_compiling() else fixed_size_unit_norm
             return graph, norm(edge_index, self.flow, num_nodes, self.add_self_loops, self._gather, x.dtype)
         fill = 2.0 if self.improved else 1.0

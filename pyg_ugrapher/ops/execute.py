@@ -23,7 +23,7 @@ from .decisions import graph_arrays, layout_of, op_decision, parse_op
 def run_graph_op(structure: GraphStructure, operands: List[Tensor], op: str, schedule: str) -> Tensor:
     """Run the serialised IR op ``op`` on a graph given by its structure (no autograd)."""
     if not uses_triton(operands[0].device):
-        return reference.execute(structure, parse_op(op), operands, layout_of(op, operands))
+        return reference.execute(structure, parse_op(op), operands)
     arrays = graph_arrays(structure)
     info, layout, chosen, dtype, plan = op_decision(arrays, operands, op, schedule)
     if plan is not None and triton_kernels.all_packed(operands):

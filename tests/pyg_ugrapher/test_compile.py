@@ -122,14 +122,14 @@ def layer_inputs(num_nodes: int = 12, num_edges: int = 40, seed: int = 0) -> Lis
 
 
 @pytest.mark.parametrize("name", LAYERS)
-def test_layer_compiles_without_graph_breaks(name):
+def test_layer_compiles_without_graph_breaks(name, compiled_route):
     factory, forward = LAYERS[name]
     torch.manual_seed(0)
     check_compiled(factory(), forward, layer_inputs())
 
 
 @pytest.mark.parametrize("name", LAYERS)
-def test_graphs_without_fullgraph(name):
+def test_graphs_without_fullgraph(name, compiled_route):
     """Without ``fullgraph=True`` (what users write) every layer compiles into one graph: the graphs
     with self loops added have sizes that depend on shapes alone (GCN's sums keep stored loops at
     weight 0, GAT points them to a spare row), weighted or not. Results equal eager ones."""
@@ -146,7 +146,57 @@ def test_graphs_without_fullgraph(name):
     assert counter.frame_count == 1
 
 
-def test_two_layer_model_in_training_mode():
+@pytest.mark.parametrize("name", LAYERS)
+def test_small_graphs_compile_to_torch_operations(name):
+    """On a graph of at most ``TRACED_GRAPH_EDGES`` edges a compiled layer calls none of the custom
+    ops (no structure, no graph operator): its gathers and scatters are torch operations, which
+    Inductor fuses as it fuses PyG's. Outputs and gradients are eager's."""
+    factory, forward = LAYERS[name]
+    torch.manual_seed(0)
+    calls: List[set] = []
+    check_compiled(factory(), forward, layer_inputs(), backend=graph_targets(calls))
+    ours = {str(target) for target in set().union(*calls) if str(target).startswith("pyg_ugrapher.")}
+    assert calls and ours == set(), ours
+
+
+def test_dynamic_shapes_trace_up_to_the_traced_graph_bound(monkeypatch):
+    """dynamic=True: the edge count is guarded at ``TRACED_GRAPH_EDGES``: graphs up to it share one
+    traced graph, a larger one recompiles once, into the custom ops, which serve every larger
+    graph. The results are eager's throughout."""
+    monkeypatch.setattr(graph_argument, "TRACED_GRAPH_EDGES", 60)
+    torch.manual_seed(0)
+    model = ug_nn.SAGEConv(6, 4)
+    calls: List[set] = []
+
+    def forward(m, x, ei):
+        return m(x, ei)
+
+    compiled = torch.compile(forward, backend=graph_targets(calls), dynamic=True)
+    # make_graph adds two duplicate edges: 42 and 54 edges, then 72 and 92.
+    for step, (num_nodes, num_edges) in enumerate([(12, 40), (15, 52), (20, 70), (25, 90)]):
+        inputs = layer_inputs(num_nodes, num_edges, seed=step)[:2]
+        expected = outputs_and_grads(model, forward, inputs)
+        for index, (a, b) in enumerate(zip(outputs_and_grads(model, compiled, inputs), expected)):
+            assert_close(a, b, f"graph {step}, tensor {index}")
+    ours = [{str(t).split(".")[1] for t in graph if str(t).startswith("pyg_ugrapher.")} for graph in calls]
+    assert len(ours) == 2, ours
+    assert ours[0] == set() and {"graph_op", "recordable_graph_op"} & ours[1], ours
+
+
+def test_small_compiled_graph_with_an_index_out_of_range_fails():
+    """A compiled small graph's index is not checked against the node counts (a check would wait
+    for the device), but an index out of range fails in the gather: no read outside the features."""
+    torch.manual_seed(0)
+    model = ug_nn.SAGEConv(6, 4)
+    x, edge_index, _, _ = layer_inputs()
+    edge_index = edge_index.clone()
+    edge_index[0, 3] = x.size(0)
+    compiled = torch.compile(model, backend="aot_eager")
+    with pytest.raises((IndexError, RuntimeError)):
+        compiled(x, edge_index)
+
+
+def test_two_layer_model_in_training_mode(compiled_route):
     """A model as users write one, GAT attention dropout off, ReLU and dropout between layers."""
 
     class Net(torch.nn.Module):
@@ -164,9 +214,9 @@ def test_two_layer_model_in_training_mode():
     check_compiled(model, lambda m, x, ei: m(x, ei), [x, edge_index])
 
 
-def test_the_graph_is_prepared_once_per_graph(monkeypatch):
-    """The custom op finds its graph in the cache on the edge_index object: compiled calls on the
-    same graph build it once, a new graph builds its own."""
+def test_the_graph_is_prepared_once_per_graph(monkeypatch, custom_op_graphs):
+    """The structure's custom op finds its graph in the cache on the edge_index object: compiled
+    calls on the same graph build it once, a new graph builds its own."""
     built = []
     original = graph_argument.graph_of
     monkeypatch.setattr(
@@ -206,7 +256,7 @@ def test_a_routed_layer_that_adds_self_loops_prepares_its_graph_once(monkeypatch
 
 
 @pytest.mark.parametrize("name", ["gcn", "gat", "gat_no_loops", "sage", "gin", "graph_conv_max"])
-def test_compiled_training_steps_reuse_the_graphs_decisions(name, interpret, monkeypatch):
+def test_compiled_training_steps_reuse_the_graphs_decisions(name, interpret, monkeypatch, custom_op_graphs):
     """After the first compiled training step, the next ones find every operator's graph (forward
     and reversed, in the backward pass too) in the caches: no structure built or sorted, no degree
     statistics, no new decisions. Caches are keyed by the structure arrays' identity, which a view
@@ -248,7 +298,7 @@ def test_compiled_training_steps_reuse_the_graphs_decisions(name, interpret, mon
 
 
 @pytest.mark.parametrize("name", ["gcn", "gat_edge_dim", "sage", "gine"])
-def test_dynamic_shapes_do_not_recompile_per_graph(name):
+def test_dynamic_shapes_do_not_recompile_per_graph(name, compiled_route):
     """dynamic=True: one graph for every graph size (node and edge counts are symbolic, and so are
     the sizes of the graphs with self loops added)."""
     factory, forward = LAYERS[name]
@@ -268,7 +318,7 @@ def test_dynamic_shapes_do_not_recompile_per_graph(name):
     assert compiled_at_first <= 2 and counter.frame_count == compiled_at_first
 
 
-def test_default_compile_recompiles_a_bounded_number_of_times():
+def test_default_compile_recompiles_a_bounded_number_of_times(compiled_route):
     """Without dynamic=True, Dynamo's automatic dynamic shapes take over after one recompile."""
     torch.manual_seed(0)
     model = ug_nn.GCNConv(6, 4)
@@ -446,10 +496,10 @@ def test_captured_message_passing_with_a_sparse_adjacency(layout):
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.5])
-def test_compiled_gat_runs_the_fused_softmax(dropout):
-    """Under ``torch.compile`` GATConv's softmax and aggregation are the one fused custom op (as
-    in eager mode), not the separate operators of ``return_attention_weights``; the dropout
-    scale is drawn in the graph and fed to it."""
+def test_compiled_gat_runs_the_fused_softmax(dropout, custom_op_graphs):
+    """Under ``torch.compile``, on a graph that runs the custom ops, GATConv's softmax and
+    aggregation are the one fused custom op (as in eager mode), not the separate operators of
+    ``return_attention_weights``; the dropout scale is drawn in the graph and fed to it."""
     torch.manual_seed(0)
     model = ug_nn.GATConv(6, 4, heads=2, dropout=dropout).train()
     x, edge_index, _, _ = layer_inputs()
@@ -549,7 +599,7 @@ def test_only_the_recordable_twins_run_inside_cuda_graphs():
 
 
 @pytest.mark.parametrize("size", ["small", "large"])
-def test_compiled_layers_call_the_recordable_twins_on_small_graphs(monkeypatch, size):
+def test_compiled_layers_call_the_recordable_twins_on_small_graphs(monkeypatch, size, custom_op_graphs):
     """A graph of a fixed number of edges up to ``SMALL_GRAPH_EDGES`` gets the recordable twins of
     the operators, forward and backward; a larger one the operators that run outside CUDA graphs;
     the results are the eager ones either way."""
@@ -574,7 +624,7 @@ def test_compiled_layers_call_the_recordable_twins_on_small_graphs(monkeypatch, 
     assert ours & (inside | outside) == (inside if size == "small" else outside), ours
 
 
-def test_dynamic_shapes_call_the_recordable_twins_below_the_small_graph_bound(monkeypatch):
+def test_dynamic_shapes_call_the_recordable_twins_below_the_small_graph_bound(monkeypatch, custom_op_graphs):
     """dynamic=True: Dynamo hands traced code a symbolic edge count as an int, so the forward pass
     calls the recordable twins and guards the count; a graph above ``SMALL_GRAPH_EDGES`` recompiles
     once, into the operators that run outside CUDA graphs. The results are eager's throughout."""

@@ -10,6 +10,7 @@ import torch
 from pyg_ugrapher import reference
 from pyg_ugrapher.graph import GraphTensor
 from pyg_ugrapher.ir import GATHER_OPS, Expr, OpInfo
+from pyg_ugrapher.layout import infer_layout
 
 TARGETS = ("u", "v", "e")
 NAMES = (
@@ -45,7 +46,7 @@ def naive(graph: GraphTensor, op: OpInfo, operands: Sequence[torch.Tensor]) -> t
         messages.append(message)
     if op.gather_op is None:
         return torch.stack(messages) if messages else None
-    shape = reference.infer_layout(op, [t.shape for t in operands]).out_shape
+    shape = infer_layout(op, [t.shape for t in operands]).out_shape
     out = torch.zeros((graph.num_dst,) + shape, dtype=torch.float64)
     for v in range(graph.num_dst):
         incoming = [m for m, d in zip(messages, dst) if d == v]
@@ -72,7 +73,7 @@ def test_matches_naive_loop(name, dtype, graph_factory, operand_factory, operand
         out = reference.execute(graph, op, operands)
         expected = naive(graph, op, operands)
         if expected is None:  # message creation on a graph without edges
-            layout = reference.infer_layout(op, [t.shape for t in operands])
+            layout = infer_layout(op, [t.shape for t in operands])
             assert out.shape == (0,) + layout.out_shape and out.dtype == dtype
             continue
         check_close(out, expected.to(dtype), dtype, f"{name} on {case} with {shape} operands")
