@@ -543,20 +543,20 @@ def _looped(
     return graph_of(looped, flow, num_src, num_dst, validate=False), kept, loops, index[0, loops], looped
 
 
-#: Compiled layer calls on graphs of at most this many edges run their operators as traced torch
-#: operations (:func:`traced_graph`).
-TRACED_GRAPH_EDGES = selection.SMALL_GRAPH_EDGES
+#: Compiled layer calls on an index of at most this many edges run their operators as traced
+#: torch operations (:func:`traced_graph`): up to here a compiled training step is bound by the host.
+TRACED_GRAPH_EDGES = 1 << 20
 
 
 def traced_graph(num_edges: int) -> bool:
-    """Whether a layer call runs its graph operators as torch operations that ``torch.compile``
-    traces and fuses, as it does PyG's gathers and scatters (the reference executor's, on the
-    graph's :class:`~pyg_ugrapher.structure.EdgeList`): compiled, on a graph of at most
-    :data:`TRACED_GRAPH_EDGES` edges (the small graphs of :mod:`autotune.selection`). There a
-    kernel takes microseconds and a step's time is the host's; a custom op's dispatch, and the
-    structure that its kernels read (a sort, a lookup of the index's cache), cost more host time
-    than Inductor's fused kernels take, and a new mini-batch graph needs neither. Larger graphs
-    keep the custom ops and their schedules. The index is not checked against the node counts
+    """Whether a layer call on an index of ``num_edges`` edges (self loops the layer adds not
+    counted, so that the layers of one model decide alike) runs its graph operators as torch
+    operations that ``torch.compile`` traces and fuses, as it does PyG's gathers and scatters (the
+    reference executor's, on the graph's :class:`~pyg_ugrapher.structure.EdgeList`): compiled, up
+    to :data:`TRACED_GRAPH_EDGES` edges. There a compiled step's time is the host's; a custom op's
+    dispatch, and the structure that its kernels read (a sort, a lookup of the index's cache), cost
+    more host time than Inductor's fused kernels take GPU time, and a new mini-batch graph needs
+    neither. Larger graphs keep the custom ops and their schedules. The index is not checked against the node counts
     here (a check waits for the device): an index out of range fails in the gather, on a GPU as a
     device-side assertion, as in PyG's compiled layers. Under ``dynamic=True`` the edge count is
     guarded: a larger graph recompiles once."""
@@ -683,7 +683,7 @@ def spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst:
     which needs no padded operands. So the graph is always the custom op's structure arrays, or
     on a small graph its edges (:func:`traced_graph`)."""
     num_edges = edge_index.size(1) + num_loops
-    if traced_graph(num_edges):
+    if traced_graph(edge_index.size(1)):
         index = plain_index(edge_index)
         j, i = endpoints(flow)
         loops = torch.arange(num_loops, device=index.device)
@@ -739,7 +739,7 @@ def padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> Graph:
     (``torch.compile`` without ``fullgraph`` breaks the graph at an op whose output size depends on
     the data)."""
     num_edges = edge_index.size(1) + num_nodes
-    if traced_graph(num_edges):
+    if traced_graph(edge_index.size(1)):
         loops = torch.arange(num_nodes, device=edge_index.device).repeat(2, 1)
         edges = _edge_list(torch.cat([plain_index(edge_index), loops], dim=1), flow, num_nodes, num_nodes)
         return Graph(None, None, num_edges, edges=edges)

@@ -9,7 +9,7 @@ of the test suite, differentiable through torch's own autograd, and the CPU exec
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +75,9 @@ class Plan(NamedTuple):
     tree: Tree  #: the edge function (:data:`Tree`)
     reduces: bool  #: the message is summed over its last feature dimension
     gather: Optional[str]  #: the gather op, ``None`` for message creation
+    #: Whether the function reads every operand (its elementwise result then has the message's
+    #: shape; else the result is broadcast to it).
+    reads_every_operand: bool
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,7 +95,17 @@ def expression_tree(expr: Expr) -> Tree:
 @functools.lru_cache(maxsize=None)
 def plan(op: OpInfo) -> Plan:
     """The :class:`Plan` of ``op``."""
-    return Plan(tuple(op.inputs), expression_tree(op.expr), op.reduces, op.gather_op)
+    tree = expression_tree(op.expr)
+    read = set(_inputs_read(tree))
+    return Plan(tuple(op.inputs), tree, op.reduces, op.gather_op, read == set(range(len(op.inputs))))
+
+
+def _inputs_read(tree: Tree) -> Iterator[int]:
+    if tree[0] == "input":
+        yield tree[1]
+    elif tree[0] != "const":
+        for arg in tree[1 : 2 if tree[0] in TORCH_PARAMETRIZED_FNS else None]:
+            yield from _inputs_read(arg)
 
 
 def evaluate(expr: Expr, inputs: Sequence[Tensor]) -> Tensor:
@@ -139,10 +152,17 @@ def messages(graph: Edges, op: Plan, operands: Sequence[Tensor], dtype: torch.dt
             wide = wide.reshape((num_edges,) + (1,) * (rank - tensor.dim() + 1) + tuple(tensor.shape[1:]))
         gathered.append(wide)
     out = evaluate_tree(op.tree, gathered)
-    out = out.expand(torch.broadcast_shapes(*(tensor.shape for tensor in gathered)))
+    if not op.reads_every_operand:
+        out = out.expand(_broadcast([tensor.shape for tensor in gathered]))
     if op.reduces:
         out = out.sum(dim=-1, keepdim=True)
     return out
+
+
+def _broadcast(shapes: Sequence[torch.Size]) -> Tuple[int, ...]:
+    """The broadcast of shapes of one rank that broadcast (each size equal to the others or 1;
+    ``torch.broadcast_shapes`` is a few dozen Python calls)."""
+    return tuple(0 if 0 in sizes else max(sizes) for sizes in zip(*shapes))
 
 
 def execute(graph: Edges, op: OpInfo, operands: Sequence[Tensor]) -> Tensor:

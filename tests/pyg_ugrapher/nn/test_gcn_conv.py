@@ -68,8 +68,9 @@ def test_repeated_self_loops(compare, compile_ours, small_graph, kwargs, weighte
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"aggr": "max"}, {"add_self_loops": False}], ids=["sum", "max", "no_loops"])
-def test_compiled_reads_cached_normalisation(compare, compile_ours, small_graph, monkeypatch, kwargs):
-    """Compiled without edge weights, the normalisation is read from the index's cache by one op:
+def test_compiled_reads_cached_normalisation(compare, compile_ours, small_graph, monkeypatch, kwargs, custom_op_graphs):
+    """Compiled without edge weights, on a graph that runs the custom ops, the normalisation is read
+    from the index's cache by one op:
     a call runs one graph operator (the aggregation), not three. Changed in place, the index gets
     its normalisation afresh, as PyG's."""
     x, edge_index = small_graph
