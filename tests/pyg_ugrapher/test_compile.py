@@ -150,13 +150,14 @@ def test_graphs_without_fullgraph(name, compiled_route):
 def test_small_graphs_compile_to_torch_operations(name):
     """On a graph of at most ``TRACED_GRAPH_EDGES`` edges a compiled layer calls none of the custom
     ops (no structure, no graph operator): its gathers and scatters are torch operations, which
-    Inductor fuses as it fuses PyG's. Outputs and gradients are eager's."""
+    Inductor fuses as it fuses PyG's; GIN and GINE keep their custom ops. Outputs and gradients are
+    eager's."""
     factory, forward = LAYERS[name]
     torch.manual_seed(0)
     calls: List[set] = []
     check_compiled(factory(), forward, layer_inputs(), backend=graph_targets(calls))
     ours = {str(target) for target in set().union(*calls) if str(target).startswith("pyg_ugrapher.")}
-    assert calls and ours == set(), ours
+    assert calls and (ours != set() if name in ("gin", "gine") else ours == set()), ours
 
 
 def test_dynamic_shapes_trace_up_to_the_traced_graph_bound(monkeypatch):
