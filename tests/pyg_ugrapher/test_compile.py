@@ -160,11 +160,9 @@ def test_small_graphs_compile_to_torch_operations(name):
     assert calls and (ours != set() if name in ("gin", "gine") else ours == set()), ours
 
 
-def test_dynamic_shapes_trace_up_to_the_traced_graph_bound(monkeypatch):
-    """dynamic=True: the edge count is guarded at ``TRACED_GRAPH_EDGES``: graphs up to it share one
-    traced graph, a larger one recompiles once, into the custom ops, which serve every larger
-    graph. The results are eager's throughout."""
-    monkeypatch.setattr(graph_argument, "TRACED_GRAPH_EDGES", 60)
+def ops_per_graph_across_sizes() -> List[set]:
+    """A SAGE layer compiled with ``dynamic=True`` on graphs of 42, 54, 72 and 92 edges in turn,
+    its results checked against eager's: the names of our ops in each graph Dynamo made."""
     torch.manual_seed(0)
     model = ug_nn.SAGEConv(6, 4)
     calls: List[set] = []
@@ -179,7 +177,15 @@ def test_dynamic_shapes_trace_up_to_the_traced_graph_bound(monkeypatch):
         expected = outputs_and_grads(model, forward, inputs)
         for index, (a, b) in enumerate(zip(outputs_and_grads(model, compiled, inputs), expected)):
             assert_close(a, b, f"graph {step}, tensor {index}")
-    ours = [{str(t).split(".")[1] for t in graph if str(t).startswith("pyg_ugrapher.")} for graph in calls]
+    return [{str(t).split(".")[1] for t in graph if str(t).startswith("pyg_ugrapher.")} for graph in calls]
+
+
+def test_dynamic_shapes_trace_up_to_the_traced_graph_bound(monkeypatch):
+    """dynamic=True: the edge count is guarded at ``TRACED_GRAPH_EDGES``: graphs up to it share one
+    traced graph, a larger one recompiles once, into the custom ops, which serve every larger
+    graph. The results are eager's throughout."""
+    monkeypatch.setattr(graph_argument, "TRACED_GRAPH_EDGES", 60)
+    ours = ops_per_graph_across_sizes()
     assert len(ours) == 2, ours
     assert ours[0] == set() and {"graph_op", "recordable_graph_op"} & ours[1], ours
 
@@ -630,21 +636,7 @@ def test_dynamic_shapes_call_the_recordable_twins_below_the_small_graph_bound(mo
     calls the recordable twins and guards the count; a graph above ``SMALL_GRAPH_EDGES`` recompiles
     once, into the operators that run outside CUDA graphs. The results are eager's throughout."""
     monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", 60)
-    torch.manual_seed(0)
-    model = ug_nn.SAGEConv(6, 4)
-    calls: List[set] = []
-
-    def forward(m, x, ei):
-        return m(x, ei)
-
-    compiled = torch.compile(forward, backend=graph_targets(calls), dynamic=True)
-    # make_graph adds two duplicate edges: 42 and 54 edges, then 72 and 92.
-    for step, (num_nodes, num_edges) in enumerate([(12, 40), (15, 52), (20, 70), (25, 90)]):
-        inputs = layer_inputs(num_nodes, num_edges, seed=step)[:2]
-        expected = outputs_and_grads(model, forward, inputs)
-        for index, (a, b) in enumerate(zip(outputs_and_grads(model, compiled, inputs), expected)):
-            assert_close(a, b, f"graph {step}, tensor {index}")
-    ours = [{str(t).split(".")[1] for t in graph if str(t).startswith("pyg_ugrapher.")} for graph in calls]
+    ours = ops_per_graph_across_sizes()
     assert len(ours) == 2, ours
     assert "recordable_graph_op" in ours[0] and "graph_op" not in ours[0], ours
     assert "graph_op" in ours[1] and "recordable_graph_op" not in ours[1], ours
