@@ -556,10 +556,10 @@ def traced_graph(num_edges: int) -> bool:
     to :data:`TRACED_GRAPH_EDGES` edges. There a compiled step's time is the host's; a custom op's
     dispatch, and the structure that its kernels read (a sort, a lookup of the index's cache), cost
     more host time than Inductor's fused kernels take GPU time, and a new mini-batch graph needs
-    neither. Larger graphs keep the custom ops and their schedules. The index is not checked against the node counts
-    here (a check waits for the device): an index out of range fails in the gather, on a GPU as a
-    device-side assertion, as in PyG's compiled layers. Under ``dynamic=True`` the edge count is
-    guarded: a larger graph recompiles once."""
+    neither. Larger graphs keep the custom ops and their schedules. The index is not checked
+    against the node counts here (a check waits for the device): an index out of range fails in the
+    gather, on a GPU as a device-side assertion, as in PyG's compiled layers. Under
+    ``dynamic=True`` the edge count is guarded: a larger graph recompiles once."""
     return torch.compiler.is_compiling() and num_edges <= TRACED_GRAPH_EDGES
 
 
@@ -640,13 +640,18 @@ def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int)
     return structure + [ids(num_kept), ids(num_loops_stored), ids(num_loops_stored), ids((2, num_kept + num_loops))]
 
 
-def _spare_row_looped(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
+def _spare_row_index(edge_index: Tensor, flow: str, num_dst: int, num_loops: int) -> Tensor:
+    """The ``[2, E + num_loops]`` index of :func:`spare_row_looped_graph`'s graph."""
     index = plain_index(edge_index)
     _, i = endpoints(flow)
     routed = index.clone()
     routed[i] = torch.where(index[0] == index[1], num_dst, index[i])
     loops = torch.arange(num_loops, device=index.device).repeat(2, 1)
-    return graph_of(torch.cat([routed, loops], dim=1), flow, num_src, num_dst + 1)
+    return torch.cat([routed, loops], dim=1)
+
+
+def _spare_row_looped(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
+    return graph_of(_spare_row_index(edge_index, flow, num_dst, num_loops), flow, num_src, num_dst + 1)
 
 
 def _cached_spare_row(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
@@ -684,12 +689,8 @@ def spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst:
     on a small graph its edges (:func:`traced_graph`)."""
     num_edges = edge_index.size(1) + num_loops
     if traced_graph(edge_index.size(1)):
-        index = plain_index(edge_index)
-        j, i = endpoints(flow)
-        loops = torch.arange(num_loops, device=index.device)
-        src = torch.cat([index[j], loops])
-        dst = torch.cat([torch.where(index[0] == index[1], num_dst, index[i]), loops])
-        return Graph(None, None, num_edges, True, EdgeList(src, dst, num_src, num_dst + 1))
+        edges = _edge_list(_spare_row_index(edge_index, flow, num_dst, num_loops), flow, num_src, num_dst + 1)
+        return Graph(None, None, num_edges, True, edges)
     arrays = _spare_row_looped_graph(edge_index, flow, num_src, num_dst, num_loops)
     return Graph(None, GraphStructure.from_flat(arrays, user_order=False), edge_index.size(1) + num_loops, True)
 
@@ -708,10 +709,15 @@ def spare_row_loop_attr(edge_index: Tensor, edge_attr: Tensor, num_loops: int, f
 def graph_with_loops(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor:
     """A GraphTensor of an index with a self loop added to each of its ``num_nodes`` nodes after
     its edges, stored loops kept (not cached: callers cache)."""
-    index = plain_index(edge_index)
-    loops = torch.arange(num_nodes, device=index.device).repeat(2, 1)
     unchecked = checked(edge_index, num_nodes, num_nodes) is None  # a sampler's batch is checked
-    return graph_of(torch.cat([index, loops], dim=1), flow, num_nodes, num_nodes, validate=unchecked)
+    return graph_of(_looped_index(edge_index, num_nodes), flow, num_nodes, num_nodes, validate=unchecked)
+
+
+def _looped_index(edge_index: Tensor, num_nodes: int) -> Tensor:
+    """The ``[2, E + num_nodes]`` index of :func:`graph_with_loops`: a self loop per node after the
+    edges."""
+    loops = torch.arange(num_nodes, device=edge_index.device).repeat(2, 1)
+    return torch.cat([plain_index(edge_index), loops], dim=1)
 
 
 def _cached_padded(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTensor:
@@ -740,9 +746,9 @@ def padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> Graph:
     the data)."""
     num_edges = edge_index.size(1) + num_nodes
     if traced_graph(edge_index.size(1)):
-        loops = torch.arange(num_nodes, device=edge_index.device).repeat(2, 1)
-        edges = _edge_list(torch.cat([plain_index(edge_index), loops], dim=1), flow, num_nodes, num_nodes)
-        return Graph(None, None, num_edges, edges=edges)
+        return Graph(
+            None, None, num_edges, edges=_edge_list(_looped_index(edge_index, num_nodes), flow, num_nodes, num_nodes)
+        )
     if torch.compiler.is_compiling():
         arrays = _padded_looped_graph(edge_index, flow, num_nodes)
         return Graph(None, GraphStructure.from_flat(arrays, user_order=False), num_edges)
