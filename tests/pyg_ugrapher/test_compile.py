@@ -160,6 +160,19 @@ def test_small_graphs_compile_to_torch_operations(name):
     assert calls and (ours != set() if name in ("gin", "gine") else ours == set()), ours
 
 
+@pytest.mark.parametrize("name", ["gcn", "gcn_max", "gat", "gat_edge_dim", "sage", "graph_conv_max"])
+def test_small_graphs_traced_on_an_empty_graph(name):
+    """A graph without edges, traced as torch operations: every node is isolated (zero rows, the
+    self loops alone where the layer adds them), as eager."""
+    factory, forward = LAYERS[name]
+    torch.manual_seed(0)
+    x, _, _, _ = layer_inputs()
+    empty = torch.empty(2, 0, dtype=torch.long)
+    calls: List[set] = []
+    check_compiled(factory(), forward, [x, empty, torch.rand(0), torch.randn(0, 3)], backend=graph_targets(calls))
+    assert not {str(t) for t in set().union(*calls) if str(t).startswith("pyg_ugrapher.")}
+
+
 def ops_per_graph_across_sizes() -> List[set]:
     """A SAGE layer compiled with ``dynamic=True`` on graphs of 42, 54, 72 and 92 edges in turn,
     its results checked against eager's: the names of our ops in each graph Dynamo made."""
