@@ -218,7 +218,12 @@ class GraphTensor:
         self._csc_cache: Dict[torch.device, CSR] = {}
         self._coo_cache: Dict[torch.device, Tuple[Tensor, Tensor]] = {}
         self._structure_cache: Dict[torch.device, GraphStructure] = {}
+        # The reversed graph: held by the graph that made it, which it refers back to weakly, so
+        # that the two form no reference cycle. A cycle would outlive its edges until the garbage
+        # collector found it: a mini-batch's structures (device memory) kept past its step, and
+        # the collector's pauses in a training loop that otherwise makes no garbage.
         self._reverse: Optional[GraphTensor] = None
+        self._reverse_of: Optional[weakref.ReferenceType] = None
         self._validate = validate
         self._versions = (version(self.src), version(self.dst))
         if checked_by_build:
@@ -336,13 +341,14 @@ class GraphTensor:
             validate_endpoints(self.src, self.dst, self.num_src, self.num_dst)
         self._csr_cache.clear()
         self._csc_cache.clear()
-        for graph in (self, self._reverse):
+        twin = self._twin()
+        for graph in (self, twin):
             if graph is not None:
                 graph._coo_cache.clear()
                 graph._structure_cache.clear()
         self._versions = versions
-        if self._reverse is not None:
-            self._reverse._versions = versions[::-1]
+        if twin is not None:
+            twin._versions = versions[::-1]
 
     def csr(self, device: Union[None, str, torch.device] = None) -> CSR:
         """Destination-sorted CSR: row ``v`` lists the edges into ``v``."""
@@ -449,21 +455,29 @@ class GraphTensor:
             built = None
         return built if built is not None else self.structure(device)
 
+    def _twin(self) -> Optional["GraphTensor"]:
+        """The reversed graph if it was made and is alive."""
+        if self._reverse is not None:
+            return self._reverse
+        return self._reverse_of() if self._reverse_of is not None else None
+
     def reverse(self) -> "GraphTensor":
         """The graph with every edge turned around; shares this graph's caches."""
-        if self._reverse is None:
-            rev = GraphTensor.__new__(GraphTensor)
-            rev.src, rev.dst = self.dst, self.src
-            rev.num_src, rev.num_dst = self.num_dst, self.num_src
-            rev.index_dtype = self.index_dtype
-            rev._validate = self._validate
-            rev._versions = self._versions[::-1]
-            rev._csr_cache, rev._csc_cache = self._csc_cache, self._csr_cache
-            rev._coo_cache = {}
-            rev._structure_cache = {}
-            rev._reverse = self
-            self._reverse = rev
-        return self._reverse
+        twin = self._twin()
+        if twin is None:
+            twin = GraphTensor.__new__(GraphTensor)
+            twin.src, twin.dst = self.dst, self.src
+            twin.num_src, twin.num_dst = self.num_dst, self.num_src
+            twin.index_dtype = self.index_dtype
+            twin._validate = self._validate
+            twin._versions = self._versions[::-1]
+            twin._csr_cache, twin._csc_cache = self._csc_cache, self._csr_cache
+            twin._coo_cache = {}
+            twin._structure_cache = {}
+            twin._reverse = None
+            twin._reverse_of = weakref.ref(self)
+            self._reverse = twin
+        return twin
 
     def stats(self, device: Union[None, str, torch.device] = None) -> GraphStats:
         """Degree statistics (rows = destinations), cached."""

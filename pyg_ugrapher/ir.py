@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterator, Optional, Sequence, Tuple, Union
 
 OPERAND_KINDS = ("src_v", "dst_v", "edge")
@@ -425,38 +426,41 @@ def _format_number(value: float) -> str:
     return str(int(value)) if value == int(value) and abs(value) < 1e15 else repr(value)
 
 
+@lru_cache(maxsize=1024)
 def parse_expr(text: str) -> Expr:
-    """Read the prefix form written by :meth:`Expr.serialize`."""
-    tokens = re.findall(r"\(|\)|[^\s()]+", text)
-    position = 0
-
-    def read() -> Expr:
-        nonlocal position
-        if position >= len(tokens):
-            raise ValueError(f"expr: unexpected end of {text!r}")
-        token = tokens[position]
-        position += 1
-        if token == "(":
-            fn = tokens[position]
-            position += 1
-            args = []
-            while position < len(tokens) and tokens[position] != ")":
-                args.append(read())
-            if position >= len(tokens):
-                raise ValueError(f"expr: unclosed parenthesis in {text!r}")
-            position += 1
-            return Expr(fn, tuple(args))
-        if token.startswith("$"):
-            return Expr.input(int(token[1:]))
-        try:
-            return Expr.const(float(token))
-        except ValueError:
-            raise ValueError(f"expr: cannot read token {token!r} of {text!r}") from None
-
-    result = read()
+    """Read the prefix form written by :meth:`Expr.serialize` (once per text: a compiled model's
+    constants name their expressions as text, read at every call)."""
+    tokens = tuple(re.findall(r"\(|\)|[^\s()]+", text))
+    result, position = _read_expr(tokens, 0, text)
     if position != len(tokens):
         raise ValueError(f"expr: trailing text in {text!r}")
     return result
+
+
+def _read_expr(tokens: Tuple[str, ...], position: int, text: str) -> Tuple[Expr, int]:
+    """The expression starting at ``tokens[position]`` and the position after it."""
+    if position >= len(tokens):
+        raise ValueError(f"expr: unexpected end of {text!r}")
+    token = tokens[position]
+    position += 1
+    if token == "(":
+        if position >= len(tokens):
+            raise ValueError(f"expr: unclosed parenthesis in {text!r}")
+        fn = tokens[position]
+        position += 1
+        args = []
+        while position < len(tokens) and tokens[position] != ")":
+            arg, position = _read_expr(tokens, position, text)
+            args.append(arg)
+        if position >= len(tokens):
+            raise ValueError(f"expr: unclosed parenthesis in {text!r}")
+        return Expr(fn, tuple(args)), position + 1
+    if token.startswith("$"):
+        return Expr.input(int(token[1:])), position
+    try:
+        return Expr.const(float(token)), position
+    except ValueError:
+        raise ValueError(f"expr: cannot read token {token!r} of {text!r}") from None
 
 
 def _builtin_expr(edge_op: str) -> Tuple[Expr, bool]:

@@ -662,3 +662,26 @@ def test_validate_endpoints_reads_extra_counts_in_its_check():
     assert graph_module.validate_endpoints(src[:0], dst[:0], 5, 4, [src.sum()]) == [6]
     with pytest.raises(ValueError, match="destination index 3 out of range for num_dst=3"):
         graph_module.validate_endpoints(src, dst, 5, 3, [src.sum()])
+
+
+def test_a_graph_and_its_reverse_form_no_reference_cycle():
+    """The graph holds its reverse, which refers back weakly: both are freed without the garbage
+    collector, and a reverse whose graph is gone makes a new twin with the same edges."""
+    edges = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]])
+    gc.disable()
+    try:
+        graph = ug.GraphTensor.from_edge_index(edges, 3)
+        reverse = graph.reverse()
+        assert reverse.reverse() is graph and graph.reverse() is reverse
+        graph_ref, reverse_ref = weakref.ref(graph), weakref.ref(reverse)
+        del reverse
+        assert reverse_ref() is graph.reverse()  # the graph holds it
+        del graph
+        assert graph_ref() is None and reverse_ref() is None  # freed by reference counts alone
+
+        reverse = ug.GraphTensor.from_edge_index(edges, 3).reverse()  # its graph is gone at once
+        twin = reverse.reverse()
+        assert torch.equal(twin.src, edges[0]) and torch.equal(twin.dst, edges[1])
+        assert twin.reverse() is reverse and twin.csr().num_edges == 4
+    finally:
+        gc.enable()
