@@ -755,10 +755,10 @@ def padded_looped_graph(edge_index: Tensor, flow: str, num_nodes: int) -> Graph:
     return Graph(_cached_padded(edge_index, flow, num_nodes), None, num_edges)
 
 
-def layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, traced: bool = True) -> Graph:
-    """The graph of a ``[2, E]`` index (or ``EdgeIndex``) for one layer call; ``traced=False``: a
-    compiled call keeps the custom ops on a small graph too (:func:`traced_graph`)."""
-    if traced and traced_graph(edge_index.size(1)):
+def layer_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> Graph:
+    """The graph of a ``[2, E]`` index (or ``EdgeIndex``) for one layer call; compiled, a small
+    graph's edges as they are (:func:`traced_graph`)."""
+    if traced_graph(edge_index.size(1)):
         return Graph(None, None, edge_index.size(1), edges=_edge_list(plain_index(edge_index), flow, num_src, num_dst))
     if torch.compiler.is_compiling():
         return Graph(None, layer_structure(edge_index, flow, num_src, num_dst), edge_index.size(1))
@@ -793,18 +793,16 @@ def looped_edge_attr(looped: Looped, edge_attr: Tensor, num_loops: int, fill_val
     return torch.cat([kept, loop_attr], dim=0)
 
 
-def adjacency(
-    layer, edge_index: Tensor, num_src: int, num_dst: int, traced: bool = True
-) -> Tuple[Graph, Optional[Tensor]]:
+def adjacency(layer, edge_index: Tensor, num_src: int, num_dst: int) -> Tuple[Graph, Optional[Tensor]]:
     """The cached graph of a layer's graph argument, and a sparse adjacency's values (per call, so
-    that they stay differentiable; ``None`` for an edge index); ``traced``: see :func:`layer_graph`."""
+    that they stay differentiable; ``None`` for an edge index)."""
     if is_sparse(edge_index):
         index, values = sparse_edges(edge_index)
         graph = derived(
             edge_index, ("graph", num_src, num_dst), lambda: graph_of(index, "source_to_target", num_src, num_dst)
         )
         return Graph(graph, None, graph.num_edges), values
-    return layer_graph(edge_index, layer.flow, num_src, num_dst, traced), None
+    return layer_graph(edge_index, layer.flow, num_src, num_dst), None
 
 
 # -- running operators --------------------------------------------------------------------------
@@ -888,15 +886,13 @@ def aggregate(
     edge_index: Tensor,
     size: Optional[Tuple[int, int]],
     edge_weight: Optional[Tensor] = None,
-    traced: bool = True,
 ) -> Tensor:
     """``gather`` over the incoming edges of ``x_src[u]`` (times the edge weight, if any): one IR op.
 
-    A sparse adjacency's values are edge weights, as in PyG's ``spmm``. ``traced``: see
-    :func:`layer_graph`.
+    A sparse adjacency's values are edge weights, as in PyG's ``spmm``.
     """
     num_src, num_dst = node_sizes(layer, edge_index, size, x_src, x_dst)
-    graph, values = adjacency(layer, edge_index, num_src, num_dst, traced)
+    graph, values = adjacency(layer, edge_index, num_src, num_dst)
     if values is None:
         weight = edge_tensor("edge_weight", edge_weight, graph.num_edges)
     elif edge_weight is not None:

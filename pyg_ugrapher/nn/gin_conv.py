@@ -121,10 +121,7 @@ class GINConv(MessagePassing, ScriptedAsPyG):
                 # to add x (a sum over N more edges reads less memory than that pass).
                 graph = padded_looped_graph(edge_index, self.flow, num_nodes)
                 return network(self.nn, batch_first(run(graph, named, ("copy_u_sum",), [x_src]), static))
-        # Compiled, the sum stays the custom op on small graphs too (not traced_graph's torch
-        # operations): traced, the eps gradient under mode="reduce-overhead" differed from the eager
-        # one on a GPU by about 0.3%, outputs equal, not explained (docs/limitations.md).
-        out = aggregate(self, self._gather, x_src, x_dst, edge_index, size, traced=False)
+        out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
         if x_dst is not None:
             # One pass over [N, F] instead of a product and a sum.
             out = torch.addcmul(out, x_dst, 1 + self.eps)
@@ -227,8 +224,7 @@ class GINEConv(MessagePassing, ScriptedAsPyG):
         x_src, x_dst = nodes_first(x_src), None if x_dst is None else nodes_first(x_dst)
         edge_index, size, edge_attr = sparse_tensor_graph(self, edge_index, size, edge_attr, "features")
         num_src, num_dst = node_sizes(self, edge_index, size, x_src, x_dst)
-        # The custom op when compiled, as GINConv's sum (see there).
-        graph, _ = adjacency(self, edge_index, num_src, num_dst, traced=False)
+        graph, _ = adjacency(self, edge_index, num_src, num_dst)
         if edge_attr is None:
             raise ValueError("edge_attr: GINEConv needs edge features")
         edge_attr = edge_tensor("edge_attr", edge_attr, graph.num_edges)

@@ -98,9 +98,12 @@ LAYERS: Dict[str, Tuple[Callable[[], torch.nn.Module], Callable]] = {
         lambda: ug_nn.SAGEConv(6, 4, aggr="max"),
         lambda m, x, ei, w, e: m((x, x[:10]), torch.stack([ei[0], ei[1] % 10])),
     ),
+    # A smooth activation in GIN's network: a ReLU's kink lies within float32 rounding of some
+    # pre-activation of these hub graphs (their sums, added in another order, differ by ~1e-5), and
+    # a flipped mask changes the first Linear's gradient by a whole node's share.
     "gin": (
         lambda: ug_nn.GINConv(
-            torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)), train_eps=True
+            torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4)), train_eps=True
         ),
         lambda m, x, ei, w, e: m(x, ei),
     ),
@@ -150,14 +153,13 @@ def test_graphs_without_fullgraph(name, compiled_route):
 def test_small_graphs_compile_to_torch_operations(name):
     """On a graph of at most ``TRACED_GRAPH_EDGES`` edges a compiled layer calls none of the custom
     ops (no structure, no graph operator): its gathers and scatters are torch operations, which
-    Inductor fuses as it fuses PyG's; GIN and GINE keep their custom ops. Outputs and gradients are
-    eager's."""
+    Inductor fuses as it fuses PyG's. Outputs and gradients are eager's."""
     factory, forward = LAYERS[name]
     torch.manual_seed(0)
     calls: List[set] = []
     check_compiled(factory(), forward, layer_inputs(), backend=graph_targets(calls))
     ours = {str(target) for target in set().union(*calls) if str(target).startswith("pyg_ugrapher.")}
-    assert calls and (ours != set() if name in ("gin", "gine") else ours == set()), ours
+    assert calls and ours == set(), ours
 
 
 @pytest.mark.parametrize("name", ["gcn", "gcn_max", "gat", "gat_edge_dim", "sage", "graph_conv_max"])
