@@ -24,6 +24,8 @@ from pyg_ugrapher import graph_argument
 from pyg_ugrapher import nn as ug_nn
 
 RTOL = 1e-5
+#: The reduce-overhead test's tolerance for a one-element gradient, relative to its value.
+SCALAR_GRADIENT_RTOL = 1e-4
 
 
 @pytest.fixture(autouse=True)
@@ -55,11 +57,11 @@ def outputs_and_grads(model: torch.nn.Module, forward: Callable, inputs: Sequenc
     return [out.detach()] + [g.detach() for g in grads]
 
 
-def assert_close(ours: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+def assert_close(ours: torch.Tensor, expected: torch.Tensor, what: str, rtol: float = RTOL) -> None:
     assert ours.shape == expected.shape, f"{what}: shape {list(ours.shape)} vs {list(expected.shape)}"
     scale = expected.abs().max().item() if expected.numel() else 0.0
     error = (ours.double() - expected.double()).abs().max().item() if ours.numel() else 0.0
-    assert error <= RTOL * max(scale, 1e-6), f"{what}: max error {error:.3e} (scale {scale:.3e})"
+    assert error <= rtol * max(scale, 1e-6), f"{what}: max error {error:.3e} (scale {scale:.3e})"
 
 
 def check_compiled(model: torch.nn.Module, forward: Callable, inputs: Sequence[torch.Tensor], **options) -> Callable:
@@ -684,4 +686,7 @@ def test_layers_train_under_reduce_overhead(name, compiled_route):
             )
             results.append([t.detach().clone() for t in (out, *grads)])
         for index, (a, b) in enumerate(zip(*results)):
-            assert_close(a, b, f"call {call}: {'output' if index == 0 else f'gradient {index - 1}'}")
+            # A one-element gradient (GIN's eps) is one sum of every node's terms, which cancel:
+            # its rounding is relative to their magnitudes, ten to twenty-five times the sum's here.
+            rtol = SCALAR_GRADIENT_RTOL if index and b.numel() == 1 else RTOL
+            assert_close(a, b, f"call {call}: {'output' if index == 0 else f'gradient {index - 1}'}", rtol)
