@@ -24,8 +24,6 @@ from pyg_ugrapher import graph_argument
 from pyg_ugrapher import nn as ug_nn
 
 RTOL = 1e-5
-#: The reduce-overhead test's tolerance for a one-element gradient, relative to its value.
-SCALAR_GRADIENT_RTOL = 1e-4
 
 
 @pytest.fixture(autouse=True)
@@ -57,11 +55,11 @@ def outputs_and_grads(model: torch.nn.Module, forward: Callable, inputs: Sequenc
     return [out.detach()] + [g.detach() for g in grads]
 
 
-def assert_close(ours: torch.Tensor, expected: torch.Tensor, what: str, rtol: float = RTOL) -> None:
+def assert_close(ours: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     assert ours.shape == expected.shape, f"{what}: shape {list(ours.shape)} vs {list(expected.shape)}"
     scale = expected.abs().max().item() if expected.numel() else 0.0
     error = (ours.double() - expected.double()).abs().max().item() if ours.numel() else 0.0
-    assert error <= rtol * max(scale, 1e-6), f"{what}: max error {error:.3e} (scale {scale:.3e})"
+    assert error <= RTOL * max(scale, 1e-6), f"{what}: max error {error:.3e} (scale {scale:.3e})"
 
 
 def check_compiled(model: torch.nn.Module, forward: Callable, inputs: Sequence[torch.Tensor], **options) -> Callable:
@@ -100,13 +98,12 @@ LAYERS: Dict[str, Tuple[Callable[[], torch.nn.Module], Callable]] = {
         lambda: ug_nn.SAGEConv(6, 4, aggr="max"),
         lambda m, x, ei, w, e: m((x, x[:10]), torch.stack([ei[0], ei[1] % 10])),
     ),
-    # A smooth activation in GIN's network: a ReLU's kink lies within float32 rounding of some
-    # pre-activation of these hub graphs (their sums, added in another order, differ by ~1e-5), and
-    # a flipped mask changes the first Linear's gradient by a whole node's share.
+    # GIN's network is linear: on the hub graphs of the GPU tests a nonlinearity turns the float32
+    # rounding of the hub's sum (added in another order when traced) into gradient differences far
+    # above it: a ReLU's mask flips at a pre-activation within rounding of zero, a saturated Tanh's
+    # slope moves by twice the pre-activation's error.
     "gin": (
-        lambda: ug_nn.GINConv(
-            torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4)), train_eps=True
-        ),
+        lambda: ug_nn.GINConv(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 4)), train_eps=True),
         lambda m, x, ei, w, e: m(x, ei),
     ),
     "gine": (lambda: ug_nn.GINEConv(torch.nn.Linear(6, 4), edge_dim=3), lambda m, x, ei, w, e: m(x, ei, e)),
@@ -686,7 +683,4 @@ def test_layers_train_under_reduce_overhead(name, compiled_route):
             )
             results.append([t.detach().clone() for t in (out, *grads)])
         for index, (a, b) in enumerate(zip(*results)):
-            # A one-element gradient (GIN's eps) is one sum of every node's terms, which cancel:
-            # its rounding is relative to their magnitudes, ten to twenty-five times the sum's here.
-            rtol = SCALAR_GRADIENT_RTOL if index and b.numel() == 1 else RTOL
-            assert_close(a, b, f"call {call}: {'output' if index == 0 else f'gradient {index - 1}'}", rtol)
+            assert_close(a, b, f"call {call}: {'output' if index == 0 else f'gradient {index - 1}'}")
