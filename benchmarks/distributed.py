@@ -439,6 +439,9 @@ def run(worker: Worker, args: argparse.Namespace) -> List[Dict]:
             "compile_mode": compile_mode,
             "world_size": worker.world_size,
             "launch_ranks": worker.world_size,
+            # The machine: its GPUs (whatever the launch uses) and CPU cores.
+            "host_gpus": torch.cuda.device_count() if device.type == "cuda" else 0,
+            "host_cpus": os.cpu_count(),
             "features": args.features,
             "hidden": args.hidden,
             "epochs": args.epochs,

@@ -220,8 +220,7 @@ class GraphTensor:
         self._structure_cache: Dict[torch.device, GraphStructure] = {}
         # The reversed graph: held by the graph that made it, which it refers back to weakly, so
         # that the two form no reference cycle. A cycle would outlive its edges until the garbage
-        # collector found it: a mini-batch's structures (device memory) kept past its step, and
-        # the collector's pauses in a training loop that otherwise makes no garbage.
+        # collector found it: a mini-batch's structures (device memory) kept past its step.
         self._reverse: Optional[GraphTensor] = None
         self._reverse_of: Optional[weakref.ReferenceType] = None
         self._validate = validate

@@ -253,8 +253,7 @@ def _ours(garbage: List[object]) -> List[str]:
 @pytest.mark.parametrize("kind", list(LAYERS))
 def test_training_on_new_batch_graphs_leaves_no_cyclic_garbage(kind, cora, batches, executor):
     """A new graph's structures are freed with its edge index, not by the garbage collector: a
-    cycle would keep them (device memory) past their step, and the collections it causes pause a
-    training loop, the longer the more objects the process holds (all ranks wait for any one)."""
+    cycle would keep them (device memory) past their step, until a collection finds it."""
     ours, _ = twins(kind, cora)
     optimizer = torch.optim.Adam(ours.parameters(), lr=0.01)
     gc.collect()
