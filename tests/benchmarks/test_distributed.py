@@ -2,6 +2,7 @@
 one row per case and draw the plot."""
 
 import math
+import os
 
 import pandas as pd
 import pytest
@@ -19,6 +20,8 @@ def test_quick_run_appends_a_row_per_case(tmp_path):
     expected += [("partitioned", model, 2) for model in distributed.DEFAULT_MODELS]
     assert sorted(zip(frame["mode"], frame.model, frame.world_size)) == sorted(expected)
     assert (frame.launch_ranks == 2).all() and (frame.num_edges == 20000).all()
+    # The machine: no GPU in the CPU processes, this host's cores.
+    assert (frame.host_gpus == 0).all() and (frame.host_cpus == os.cpu_count()).all()
     assert all(math.isfinite(v) and v > 0 for v in frame.edges_per_s)
     partitioned = frame[frame["mode"] == "partitioned"]
     assert (partitioned.halo_rows > 0).all() and (partitioned.halo_mib_per_layer > 0).all()
