@@ -1,10 +1,12 @@
 """Training steps as PyG users run them: wall clock per step, host included.
 
-For every graph, model (GCN, GAT, GATv2, GraphSAGE, GIN; two layers, default arguments: GCN normalises
-at every call, GAT adds its self loops), implementation (PyG's layers, ours) and way of running
-the step, a row of ``steps.csv`` holds the median wall-clock time of one training step (forward,
-loss, backward, Adam) over ``--repeats`` runs of ``--steps`` steps, warm-up excluded, with the
-host's time in it (the clock is read after ``torch.cuda.synchronize``). Modes:
+For every graph, model (GCN, GAT, GATv2, GraphSAGE, GIN; two layers, default arguments: GCN
+normalises at every call, GAT adds its self loops), implementation (PyG's layers, ours; in eager
+steps also ``no-graph``, the same model without its graph operators (:mod:`benchmarks.graph_free`):
+the floor of an eager step, whatever implements the operators) and way of running the step, a row
+of ``steps.csv`` holds the median wall-clock time of one training step (forward, loss, backward,
+Adam) over ``--repeats`` runs of ``--steps`` steps, warm-up excluded, with the host's time in it
+(the clock is read after ``torch.cuda.synchronize``). Modes:
 
 * ``eager``;
 * ``compiled``: ``torch.compile(model)`` (mini-batches: ``dynamic=True``);
@@ -60,12 +62,15 @@ from autotune.timing import wall_ms as call_ms
 from pyg_ugrapher import RecordedStep, pad_to_bucket
 from pyg_ugrapher.datasets import load_dataset
 
+from . import graph_free
 from .report import plot
 from .rows import ResultsFile, default_out, environment
 from .timing import failure, synchronize
 from .train_e2e import MODELS, build_model
 
-IMPLEMENTATIONS = {"pyg": torch_geometric.nn, "ours": pyg_ugrapher.nn}
+IMPLEMENTATIONS = {"pyg": torch_geometric.nn, "ours": pyg_ugrapher.nn, "no-graph": graph_free}
+#: The implementations timed in eager steps only: the floor of a step (:mod:`benchmarks.graph_free`).
+EAGER_ONLY = ("no-graph",)
 FULL_MODES = ("eager", "compiled", "reduce-overhead", "recorded", "compiled-layers-eager")
 MINIBATCH_MODES = ("eager", "compiled", "recorded", "compiled-layers-eager")
 #: The modes a run times unless ``--modes`` names others.
@@ -192,7 +197,8 @@ class Case:
         # PyG's model first: ours loads its weights, so both start equal.
         reference = build_model(model_name, torch_geometric.nn, args.features, args.hidden, problem.num_classes, False)
         model = build_model(model_name, IMPLEMENTATIONS[impl], args.features, args.hidden, problem.num_classes, False)
-        model.load_state_dict(reference.state_dict())
+        if impl not in EAGER_ONLY:  # the floor's stand-ins have parameters of their own
+            model.load_state_dict(reference.state_dict())
         model = model.to(self.device)
         if mode == "compiled-layers-eager":
             for module in model.modules():
@@ -342,6 +348,7 @@ def run(args) -> pd.DataFrame:
                 "hidden": args.hidden,
             }
             for impl in IMPLEMENTATIONS
+            if mode == "eager" or impl not in EAGER_ONLY
         }
         run_pair(lambda impl: Case(problem, model, impl, mode, batching, args), rows, args)
         torch._dynamo.reset()

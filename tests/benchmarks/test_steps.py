@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch_geometric.nn
 
-from benchmarks import report, rows, steps
+from benchmarks import graph_free, report, rows, steps
+from benchmarks.train_e2e import MODELS, build_model
 
 
 def test_eager_and_compiled_steps_on_cora(tmp_path, monkeypatch):
@@ -21,8 +22,9 @@ def test_eager_and_compiled_steps_on_cora(tmp_path, monkeypatch):
     results = pd.read_csv(tmp_path / "steps.csv")
     assert tuple(results.columns) == rows.STEP_COLUMNS
     assert (results["status"] == "ok").all(), results["note"].tolist()
+    # eager steps: PyG's, ours and the floor without graph operators
     assert set(zip(results["model"], results["impl"], results["batching"])) == {
-        (m, i, b) for m in ("gcn", "sage") for i in ("pyg", "ours") for b in ("full", "minibatch")
+        (m, i, b) for m in ("gcn", "sage") for i in ("pyg", "ours", "no-graph") for b in ("full", "minibatch")
     }
     assert all(math.isfinite(v) and v > 0 for v in results["step_ms"])
     assert (results["steps"] == 2).all() and (results["num_edges"] == 10556).all()
@@ -32,7 +34,7 @@ def test_eager_and_compiled_steps_on_cora(tmp_path, monkeypatch):
         losses = case.set_index("impl")["final_loss"]
         assert losses["ours"] == pytest.approx(losses["pyg"], rel=1e-4)
     table = report.steps_table(results)
-    assert {"pyg eager", "ours eager"} <= set(table.columns) and len(table) == 4
+    assert {"pyg eager", "ours eager", "no-graph eager"} <= set(table.columns) and len(table) == 4
     assert (tmp_path / "steps.png").stat().st_size > 0
 
 
@@ -139,3 +141,47 @@ def test_compiled_model_with_eager_layers(tmp_path, monkeypatch):
         got = [float(compiled.run()) for _ in range(2)]
     assert got == pytest.approx(expected, rel=1e-5)
     assert "compiled-layers-eager" not in steps.parse_args([]).modes  # opt-in
+
+
+def test_only_eager_steps_have_the_floor_without_graph_operators(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the reference executor on a CPU
+    steps.main(
+        ["--datasets", "cora", "--models", "sage", "--modes", "compiled", "--batching", "full"]
+        + ["--steps", "1", "--repeats", "1", "--device", "cpu", "--out", str(tmp_path)]
+    )
+    results = pd.read_csv(tmp_path / "steps.csv")
+    assert sorted(results["impl"]) == ["ours", "pyg"] and (results["status"] == "ok").all()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_graph_free_models_ignore_the_graph(model):
+    """Each stand-in takes its namesake's arguments, gives its output width and never reads the
+    graph: any edge index, even none, gives the same output, and every used parameter trains."""
+    torch.manual_seed(0)
+    net = build_model(model, graph_free, 12, 16, 5, False).eval()
+    reference = build_model(model, torch_geometric.nn, 12, 16, 5, False).eval()
+    x = torch.randn(7, 12)
+    ring = torch.stack([torch.arange(7), torch.arange(1, 8) % 7])
+    out = net(x, ring)
+    assert out.shape == reference(x, ring).shape == (7, 5)
+    assert torch.equal(out, net(x, torch.empty(2, 0, dtype=torch.long)))
+    assert torch.equal(out, net(x, None))
+    out.square().sum().backward()
+    trained = [name for name, p in net.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+    assert trained and all("lin" in name or "nn" in name or "bias" in name or "eps" in name for name in trained)
+
+
+def test_graph_free_layers_compute_their_dense_maps():
+    x = torch.randn(4, 3)
+    gcn = graph_free.GCNConv(3, 2)
+    torch.nn.init.normal_(gcn.bias)
+    assert torch.allclose(gcn(x, None), x @ gcn.lin.weight.T + gcn.bias)
+    sage = graph_free.SAGEConv(3, 2)
+    assert torch.allclose(sage(x, None), sage.lin_l(x) + x @ sage.lin_r.weight.T)
+    gat = graph_free.GATConv(3, 2, heads=4, concat=False)
+    assert torch.allclose(gat(x, None), (x @ gat.lin.weight.T).view(4, 4, 2).mean(1) + gat.bias)
+    gin = graph_free.GINConv(torch.nn.Linear(3, 2), eps=0.5)
+    assert torch.allclose(gin(x, None), gin.nn(1.5 * x))
+    assert "eps" in dict(gin.named_buffers()) and "eps" in dict(
+        graph_free.GINConv(torch.nn.Identity(), train_eps=True).named_parameters()
+    )
