@@ -33,21 +33,26 @@ build structures and decide schedules, not counted); ``peak_mib`` the largest pe
 on one rank (DDP: in the replica's training epochs, its batches sampled before; partitioned: the
 whole case). Graphs: ``collab`` (from the shared datasets), ``cora``, and ``power_law-<edges>``
 (:func:`pyg_ugrapher.datasets.power_law_graph`, mean degree 20, e.g. ``power_law-2e8``), with
-random features and labels.
+random features and labels. Each case runs with what existed before it frozen out of the garbage
+collector's reach (:func:`frozen_heap`, ``gc_frozen`` 1; ``--no-gc-freeze`` leaves it, 0), as a
+training loop on several GPUs should: otherwise a full collection pauses a rank for hundreds of
+ms, and DDP pauses every rank with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import math
 import os
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -424,6 +429,24 @@ def cases(args: argparse.Namespace):
                     yield name, mode, model, compile_mode
 
 
+@contextmanager
+def frozen_heap(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, every object that exists at its start is out of the garbage collector's
+    reach (``gc.freeze``), so a full collection walks only what the block allocates. Otherwise a
+    rank's full collection walks every object of the process (torch, PyG, compiled code), pausing
+    it for hundreds of ms; with DDP every other rank then waits at the next all-reduce, so each
+    rank's pauses are everyone's, and K ranks pause K times as often as one."""
+    if not enabled:
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def run(worker: Worker, args: argparse.Namespace) -> List[Dict]:
     """Every case on every rank; rank 0 appends the rows (and returns them)."""
     device = worker.device
@@ -442,6 +465,7 @@ def run(worker: Worker, args: argparse.Namespace) -> List[Dict]:
             # The machine: its GPUs (whatever the launch uses) and CPU cores.
             "host_gpus": torch.cuda.device_count() if device.type == "cuda" else 0,
             "host_cpus": os.cpu_count(),
+            "gc_frozen": int(args.gc_freeze),
             "features": args.features,
             "hidden": args.hidden,
             "epochs": args.epochs,
@@ -453,10 +477,11 @@ def run(worker: Worker, args: argparse.Namespace) -> List[Dict]:
             if loaded is None or loaded.name != name:
                 loaded = None  # the previous graph's memory is free before the next one loads
                 loaded = load_graph(name, device, args.seed)
-            if mode == "ddp":
-                measured = ddp_case(worker, loaded, model, compile_mode, args)
-            else:
-                measured = [partitioned_case(worker, loaded, model, args)]
+            with frozen_heap(args.gc_freeze):
+                if mode == "ddp":
+                    measured = ddp_case(worker, loaded, model, compile_mode, args)
+                else:
+                    measured = [partitioned_case(worker, loaded, model, args)]
             results_of_case = [{**row, **values, "status": "ok"} for values in measured]
         except Exception as error:
             # A failure every rank meets (out of memory, a compile error) becomes the row's status;
@@ -537,6 +562,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default="contiguous",
         choices=["auto", "metis", "contiguous", "random"],
         help="partitioned: how the vertices are split",
+    )
+    parser.add_argument(
+        "--gc-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="gc.freeze() what exists before each case (frozen_heap): no full collection of every "
+        "object pauses a rank, and every rank with it, in the middle of an epoch",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="under torchrun: CPU threads of every rank")

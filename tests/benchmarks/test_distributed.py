@@ -1,6 +1,7 @@
 """``benchmarks.distributed --quick``: two CPU processes (gloo) on a tiny power-law graph append
 one row per case and draw the plot."""
 
+import gc
 import math
 import os
 
@@ -22,6 +23,7 @@ def test_quick_run_appends_a_row_per_case(tmp_path):
     assert (frame.launch_ranks == 2).all() and (frame.num_edges == 20000).all()
     # The machine: no GPU in the CPU processes, this host's cores.
     assert (frame.host_gpus == 0).all() and (frame.host_cpus == os.cpu_count()).all()
+    assert (frame.gc_frozen == 1).all()  # the default: each case with the heap frozen
     assert all(math.isfinite(v) and v > 0 for v in frame.edges_per_s)
     partitioned = frame[frame["mode"] == "partitioned"]
     assert (partitioned.halo_rows > 0).all() and (partitioned.halo_mib_per_layer > 0).all()
@@ -37,6 +39,18 @@ def test_quick_run_appends_a_row_per_case(tmp_path):
     assert (tmp_path / "distributed.png").stat().st_size > 0
     text = report.write_report(tmp_path)
     assert "### Training on several ranks" in text and "| partitioned | power_law-20000 | gcn | eager | 2 |" in text
+
+
+def test_a_case_runs_with_the_objects_made_before_it_frozen():
+    before = gc.get_freeze_count()
+    with distributed.frozen_heap():
+        frozen = gc.get_freeze_count()
+        made = [[i] for i in range(1000)]  # allocated inside: the collector still sees them
+        assert gc.get_freeze_count() == frozen and made[-1] == [999]
+    assert frozen > before and gc.get_freeze_count() == before
+    with distributed.frozen_heap(enabled=False):
+        assert gc.get_freeze_count() == before
+    assert distributed.parse_args([]).gc_freeze and not distributed.parse_args(["--no-gc-freeze"]).gc_freeze
 
 
 def test_edge_counts_and_bad_arguments():
