@@ -6,9 +6,11 @@ model. XGBoost does it on the host in about a millisecond or more, too slow per 
 which walks every (schedule, tree) pair at once on the GPU. The scores are XGBoost's up to the
 order of float32 additions.
 
-Only models whose prediction is the plain sum of their trees' leaves plus the base score convert
+Only models whose prediction is a weighted sum of their trees' leaves plus the base score convert
 (gradient-boosted trees, numerical splits, one output, an objective without a link function);
-:meth:`Forest.from_booster` refuses others with a ``ValueError``, and they stay on XGBoost.
+:meth:`Forest.from_booster` refuses others with a ``ValueError``, and they stay on XGBoost. Trees
+trained with dropout (DART: XGBoost's ``dart`` booster, which XGBoost 3.4 saves as a ``gbtree``
+trained with ``rate_drop``) carry a weight each, which is folded into their leaves.
 """
 
 from __future__ import annotations
@@ -34,6 +36,28 @@ IDENTITY_OBJECTIVES = (
     "rank:ndcg",
     "rank:map",
 )
+
+
+def _trees_and_weights(gradient_booster: dict) -> Tuple[list, list]:
+    """The trees of a saved model's ``gradient_booster`` and the weight of each: 1 for plain
+    gradient boosting, the dropout weights of DART (XGBoost keeps them beside the trees of a
+    ``dart`` booster; XGBoost 3.4 keeps them inside the model of a ``gbtree`` trained with
+    ``rate_drop``)."""
+    name = gradient_booster["name"]
+    if name == "gbtree":
+        model = gradient_booster["model"]
+        weights = model.get("weight_drop")
+    elif name == "dart":
+        model = gradient_booster["gbtree"]["model"]
+        weights = gradient_booster.get("weight_drop")
+    else:
+        raise ValueError(f"booster: {name!r} models do not convert; only gbtree and dart (trees) do")
+    trees = model["trees"]
+    if weights is None:
+        weights = [1.0] * len(trees)
+    if len(weights) != len(trees):
+        raise ValueError(f"booster: {len(weights)} tree weights for {len(trees)} trees")
+    return trees, weights
 
 
 def _depths(parents: np.ndarray, roots: np.ndarray) -> np.ndarray:
@@ -127,16 +151,14 @@ class Forest:
             raise ValueError(
                 f"booster: objective {objective!r} transforms the sum of leaves; only {IDENTITY_OBJECTIVES} convert"
             )
-        gradient_booster = learner["gradient_booster"]
-        if gradient_booster["name"] != "gbtree":
-            raise ValueError(f"booster: {gradient_booster['name']!r} models weigh their trees; only gbtree converts")
+        trees, weights = _trees_and_weights(learner["gradient_booster"])
         params = learner["learner_model_param"]
         if int(params.get("num_target", 1)) > 1 or int(params.get("num_class", 0)) > 1:
             raise ValueError("booster: models of several outputs do not convert")
         arrays = {name: [] for name in ("feature", "threshold", "left", "right", "default_left", "value")}
         roots = []
         offset = 0
-        for tree in gradient_booster["model"]["trees"]:
+        for tree, weight in zip(trees, weights):
             left = np.asarray(tree["left_children"], dtype=np.int64)
             right = np.asarray(tree["right_children"], dtype=np.int64)
             if np.any(np.asarray(tree.get("split_type", [0]), dtype=np.int64) != 0):
@@ -150,7 +172,7 @@ class Forest:
             arrays["right"].append(np.where(leaf, own, right + offset))
             arrays["default_left"].append(np.asarray(tree["default_left"], dtype=np.int64))
             # XGBoost keeps a leaf's value (learning rate applied) where a split keeps its threshold.
-            arrays["value"].append(np.where(leaf, condition, 0.0))
+            arrays["value"].append(np.where(leaf, condition * np.float32(weight), 0.0))
             roots.append(offset)
             offset += left.size
         joined = {name: np.concatenate(parts) if parts else np.zeros(0) for name, parts in arrays.items()}

@@ -69,6 +69,7 @@ from pyg_ugrapher.distributed import (
     MiniBatch,
     Worker,
     all_reduce_gradients,
+    cpu_start_method,
     init_from_env,
     layer_forward,
     partition_graph,
@@ -435,16 +436,22 @@ def frozen_heap(enabled: bool = True) -> Iterator[None]:
     reach (``gc.freeze``), so a full collection walks only what the block allocates. Otherwise a
     rank's full collection walks every object of the process (torch, PyG, compiled code), pausing
     it for hundreds of ms; with DDP every other rank then waits at the next all-reduce, so each
-    rank's pauses are everyone's, and K ranks pause K times as often as one."""
+    rank's pauses are everyone's, and K ranks pause K times as often as one.
+
+    The block ends by unfreezing the heap, unless objects were already frozen when it began:
+    ``gc.unfreeze`` would release those too, against the wishes of whoever froze them, so then
+    what the block froze stays frozen with them."""
     if not enabled:
         yield
         return
+    frozen_before = gc.get_freeze_count()
     gc.collect()
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()
 
 
 def run(worker: Worker, args: argparse.Namespace) -> List[Dict]:
@@ -618,9 +625,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             dist.destroy_process_group()
         return
     args.out = args.out or default_out(torch.device("cpu"))
-    # A fork server imports the libraries (torch, PyG, ours, pandas) once; each spawned process would again.
-    mp.get_context("forkserver").set_forkserver_preload(["pyg_ugrapher.distributed", "benchmarks.report"])
-    spawn(_spawned, args.world_size or 1, (args,), backend="gloo", start_method="forkserver")
+    start_method = cpu_start_method()
+    if start_method == "forkserver":
+        mp.get_context("forkserver").set_forkserver_preload(["pyg_ugrapher.distributed", "benchmarks.report"])
+    spawn(_spawned, args.world_size or 1, (args,), backend="gloo", start_method=start_method)
 
 
 if __name__ == "__main__":

@@ -245,8 +245,15 @@ def _needs_interpreter(item) -> bool:
 
 
 #: Fixtures that run Triton's interpreter in a child process of their own (the autotune smoke
-#: collection, ``python -m autotune collect --device cpu``).
-CHILD_INTERPRETER_FIXTURES = ("collected", "collect_cli")
+#: collection, ``python -m autotune collect --device cpu``, a command started with
+#: ``interpreter_env``).
+CHILD_INTERPRETER_FIXTURES = ("collected", "collect_cli", "interpreter_env")
+
+
+@pytest.fixture
+def interpreter_env() -> Dict[str, str]:
+    """The environment of a child process that runs kernels through Triton's interpreter."""
+    return {**os.environ, "TRITON_INTERPRET": "1"}
 
 
 def _runs_the_interpreter(item) -> bool:

@@ -27,6 +27,10 @@ LANES = 1024
 #: Most trees one program walks side by side; more are walked a block after another. The shipped
 #: 400 trees fit one block, which is faster than two smaller ones.
 MAX_BLOCK_T = 512
+#: Fewest trees a program walks side by side: a forest of fewer walks dead lanes. Compiled for an
+#: H200 by Triton 3.6, blocks of 2 and 4 trees summed wrong leaves, blocks of 1 and of 8 or more
+#: the right ones (``tests/autotune/test_forest.py`` scores forests of 1 to 9 trees on the GPU).
+MIN_BLOCK_T = 8
 
 
 def tree_ensemble_kernel(
@@ -132,7 +136,7 @@ def tree_ensemble_scores(
         return out
     if num_trees == 0:
         return out.fill_(base)
-    block_t = min(triton.next_power_of_2(num_trees), MAX_BLOCK_T)
+    block_t = min(max(triton.next_power_of_2(num_trees), MIN_BLOCK_T), MAX_BLOCK_T)
     block_r = max(1, LANES // block_t)
     kernel = jit_kernel(
         tree_ensemble_kernel, ("num_rows", "num_trees", "num_nodes", "num_features", "depth"), interpreting()

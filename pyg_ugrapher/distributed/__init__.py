@@ -17,7 +17,7 @@ See ``docs/distributed.md``; ``python -m pyg_ugrapher.distributed.example`` runs
 
 from .graph import DistributedGraph, NormalizedGraph
 from .halo import Exchange, HaloPlan, halo_exchange, record_exchanges, with_halo
-from .launch import Worker, init_from_env, spawn
+from .launch import Worker, cpu_start_method, init_from_env, spawn
 from .layers import aggregate_first, all_reduce_gradients, layer_forward
 from .minibatch import MiniBatch, sample_batches, seed_batches
 from .partition import Partition, metis_available, partition_graph
@@ -42,4 +42,5 @@ __all__ = [
     "Worker",
     "init_from_env",
     "spawn",
+    "cpu_start_method",
 ]

@@ -60,6 +60,14 @@ def init_from_env(backend: Optional[str] = None) -> Worker:
     return Worker(rank, world_size, local_rank, device)
 
 
+def cpu_start_method() -> str:
+    r"""How :func:`spawn` starts CPU (gloo) processes that use PyG soonest: ``"forkserver"`` on a
+    machine without a GPU (the server imports the libraries once, each spawned process would again);
+    ``"spawn"`` on one with a GPU, where importing PyG initialises the CUDA driver, so that the
+    server's children could not use CUDA, which torch's optimizers query at every step."""
+    return "spawn" if torch.cuda.is_available() else "forkserver"
+
+
 def spawn(
     fn: Callable[..., Any],
     world_size: int,
@@ -79,7 +87,7 @@ def spawn(
         args (Sequence, optional): More arguments of ``fn`` (picklable).
         backend (str, optional): ``"gloo"`` (CPU) or ``"nccl"``. (default: :obj:`"gloo"`)
         start_method (str, optional): ``"spawn"`` or ``"forkserver"``, see
-            :mod:`multiprocessing`. (default: :obj:`"spawn"`)
+            :mod:`multiprocessing` and :func:`cpu_start_method`. (default: :obj:`"spawn"`)
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size: expected a positive int, got {world_size!r}")

@@ -1,6 +1,8 @@
 """``autotune.forest``: XGBoost models as flat trees, scored by the tree-ensemble kernel exactly as
 XGBoost scores them (Triton's interpreter on the CPU, the GPU under the ``cuda`` marker)."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -65,12 +67,37 @@ def test_missing_values_and_base_score(device):
     assert_same_scores(forest.predict(rows, device), model.predict(rows))
 
 
+@pytest.mark.parametrize("num_trees", [1, 2, 3, 4, 5, 9])
+def test_forests_of_a_few_trees(num_trees, device):
+    """Fewer trees than a program walks side by side: the dead lanes add nothing."""
+    rng = np.random.default_rng(num_trees)
+    X = rng.normal(size=(70, 3))
+    booster = xgboost.train(
+        {"objective": "reg:squarederror", "max_depth": 4}, xgboost.DMatrix(X, label=rng.normal(size=70)), num_trees
+    )
+    forest = Forest.from_booster(booster)
+    assert forest.roots.size == num_trees
+    assert_same_scores(forest.predict(X, device), booster.predict(xgboost.DMatrix(X)))
+
+
+def test_trees_trained_with_dropout_keep_their_weights(device):
+    """DART weighs each tree by the dropout it went through; the forest folds the weights in."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(70, 3))
+    params = {"objective": "reg:squarederror", "booster": "dart", "rate_drop": 0.5, "skip_drop": 0.0}
+    booster = xgboost.train(params, xgboost.DMatrix(X, label=rng.normal(size=70)), 12)
+    saved = json.loads(booster.save_raw("json"))["learner"]["gradient_booster"]
+    weights = saved.get("weight_drop", saved.get("model", {}).get("weight_drop"))
+    assert weights is not None and min(weights) < 1.0  # some trees were dropped and reweighted
+    assert_same_scores(Forest.from_booster(booster).predict(X, device), booster.predict(xgboost.DMatrix(X)))
+
+
 @pytest.mark.parametrize(
     "params,reason",
     [
         ({"objective": "reg:logistic"}, "objective"),
         ({"objective": "multi:softprob", "num_class": 3}, "objective"),
-        ({"objective": "reg:squarederror", "booster": "dart"}, "dart"),
+        ({"objective": "reg:squarederror", "booster": "gblinear"}, "gblinear"),
     ],
 )
 def test_models_that_are_not_a_plain_sum_are_refused(params, reason):

@@ -5,7 +5,6 @@ is parsed, and a missing ``compute-sanitizer`` is reported."""
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +84,7 @@ def test_matrices_cover_every_template_and_type():
     assert len([c for c in full if c.kind == "op"]) == len(ops) * len(sanitize_cases.GRAPHS) * 2
 
 
-def test_dry_run_writes_a_report(tmp_path):
+def test_dry_run_writes_a_report(tmp_path, interpreter_env):
     """The driver on the CPU: the workload (two cases) runs through the interpreter, the tools are
     listed, not run, and the report says so."""
     out = tmp_path / "sanitizer.md"
@@ -106,7 +105,7 @@ def test_dry_run_writes_a_report(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
+        env=interpreter_env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     report = out.read_text()

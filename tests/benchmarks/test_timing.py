@@ -110,6 +110,7 @@ def test_environment_columns():
 
 
 def test_commit_is_the_short_hash_marked_dirty(monkeypatch, uncached_commit):
+    monkeypatch.delenv(rows.COMMIT_ENV, raising=False)  # set where a copy without history runs
     outputs = {"rev-parse": "0c4048b", "status": " M benchmarks/run.py"}
     monkeypatch.setattr(rows, "_git", lambda *args: outputs[args[0]])
     assert rows.commit() == "0c4048b+dirty"

@@ -31,6 +31,7 @@ from pyg_ugrapher.distributed import (
     DistributedGraph,
     Worker,
     all_reduce_gradients,
+    cpu_start_method,
     example,
     layer_forward,
     partition_graph,
@@ -279,14 +280,11 @@ def run_scenarios(worker: Worker, out_dir: str, scenarios: List[str]) -> None:
 
 def launch(tmp_path_factory, world_size: int, scenarios: List[str], backend: str = "gloo") -> List[Dict[str, object]]:
     out_dir = tmp_path_factory.mktemp(f"{backend}{world_size}")
-    if backend == "gloo":
-        # A fork server imports the libraries once for every process of the module; each spawned
-        # process would import them again (seconds each on a CPU).
+    # NCCL's processes use CUDA, which processes forked from a server that imported PyG cannot.
+    start_method = cpu_start_method() if backend == "gloo" else "spawn"
+    if start_method == "forkserver":
+        # The server imports the libraries once for every process of the module.
         torch.multiprocessing.get_context("forkserver").set_forkserver_preload(["pyg_ugrapher.distributed", __name__])
-        start_method = "forkserver"
-    else:
-        # Processes forked from a server that imported the test module cannot initialise CUDA.
-        start_method = "spawn"
     spawn(run_scenarios, world_size, (str(out_dir), scenarios), backend=backend, start_method=start_method)
     return [torch.load(out_dir / f"rank{rank}.pt", map_location="cpu") for rank in range(world_size)]
 
