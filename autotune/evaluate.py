@@ -13,7 +13,7 @@ For every case (graph, operator, ``F``, dtype, GPU) with measured schedules :mat
 .. math::
     \text{ratio}(c) = t_c / \min_{s \in S} t_s
 
-is reported for four choices :math:`c`, restricted to the measured schedules:
+is reported for these choices :math:`c`, restricted to the measured schedules:
 
 * ``model``: the schedule with the lowest predicted time (or ranking score);
 * ``static``: the one schedule that is best for the training graphs, per (message creation or
@@ -23,10 +23,16 @@ is reported for four choices :math:`c`, restricted to the measured schedules:
   config"); message creation has none, since no schedule of its samples was measured at 90% of
   the widths, so ``single`` covers the gathers;
 * ``heuristic``: :func:`autotune.heuristic.heuristic`'s choice (always measured by ``collect``);
-* ``runtime``: what :func:`autotune.selection.select` runs on a GPU without timing candidates:
+* ``measured``: what :func:`autotune.selection.select_measured` would keep, its timings read from
+  the data: the model's :func:`~autotune.selection.shortlisted` schedules (the heuristic's as the
+  fallback), the fastest of them, refined through its
+  :func:`~triton_kernels.space.neighbours` as the runtime refines it (a schedule the data did not
+  measure counts as failing); NaN where the data has no operator text (older collections). Only
+  against the exhaustive oracle does every neighbour have a time;
+* ``runtime``: what :func:`autotune.selection.select` runs on a GPU:
   :func:`~autotune.heuristic.small_graph_schedule` on a graph of fewer than
   :data:`~autotune.selection.SMALL_GRAPH_EDGES` edges (NaN where the data did not measure it), the
-  model's choice on larger graphs.
+  model's choice on larger graphs, ``measured`` from :data:`~autotune.selection.MEASURE_EDGES`.
 
 ``--oracle DIR`` scores against the exhaustive oracle (:func:`against_oracle`): ``DIR`` holds
 collections that timed the whole design space (``collect --configs`` at least the space's size)
@@ -49,6 +55,7 @@ the best a model can do against one measurement when it ranks like the other.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -59,17 +66,19 @@ import numpy as np
 import pandas as pd
 
 from pyg_ugrapher.ir import OpInfo
+from pyg_ugrapher.parallel import ParallelInfo
+from triton_kernels.space import neighbours
 
 from .collect import read_table, real_graphs
 from .features import frame_features
 from .gpus import gpu_slug
 from .heuristic import small_graph_schedule
-from .selection import SMALL_GRAPH_EDGES
+from .selection import MEASURE_EDGES, REFINE_MS, REFINE_ROUNDS, SMALL_GRAPH_EDGES, fastest, shortlisted
 from .train import CASE, fit, target, usable
 
 log = logging.getLogger(__name__)
 
-METHODS = ("model", "static", "single", "heuristic", "runtime")
+METHODS = ("model", "static", "single", "heuristic", "measured", "runtime")
 #: Bin edges of the best time of a case (ms) for :func:`by_size`.
 SIZE_BINS = (0.0, 0.02, 0.1, 0.5, 2.0, float("inf"))
 #: A static schedule must have been measured in this fraction of its training cases.
@@ -210,10 +219,42 @@ def case_table(rows: pd.DataFrame) -> pd.DataFrame:
     out["model_config"] = picked["config"]
     for method, mask in (("static", rows["static"]), ("single", rows["single"]), ("heuristic", rows["heuristic"] == 1)):
         out[method] = rows[mask].groupby("case")["ratio"].min()
-    large = rows.groupby("case")["num_edges"].first() >= SMALL_GRAPH_EDGES
-    out["runtime"] = out["model"].where(large, _small_graph_ratios(rows))
+    out["measured"] = _measured_ratios(rows)
+    edges = rows.groupby("case")["num_edges"].first()
+    out["runtime"] = out["model"].where(edges >= SMALL_GRAPH_EDGES, _small_graph_ratios(rows))
+    out["runtime"] = out["runtime"].where(edges < MEASURE_EDGES, out["measured"])
     out["candidates"] = rows.groupby("case").size()
     return out.reset_index()
+
+
+_schedule = functools.lru_cache(maxsize=None)(ParallelInfo.deserialize)
+
+
+def _measured_ratios(rows: pd.DataFrame) -> pd.Series:
+    """Per case: the ratio of the schedule :func:`~autotune.selection.select_measured` would keep
+    if each schedule it times took its measured time (the ``measured`` method of the module
+    docstring); NaN for every case where ``rows`` lack ``op_text``."""
+    cases = pd.Index(rows["case"].unique(), name="case")
+    if "op_text" not in rows:
+        return pd.Series(np.nan, index=cases)
+    ratios = {}
+    for case, part in rows.groupby("case", sort=False):
+        part = part.sort_values("pred", kind="stable")
+        ranked = [_schedule(text) for text in part["config"]]
+        ratio = dict(zip(ranked, part["ratio"]))
+        time_ms = dict(zip(ranked, part["time_ms"]))
+        heuristic = [info for info, flag in zip(ranked, part["heuristic"]) if flag == 1]
+        op, F = OpInfo.deserialize(part["op_text"].iloc[0]), int(part["F"].iloc[0])
+        chosen = fastest(
+            shortlisted(ranked, heuristic[0] if heuristic else ranked[0]),
+            time_ms.__getitem__,
+            timer=lambda call, repeats: call(),
+            neighbours_of=lambda info: neighbours(info, op, F),
+            rounds=REFINE_ROUNDS,
+            refine_above=REFINE_MS,
+        )
+        ratios[case] = ratio[chosen]
+    return pd.Series(ratios).reindex(cases)
 
 
 def _small_graph_ratios(rows: pd.DataFrame) -> pd.Series:

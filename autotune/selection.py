@@ -82,8 +82,13 @@ SMALL_GRAPH_EDGES = 1 << 18
 #: millisecond, and the model's pick can be far off for an op unlike its training data (GAT's
 #: fused backward pass, whose kernels the data does not hold).
 MEASURE_EDGES = 1 << 21
-#: How many schedules :func:`select_measured` times (see :func:`shortlist`).
+#: How many program shapes :func:`select_measured` times the model's best schedule of (see
+#: :func:`shortlist`).
 SHORTLIST = 6
+#: How many of the model's best schedules :func:`select_measured` times whatever their shape
+#: (:func:`shortlist`): where the model's best shape is right, its next few schedules differ from
+#: its first in tiles and warps, which it ranks less surely than shapes.
+SHORTLIST_TOP = 4
 #: Rounds of steps from the shortlist's winner that :func:`select_measured` times (up to 16
 #: schedules a round: :func:`~triton_kernels.space.neighbours`). The shortlist's schedule of each
 #: shape is the model's, and its tiles and warps can be far off for such ops.
@@ -579,6 +584,31 @@ def measures(graph: Union[CSR, GraphStats, HasStats], device: Union[str, torch.d
     )
 
 
+def shortlisted(
+    ranked: Iterable[ParallelInfo], fallback: ParallelInfo, k: int = SHORTLIST, top: int = SHORTLIST_TOP
+) -> List[ParallelInfo]:
+    """Of the schedules ``ranked`` (best-scored first), those worth timing, in that order: the best
+    of each program shape (strategy and rows per program) for the ``k`` best shapes, and the
+    ``top`` best whatever their shape; then ``fallback`` if it is not among them.
+
+    One per shape: where the model is far off (GAT's fused backward, unlike its training data),
+    its best few schedules differ only in feature tiles and warps and are off together, while the
+    best sampled ones had another program shape. The ``top`` best as well: where its best shape is
+    right, the best tiles and warps of that shape are often its second to fourth."""
+    listed: List[ParallelInfo] = []
+    shapes: set = set()
+    for rank, info in enumerate(ranked):
+        if len(shapes) == k and rank >= top:
+            break
+        shape = (info.strategy, info.block_v)
+        new_shape = shape not in shapes and len(shapes) < k
+        if new_shape:
+            shapes.add(shape)
+        if new_shape or rank < top:
+            listed.append(info)
+    return list(dict.fromkeys(listed + [fallback]))
+
+
 def shortlist(
     graph: Union[CSR, GraphStats, HasStats],
     op: OpInfo,
@@ -588,25 +618,18 @@ def shortlist(
     reduce_size: int = 1,
     device: Optional[Union[str, torch.device]] = None,
     k: int = SHORTLIST,
+    top: int = SHORTLIST_TOP,
 ) -> List[ParallelInfo]:
-    """The schedules worth timing on ``graph``, best-scored first: the cost model's best schedule of
-    each program shape (strategy and rows per program) for the ``k`` best shapes, then
-    :func:`select`'s heuristic fallback if it is not among them (without a model: that alone).
-
-    One per shape, not the model's ``k`` best: where the model is far off (GAT's fused backward,
-    unlike its training data), its best few schedules differ only in feature tiles and
-    warps and are off together, while the best sampled ones had another program shape."""
+    """The schedules worth timing on ``graph``: :func:`shortlisted` of the cost model's ranking of
+    the design space, with :func:`select`'s heuristic fallback (without a model: that alone)."""
     device = torch.device(device or getattr(graph, "device", "cuda"))
     stats = bucket(_stats(graph))
-    on_gpu = device.type == "cuda"
     booster = _gpu_booster(device)
-    best_of_shape: Dict[Tuple[str, int], ParallelInfo] = {}
-    if booster is not None:
-        for info in predict_ranked(booster, stats, op, F, reduce_size, dtype, gpu_info(device), device):
-            best_of_shape.setdefault((info.strategy, info.block_v), info)
-            if len(best_of_shape) == k:
-                break
-    return list(dict.fromkeys(list(best_of_shape.values()) + [heuristic(stats, op, F, on_gpu)]))
+    fallback = heuristic(stats, op, F, device.type == "cuda")
+    if booster is None:
+        return [fallback]
+    ranked = predict_ranked(booster, stats, op, F, reduce_size, dtype, gpu_info(device), device)
+    return shortlisted(ranked, fallback, k, top)
 
 
 def _cuda_ms(run: Callable[[], object], repeats: int) -> float:

@@ -6,7 +6,10 @@ from autotune import evaluate as ev
 from autotune.collect import read_table
 from autotune.cost_model import CostModel
 from autotune.features import CASE_COLUMNS, FEATURES, KNOB_COLUMNS, frame_features
+from autotune.selection import REFINE_MS, SMALL_GRAPH_EDGES
 from autotune.train import PAIRS_PER_ROW, fit, train
+from pyg_ugrapher.ir import OpInfo
+from triton_kernels.space import neighbours, space
 
 
 @pytest.mark.parametrize("kind", ["log_time", "relative", "rank"])
@@ -42,6 +45,7 @@ def test_by_size_bins_the_best_time():
             "static": [2.0, 2.0, 1.0, np.nan],
             "single": [3.0, 2.0, 1.0, np.nan],
             "heuristic": [1.0, 1.0, 1.0, 1.0],
+            "measured": [1.0, 1.0, 1.1, 1.0],
             "runtime": [2.0, 1.44, 1.2, 1.05],
         }
     )
@@ -52,6 +56,44 @@ def test_by_size_bins_the_best_time():
     assert np.isnan(sizes.loc[2.0, "static_geomean"])
     assert sizes.loc[0.0, "single_geomean"] == pytest.approx(6**0.5)
     assert sizes.loc[0.0, "runtime_geomean"] == pytest.approx(2.88**0.5)
+    assert sizes.loc[0.1, "measured_within_10pct"] == 1.0
+
+
+@pytest.mark.parametrize("scale,expected", [(REFINE_MS, 1.0), (REFINE_MS / 2, 1.5)])
+def test_measured_times_the_shortlist_then_refines_its_winner(scale, expected):
+    """Of the whole space of a case, the best schedule is ranked last and one of its neighbours
+    first: timing the shortlist finds the neighbour (1.5x the best), and a winner of at least
+    REFINE_MS is refined to the best itself. The graph is scored by the model at run time."""
+    op, F = OpInfo.from_name("copy_u_sum"), 32
+    schedules = space(op, F)
+    best, step = next(
+        (info, n)
+        for info in schedules
+        for n in neighbours(info, op, F)
+        if n in schedules and info in neighbours(n, op, F)
+    )
+    ranked = [step] + [info for info in schedules if info not in (best, step)] + [best]
+    rows = pd.DataFrame(
+        {
+            "case": 0,
+            "graph": "g",
+            "op": "copy_u_sum",
+            "F": F,
+            "dtype": "float32",
+            "gpu": "g",
+            "family": "power_law",
+            "config": [info.serialize() for info in ranked],
+            "time_ms": [scale * (1.0 if info == best else 1.5 if info == step else 2.0) for info in ranked],
+            "pred": np.arange(len(ranked), dtype=float),
+            "static": False,
+            "single": False,
+            "heuristic": 0,
+            "num_edges": float(2 * SMALL_GRAPH_EDGES),
+            "op_text": op.serialize(),
+        }
+    )
+    case = ev.case_table(rows).iloc[0]
+    assert case[["model", "measured", "runtime"]].tolist() == pytest.approx([1.5, expected, 1.5])
 
 
 def test_static_choices_per_width_and_for_every_width():

@@ -12,8 +12,9 @@ from autotune import __main__ as cli
 from autotune import evaluate as ev
 from autotune.features import CASE_COLUMNS, FEATURES, KNOB_COLUMNS
 from autotune.heuristic import small_graph_schedule
-from autotune.selection import SMALL_GRAPH_EDGES
+from autotune.selection import MEASURE_EDGES, SMALL_GRAPH_EDGES
 from pyg_ugrapher.ir import OpInfo
+from pyg_ugrapher.parallel import ParallelInfo
 
 #: graph -> (data family, row skewness); cora and citeseer are real graphs, the others synthetic.
 GRAPHS = {
@@ -34,6 +35,10 @@ def time_of(skew: float, block_e: int) -> float:
     return 1.0 + 0.5 * steps
 
 
+def schedule(block_e: int) -> str:
+    return ParallelInfo("vertex", block_v=1, block_e=block_e, block_f=16, num_warps=4).serialize()
+
+
 def make_table() -> pd.DataFrame:
     base = {name: 1.0 for name in CASE_COLUMNS + KNOB_COLUMNS}
     base.update(op="copy_u_sum", dtype="float32", gpu="g", gather="sum", strategy="vertex", status="ok")
@@ -50,7 +55,7 @@ def make_table() -> pd.DataFrame:
                         "F": float(F),
                         "block_e": float(block_e),
                         "block_f": 16.0,
-                        "config": f"vertex:block_e={block_e}",
+                        "config": schedule(block_e),
                         "heuristic": int(block_e == HEURISTIC_BLOCK),
                         "time_ms": time_of(skew, block_e),
                     }
@@ -232,7 +237,7 @@ def exhaustive_cora() -> pd.DataFrame:
     """cora's cases timed again over a larger space: every block of :data:`BLOCKS` and one more."""
     table = make_table()
     cora = table[table["graph"] == "cora"]
-    wider = cora[cora["block_e"] == 8].assign(block_e=16.0, config="vertex:block_e=16", heuristic=0)
+    wider = cora[cora["block_e"] == 8].assign(block_e=16.0, config=schedule(16), heuristic=0)
     return pd.concat([cora, wider.assign(time_ms=time_of(0.0, 16))], ignore_index=True)
 
 
@@ -263,7 +268,9 @@ def test_only_the_exhaustive_cases_are_scored_by_models_that_never_saw_their_gra
 def test_runtime_is_the_small_graph_rule_below_its_size_and_the_model_above(fits):
     """The rule's schedule (a vertex schedule's row renamed to it: 2.5x the best on cora, where
     block 8 is three doublings off) scores the runtime on a small graph; on a large one the
-    model's choice does."""
+    model's choice does, and from MEASURE_EDGES the measured choice: the shortlist holds the
+    model's four best, every block here, so timing them finds the best where the model ranks
+    backwards."""
     table = make_table()
     op = OpInfo.from_name("copy_u_sum")
     rules = {F: small_graph_schedule(op, F).serialize() for F in WIDTHS}
@@ -275,7 +282,12 @@ def test_runtime_is_the_small_graph_rule_below_its_size_and_the_model_above(fits
     assert cases.loc["citeseer", "runtime"].to_numpy() == pytest.approx(1.0)  # skewed: block 8 is best
     large = table.assign(num_edges=float(SMALL_GRAPH_EDGES))
     cases = ev.case_table(ev.leave_one_out(large))
-    assert (cases["runtime"] == cases["model"]).all()
+    assert (cases["runtime"] == cases["model"]).all() and (cases["measured"] == 1.0).all()
+    _, sign = fits
+    sign[0] = -1
+    measured = table.assign(num_edges=float(MEASURE_EDGES))
+    cases = ev.case_table(ev.leave_one_out(measured))
+    assert (cases["model"] == 2.5).all() and (cases["runtime"] == 1.0).all() and (cases["measured"] == 1.0).all()
     # A table without the operator's text (older collections) has no rule to look up.
     cases = ev.case_table(ev.leave_one_out(make_table()))
     assert cases["runtime"].isna().all()

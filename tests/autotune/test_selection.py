@@ -432,13 +432,37 @@ def test_shortlist_is_the_models_best_then_the_heuristic(graphs, model_file, mon
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     op, F = OpInfo.from_name("copy_u_sum"), 64
     for graph in graphs:
-        listed = selection.shortlist(graph, op, F, device="cuda", k=3)
+        listed = selection.shortlist(graph, op, F, device="cuda", k=3, top=0)
         stats = selection.bucket(graph.stats())
         assert listed[0] == selection.predict_best(selection.load_booster(), stats, op, F, 1, torch.float32, GPU)
         assert len(set(listed)) == len(listed) and 3 <= len(listed) <= 4
         assert listed[-1] == heuristic(stats, op, F, True) or heuristic(stats, op, F, True) in listed[:3]
         assert len({(info.strategy, info.block_v) for info in listed[:3]}) == 3  # one per program shape
         assert all(info.block_e == 16 for info in listed[:3])  # the trained cost's optimum
+        ranked = selection.predict_ranked(selection.load_booster(), stats, op, F, 1, torch.float32, GPU)
+        with_top = selection.shortlist(graph, op, F, device="cuda", k=3, top=4)
+        assert with_top[:4] == ranked[:4] and set(listed) <= set(with_top)
+
+
+def test_shortlisted_takes_the_best_of_each_shape_and_the_best_few():
+    def info(strategy, block_v, block_e):
+        return ParallelInfo(strategy, block_v=block_v, block_e=block_e, block_f=16, num_warps=4)
+
+    a1, a2, b1, a3, c1, b2, d1 = (
+        info("vertex", 1, 8),
+        info("vertex", 1, 16),
+        info("vertex", 2, 8),
+        info("vertex", 1, 32),
+        info("edge", None, 64),
+        info("vertex", 2, 16),
+        info("vertex", 4, 8),
+    )
+    ranked = [a1, a2, b1, a3, c1, b2, d1]
+    fallback = info("vertex", 8, 8)
+    assert selection.shortlisted(ranked, fallback, k=2, top=4) == [a1, a2, b1, a3, fallback]
+    assert selection.shortlisted(ranked, fallback, k=3, top=0) == [a1, b1, c1, fallback]
+    assert selection.shortlisted(ranked, a2, k=4, top=1) == [a1, b1, c1, d1, a2]
+    assert selection.shortlisted(ranked, b1, k=9, top=9) == ranked
 
 
 def test_shortlist_without_a_model_is_the_heuristic(graphs, monkeypatch, tmp_path):
