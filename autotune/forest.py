@@ -142,7 +142,7 @@ class Forest:
 
     @classmethod
     def from_booster(cls, booster) -> "Forest":
-        """The trees of an ``xgboost.Booster``; ``ValueError`` for a model that is not a plain sum
+        """The trees of an ``xgboost.Booster``; ``ValueError`` for a model that is not a weighted sum
         of numerical trees (see the module docstring)."""
         model = json.loads(booster.save_raw("json"))
         learner = model["learner"]

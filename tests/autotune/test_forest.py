@@ -100,7 +100,7 @@ def test_trees_trained_with_dropout_keep_their_weights(device):
         ({"objective": "reg:squarederror", "booster": "gblinear"}, "gblinear"),
     ],
 )
-def test_models_that_are_not_a_plain_sum_are_refused(params, reason):
+def test_models_that_are_not_a_sum_of_trees_are_refused(params, reason):
     rng = np.random.default_rng(2)
     X = rng.normal(size=(60, 3))
     y = rng.integers(0, 3 if "num_class" in params else 2, 60).astype(float)
