@@ -30,7 +30,7 @@ is reported for these choices :math:`c`, restricted to the measured schedules:
   measure counts as failing); NaN where the data has no operator text (older collections). Only
   against the exhaustive oracle does every neighbour have a time;
 * ``runtime``: what :func:`autotune.selection.select` runs on a GPU:
-  :func:`~autotune.heuristic.small_graph_schedule` on a graph of fewer than
+  :func:`~autotune.heuristic.small_graph_schedule` on a graph of at most
   :data:`~autotune.selection.SMALL_GRAPH_EDGES` edges (NaN where the data did not measure it), the
   model's choice on larger graphs, ``measured`` from :data:`~autotune.selection.MEASURE_EDGES`.
 
@@ -221,7 +221,7 @@ def case_table(rows: pd.DataFrame) -> pd.DataFrame:
         out[method] = rows[mask].groupby("case")["ratio"].min()
     out["measured"] = _measured_ratios(rows)
     edges = rows.groupby("case")["num_edges"].first()
-    out["runtime"] = out["model"].where(edges >= SMALL_GRAPH_EDGES, _small_graph_ratios(rows))
+    out["runtime"] = out["model"].where(edges > SMALL_GRAPH_EDGES, _small_graph_ratios(rows))
     out["runtime"] = out["runtime"].where(edges < MEASURE_EDGES, out["measured"])
     out["candidates"] = rows.groupby("case").size()
     return out.reset_index()

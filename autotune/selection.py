@@ -47,7 +47,7 @@ import threading
 import warnings
 import weakref
 from pathlib import Path
-from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch
@@ -596,7 +596,7 @@ def shortlisted(
     best sampled ones had another program shape. The ``top`` best as well: where its best shape is
     right, the best tiles and warps of that shape are often its second to fourth."""
     listed: List[ParallelInfo] = []
-    shapes: set = set()
+    shapes: Set[Tuple[str, Optional[int]]] = set()
     for rank, info in enumerate(ranked):
         if len(shapes) == k and rank >= top:
             break

@@ -280,7 +280,9 @@ def test_runtime_is_the_small_graph_rule_below_its_size_and_the_model_above(fits
     cases = ev.case_table(ev.leave_one_out(table)).set_index(["graph", "F"])
     assert cases.loc["cora", "runtime"].to_numpy() == pytest.approx(2.5)
     assert cases.loc["citeseer", "runtime"].to_numpy() == pytest.approx(1.0)  # skewed: block 8 is best
-    large = table.assign(num_edges=float(SMALL_GRAPH_EDGES))
+    at_the_bound = ev.case_table(ev.leave_one_out(table.assign(num_edges=float(SMALL_GRAPH_EDGES))))
+    assert at_the_bound.set_index(["graph", "F"]).loc["cora", "runtime"].to_numpy() == pytest.approx(2.5)
+    large = table.assign(num_edges=float(SMALL_GRAPH_EDGES + 1))
     cases = ev.case_table(ev.leave_one_out(large))
     assert (cases["runtime"] == cases["model"]).all() and (cases["measured"] == 1.0).all()
     _, sign = fits
