@@ -56,7 +56,6 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
@@ -625,10 +624,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             dist.destroy_process_group()
         return
     args.out = args.out or default_out(torch.device("cpu"))
-    start_method = cpu_start_method()
-    if start_method == "forkserver":
-        mp.get_context("forkserver").set_forkserver_preload(["pyg_ugrapher.distributed", "benchmarks.report"])
-    spawn(_spawned, args.world_size or 1, (args,), backend="gloo", start_method=start_method)
+    spawn(
+        _spawned,
+        args.world_size or 1,
+        (args,),
+        backend="gloo",
+        start_method=cpu_start_method(),
+        preload=["pyg_ugrapher.distributed", "benchmarks.report"],
+    )
 
 
 if __name__ == "__main__":

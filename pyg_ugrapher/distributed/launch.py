@@ -75,6 +75,7 @@ def spawn(
     *,
     backend: str = "gloo",
     start_method: str = "spawn",
+    preload: Sequence[str] = (),
 ) -> None:
     r"""Run ``fn(worker, *args)`` in ``world_size`` new processes, each inside its process group.
 
@@ -88,11 +89,15 @@ def spawn(
         backend (str, optional): ``"gloo"`` (CPU) or ``"nccl"``. (default: :obj:`"gloo"`)
         start_method (str, optional): ``"spawn"`` or ``"forkserver"``, see
             :mod:`multiprocessing` and :func:`cpu_start_method`. (default: :obj:`"spawn"`)
+        preload (Sequence[str], optional): Modules the fork server imports once for all its
+            processes (with ``start_method="forkserver"``; each spawned process imports its own).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size: expected a positive int, got {world_size!r}")
     if backend not in ("nccl", "gloo"):
         raise ValueError(f"backend: expected 'nccl' or 'gloo', got {backend!r}")
+    if start_method == "forkserver" and preload:
+        mp.get_context("forkserver").set_forkserver_preload(list(preload))
     with tempfile.TemporaryDirectory(prefix="pyg_ugrapher_rendezvous_") as folder:
         init_method = "file://" + os.path.join(folder, "store")
         mp.start_processes(

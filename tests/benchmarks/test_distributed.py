@@ -53,6 +53,7 @@ def test_a_case_runs_with_the_objects_made_before_it_frozen():
     assert after == 0 if before == 0 else after > before
     with distributed.frozen_heap(enabled=False):
         assert gc.get_freeze_count() == after
+    assert distributed.parse_args([]).gc_freeze and not distributed.parse_args(["--no-gc-freeze"]).gc_freeze
 
 
 def _frozen(obj: object) -> bool:
@@ -73,7 +74,6 @@ def test_objects_frozen_before_a_case_stay_frozen():
         if not frozen_at_start:
             gc.unfreeze()
     assert frozen_at_start or not _frozen(theirs)
-    assert distributed.parse_args([]).gc_freeze and not distributed.parse_args(["--no-gc-freeze"]).gc_freeze
 
 
 def test_edge_counts_and_bad_arguments():

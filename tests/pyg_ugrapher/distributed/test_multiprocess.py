@@ -282,10 +282,14 @@ def launch(tmp_path_factory, world_size: int, scenarios: List[str], backend: str
     out_dir = tmp_path_factory.mktemp(f"{backend}{world_size}")
     # NCCL's processes use CUDA, which processes forked from a server that imported PyG cannot.
     start_method = cpu_start_method() if backend == "gloo" else "spawn"
-    if start_method == "forkserver":
-        # The server imports the libraries once for every process of the module.
-        torch.multiprocessing.get_context("forkserver").set_forkserver_preload(["pyg_ugrapher.distributed", __name__])
-    spawn(run_scenarios, world_size, (str(out_dir), scenarios), backend=backend, start_method=start_method)
+    spawn(
+        run_scenarios,
+        world_size,
+        (str(out_dir), scenarios),
+        backend=backend,
+        start_method=start_method,
+        preload=["pyg_ugrapher.distributed", __name__],
+    )
     return [torch.load(out_dir / f"rank{rank}.pt", map_location="cpu") for rank in range(world_size)]
 
 
