@@ -2,21 +2,27 @@
 
     python -m benchmarks.pyg_coverage                      # every class -> benchmarks/results/cpu/
     python -m benchmarks.pyg_coverage --classes GCNConv LEConv EdgeConv --out /tmp/coverage
+    python -m benchmarks.pyg_coverage --device cuda --dtype float32 --nodes 4000 --edges 60000 \
+        --channels 32 --hub 0.05 --name pyg_coverage_cuda_float32   # -> benchmarks/results/<gpu>/
 
-Each class is built with the arguments of :data:`CASES` on a small random graph (12 vertices, 40
-edges with a self loop and a duplicate, 8 features, and whatever else it reads: edge features,
-positions, normals, edge and node types), in float64 and in eval mode (no dropout, no sampling). The
-PyG layer and ``ug.accelerate`` of a deep copy of it run one forward and one backward pass of the
-same loss on the CPU (our graph operators on the reference executor, or on Triton's interpreter with
-``TRITON_INTERPRET=1``). Per class the table says:
+Each class is built with the arguments of :data:`CASES` on a random graph (:class:`Setup`; by
+default 12 vertices, 40 edges with a self loop and a duplicate, an isolated vertex, 8 features, and
+whatever else it reads: edge features, positions, normals, edge and node types), in float64 and in
+eval mode (no dropout, no sampling). The PyG layer and ``ug.accelerate`` of a deep copy of it run
+one forward and one backward pass of the same loss: on the CPU our graph operators run on the
+reference executor, or on Triton's interpreter with ``TRITON_INTERPRET=1``; on a GPU
+(``--device cuda``) on the Triton kernels, with the schedules a graph of that size gets. In another
+dtype (``--dtype float32``) both are compared with PyG's float64 run of the same rounded
+parameters and inputs, and ours matches if it is as close as :data:`TOLERANCE` or as PyG's own run
+in that dtype (:func:`_bound`). Per class the table says:
 
 * ``conversion``: what :func:`pyg_ugrapher.accelerate` did (``swapped`` for a drop-in, ``routed``
   through the capture of ``message()``, ``kept`` on PyG's path);
 * ``runs``: ``yes``, ``PyG fails: <error>`` (PyG's own layer fails here, mostly for an optional
   package that is not installed) or ``fails: <error>`` (the converted layer fails);
 * ``forward_match`` / ``grads_match``: outputs, and gradients of every parameter and every
-  floating-point input, within a relative error of :data:`TOLERANCE` of PyG's (the errors are
-  columns too);
+  floating-point input, within that bound (the errors are columns too, PyG's own ones as
+  ``pyg_forward_error`` and ``pyg_grads_error``);
 * ``ops``: graph operators our side ran in the forward pass; ``fallbacks``: propagations that took
   PyG's own path; ``edge_updates``: calls of ``edge_updater()`` that took PyG's path;
   ``staged``: ``message()`` ran staged (graph operators around what it computes in PyTorch, see
@@ -39,6 +45,7 @@ The CSV and a markdown table with the summary counts go to ``--out``.
 from __future__ import annotations
 
 import argparse
+import copy
 import inspect
 import math
 import sys
@@ -55,24 +62,33 @@ from torch.nn import Linear, ReLU, Sequential
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.utils import degree
+from tqdm import tqdm
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import ops
 from pyg_ugrapher.message_passing import observe_fallbacks, observe_stages
 from pyg_ugrapher.staging import ON_EDGES
 
-#: Largest relative error (to the largest magnitude of PyG's tensor) that counts as a match (float64).
-TOLERANCE = 1e-9
+from .rows import default_out, environment
+
+#: Largest relative error (to the largest magnitude of the float64 result) that counts as a match, per
+#: dtype of the run: float64 results are compared with PyG's float64 run, those of another dtype
+#: with PyG's float64 run of the same (rounded) inputs and parameters, where PyG's own run in that
+#: dtype may set a wider bound (twice its error; :func:`_bound`).
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in TOLERANCE}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "cpu"
-NUM_NODES, NUM_EDGES, CHANNELS, EDGE_DIM, NUM_RELATIONS = 12, 40, 8, 4, 3
+EDGE_DIM, NUM_RELATIONS = 4, 3
 COLUMNS = (
     "layer",
     "conversion",
     "runs",
     "forward_match",
     "forward_error",
+    "pyg_forward_error",
     "grads_match",
     "grads_error",
+    "pyg_grads_error",
     "ops",
     "fallbacks",
     "edge_updates",
@@ -81,6 +97,38 @@ COLUMNS = (
     "edges_in_pytorch",
     "reason",
 )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The graph, width, dtype and device of a coverage run."""
+
+    num_nodes: int = 12
+    num_edges: int = 40
+    channels: int = 8
+    dtype: torch.dtype = torch.float64
+    device: torch.device = torch.device("cpu")
+    #: The share of the random edges that end at vertex 0 (a hub).
+    hub: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 8:
+            raise ValueError(f"num_nodes: at least 8 (the heterogeneous cases take 7 of them), got {self.num_nodes}")
+        if self.num_edges < 3:
+            raise ValueError(f"num_edges: at least 3 (a self loop and a duplicate among them), got {self.num_edges}")
+        if self.channels < 2 or self.channels % 2:
+            raise ValueError(f"channels: an even number of at least 2 (two heads of half), got {self.channels}")
+        if self.dtype not in TOLERANCE:
+            raise TypeError(f"dtype: one of {', '.join(DTYPES)}, got {self.dtype}")
+        if not 0.0 <= self.hub < 1.0:
+            raise ValueError(f"hub: a share in [0, 1), got {self.hub}")
+
+    def describe(self) -> str:
+        hub = f", {self.hub:.0%} of them into one vertex" if self.hub else ""
+        return (
+            f"a random graph of {self.num_nodes:,} vertices and {self.num_edges:,} edges{hub}, "
+            f"{self.channels} features, {str(self.dtype).removeprefix('torch.')}, on {self.device.type}"
+        )
 
 
 @dataclass
@@ -99,26 +147,49 @@ class Inputs:
     sequence: Tensor  #: ``[N, 3, C]`` layer history (DNAConv)
 
     @classmethod
-    def make(cls, seed: int = 0) -> "Inputs":
+    def make(cls, setup: Setup, seed: int = 0) -> "Inputs":
+        """The inputs of ``setup``: made in float64 on the host, then rounded to its dtype and moved
+        to its device (so a float64 copy of them, :meth:`to`, holds the same values)."""
+        n, e = setup.num_nodes, setup.num_edges
         g = torch.Generator().manual_seed(seed)
-        edge_index = torch.randint(0, NUM_NODES - 1, (2, NUM_EDGES - 1), generator=g)  # vertex N-1 isolated
+        edge_index = torch.randint(0, n - 1, (2, e - 1), generator=g)  # vertex N-1 isolated
+        hub = torch.rand(e - 1, generator=g) < setup.hub
+        edge_index[1, hub] = 0
         edge_index[:, 0] = 2  # a self loop
         edge_index = torch.cat([edge_index, edge_index[:, 1:2]], dim=1)  # and a duplicate edge
 
         def rand(*shape: int) -> Tensor:
             return torch.randn(*shape, generator=g, dtype=torch.float64)
 
-        return cls(
-            x=rand(NUM_NODES, CHANNELS),
+        made = cls(
+            x=rand(n, setup.channels),
             edge_index=edge_index,
-            edge_weight=torch.rand(NUM_EDGES, generator=g, dtype=torch.float64) + 0.5,
-            edge_attr=rand(NUM_EDGES, EDGE_DIM),
-            pos=rand(NUM_NODES, 3),
-            normal=rand(NUM_NODES, 3),
-            pseudo=torch.rand(NUM_EDGES, 2, generator=g, dtype=torch.float64),
-            edge_type=torch.randint(0, NUM_RELATIONS, (NUM_EDGES,), generator=g),
-            node_type=torch.randint(0, 2, (NUM_NODES,), generator=g),
-            sequence=rand(NUM_NODES, 3, CHANNELS),
+            edge_weight=torch.rand(e, generator=g, dtype=torch.float64) + 0.5,
+            edge_attr=rand(e, EDGE_DIM),
+            pos=rand(n, 3),
+            normal=rand(n, 3),
+            pseudo=torch.rand(e, 2, generator=g, dtype=torch.float64),
+            edge_type=torch.randint(0, NUM_RELATIONS, (e,), generator=g),
+            node_type=torch.randint(0, 2, (n,), generator=g),
+            sequence=rand(n, 3, setup.channels),
+        )
+        return made.to(setup.dtype, setup.device)
+
+    @property
+    def channels(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def num_nodes(self) -> int:
+        return self.x.shape[0]
+
+    def to(self, dtype: torch.dtype, device: Optional[torch.device] = None) -> "Inputs":
+        """A copy with the floating-point tensors in ``dtype``, every tensor on ``device``."""
+        return Inputs(
+            **{
+                name: value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
+                for name, value in vars(self).items()
+            }
         )
 
     def fresh(self) -> "Inputs":
@@ -154,8 +225,9 @@ def _hetero(i: Inputs) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
 
 def _mesh(i: Inputs) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     # Each mesh edge (a row of x) has four neighbouring edges, k+1...k+4: edge_index[:, 4k:4k+4] start at k.
-    first = torch.arange(NUM_NODES).repeat_interleave(4)
-    return (i.x, torch.stack([first, (first + torch.arange(1, 5).repeat(NUM_NODES)) % NUM_NODES])), {}
+    n, device = i.num_nodes, i.x.device
+    first = torch.arange(n, device=device).repeat_interleave(4)
+    return (i.x, torch.stack([first, (first + torch.arange(1, 5, device=device).repeat(n)) % n])), {}
 
 
 def _plain(i: Inputs) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
@@ -178,90 +250,102 @@ def _initial(i: Inputs) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     return (i.x, i.x.detach() * 0.5, i.edge_index), {}
 
 
-def _pna() -> torch.nn.Module:
-    deg = torch.bincount(degree(Inputs.make().edge_index[1], NUM_NODES, dtype=torch.long))
+def _pna(i: Inputs) -> torch.nn.Module:
+    deg = torch.bincount(degree(i.edge_index[1], i.num_nodes, dtype=torch.long)).cpu()
     return pyg_conv.PNAConv(
-        CHANNELS, CHANNELS, ["mean", "max", "std"], ["identity", "amplification"], deg, edge_dim=EDGE_DIM
+        i.channels, i.channels, ["mean", "max", "std"], ["identity", "amplification"], deg, edge_dim=EDGE_DIM
     )
 
 
-C, R = CHANNELS, NUM_RELATIONS
-Case = Tuple[Callable[[], torch.nn.Module], Callable[[Inputs], Tuple[Tuple[Any, ...], Dict[str, Any]]]]
-#: Class name -> (constructor, the forward arguments from the inputs).
+R = NUM_RELATIONS
+Case = Tuple[Callable[[Inputs], torch.nn.Module], Callable[[Inputs], Tuple[Tuple[Any, ...], Dict[str, Any]]]]
+#: Class name -> (constructor, given the inputs it runs on; the forward arguments from the inputs).
 CASES: Dict[str, Case] = {
-    "SimpleConv": (lambda: pyg_conv.SimpleConv(combine_root="sum"), _weighted),
-    "GCNConv": (lambda: pyg_conv.GCNConv(C, C), _weighted),
-    "ChebConv": (lambda: pyg_conv.ChebConv(C, C, K=2), _weighted),
-    "SAGEConv": (lambda: pyg_conv.SAGEConv(C, C), _plain),
-    "GraphConv": (lambda: pyg_conv.GraphConv(C, C), _weighted),
+    "SimpleConv": (lambda i: pyg_conv.SimpleConv(combine_root="sum"), _weighted),
+    "GCNConv": (lambda i: pyg_conv.GCNConv(i.channels, i.channels), _weighted),
+    "ChebConv": (lambda i: pyg_conv.ChebConv(i.channels, i.channels, K=2), _weighted),
+    "SAGEConv": (lambda i: pyg_conv.SAGEConv(i.channels, i.channels), _plain),
+    "GraphConv": (lambda i: pyg_conv.GraphConv(i.channels, i.channels), _weighted),
     "GravNetConv": (
-        lambda: pyg_conv.GravNetConv(C, C, space_dimensions=2, propagate_dimensions=4, k=3),
+        lambda i: pyg_conv.GravNetConv(i.channels, i.channels, space_dimensions=2, propagate_dimensions=4, k=3),
         lambda i: ((i.x,), {}),
     ),
-    "GatedGraphConv": (lambda: pyg_conv.GatedGraphConv(C, num_layers=2), _weighted),
-    "ResGatedGraphConv": (lambda: pyg_conv.ResGatedGraphConv(C, C), _plain),
-    "GATConv": (lambda: pyg_conv.GATConv(C, C // 2, heads=2), _plain),
+    "GatedGraphConv": (lambda i: pyg_conv.GatedGraphConv(i.channels, num_layers=2), _weighted),
+    "ResGatedGraphConv": (lambda i: pyg_conv.ResGatedGraphConv(i.channels, i.channels), _plain),
+    "GATConv": (lambda i: pyg_conv.GATConv(i.channels, i.channels // 2, heads=2), _plain),
     "FusedGATConv": (
-        lambda: pyg_conv.FusedGATConv(C, C // 2, heads=2, add_self_loops=False),
-        lambda i: ((i.x, *pyg_conv.FusedGATConv.to_graph_format(i.edge_index, (NUM_NODES, NUM_NODES))), {}),
+        lambda i: pyg_conv.FusedGATConv(i.channels, i.channels // 2, heads=2, add_self_loops=False),
+        lambda i: ((i.x, *pyg_conv.FusedGATConv.to_graph_format(i.edge_index, (i.num_nodes, i.num_nodes))), {}),
     ),
-    "GATv2Conv": (lambda: pyg_conv.GATv2Conv(C, C // 2, heads=2, edge_dim=EDGE_DIM), _with_attr),
-    "TransformerConv": (lambda: pyg_conv.TransformerConv(C, C // 2, heads=2, edge_dim=EDGE_DIM), _with_attr),
-    "AGNNConv": (lambda: pyg_conv.AGNNConv(), _plain),
-    "TAGConv": (lambda: pyg_conv.TAGConv(C, C, K=2), _weighted),
-    "GINConv": (lambda: pyg_conv.GINConv(_mlp(C, C, C), train_eps=True), _plain),
-    "GINEConv": (lambda: pyg_conv.GINEConv(_mlp(C, C, C), edge_dim=EDGE_DIM), _with_attr),
-    "ARMAConv": (lambda: pyg_conv.ARMAConv(C, C, num_stacks=2, num_layers=2), _weighted),
-    "SGConv": (lambda: pyg_conv.SGConv(C, C, K=2), _weighted),
-    "SSGConv": (lambda: pyg_conv.SSGConv(C, C, alpha=0.1, K=2), _weighted),
-    "APPNP": (lambda: pyg_conv.APPNP(K=2, alpha=0.1), _weighted),
-    "MFConv": (lambda: pyg_conv.MFConv(C, C, max_degree=4), _plain),
-    "RGCNConv": (lambda: pyg_conv.RGCNConv(C, C, num_relations=R), _typed),
-    "FastRGCNConv": (lambda: pyg_conv.FastRGCNConv(C, C, num_relations=R), _typed),
-    "RGATConv": (lambda: pyg_conv.RGATConv(C, C // 2, num_relations=R, heads=2), _typed),
+    "GATv2Conv": (lambda i: pyg_conv.GATv2Conv(i.channels, i.channels // 2, heads=2, edge_dim=EDGE_DIM), _with_attr),
+    "TransformerConv": (
+        lambda i: pyg_conv.TransformerConv(i.channels, i.channels // 2, heads=2, edge_dim=EDGE_DIM),
+        _with_attr,
+    ),
+    "AGNNConv": (lambda i: pyg_conv.AGNNConv(), _plain),
+    "TAGConv": (lambda i: pyg_conv.TAGConv(i.channels, i.channels, K=2), _weighted),
+    "GINConv": (lambda i: pyg_conv.GINConv(_mlp(i.channels, i.channels, i.channels), train_eps=True), _plain),
+    "GINEConv": (lambda i: pyg_conv.GINEConv(_mlp(i.channels, i.channels, i.channels), edge_dim=EDGE_DIM), _with_attr),
+    "ARMAConv": (lambda i: pyg_conv.ARMAConv(i.channels, i.channels, num_stacks=2, num_layers=2), _weighted),
+    "SGConv": (lambda i: pyg_conv.SGConv(i.channels, i.channels, K=2), _weighted),
+    "SSGConv": (lambda i: pyg_conv.SSGConv(i.channels, i.channels, alpha=0.1, K=2), _weighted),
+    "APPNP": (lambda i: pyg_conv.APPNP(K=2, alpha=0.1), _weighted),
+    "MFConv": (lambda i: pyg_conv.MFConv(i.channels, i.channels, max_degree=4), _plain),
+    "RGCNConv": (lambda i: pyg_conv.RGCNConv(i.channels, i.channels, num_relations=R), _typed),
+    "FastRGCNConv": (lambda i: pyg_conv.FastRGCNConv(i.channels, i.channels, num_relations=R), _typed),
+    "RGATConv": (lambda i: pyg_conv.RGATConv(i.channels, i.channels // 2, num_relations=R, heads=2), _typed),
     "SignedConv": (
-        lambda: pyg_conv.SignedConv(C, C, first_aggr=True),
+        lambda i: pyg_conv.SignedConv(i.channels, i.channels, first_aggr=True),
         lambda i: ((i.x, i.edge_index[:, ::2], i.edge_index[:, 1::2]), {}),
     ),
-    "DNAConv": (lambda: pyg_conv.DNAConv(C, heads=2), lambda i: ((i.sequence, i.edge_index), {})),
+    "DNAConv": (lambda i: pyg_conv.DNAConv(i.channels, heads=2), lambda i: ((i.sequence, i.edge_index), {})),
     "PointNetConv": (
-        lambda: pyg_conv.PointNetConv(_mlp(C + 3, C), _mlp(C, C)),
+        lambda i: pyg_conv.PointNetConv(_mlp(i.channels + 3, i.channels), _mlp(i.channels, i.channels)),
         lambda i: ((i.x, i.pos, i.edge_index), {}),
     ),
-    "GMMConv": (lambda: pyg_conv.GMMConv(C, C, dim=EDGE_DIM, kernel_size=2), _with_attr),
+    "GMMConv": (lambda i: pyg_conv.GMMConv(i.channels, i.channels, dim=EDGE_DIM, kernel_size=2), _with_attr),
     "SplineConv": (
-        lambda: pyg_conv.SplineConv(C, C, dim=2, kernel_size=3),
+        lambda i: pyg_conv.SplineConv(i.channels, i.channels, dim=2, kernel_size=3),
         lambda i: ((i.x, i.edge_index, i.pseudo), {}),
     ),
-    "NNConv": (lambda: pyg_conv.NNConv(C, C, _mlp(EDGE_DIM, C * C)), _with_attr),
-    "CGConv": (lambda: pyg_conv.CGConv(C, dim=EDGE_DIM), _with_attr),
-    "EdgeConv": (lambda: pyg_conv.EdgeConv(_mlp(2 * C, C)), _plain),
-    "DynamicEdgeConv": (lambda: pyg_conv.DynamicEdgeConv(_mlp(2 * C, C), k=3), lambda i: ((i.x,), {})),
+    "NNConv": (lambda i: pyg_conv.NNConv(i.channels, i.channels, _mlp(EDGE_DIM, i.channels * i.channels)), _with_attr),
+    "CGConv": (lambda i: pyg_conv.CGConv(i.channels, dim=EDGE_DIM), _with_attr),
+    "EdgeConv": (lambda i: pyg_conv.EdgeConv(_mlp(2 * i.channels, i.channels)), _plain),
+    "DynamicEdgeConv": (
+        lambda i: pyg_conv.DynamicEdgeConv(_mlp(2 * i.channels, i.channels), k=3),
+        lambda i: ((i.x,), {}),
+    ),
     "PPFConv": (
-        lambda: pyg_conv.PPFConv(_mlp(C + 4, C), _mlp(C, C)),
+        lambda i: pyg_conv.PPFConv(_mlp(i.channels + 4, i.channels), _mlp(i.channels, i.channels)),
         lambda i: ((i.x, i.pos, i.normal, i.edge_index), {}),
     ),
-    "FeaStConv": (lambda: pyg_conv.FeaStConv(C, C, heads=2), _plain),
-    "PointTransformerConv": (lambda: pyg_conv.PointTransformerConv(C, C), lambda i: ((i.x, i.pos, i.edge_index), {})),
-    "HypergraphConv": (lambda: pyg_conv.HypergraphConv(C, C), _plain),
-    "LEConv": (lambda: pyg_conv.LEConv(C, C), _weighted),
+    "FeaStConv": (lambda i: pyg_conv.FeaStConv(i.channels, i.channels, heads=2), _plain),
+    "PointTransformerConv": (
+        lambda i: pyg_conv.PointTransformerConv(i.channels, i.channels),
+        lambda i: ((i.x, i.pos, i.edge_index), {}),
+    ),
+    "HypergraphConv": (lambda i: pyg_conv.HypergraphConv(i.channels, i.channels), _plain),
+    "LEConv": (lambda i: pyg_conv.LEConv(i.channels, i.channels), _weighted),
     "PNAConv": (_pna, _with_attr),
-    "ClusterGCNConv": (lambda: pyg_conv.ClusterGCNConv(C, C), _plain),
-    "GENConv": (lambda: pyg_conv.GENConv(C, C, edge_dim=EDGE_DIM), _with_attr),
-    "GCN2Conv": (lambda: pyg_conv.GCN2Conv(C, alpha=0.1, theta=0.5, layer=1), _initial),
-    "PANConv": (lambda: pyg_conv.PANConv(C, C, filter_size=2), _plain),
-    "WLConvContinuous": (lambda: pyg_conv.WLConvContinuous(), _weighted),
-    "FiLMConv": (lambda: pyg_conv.FiLMConv(C, C, num_relations=R), _typed),
-    "SuperGATConv": (lambda: pyg_conv.SuperGATConv(C, C // 2, heads=2), _plain),
-    "FAConv": (lambda: pyg_conv.FAConv(C), _initial),
-    "EGConv": (lambda: pyg_conv.EGConv(C, C, num_heads=2, num_bases=2), _plain),
-    "PDNConv": (lambda: pyg_conv.PDNConv(C, C, edge_dim=EDGE_DIM, hidden_channels=C), _with_attr),
-    "GeneralConv": (lambda: pyg_conv.GeneralConv(C, C, in_edge_channels=EDGE_DIM), _with_attr),
-    "HGTConv": (lambda: pyg_conv.HGTConv(C, C, _METADATA, heads=2), _hetero),
+    "ClusterGCNConv": (lambda i: pyg_conv.ClusterGCNConv(i.channels, i.channels), _plain),
+    "GENConv": (lambda i: pyg_conv.GENConv(i.channels, i.channels, edge_dim=EDGE_DIM), _with_attr),
+    "GCN2Conv": (lambda i: pyg_conv.GCN2Conv(i.channels, alpha=0.1, theta=0.5, layer=1), _initial),
+    "PANConv": (lambda i: pyg_conv.PANConv(i.channels, i.channels, filter_size=2), _plain),
+    "WLConvContinuous": (lambda i: pyg_conv.WLConvContinuous(), _weighted),
+    "FiLMConv": (lambda i: pyg_conv.FiLMConv(i.channels, i.channels, num_relations=R), _typed),
+    "SuperGATConv": (lambda i: pyg_conv.SuperGATConv(i.channels, i.channels // 2, heads=2), _plain),
+    "FAConv": (lambda i: pyg_conv.FAConv(i.channels), _initial),
+    "EGConv": (lambda i: pyg_conv.EGConv(i.channels, i.channels, num_heads=2, num_bases=2), _plain),
+    "PDNConv": (
+        lambda i: pyg_conv.PDNConv(i.channels, i.channels, edge_dim=EDGE_DIM, hidden_channels=i.channels),
+        _with_attr,
+    ),
+    "GeneralConv": (lambda i: pyg_conv.GeneralConv(i.channels, i.channels, in_edge_channels=EDGE_DIM), _with_attr),
+    "HGTConv": (lambda i: pyg_conv.HGTConv(i.channels, i.channels, _METADATA, heads=2), _hetero),
     "HEATConv": (
-        lambda: pyg_conv.HEATConv(
-            C,
-            C,
+        lambda i: pyg_conv.HEATConv(
+            i.channels,
+            i.channels,
             num_node_types=2,
             num_edge_types=R,
             edge_type_emb_dim=4,
@@ -271,14 +355,16 @@ CASES: Dict[str, Case] = {
         ),
         lambda i: ((i.x, i.edge_index, i.node_type, i.edge_type, i.edge_attr), {}),
     ),
-    "HANConv": (lambda: pyg_conv.HANConv(C, C, _METADATA, heads=2), _hetero),
-    "LGConv": (lambda: pyg_conv.LGConv(), _weighted),
+    "HANConv": (lambda i: pyg_conv.HANConv(i.channels, i.channels, _METADATA, heads=2), _hetero),
+    "LGConv": (lambda i: pyg_conv.LGConv(), _weighted),
     "PointGNNConv": (
-        lambda: pyg_conv.PointGNNConv(_mlp(C, 3), _mlp(C + 3, C), _mlp(C, C)),
+        lambda i: pyg_conv.PointGNNConv(
+            _mlp(i.channels, 3), _mlp(i.channels + 3, i.channels), _mlp(i.channels, i.channels)
+        ),
         lambda i: ((i.x, i.pos, i.edge_index), {}),
     ),
-    "MixHopConv": (lambda: pyg_conv.MixHopConv(C, C), _weighted),
-    "MeshCNNConv": (lambda: pyg_conv.MeshCNNConv(C, C), _mesh),
+    "MixHopConv": (lambda i: pyg_conv.MixHopConv(i.channels, i.channels), _weighted),
+    "MeshCNNConv": (lambda i: pyg_conv.MeshCNNConv(i.channels, i.channels), _mesh),
 }
 
 
@@ -318,13 +404,15 @@ class Run:
     grads: Dict[str, Optional[Tensor]]
 
 
-def _run(model: torch.nn.Module, inputs: Callable[[Inputs], Tuple[Tuple[Any, ...], Dict[str, Any]]]) -> Run:
-    args, kwargs = inputs(Inputs.make().fresh())
+def _run(
+    model: torch.nn.Module, inputs: Callable[[Inputs], Tuple[Tuple[Any, ...], Dict[str, Any]]], made: Inputs
+) -> Run:
+    args, kwargs = inputs(made.fresh())
     torch.manual_seed(0)
     outputs = _tensors(model(*args, **kwargs))
     if not outputs:
         raise RuntimeError("the layer returned no floating-point tensor")
-    loss = sum((t * torch.linspace(-1, 1, t.numel(), dtype=t.dtype).view_as(t)).sum() for t in outputs)
+    loss = sum((t * torch.linspace(-1, 1, t.numel(), dtype=t.dtype, device=t.device).view_as(t)).sum() for t in outputs)
     leaves = _leaves(list(args) + list(kwargs.values()))
     parameters = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     targets = [p for _, p in parameters] + leaves
@@ -334,7 +422,8 @@ def _run(model: torch.nn.Module, inputs: Callable[[Inputs], Tuple[Tuple[Any, ...
 
 
 def _error(ours: Sequence[Optional[Tensor]], theirs: Sequence[Optional[Tensor]]) -> float:
-    """The largest relative error over pairs of tensors; infinite where shapes or presence differ.
+    """The largest relative error over pairs of tensors (``theirs`` the exact ones, maybe of a wider
+    dtype); infinite where shapes or presence differ.
 
     Each error is relative to the largest magnitude over all of PyG's tensors of the list (as the
     tests compare gradients): a gradient that is zero up to rounding (a bias before a softmax,
@@ -356,6 +445,12 @@ def _error(ours: Sequence[Optional[Tensor]], theirs: Sequence[Optional[Tensor]])
     return worst if len(ours) == len(theirs) else math.inf
 
 
+def _bound(dtype: torch.dtype, pyg_error: float) -> float:
+    """The largest error of ours that matches, given PyG's own error in ``dtype``: a result as close
+    to the float64 one as PyG's own in that dtype matches, within the dtype's :data:`TOLERANCE`."""
+    return max(TOLERANCE[dtype], 2 * pyg_error)
+
+
 def _describe(error: BaseException) -> str:
     text = f"{type(error).__name__}: {error}".replace("\n", " ")
     return text if len(text) <= 200 else text[:197] + "..."
@@ -374,13 +469,14 @@ def staged_at_any_size() -> Iterator[None]:
         ug.MessagePassing.staged_min_edges = saved
 
 
-def cover(name: str) -> Dict[str, Any]:
-    """The row of one class (see the module docstring)."""
+def cover(name: str, setup: Optional[Setup] = None) -> Dict[str, Any]:
+    """The row of one class (see the module docstring) on the inputs of ``setup`` (default:
+    :class:`Setup`'s)."""
     with staged_at_any_size():
-        return _cover(name)
+        return _cover(name, setup or Setup())
 
 
-def _cover(name: str) -> Dict[str, Any]:
+def _cover(name: str, setup: Setup) -> Dict[str, Any]:
     row: Dict[str, Any] = dict.fromkeys(COLUMNS, "")
     row.update(
         layer=name,
@@ -394,22 +490,29 @@ def _cover(name: str) -> Dict[str, Any]:
         fully_fused=False,
         forward_error=math.nan,
         grads_error=math.nan,
+        pyg_forward_error=math.nan,
+        pyg_grads_error=math.nan,
     )
     if name not in CASES:
         row["runs"] = "no arguments in benchmarks.pyg_coverage.CASES"
         return row
     build, inputs = CASES[name]
+    made = Inputs.make(setup)
+    exact = made.to(torch.float64)
     try:
         torch.manual_seed(0)
-        layer = build().double().eval()
+        layer = build(exact).to(device=setup.device, dtype=setup.dtype).eval()
     except Exception as error:  # PyG's layer itself: its optional packages, its own checks
         row["runs"] = f"PyG fails: {_describe(error)}"
         return row
+    # PyG's float64 run of the same rounded parameters and inputs is what both are compared with.
+    reference = layer if setup.dtype == torch.float64 else copy.deepcopy(layer).double()
     converted = ug.accelerate(layer, inplace=False)
     report = converted.ugrapher_report
     row["conversion"] = report[""].conversion
     try:
-        theirs = _run(layer, inputs)
+        truth = _run(reference, inputs, exact)
+        theirs = truth if reference is layer else _run(layer, inputs, made)
     except Exception as error:
         row["runs"] = f"PyG fails: {_describe(error)}"
         return row
@@ -429,18 +532,19 @@ def _cover(name: str) -> Dict[str, Any]:
             observe_fallbacks(lambda module, reason: reasons.append(reason)),
             observe_stages(lambda module, description: stages.append(description)),
         ):
-            ours = _run(converted, inputs)
+            ours = _run(converted, inputs, made)
     except Exception as error:
         row["runs"] = f"fails: {_describe(error)}"
         return row
     finally:
         for hook in hooks:
             hook.remove()
-    forward = _error(ours.outputs, theirs.outputs)
-    grads = (
+    forward, pyg_forward = (_error(run.outputs, truth.outputs) for run in (ours, theirs))
+    grads, pyg_grads = (
         math.inf
-        if ours.grads.keys() != theirs.grads.keys()
-        else _error(list(ours.grads.values()), list(theirs.grads.values()))
+        if run.grads.keys() != truth.grads.keys()
+        else _error(list(run.grads.values()), list(truth.grads.values()))
+        for run in (ours, theirs)
     )
     distinct = list(dict.fromkeys(reasons))
     if edge_updates[0]:
@@ -453,8 +557,10 @@ def _cover(name: str) -> Dict[str, Any]:
         runs="yes",
         forward_error=forward,
         grads_error=grads,
-        forward_match=forward <= TOLERANCE,
-        grads_match=grads <= TOLERANCE,
+        pyg_forward_error=pyg_forward,
+        pyg_grads_error=pyg_grads,
+        forward_match=forward <= _bound(setup.dtype, pyg_forward),
+        grads_match=grads <= _bound(setup.dtype, pyg_grads),
         ops=len(calls),
         fallbacks=len(reasons),
         edge_updates=edge_updates[0],
@@ -492,15 +598,28 @@ def summary(frame: pd.DataFrame) -> Dict[str, int]:
     }
 
 
-def markdown(frame: pd.DataFrame) -> str:
+def markdown(frame: pd.DataFrame, setup: Optional[Setup] = None) -> str:
+    setup = setup or Setup()
     counts = summary(frame)
+    versions = f"torch_geometric {torch_geometric.__version__}, torch {torch.__version__}"
+    if setup.device.type == "cuda":
+        measured = environment(setup.device)
+        versions += f", Triton {measured['triton']}; {measured['gpu']}, commit {measured['commit']}"
+    bound = f"error <= {TOLERANCE[setup.dtype]:g} relative to the largest magnitude of PyG's"
+    if setup.dtype == torch.float64:
+        bound += " outputs, or gradients"
+    else:
+        bound += (
+            " float64 outputs, or gradients, on the same rounded parameters and inputs, or up to twice"
+            " the error of PyG's own run in this dtype"
+        )
     lines = [
-        f"# PyG coverage of `ug.accelerate` (torch_geometric {torch_geometric.__version__}, torch {torch.__version__})",
+        f"# PyG coverage of `ug.accelerate` ({versions})",
         "",
         f"Every `MessagePassing` class of `torch_geometric.nn.conv`, built as in `benchmarks/pyg_coverage.py` "
-        f"on a random graph of {NUM_NODES} vertices and {NUM_EDGES} edges, float64, eval mode; "
+        f"on {setup.describe()}, eval mode; "
         f"forward and backward of PyG's layer against `ug.accelerate` of a copy "
-        f"(match: error <= {TOLERANCE:g} relative to the largest magnitude of PyG's outputs, or gradients). "
+        f"(match: {bound}). "
         f"Staged: `message()` runs on every call as graph operators around what it computes in PyTorch "
         f"(`pyg_ugrapher/staging.py`); fully fused: `message()` captured once, the fused graph operator "
         f"and where needed a few before it (a softmax's maxima and sums), as on a graph of "
@@ -546,16 +665,35 @@ def main(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--classes", nargs="+", help="class names (default: every MessagePassing class)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder of pyg_coverage.csv/.md")
+    parser.add_argument("--device", default="cpu", help="where both sides run (cuda: our Triton kernels)")
+    parser.add_argument("--dtype", default="float64", choices=list(DTYPES))
+    parser.add_argument("--nodes", type=int, default=Setup.num_nodes, help="vertices of the random graph")
+    parser.add_argument("--edges", type=int, default=Setup.num_edges, help="its edges")
+    parser.add_argument("--channels", type=int, default=Setup.channels, help="features per vertex (even)")
+    parser.add_argument("--hub", type=float, default=Setup.hub, help="share of the edges ending at vertex 0")
+    parser.add_argument("--name", default="pyg_coverage", help="stem of the .csv and .md written")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="their folder (default: benchmarks/results/cpu, or the GPU's)"
+    )
     args = parser.parse_args(argv)
     names = args.classes or message_passing_classes()
     unknown = [name for name in names if not isinstance(getattr(pyg_conv, name, None), type)]
     if unknown:
         parser.error(f"--classes: not classes of torch_geometric.nn.conv: {unknown}")
-    frame = pd.DataFrame([cover(name) for name in names], columns=list(COLUMNS))
-    args.out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out / "pyg_coverage.csv", index=False)
-    (args.out / "pyg_coverage.md").write_text(markdown(frame))
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device: CUDA is not available here")
+    try:
+        setup = Setup(args.nodes, args.edges, args.channels, DTYPES[args.dtype], device, args.hub)
+    except (TypeError, ValueError) as error:
+        parser.error(str(error))
+    out = args.out or (DEFAULT_OUT if device.type == "cpu" else default_out(device))
+    frame = pd.DataFrame(
+        [cover(name, setup) for name in tqdm(names, desc="classes", unit="class")], columns=list(COLUMNS)
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / f"{args.name}.csv", index=False)
+    (out / f"{args.name}.md").write_text(markdown(frame, setup))
     for key, value in summary(frame).items():
         print(f"{key}: {value}", file=sys.stderr)
     return frame
