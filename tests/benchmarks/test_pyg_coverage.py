@@ -97,3 +97,14 @@ def test_bad_arguments_are_refused(capsys):
     with pytest.raises(SystemExit):
         pyg_coverage.main(["--classes", "GCNConv", "--nodes", "3"])
     assert "num_nodes" in capsys.readouterr().err
+
+
+def test_classes_on_the_kernels_device(device):
+    """On the GPU (else Triton's interpreter): a swapped layer with duplicate stored self loops and
+    weights, and a routed one, against PyG's float64 run on the CPU."""
+    setup = pyg_coverage.Setup(num_nodes=12, num_edges=40, device=device)
+    rows = {name: pyg_coverage.cover(name, setup) for name in ("GCNConv", "LEConv")}
+    for row in rows.values():
+        assert row["runs"] == "yes" and row["forward_match"] and row["grads_match"], row
+    # Ours gives a node's loop its last stored loop's weight, as PyG does on the CPU.
+    assert rows["GCNConv"]["forward_error"] <= pyg_coverage.TOLERANCE[torch.float64]
