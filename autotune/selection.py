@@ -756,13 +756,20 @@ def select_measured(
     return choice
 
 
+def forget_decisions() -> None:
+    """Forget the cached schedules of :func:`select` and :func:`resolve` (not the loaded models,
+    nor measurements): the next call of each case decides again, as a first call does."""
+    with _LOCK:
+        _CACHE.clear()
+        _RESOLVED.clear()
+
+
 def clear_cache() -> None:
     """Forget cached decisions, measurements, loaded models and each device's choice of model
     (after retraining, or changing the model files)."""
     global generation
     with _LOCK:
-        _CACHE.clear()
-        _RESOLVED.clear()
+        forget_decisions()
         _MEASURED.clear()
         _BOOSTERS.clear()
         _DEVICE_MODELS.clear()

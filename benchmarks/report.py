@@ -728,6 +728,54 @@ def host_calls_plot(frame: pd.DataFrame, path: Path) -> None:
     _save_figure(fig, f"host time per call, {frame.gpu.iloc[-1]}, commits {commits}", path)
 
 
+def selection_newest(frame: pd.DataFrame) -> pd.DataFrame:
+    """The timed rows of ``selection.csv`` of each case's newest commit, one per (graph, op, ``F``,
+    dtype), in the order the cases were first measured."""
+    columns = ["graph", "op", "F", "dtype"]
+    timed = frame[frame.status.isin(TIMED)]
+    timed = timed[timed.commit == timed.groupby(columns).commit.transform("last")]
+    return timed.groupby(columns, sort=False).tail(1)
+
+
+def selection_table(frame: pd.DataFrame) -> str:
+    """Per graph, what chose the schedules and the median, over its cases, of each time, as markdown."""
+    newest = selection_newest(frame)
+    header = ["graph", "edges", "chooser", "cases", "statistics µs", "uncached µs (max)", "cached µs", "commit"]
+    body = []
+    for graph, part in newest.groupby("graph", sort=False):
+        body.append(
+            [
+                str(graph),
+                f"{int(part.num_edges.iloc[0]):,}",
+                ", ".join(dict.fromkeys(part.chooser.astype(str))),
+                str(len(part)),
+                _number(part.stats_us.median()),
+                f"{_number(part.uncached_us.median())} ({_number(part.uncached_us.max())})",
+                _number(part.cached_us.median()),
+                ", ".join(dict.fromkeys(part.commit.astype(str))),
+            ]
+        )
+    return "### Choosing a schedule\n\n" + markdown(header, body)
+
+
+def selection_plot(frame: pd.DataFrame, path: Path) -> None:
+    """Microseconds of the statistics, an uncached and a cached decision per graph (median over its
+    operators and widths), of each case's newest commit."""
+    newest = selection_newest(frame)
+    if newest.empty:
+        return
+    per_graph = newest.groupby("graph", sort=False)[["stats_us", "uncached_us", "cached_us"]].median()
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(per_graph) + 2), 4.5))
+    series = {
+        "statistics": list(per_graph.stats_us),
+        "uncached decision": list(per_graph.uncached_us),
+        "cached decision": list(per_graph.cached_us),
+    }
+    _bars(ax, list(per_graph.index), series, "µs (median over operators and widths)")
+    ax.legend(fontsize=8)
+    _save_figure(fig, f"choosing a schedule, {frame.gpu.iloc[-1]}, commit {commits(newest)}", path)
+
+
 def distributed_runs(frame: pd.DataFrame) -> pd.DataFrame:
     """The timed rows of each case's newest commit (the commit of its last row), one row per case
     and number of ranks: the median of that commit's launches of it (``launches`` counts them)."""
@@ -791,6 +839,8 @@ def plot(csv: Path) -> Optional[Path]:
         small_graph_rule_plot(frame, png)
     elif kind == "host_calls":
         host_calls_plot(frame, png)
+    elif kind == "selection":
+        selection_plot(frame, png)
     elif len(_unique(frame, ("graph", "op", "F"))) <= FEW_CASES:
         headline_plot(frame, png)
     else:
@@ -851,6 +901,8 @@ def write_report(out_dir: Path) -> str:
             parts.append(small_graph_rule_table(frames[kind]))
         elif kind == "host_calls" and frames[kind] is not None:
             parts.append(host_calls_table(frames[kind]))
+        elif kind == "selection" and frames[kind] is not None:
+            parts.append(selection_table(frames[kind]))
         if png is not None:
             parts.append(f"![{kind}]({png.name})")
     text = "\n\n".join(parts) + "\n"

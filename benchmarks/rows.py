@@ -6,8 +6,9 @@ Every suite appends its rows to one CSV per kind of measurement, by default
 (whole models, full batch or mini-batches), ``distributed.csv`` (training on several ranks,
 ``benchmarks.distributed``), ``steps.csv`` (training steps, ``benchmarks.steps``) and
 ``small_graph_rule.csv`` (edge-parallel schedules on small graphs,
-``benchmarks.small_graph_rule``) and ``host_calls.csv`` (host time per operator or layer call,
-``benchmarks.host_calls``). A row is appended as soon as it is measured; a file is never
+``benchmarks.small_graph_rule``), ``host_calls.csv`` (host time per operator or layer call,
+``benchmarks.host_calls``) and ``selection.csv`` (the time of choosing a schedule,
+``benchmarks.selection``). A row is appended as soon as it is measured; a file is never
 overwritten, its header is written once, and a file written with other columns is
 rewritten in the current ones (old rows keep their values, new columns stay empty) before rows
 are appended. Each row starts with :data:`ENV_COLUMNS`: when, with which code and where it was
@@ -184,6 +185,15 @@ HOST_CALL_COLUMNS = (
     + STATUS
 )
 HOST_CALL_KEY = ("commit", "graph", "F", "case", "pass", "impl")
+#: ``benchmarks.selection``: microseconds of choosing one operator's schedule on a graph: its
+#: statistics, an uncached decision and a cached one, and what chose (``chooser``).
+SELECTION_COLUMNS = (
+    ENV_COLUMNS
+    + ("graph", "num_nodes", "num_edges", "op", "F", "dtype", "repeats", "chooser", "candidates")
+    + ("stats_us", "uncached_us", "cached_us")
+    + STATUS
+)
+SELECTION_KEY = ("commit", "graph", "op", "F", "dtype")
 
 
 #: File kind -> (columns, key, baselines of its speed-up columns).
@@ -195,6 +205,7 @@ KINDS: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...], Tuple[str, ...]]] = {
     "steps": (STEP_COLUMNS, STEP_KEY, ()),
     "small_graph_rule": (SMALL_GRAPH_RULE_COLUMNS, SMALL_GRAPH_RULE_KEY, ()),
     "host_calls": (HOST_CALL_COLUMNS, HOST_CALL_KEY, ()),
+    "selection": (SELECTION_COLUMNS, SELECTION_KEY, ()),
 }
 NUMERIC = frozenset(
     MEASURED
@@ -234,6 +245,11 @@ NUMERIC = frozenset(
         "calls",
         "host_us",
         "wall_us",
+        "repeats",
+        "candidates",
+        "stats_us",
+        "uncached_us",
+        "cached_us",
     )
 )
 #: Statuses of rows whose times count.

@@ -4,7 +4,7 @@
 alignment of pointers, divisibility by 16 of integers, integers equal to 1), builds a cache key
 from it and the options, finds the binary and launches it, several times the host time of the bare
 launch. On graphs up to ~1e6 edges that host time is the operator's time. The generated kernels
-take only tensors and integers (everything else is a ``constexpr`` keyword), so the same
+take only tensors, integers and floats (everything else is a ``constexpr`` keyword), so the same
 specialisation is a short tuple computed here; the first call of each one goes through Triton
 (which compiles), later calls launch its ``CompiledKernel``.
 
@@ -35,6 +35,7 @@ from triton.runtime.driver import driver
 
 _I32 = 2**31
 _I64 = 2**63
+_FLOAT = ("fp32",)
 
 #: Held while a kernel goes through Triton's own launch path: compiling, binding, interpreting.
 TRITON_LOCK = threading.RLock()
@@ -93,6 +94,8 @@ class DirectKernel:
                 append((kind, specialised and arg % 16 == 0, specialised and arg == 1))
             elif isinstance(arg, Tensor):
                 append((arg.dtype, arg.data_ptr() % 16 == 0))
+            elif type(arg) is float:
+                append(_FLOAT)  # Triton passes every float as fp32, never specialised on its value
             else:
                 return None
         return tuple(key)

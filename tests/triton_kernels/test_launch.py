@@ -118,9 +118,20 @@ def test_pointer_alignment_dtype_and_keywords_are_part_of_the_key(driver):
     assert len(kernel.binaries) == 5
 
 
+def test_floats_share_a_binary_whatever_their_value(driver):
+    """Triton passes a float as fp32 and never specialises on its value; an integer of the same
+    value is another specialisation."""
+    fn = JitFunction()
+    a = torch.zeros(64)
+    calls = [((a, value, 3), dict(BLOCK=16)) for value in (2.5, 0.0, 1.0, 1)]
+    kinds, kernel = launches(fn, calls)
+    assert kinds == ["jit", "binary", "binary", "jit"] and len(kernel.binaries) == 2
+    assert fn.log[2][2][-3:] == (1.0, 3, 16)
+
+
 def test_other_argument_types_always_go_through_triton(driver):
     fn = JitFunction()
-    kinds, kernel = launches(fn, [((torch.zeros(4), 2.5, 3), dict(BLOCK=16))] * 2)
+    kinds, kernel = launches(fn, [((torch.zeros(4), None, 3), dict(BLOCK=16))] * 2)
     assert kinds == ["jit", "jit"] and not kernel.binaries
 
 
