@@ -757,8 +757,10 @@ def select_measured(
 
 
 def forget_decisions() -> None:
-    """Forget the cached schedules of :func:`select` and :func:`resolve` (not the loaded models,
-    nor measurements): the next call of each case decides again, as a first call does."""
+    """Forget the cached schedules of :func:`select` and :func:`resolve` themselves (not the loaded
+    models, nor measurements): their next call of each case decides again, as a first call does
+    (what ``benchmarks.selection`` times). The runtime's decisions per graph and op stay; those
+    :func:`clear_cache` renews."""
     with _LOCK:
         _CACHE.clear()
         _RESOLVED.clear()
