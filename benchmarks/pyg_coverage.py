@@ -13,8 +13,8 @@ one forward and one backward pass of the same loss: on the CPU our graph operato
 reference executor, or on Triton's interpreter with ``TRITON_INTERPRET=1``; on a GPU
 (``--device cuda``) on the Triton kernels, with the schedules a graph of that size gets. In another
 dtype (``--dtype float32``) or on a GPU both are compared with PyG's float64 run on the CPU of the
-same rounded parameters and inputs, and ours matches if it is as close as :data:`TOLERANCE` or as PyG's own run
-in that dtype (:func:`_bound`). Per class the table says:
+same rounded parameters, inputs and loss weights, and ours matches if it is as close as
+:data:`TOLERANCE` or as PyG's own run in that dtype (:func:`_bound`). Per class the table says:
 
 * ``conversion``: what :func:`pyg_ugrapher.accelerate` did (``swapped`` for a drop-in, ``routed``
   through the capture of ``message()``, ``kept`` on PyG's path);
@@ -405,20 +405,31 @@ class Run:
 
 
 def _run(
-    model: torch.nn.Module, inputs: Callable[[Inputs], Tuple[Tuple[Any, ...], Dict[str, Any]]], made: Inputs
+    model: torch.nn.Module,
+    inputs: Callable[[Inputs], Tuple[Tuple[Any, ...], Dict[str, Any]]],
+    made: Inputs,
+    dtype: torch.dtype,
 ) -> Run:
+    """The pass of ``model`` on ``made``; its loss weighs every output element by a linear ramp from
+    -1 to 1 rounded to ``dtype`` (the run's), so that a float64 run of the same inputs differentiates
+    the same loss."""
     args, kwargs = inputs(made.fresh())
     torch.manual_seed(0)
     outputs = _tensors(model(*args, **kwargs))
     if not outputs:
         raise RuntimeError("the layer returned no floating-point tensor")
-    loss = sum((t * torch.linspace(-1, 1, t.numel(), dtype=t.dtype, device=t.device).view_as(t)).sum() for t in outputs)
+    loss = sum((t * _ramp(t.numel(), dtype).to(device=t.device, dtype=t.dtype).view_as(t)).sum() for t in outputs)
     leaves = _leaves(list(args) + list(kwargs.values()))
     parameters = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     targets = [p for _, p in parameters] + leaves
     grads = torch.autograd.grad(loss, targets, allow_unused=True) if loss.requires_grad else [None] * len(targets)
     names = [name for name, _ in parameters] + [f"input {k}" for k in range(len(leaves))]
     return Run([t.detach() for t in outputs], dict(zip(names, grads)))
+
+
+def _ramp(count: int, dtype: torch.dtype) -> Tensor:
+    """``count`` weights from -1 to 1, computed in float64 and rounded to ``dtype``."""
+    return torch.linspace(-1, 1, count, dtype=torch.float64).to(dtype)
 
 
 def _error(ours: Sequence[Optional[Tensor]], theirs: Sequence[Optional[Tensor]]) -> float:
@@ -505,7 +516,7 @@ def _cover(name: str, setup: Setup) -> Dict[str, Any]:
     except Exception as error:  # PyG's layer itself: its optional packages, its own checks
         row["runs"] = f"PyG fails: {_describe(error)}"
         return row
-    # PyG's float64 run on the CPU of the same rounded parameters and inputs is what both are
+    # PyG's float64 run on the CPU of the same rounded parameters, inputs and loss is what both are
     # compared with: on a GPU PyG leaves some results unspecified (which of a node's several
     # stored self loops lends GCN's loop its weight), where the CPU's are reproducible.
     on_cpu = setup.device.type == "cpu"
@@ -514,8 +525,8 @@ def _cover(name: str, setup: Setup) -> Dict[str, Any]:
     report = converted.ugrapher_report
     row["conversion"] = report[""].conversion
     try:
-        truth = _run(reference, inputs, exact)
-        theirs = truth if reference is layer else _run(layer, inputs, made)
+        truth = _run(reference, inputs, exact, setup.dtype)
+        theirs = truth if reference is layer else _run(layer, inputs, made, setup.dtype)
     except Exception as error:
         row["runs"] = f"PyG fails: {_describe(error)}"
         return row
@@ -535,7 +546,7 @@ def _cover(name: str, setup: Setup) -> Dict[str, Any]:
             observe_fallbacks(lambda module, reason: reasons.append(reason)),
             observe_stages(lambda module, description: stages.append(description)),
         ):
-            ours = _run(converted, inputs, made)
+            ours = _run(converted, inputs, made, setup.dtype)
     except Exception as error:
         row["runs"] = f"fails: {_describe(error)}"
         return row
@@ -613,7 +624,7 @@ def markdown(frame: pd.DataFrame, setup: Optional[Setup] = None) -> str:
         bound += " outputs, or gradients"
     else:
         bound += (
-            " float64 outputs, or gradients, on the CPU, of the same rounded parameters and inputs, or up"
+            " float64 outputs, or gradients, on the CPU, of the same rounded parameters, inputs and loss, or up"
             " to twice the error of PyG's own run (in this dtype, on this device)"
         )
     lines = [
