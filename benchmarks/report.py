@@ -728,18 +728,15 @@ def host_calls_plot(frame: pd.DataFrame, path: Path) -> None:
     _save_figure(fig, f"host time per call, {frame.gpu.iloc[-1]}, commits {commits}", path)
 
 
-def selection_newest(frame: pd.DataFrame) -> pd.DataFrame:
-    """The timed rows of ``selection.csv`` of each case's newest commit, one per (graph, op, ``F``,
-    dtype), in the order the cases were first measured."""
-    columns = ["graph", "op", "F", "dtype"]
-    timed = frame[frame.status.isin(TIMED)]
-    timed = timed[timed.commit == timed.groupby(columns).commit.transform("last")]
-    return timed.groupby(columns, sort=False).tail(1)
+def selection_timed(frame: pd.DataFrame) -> pd.DataFrame:
+    """The timed rows of ``selection.csv`` as :func:`load` reads it: the newest row of each (graph,
+    op, ``F``, dtype), in the order of those rows."""
+    return frame[frame.status.isin(TIMED)]
 
 
 def selection_table(frame: pd.DataFrame) -> str:
     """Per graph, what chose the schedules and the median, over its cases, of each time, as markdown."""
-    newest = selection_newest(frame)
+    newest = selection_timed(frame)
     header = ["graph", "edges", "chooser", "cases", "statistics µs", "uncached µs (max)", "cached µs", "commit"]
     body = []
     for graph, part in newest.groupby("graph", sort=False):
@@ -761,7 +758,7 @@ def selection_table(frame: pd.DataFrame) -> str:
 def selection_plot(frame: pd.DataFrame, path: Path) -> None:
     """Microseconds of the statistics, an uncached and a cached decision per graph (median over its
     operators and widths), of each case's newest commit."""
-    newest = selection_newest(frame)
+    newest = selection_timed(frame)
     if newest.empty:
         return
     per_graph = newest.groupby("graph", sort=False)[["stats_us", "uncached_us", "cached_us"]].median()

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -32,6 +31,8 @@ import torch
 from tqdm import tqdm
 
 from autotune import selection
+from autotune.collect import DTYPES
+from autotune.timing import wall_ms
 from pyg_ugrapher import GraphTensor, datasets
 from pyg_ugrapher.ir import OpInfo
 from pyg_ugrapher.structure import CSR, csr_stats
@@ -39,28 +40,25 @@ from triton_kernels.space import space
 
 from . import rows
 from .report import plot
-from .timing import failure, synchronize
+from .timing import failure
 
 #: Real graphs: two below the small-graph rule's size, four above (up to COLLAB's 2.5e7 edges).
 GRAPHS = ("cora", "pubmed", "coauthor-physics", "github", "tolokers", "collab")
 OPS = ("copy_u_sum", "u_mul_e_sum", "copy_u_max", "u_dot_v")
 WIDTHS = (32, 128)
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: Calls per timing of a cached decision.
 CACHED_CALLS = 100
 
 
 def _median_us(action: Callable[[], object], repeats: int, device: torch.device, calls: int = 1) -> float:
-    """The median over ``repeats`` timings of ``calls`` calls of ``action``, in µs per call."""
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
+    """The median over ``repeats`` timings (:func:`autotune.timing.wall_ms`, from an idle device)
+    of ``calls`` calls of ``action``, in µs per call."""
+
+    def timed() -> None:
         for _ in range(calls):
             action()
-        synchronize(device)
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
+
+    return statistics.median(wall_ms(timed, warmup=0, reps=repeats, device=device)) * 1e3 / calls
 
 
 def _fresh(csr: CSR) -> CSR:
