@@ -65,7 +65,17 @@ _COMBINE = {
     "min": f"tl.minimum({{a}}, {{b}}, {_NAN})",
 }
 _REDUCE = {"sum": "tl.sum", "mean": "tl.sum", "max": "_max_reduce", "min": "_min_reduce"}
-_ATOMIC = {"sum": "tl.atomic_add", "mean": "tl.atomic_add", "max": "_max_atomic", "min": "_min_atomic"}
+#: Memory order of every atomic the kernels issue. Atomics only accumulate into rows that no
+#: program reads before the kernel ends, so they need no ordering among themselves; Triton's
+#: default ("acq_rel") fences every atomic, which makes a gather that adds through atomics (edge
+#: schedules, rows split into groups, the small-graph rule) markedly slower.
+ATOMIC_SEM = "relaxed"
+_ATOMIC = {
+    "sum": f'tl.atomic_add({{ptr}}, {{value}}, mask={{mask}}, sem="{ATOMIC_SEM}")',
+    "mean": f'tl.atomic_add({{ptr}}, {{value}}, mask={{mask}}, sem="{ATOMIC_SEM}")',
+    "max": "_max_atomic({ptr}, {value}, {mask})",
+    "min": "_min_atomic({ptr}, {value}, {mask})",
+}
 #: The integer type and bit pattern (32-bit, then 64-bit) through which a max / min gather's atomic
 #: writes a NaN lane, with an integer atomic max. Triton's float atomics compare bit patterns,
 #: signed for values of sign 0 and unsigned for the others, and skip NaN. The largest signed
@@ -107,13 +117,13 @@ _NAN_ATOMIC = """
 @triton.jit
 def _{op}_atomic(ptr, value, mask):
     nan = value != value
-    tl.atomic_{op}(ptr, value, mask=mask & (nan == 0))
+    tl.atomic_{op}(ptr, value, mask=mask & (nan == 0), sem="{sem}")
     if ptr.dtype.element_ty == tl.float64:
         tl.atomic_max(ptr.to(tl.pointer_type({int64}), bitcast=True), tl.full(value.shape, {bits64}, {int64}),
-                      mask=mask & nan)
+                      mask=mask & nan, sem="{sem}")
     else:
         tl.atomic_max(ptr.to(tl.pointer_type({int32}), bitcast=True), tl.full(value.shape, {bits32}, {int32}),
-                      mask=mask & nan)
+                      mask=mask & nan, sem="{sem}")
 """
 
 _UNARY = {
@@ -310,9 +320,9 @@ class Snippets:
     def reduce_fn(self) -> str:
         return _REDUCE[self.spec.gather_op]
 
-    @property
-    def atomic_fn(self) -> str:
-        return _ATOMIC[self.spec.gather_op]
+    def atomic(self, ptr: str, value: str, mask: str) -> str:
+        """The atomic that combines ``value`` into ``ptr`` under ``mask`` by the gather op."""
+        return _ATOMIC[self.spec.gather_op].format(ptr=ptr, value=value, mask=mask)
 
     # -- indexing ----------------------------------------------------------------------------
     @property
@@ -529,7 +539,7 @@ class Snippets:
             else:
                 lines.append(
                     f"tl.atomic_add(edge_out_ptr + {ei} * (F // {r}) + (tl.program_id(1) * BLOCK_F) // {r}, "
-                    f"part, mask=emask)"
+                    f'part, mask=emask, sem="{ATOMIC_SEM}")'
                 )
         return _indent(lines, indent)
 
@@ -569,7 +579,7 @@ class Snippets:
         int32, bits32, int64, bits64 = _NAN_BITS[op]
         reduction = _NAN_REDUCE_INTERPRETED if interpreting() else _NAN_REDUCE_COMPILED
         return (reduction + _NAN_ATOMIC).format(
-            op=op, int32=int32, bits32=bits32, int64=int64, bits64=bits64, identity=_IDENTITY[op]
+            op=op, int32=int32, bits32=bits32, int64=int64, bits64=bits64, identity=_IDENTITY[op], sem=ATOMIC_SEM
         )
 
 

@@ -52,7 +52,7 @@ def {name}(rows_ptr, col_ptr, eid_ptr, rowptr_ptr, {operand_params}out_ptr, num_
     dest = out_ptr + {out_row}[:, None] * F + f[None, :]
     res = res.to(out_ptr.dtype.element_ty)
     tl.store(dest, res, mask=(run_end & owned)[:, None] & fmask[None, :])
-    {atomic_fn}(dest, res, mask=(run_end & (owned == 0))[:, None] & fmask[None, :])
+    {atomic}
 """
 
 #: Runs that cross a block boundary are combined with atomics into an initialised output.
@@ -79,7 +79,7 @@ def source(spec: KernelSpec) -> str:
         identity=s.identity,
         finalize=s.finalize("degree[:, None]", 4),
         out_row=s.row("v"),
-        atomic_fn=s.atomic_fn,
+        atomic=s.atomic("dest", "res", "(run_end & (owned == 0))[:, None] & fmask[None, :]"),
     )
 
 

@@ -27,7 +27,7 @@ def clamp_edge_index_kernel(src_ptr, dst_ptr, flag_ptr, num_edges, stride, max_s
     outside = live & ((u < 0) | (u > max_src) | (v < 0) | (v > max_dst))
     tl.store(src_ptr + e * stride, tl.minimum(tl.maximum(u, 0), max_src), mask=outside)
     tl.store(dst_ptr + e * stride, tl.minimum(tl.maximum(v, 0), max_dst), mask=outside)
-    tl.atomic_max(flag_ptr + tl.zeros_like(e), 1, mask=outside)
+    tl.atomic_max(flag_ptr + tl.zeros_like(e), 1, mask=outside, sem="relaxed")
 
 
 def clamp_edge_index_(index: Tensor, src_row: int, num_src: int, num_dst: int, flag: Tensor) -> None:

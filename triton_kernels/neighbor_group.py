@@ -33,7 +33,7 @@ def {name}(chunk_row_ptr, chunk_start_ptr, rowptr_ptr, col_ptr, eid_ptr, {operan
     dest = out_ptr + {out_row}[:, None] * F + f[None, :]
     res = res.to(out_ptr.dtype.element_ty)
     tl.store(dest, res, mask=(live & (degree <= group_size))[:, None] & fmask[None, :])
-    {atomic_fn}(dest, res, mask=(live & (degree > group_size))[:, None] & fmask[None, :])
+    {atomic}
 """
 
 #: Split rows are combined with atomics into an initialised output.
@@ -57,7 +57,7 @@ def source(spec: KernelSpec) -> str:
         row_reduction=s.row_reduction(4),
         finalize=s.finalize("degree[:, None]", 4),
         out_row=s.row("v"),
-        atomic_fn=s.atomic_fn,
+        atomic=s.atomic("dest", "res", "(live & (degree > group_size))[:, None] & fmask[None, :]"),
     )
 
 

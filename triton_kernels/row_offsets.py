@@ -56,10 +56,11 @@ def user_order_kernel(
     # The buffer is in the index dtype (WIDE: int64): counts in int32 where indices fit it, whose
     # atomics contend less on a hub's counter. Destinations' counts from slot 1 of the counts,
     # sources' from slot half + 1: slot 0 of each half stays 0. An index out of range is counted
-    # nowhere.
+    # nowhere. Every atomic here is relaxed, as the generated kernels' are
+    # (:data:`~triton_kernels.codegen.ATOMIC_SEM`): nothing reads the buffer before the kernel ends.
     counts_ptr = buffer_ptr + SLOTS  # past the extremes' slots (EXTREMES)
-    tl.atomic_add(counts_ptr + 1 + v, 1, mask=live & (v >= 0) & (v < num_dst))
-    tl.atomic_add(counts_ptr + half + 1 + u, 1, mask=live & (u >= 0) & (u < num_src))
+    tl.atomic_add(counts_ptr + 1 + v, 1, mask=live & (v >= 0) & (v < num_dst), sem="relaxed")
+    tl.atomic_add(counts_ptr + half + 1 + u, 1, mask=live & (u >= 0) & (u < num_src), sem="relaxed")
     if EXTREMA:
         # Slots 0-3: the lowest source and destination index (or 0 if none is lower), the highest
         # (or 0 if none is higher), saturated at the buffer's range. Combined per program first:
@@ -69,15 +70,15 @@ def user_order_kernel(
         high_u = tl.max(tl.where(live, u, 0), axis=0)
         high_v = tl.max(tl.where(live, v, 0), axis=0)
         if WIDE:
-            tl.atomic_min(buffer_ptr, low_u)
-            tl.atomic_min(buffer_ptr + 1, low_v)
-            tl.atomic_max(buffer_ptr + 2, high_u)
-            tl.atomic_max(buffer_ptr + 3, high_v)
+            tl.atomic_min(buffer_ptr, low_u, sem="relaxed")
+            tl.atomic_min(buffer_ptr + 1, low_v, sem="relaxed")
+            tl.atomic_max(buffer_ptr + 2, high_u, sem="relaxed")
+            tl.atomic_max(buffer_ptr + 3, high_v, sem="relaxed")
         else:
-            tl.atomic_min(buffer_ptr, tl.maximum(low_u, -2147483648).to(tl.int32))
-            tl.atomic_min(buffer_ptr + 1, tl.maximum(low_v, -2147483648).to(tl.int32))
-            tl.atomic_max(buffer_ptr + 2, tl.minimum(high_u, 2147483647).to(tl.int32))
-            tl.atomic_max(buffer_ptr + 3, tl.minimum(high_v, 2147483647).to(tl.int32))
+            tl.atomic_min(buffer_ptr, tl.maximum(low_u, -2147483648).to(tl.int32), sem="relaxed")
+            tl.atomic_min(buffer_ptr + 1, tl.maximum(low_v, -2147483648).to(tl.int32), sem="relaxed")
+            tl.atomic_max(buffer_ptr + 2, tl.minimum(high_u, 2147483647).to(tl.int32), sem="relaxed")
+            tl.atomic_max(buffer_ptr + 3, tl.minimum(high_v, 2147483647).to(tl.int32), sem="relaxed")
 
 
 class UserOrderPair(NamedTuple):

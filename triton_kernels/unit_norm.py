@@ -30,7 +30,7 @@ def degree_kernel(src_ptr, dst_ptr, degree_ptr, num_edges, LOOPS: tl.constexpr, 
     d = tl.load(dst_ptr + e, mask=counted, other=0)
     if LOOPS:
         counted = counted & (tl.load(src_ptr + e, mask=counted, other=0) != d)
-    tl.atomic_add(degree_ptr + d, tl.full([BLOCK], 1.0, degree_ptr.dtype.element_ty), mask=counted)
+    tl.atomic_add(degree_ptr + d, tl.full([BLOCK], 1.0, degree_ptr.dtype.element_ty), mask=counted, sem="relaxed")
 
 
 def weight_kernel(

@@ -706,3 +706,17 @@ def test_whole_head_tiles_compute_per_head_operands_once_per_head(
                 isolated,
                 context=f"on {case}, H={heads} C={inner} block_f={block_f}",
             )
+
+
+@pytest.mark.parametrize("gather_op", GATHER_OPS)
+@pytest.mark.parametrize("strategy", ["edge", "group"])
+def test_atomics_are_relaxed(strategy, gather_op):
+    """Every atomic a gather's kernel issues (adds, and a max / min gather's NaN-aware pair) is
+    relaxed: the rows it accumulates into are read only after the kernel, and the default order
+    fences each atomic."""
+    op = OpInfo(Expr.input(0), gather_op, operands=("src_v",))
+    layout = infer_layout(op, [(5, 16)])
+    source = dispatch.kernel_source(op, layout, small_blocks(strategy, block_f=16))
+    atomics = source.count("tl.atomic_")
+    assert atomics, f"no atomic in the {strategy} kernel of a {gather_op} gather"
+    assert source.count('sem="relaxed"') == atomics, source
