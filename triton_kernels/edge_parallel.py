@@ -8,7 +8,8 @@ boundary are combined with atomics into an initialised output.
 On a structure in the user's order (``GROUPED`` false, :attr:`~pyg_ugrapher.structure.CSR.user_order`)
 a row's edges may lie anywhere: the scan still reduces each run of equal consecutive destinations
 (its segments start wherever the destination changes, whatever comes back later), and every run
-is combined with atomics (a mean adds each run's sum over the row's degree).
+is combined with atomics (a mean adds each run's sum over the row's degree). A block in which no
+two consecutive edges share a destination skips the scan, which there would return its input.
 """
 
 from __future__ import annotations
@@ -40,8 +41,14 @@ def {name}(rows_ptr, col_ptr, eid_ptr, rowptr_ptr, {operand_params}out_ptr, num_
 {message}
     msg = tl.where(emask[:, None], msg, {identity})
     prev_v = tl.load(rows_ptr + e - 1, mask=emask & (e > block_start), other=-1)
-    starts = tl.broadcast_to((v != prev_v).to(tl.int32)[:, None], [BLOCK_E, BLOCK_F])
-    _, res = tl.associative_scan((starts, msg), 0, _combine_runs)
+    run_start = (v != prev_v) | (emask == 0)
+    if tl.min(run_start.to(tl.int32), axis=0) == 0:
+        starts = tl.broadcast_to(run_start.to(tl.int32)[:, None], [BLOCK_E, BLOCK_F])
+        _, res = tl.associative_scan((starts, msg), 0, _combine_runs)
+    else:
+        # Every edge is a run of its own (the common case in the user's order, where consecutive
+        # edges rarely share a destination): the scan would return the messages themselves.
+        res = msg
     next_v = tl.load(rows_ptr + e + 1, mask=e + 1 < block_end, other=-1)
     run_end = emask & (next_v != v)
     row_start = tl.load(rowptr_ptr + v, mask=run_end, other=0)
