@@ -254,7 +254,12 @@ def _decided_apart_from_reuse(
         return None
     wanted, signature = _without_reuse(context), _signature(operands)
     for key, decision in list(decisions.items()):
-        (decided_op, decided_schedule, decided_device, decided_context), *rest = key
+        head, *rest = key
+        # The same cache holds other callers' decisions (a softmax aggregation's one pass, keyed
+        # by a head of another length): only this function's own keys are compared.
+        if len(head) != 4:
+            continue
+        decided_op, decided_schedule, decided_device, decided_context = head
         if (
             decided_op == op
             and decided_schedule == AUTO

@@ -304,6 +304,29 @@ def test_a_capture_runs_the_schedule_decided_for_the_reused_weight(monkeypatch, 
     assert len(ran) == 2  # its key was decided in the capture
 
 
+def test_a_capture_finds_its_decision_among_a_softmax_aggregations(monkeypatch, interpret, graph_factory, check_close):
+    """The decisions of a graph's structure also hold a softmax aggregation's (GAT's one pass,
+    keyed otherwise): a call inside a capture that looks for the schedule decided apart from
+    reuse passes over them (a capture of a mini-batch step of GAT and GCN layers did not)."""
+    from pyg_ugrapher.attention import softmax_aggregate
+    from pyg_ugrapher.graph import derived_cache
+    from pyg_ugrapher.ops import decisions
+    from pyg_ugrapher.structure import keeping_nothing
+
+    graph = graph_factory("duplicates", seed=3)
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(graph.num_edges, 2, generator=generator)
+    softmax_aggregate(graph, logits, torch.randn(graph.num_src, 2, 4, generator=generator))
+    cached = derived_cache(graph.structure(torch.device("cpu")).csr.rowptr)["decisions"]
+    assert any(key[0][0] == "one pass" for key in cached), "no softmax decision to pass over"
+    op = ug.OpInfo.from_name("u_mul_e_sum")
+    x, weight = torch.randn(graph.num_src, 8, generator=generator), torch.rand(graph.num_edges, generator=generator)
+    expected = reference.execute(graph, op, [x, weight])
+    monkeypatch.setattr(decisions, "capturing", lambda tensor: True)
+    with keeping_nothing():
+        check_close(ug.compute(graph, op, x, weight), expected)
+
+
 @pytest.mark.parametrize("shared", [True, False], ids=["graph_independent", "per_graph"])
 def test_decisions_made_once_for_every_graph_when_the_schedule_ignores_it(
     monkeypatch, interpret, graph_factory, check_close, shared
