@@ -70,9 +70,12 @@ _REDUCE = {"sum": "tl.sum", "mean": "tl.sum", "max": "_max_reduce", "min": "_min
 #: default ("acq_rel") fences every atomic, which makes a gather that adds through atomics (edge
 #: schedules, rows split into groups, the small-graph rule) markedly slower.
 ATOMIC_SEM = "relaxed"
+#: An atomic add of ``value`` into ``ptr`` under ``mask``: a sum or mean gather's, and an edge
+#: output's split over feature tiles.
+_ATOMIC_ADD = f'tl.atomic_add({{ptr}}, {{value}}, mask={{mask}}, sem="{ATOMIC_SEM}")'
 _ATOMIC = {
-    "sum": f'tl.atomic_add({{ptr}}, {{value}}, mask={{mask}}, sem="{ATOMIC_SEM}")',
-    "mean": f'tl.atomic_add({{ptr}}, {{value}}, mask={{mask}}, sem="{ATOMIC_SEM}")',
+    "sum": _ATOMIC_ADD,
+    "mean": _ATOMIC_ADD,
     "max": "_max_atomic({ptr}, {value}, {mask})",
     "min": "_min_atomic({ptr}, {value}, {mask})",
 }
@@ -537,10 +540,8 @@ class Snippets:
             if spec.edge_mode == "whole":
                 lines.append(f"tl.store(edge_out_ptr + {ei}, part.to(edge_out_ptr.dtype.element_ty), mask=emask)")
             else:
-                lines.append(
-                    f"tl.atomic_add(edge_out_ptr + {ei} * (F // {r}) + (tl.program_id(1) * BLOCK_F) // {r}, "
-                    f'part, mask=emask, sem="{ATOMIC_SEM}")'
-                )
+                ptr = f"edge_out_ptr + {ei} * (F // {r}) + (tl.program_id(1) * BLOCK_F) // {r}"
+                lines.append(_ATOMIC_ADD.format(ptr=ptr, value="part", mask="emask"))
         return _indent(lines, indent)
 
     def finalize(self, degree: str, indent: int) -> str:
