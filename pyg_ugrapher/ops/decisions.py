@@ -12,7 +12,7 @@ decision is cached per graph structure and operand signature (:func:`op_decision
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -29,6 +29,17 @@ from ..parallel import ParallelInfo
 from ..structure import CSR, GraphStructure, capturing, derived_cache
 
 AUTO = "auto"
+
+
+class OpDecisionKey(NamedTuple):
+    """What :func:`op_decision` keys its decisions by, ahead of the operands' signature: a record
+    of its own, so that its keys are told apart from other callers' in a shared cache (a softmax
+    aggregation's one-pass decisions)."""
+
+    op: str
+    schedule: str
+    device: torch.device
+    context: Hashable
 
 
 @lru_cache(maxsize=4096)
@@ -227,7 +238,7 @@ def op_decision(
             )
         return info, layout, chosen, dtype, plan
 
-    return cached_decision(csr, device, schedule, (op, schedule, device, context), operands, decide)
+    return cached_decision(csr, device, schedule, OpDecisionKey(op, schedule, device, context), operands, decide)
 
 
 def _without_reuse(context: Hashable) -> Hashable:
@@ -255,17 +266,13 @@ def _decided_apart_from_reuse(
     wanted, signature = _without_reuse(context), _signature(operands)
     for key, decision in list(decisions.items()):
         head, *rest = key
-        # The same cache holds other callers' decisions (a softmax aggregation's one pass, keyed
-        # by a head of another length): only this function's own keys are compared.
-        if len(head) != 4:
-            continue
-        decided_op, decided_schedule, decided_device, decided_context = head
         if (
-            decided_op == op
-            and decided_schedule == AUTO
-            and decided_device == device
+            isinstance(head, OpDecisionKey)
+            and head.op == op
+            and head.schedule == AUTO
+            and head.device == device
             and tuple(rest) == signature
-            and _without_reuse(decided_context) == wanted
+            and _without_reuse(head.context) == wanted
         ):
             return decision[2]
     return None
