@@ -12,7 +12,7 @@ decision is cached per graph structure and operand signature (:func:`op_decision
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Callable, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -31,15 +31,14 @@ from ..structure import CSR, GraphStructure, capturing, derived_cache
 AUTO = "auto"
 
 
-class OpDecisionKey(NamedTuple):
-    """What :func:`op_decision` keys its decisions by, ahead of the operands' signature: a record
-    of its own, so that its keys are told apart from other callers' in a shared cache (a softmax
-    aggregation's one-pass decisions)."""
+class OpDecisionKey(tuple):
+    """``(op, schedule, device, context)``: what :func:`op_decision` keys its decisions by, ahead
+    of the operands' signature. A tuple type of its own, so that its keys are told apart from other
+    callers' in a shared cache (a softmax aggregation's one-pass decisions); it has no fields of
+    its own, so that the key every operator call builds costs tuple's constructor alone, no
+    Python-level call."""
 
-    op: str
-    schedule: str
-    device: torch.device
-    context: Hashable
+    __slots__ = ()
 
 
 @lru_cache(maxsize=4096)
@@ -238,7 +237,7 @@ def op_decision(
             )
         return info, layout, chosen, dtype, plan
 
-    return cached_decision(csr, device, schedule, OpDecisionKey(op, schedule, device, context), operands, decide)
+    return cached_decision(csr, device, schedule, OpDecisionKey((op, schedule, device, context)), operands, decide)
 
 
 def _without_reuse(context: Hashable) -> Hashable:
@@ -266,13 +265,15 @@ def _decided_apart_from_reuse(
     wanted, signature = _without_reuse(context), _signature(operands)
     for key, decision in list(decisions.items()):
         head, *rest = key
+        if not isinstance(head, OpDecisionKey):
+            continue
+        decided_op, decided_schedule, decided_device, decided_context = head
         if (
-            isinstance(head, OpDecisionKey)
-            and head.op == op
-            and head.schedule == AUTO
-            and head.device == device
+            decided_op == op
+            and decided_schedule == AUTO
+            and decided_device == device
             and tuple(rest) == signature
-            and _without_reuse(head.context) == wanted
+            and _without_reuse(decided_context) == wanted
         ):
             return decision[2]
     return None
