@@ -10,6 +10,10 @@ Methods (the ``method`` column):
 ``cusparse``        ``torch.sparse.mm`` on a CSR adjacency built once (SpMM ops, forward only)
 ``ours``            ``ug.compute(..., parallel_info=None)``: the cost model's schedule, recorded
 ``ours_compiled``   ``ug.compute`` under ``torch.compile``; Dynamo's graphs and graph breaks counted
+``ours_recorded``   ``ug.compute`` on the graph as a recorded step (``ug.RecordedStep``) reads it:
+                    the sorted structure and the cost model's schedules, on small graphs too,
+                    called eagerly; its ``gpu_ms`` is what every replay of such a step spends on
+                    the operator, its wall and host times are eager calls'
 ``sweep``           ``ug.compute`` with one explicit schedule (``config``): a seeded sample of each
                     strategy's design space plus known-good anchors (forward only); the report
                     keeps the best per strategy
@@ -52,7 +56,7 @@ PASSES = ("fwd", "fwd+bwd")
 FEATURES = (32, 128, 256)
 TINY_FEATURES = (8, 16)
 #: Every method, in the order a case runs them (the PyG reference first).
-METHODS = ("pyg", "pyg_compiled", "cusparse", "ours", "ours_compiled", "sweep", "floor")
+METHODS = ("pyg", "pyg_compiled", "cusparse", "ours", "ours_compiled", "ours_recorded", "sweep", "floor")
 COMPILED = ("pyg_compiled", "ours_compiled")
 #: Sweep configurations per strategy (anchors included).
 SWEEP_SIZE = 6
@@ -241,6 +245,9 @@ class Case:
             return lambda x, *rest: torch.sparse.mm(adj_t, x)
         if method == "ours":
             return lambda *operands: ug.compute(graph, self.op, *operands)
+        if method == "ours_recorded":
+            recorded = self.loaded.recorded_graph
+            return lambda *operands: ug.compute(recorded, self.op, *operands)
         if method == "sweep":
             return lambda *operands: ug.compute(graph, self.op, *operands, parallel_info=config)
         if method not in self._compiled:  # one compiled callable serves both passes
@@ -280,12 +287,14 @@ class Case:
                 self._reference[pass_] = None
         return self._reference[pass_]
 
-    def schedule(self) -> str:
+    def schedule(self, method: str = "ours") -> str:
         """The schedule ``compute`` runs with ``parallel_info=None`` on this case's operands, as
-        they are read after the timed calls (a reused edge weight in CSR order)."""
+        they are read after the timed calls (a reused edge weight in CSR order), on the graph
+        ``method`` reads."""
         if not uses_triton(self.device):
             return "reference"
-        return decided_schedule(self.loaded.graph, self.op, self.operands).serialize()
+        graph = self.loaded.recorded_graph if method == "ours_recorded" else self.loaded.graph
+        return decided_schedule(graph, self.op, self.operands).serialize()
 
 
 def _measure_item(case: Case, item: Item, settings: Settings) -> dict:
@@ -311,8 +320,8 @@ def _measure_item(case: Case, item: Item, settings: Settings) -> dict:
     )
     if item.config is not None:
         row["schedule"] = row["config"]
-    elif item.method in ("ours", "ours_compiled") and row["status"] == "ok":
-        row["schedule"] = case.schedule()  # after the timed calls: what they ran
+    elif item.method in ("ours", "ours_compiled", "ours_recorded") and row["status"] == "ok":
+        row["schedule"] = case.schedule(item.method)  # after the timed calls: what they ran
     row["strategy"] = row.get("schedule", "").split(":")[0]
     if reference is None and item.method != "pyg":
         row["note"] = "; ".join(filter(None, [row["note"], "unchecked: the PyG reference failed"]))

@@ -19,6 +19,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import graphs, ops, report, rows, run, timing  # noqa: E402
 from benchmarks.rows import OPS_COLUMNS  # noqa: E402
+from pyg_ugrapher.structure import marked_reused  # noqa: E402
 
 TINY = ["--tiny", "--device", "cpu", "--compile-backend", "aot_eager"]
 
@@ -51,7 +52,7 @@ def headline_run(tmp_path_factory):
 def test_ops_rows(ops_run):
     _, frame, _ = ops_run
     assert tuple(frame.columns) == OPS_COLUMNS
-    assert set(frame.method) == {"pyg", "cusparse", "ours", "sweep", "floor"}
+    assert set(frame.method) == {"pyg", "cusparse", "ours", "ours_recorded", "sweep", "floor"}
     assert set(frame.op) == set(ops.OPS)
     assert set(frame.F) == set(ops.TINY_FEATURES)
     assert (frame.status == "ok").all(), frame[frame.status != "ok"].note.tolist()
@@ -62,7 +63,7 @@ def test_ops_rows(ops_run):
     assert (frame.timer == "wall").all() and frame.gpu.str.startswith("cpu").all() and (frame.suite == "ops").all()
     for column in ("torch", "triton", "torch_geometric", "date", "commit"):
         assert frame[column].notna().all()
-    assert (frame[frame.method == "ours"].schedule == "reference").all()
+    assert (frame[frame.method.isin(["ours", "ours_recorded"])].schedule == "reference").all()
     # Speed-ups over the baselines measured before them in the same case.
     ours = frame[frame.method == "ours"]
     assert (ours.speedup_vs_pyg > 0).all() and ours.speedup_vs_pyg_compiled.isna().all()
@@ -74,10 +75,11 @@ def test_ops_rows(ops_run):
 
 def test_ops_outputs_are_checked_against_pyg(ops_run):
     _, frame, _ = ops_run
-    checked = frame[frame.method.isin(["ours", "cusparse", "sweep"])]
+    checked = frame[frame.method.isin(["ours", "ours_recorded", "cusparse", "sweep"])]
     assert checked.max_rel_err.notna().all()
     assert (checked.max_rel_err <= timing.TOLERANCE).all()
-    assert set(checked[checked.method == "ours"]["pass"]) == {"fwd", "fwd+bwd"}
+    for method in ("ours", "ours_recorded"):
+        assert set(checked[checked.method == method]["pass"]) == {"fwd", "fwd+bwd"}
     sweep = frame[frame.method == "sweep"]
     assert (sweep.schedule == sweep.config).all() and set(sweep.strategy) == {"vertex", "edge", "group"}
 
@@ -95,11 +97,11 @@ def test_headline_rows(headline_run):
     out, _, frame, report = headline_run
     assert tuple(frame.columns) == OPS_COLUMNS
     assert set(frame.op) == set(ops.HEADLINE_OPS)
-    assert set(frame.method) == {"pyg", "pyg_compiled", "cusparse", "ours", "ours_compiled", "floor"}
+    assert set(frame.method) == {"pyg", "pyg_compiled", "cusparse", "ours", "ours_compiled", "ours_recorded", "floor"}
     assert (frame.status == "ok").all(), frame[frame.status != "ok"].note.tolist()
     compiled = frame[frame.method.isin(ops.COMPILED)]
     assert compiled.graph_breaks.notna().all() and (compiled.graphs >= 1).all()
-    checked = frame[frame.method.isin(["pyg_compiled", "cusparse", "ours", "ours_compiled"])]
+    checked = frame[frame.method.isin(["pyg_compiled", "cusparse", "ours", "ours_compiled", "ours_recorded"])]
     assert (checked.max_rel_err <= timing.TOLERANCE).all()
     assert (frame.suite == "headline").all()
     assert "### Operators: time (ms, median)" in report and "### Layers" in report
@@ -267,6 +269,19 @@ def test_unloadable_graphs_become_rows(tmp_path, monkeypatch):
     frame = pd.read_csv(tmp_path / "ops.csv")
     assert frame[["graph", "method", "status"]].values.tolist() == [["cora", "load", "unavailable"]]
     assert "could not load: cora (unavailable: FileNotFoundError: no shared datasets folder)" in report
+
+
+def test_recorded_graph_is_read_as_recorded_steps_read_it():
+    """``ours_recorded`` runs on a second graph of the same edges whose structure is sorted and
+    marked as read by recorded steps (the cost model's schedules on a small GPU graph), built
+    once; the plain graph stays unmarked."""
+    loaded = graphs.GraphSpec("uniform", num_nodes=40, num_edges=200).load(torch.device("cpu"))
+    recorded = loaded.recorded_graph
+    assert recorded is loaded.recorded_graph and recorded is not loaded.graph
+    assert torch.equal(recorded.edge_index, loaded.edge_index)
+    built = recorded.structure(torch.device("cpu"))
+    assert not built.csr.user_order and marked_reused(built.csr.rowptr) and marked_reused(built.csc.rowptr)
+    assert not marked_reused(loaded.graph.structure(torch.device("cpu")).csr.rowptr)
 
 
 def test_floor_bytes():
