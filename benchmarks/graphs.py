@@ -86,7 +86,9 @@ class LoadedGraph:
         if self._recorded_graph is None:
             graph = ug.GraphTensor.from_edge_index(self.edge_index, self.num_nodes)
             with recording_steps():
-                graph.structure(self.edge_index.device)
+                # eager_structure: it replaces a structure in the user's order that construction
+                # built (a small GPU graph's) by the sorted one.
+                graph.eager_structure(self.edge_index.device)
             self._recorded_graph = graph
         return self._recorded_graph
 

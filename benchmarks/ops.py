@@ -214,6 +214,16 @@ def plan(op_names: Sequence[str], features: Sequence[int], methods: Sequence[str
     return items
 
 
+def _normal_without_zeros(shape: Tuple[int, ...], gen: torch.Generator, device: torch.device) -> Tensor:
+    """Standard normal features with every exact zero set to 1. A float32 sample is rarely exactly
+    0, but a graph's million features can hold one, and where it is a destination's maximum, PyG's
+    max aggregation (torch's ``scatter_reduce`` "amax" into a zero-filled output) gives it half the
+    gradient, sharing it with the output's initial zero: the reference would then count the whole
+    gradient, which ours gives it, as a mismatch."""
+    values = torch.randn(shape, generator=gen, device=device)
+    return values.masked_fill_(values == 0, 1.0)
+
+
 class Case:
     """One (graph, op, F): seeded random inputs, the PyG module, and PyG's results as reference."""
 
@@ -223,8 +233,8 @@ class Case:
         gen = torch.Generator(device=device).manual_seed(_seed(loaded.spec.name, spec.name, F))
         N, E = loaded.num_nodes, loaded.num_edges
         make = {
-            "x": lambda: torch.randn(N, F, generator=gen, device=device),
-            "y": lambda: torch.randn(N, F, generator=gen, device=device),
+            "x": lambda: _normal_without_zeros((N, F), gen, device),
+            "y": lambda: _normal_without_zeros((N, F), gen, device),
             "w": lambda: torch.rand(E, generator=gen, device=device) + 0.5,
         }
         self.operands = [make[name]() for name in spec.operands]

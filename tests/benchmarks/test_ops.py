@@ -17,6 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from torch_geometric.utils import scatter  # noqa: E402
+
+import pyg_ugrapher as ug  # noqa: E402
+from autotune import selection  # noqa: E402
 from benchmarks import graphs, ops, report, rows, run, timing  # noqa: E402
 from benchmarks.rows import OPS_COLUMNS  # noqa: E402
 from pyg_ugrapher.structure import marked_reused  # noqa: E402
@@ -271,17 +275,34 @@ def test_unloadable_graphs_become_rows(tmp_path, monkeypatch):
     assert "could not load: cora (unavailable: FileNotFoundError: no shared datasets folder)" in report
 
 
-def test_recorded_graph_is_read_as_recorded_steps_read_it():
+def test_recorded_graph_is_read_as_recorded_steps_read_it(monkeypatch):
     """``ours_recorded`` runs on a second graph of the same edges whose structure is sorted and
     marked as read by recorded steps (the cost model's schedules on a small GPU graph), built
-    once; the plain graph stays unmarked."""
+    once; the plain graph keeps the user's order where the small-graph rule reads it."""
+    monkeypatch.setattr(selection, "reads_user_order", lambda num_edges, device: True)
     loaded = graphs.GraphSpec("uniform", num_nodes=40, num_edges=200).load(torch.device("cpu"))
     recorded = loaded.recorded_graph
     assert recorded is loaded.recorded_graph and recorded is not loaded.graph
     assert torch.equal(recorded.edge_index, loaded.edge_index)
     built = recorded.structure(torch.device("cpu"))
     assert not built.csr.user_order and marked_reused(built.csr.rowptr) and marked_reused(built.csc.rowptr)
-    assert not marked_reused(loaded.graph.structure(torch.device("cpu")).csr.rowptr)
+    plain = loaded.graph.eager_structure(torch.device("cpu"))
+    assert plain.csr.user_order and not marked_reused(plain.csr.rowptr)
+
+
+def test_features_hold_no_exact_zero():
+    """A feature exactly 0 that is a destination's maximum gets half its gradient from PyG's max
+    aggregation (the other half goes to the zero-filled output), the whole from ours."""
+    x = torch.tensor([[-1.0], [0.0], [-2.0]], requires_grad=True)
+    index = torch.zeros(3, dtype=torch.long)
+    (grad,) = torch.autograd.grad(scatter(x, index, 0, dim_size=1, reduce="max"), x, torch.ones(1, 1))
+    assert grad.flatten().tolist() == [0.0, 0.5, 0.0]
+    graph = ug.GraphTensor.from_edge_index(torch.stack([torch.arange(3), index]), (3, 1))
+    (ours,) = torch.autograd.grad(ug.compute(graph, "copy_u_max", x), x, torch.ones(1, 1))
+    assert ours.flatten().tolist() == [0.0, 1.0, 0.0]
+    gen = torch.Generator().manual_seed(0)
+    generated = ops._normal_without_zeros((4096, 512), gen, torch.device("cpu"))
+    assert generated.shape == (4096, 512) and (generated != 0).all()
 
 
 def test_floor_bytes():
