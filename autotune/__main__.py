@@ -108,6 +108,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="collections of the whole design space of some real graphs: each left out in turn, only its cases scored",
     )
+    e.add_argument(
+        "--repeat",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="with --oracle: a second collection of some of its graphs' design space, timed apart (another machine)",
+    )
     e.add_argument("--n-estimators", type=int, default=None)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--target", choices=("log_time", "relative", "rank"), default="rank")
@@ -170,6 +177,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         leave_out=args.leave_one_out,
         score_gpu=args.score_gpu,
         oracle=args.oracle,
+        repeat=args.repeat,
     )
     return 0
 

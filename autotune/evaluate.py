@@ -51,6 +51,12 @@ graph, per family and per ``F`` (:func:`grouped`).
 Where the data measured a schedule of a case more than once (two collections of the same graphs
 read together), ``stability.csv`` says how far apart the two measurements are (:func:`stability`):
 the best a model can do against one measurement when it ranks like the other.
+
+``--repeat DIR`` (with ``--oracle``) reads a second exhaustive collection of some of the oracle's
+graphs, timed apart from it (another machine of the same GPU): ``stability.csv`` then compares
+the oracle with it, and ``repeat.csv`` scores the held-out choices against it
+(:func:`against_repeat`): whether a model's distance from the oracle is the timings' noise or
+the model's own.
 """
 
 from __future__ import annotations
@@ -420,6 +426,41 @@ LEAVE_OUT = ("real",)
 GROUPED_FILES = {"graph": "graphs.csv", "family": "families.csv", "F": "widths.csv"}
 
 
+def against_repeat(cases: pd.DataFrame, exhaustive: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
+    """The cases of ``cases`` (:func:`case_table` of the oracle ``exhaustive``'s held-out
+    predictions) that ``repeat``, a second timing of the same schedules, timed: per case
+    ``schedules`` (timed in both), ``model`` (the model's choice against the oracle, as in
+    ``cases``), ``model_repeat`` (the repeat's time of the model's choice over the repeat's best)
+    and ``oracle_repeat`` (the repeat's time of the oracle's best schedule over the repeat's best:
+    what a perfect model of the oracle scores against the repeat). A ``model_repeat`` near
+    ``model`` and far above ``oracle_repeat`` is the model's error, not the timings'. Only
+    schedules timed successfully in both count."""
+    key = CASE + ["config"]
+    first = usable(exhaustive).groupby(key, sort=False)["time_ms"].min()
+    second = usable(repeat).groupby(key, sort=False)["time_ms"].min()
+    both = pd.DataFrame({"first": first, "second": second}).dropna().reset_index()
+    scored = cases.set_index(CASE)
+    rows = []
+    for case, timed in both.groupby(CASE, sort=False):
+        if case not in scored.index:
+            continue
+        chosen = scored.loc[case]
+        picked = timed.loc[timed["config"] == chosen["model_config"], "second"]
+        if picked.empty:
+            continue
+        best_second = timed["second"].min()
+        rows.append(
+            dict(
+                zip(CASE, case),
+                schedules=len(timed),
+                model=chosen["model"],
+                model_repeat=float(picked.iloc[0] / best_second),
+                oracle_repeat=float(timed["second"].loc[timed["first"].idxmin()] / best_second),
+            )
+        )
+    return pd.DataFrame(rows, columns=CASE + ["schedules", "model", "model_repeat", "oracle_repeat"])
+
+
 def evaluate(
     data: Sequence[os.PathLike],
     out: os.PathLike,
@@ -430,6 +471,7 @@ def evaluate(
     leave_out: Optional[str] = None,
     score_gpu: Optional[str] = None,
     oracle: Optional[Sequence[os.PathLike]] = None,
+    repeat: Optional[Sequence[os.PathLike]] = None,
 ) -> pd.DataFrame:
     """Evaluate a model of target ``kind`` on the tables under ``data``: by ``folds``-fold
     cross-validation, or with ``leave_out="real"`` by leaving each real graph out in turn
@@ -438,10 +480,14 @@ def evaluate(
     that GPU's held-out cases are scored: how a model trained on several GPUs' timings picks
     schedules on one of them. With ``oracle`` (collections of the whole design space of some real
     graphs), those graphs are left out in turn and only their exhaustive cases are scored
-    (:func:`against_oracle`). Writes ``cases.csv``, ``summary.csv``, ``sizes.csv``, the plots and,
-    for data that measured schedules twice, ``stability.csv`` to ``out``; returns the summary."""
+    (:func:`against_oracle`); with ``repeat`` as well (a second collection of some of those graphs'
+    whole design space), the choices are also scored against it (:func:`against_repeat`,
+    ``repeat.csv``). Writes ``cases.csv``, ``summary.csv``, ``sizes.csv``, the plots and, for data
+    that measured schedules twice, ``stability.csv`` to ``out``; returns the summary."""
     if leave_out is not None and leave_out not in LEAVE_OUT:
         raise ValueError(f"leave_out: unknown {leave_out!r}; expected one of {LEAVE_OUT}")
+    if repeat is not None and oracle is None:
+        raise ValueError("repeat: a second timing of the oracle needs the oracle (oracle=...)")
     out = Path(out)
     table = read_table(data)
     scored = None
@@ -475,7 +521,21 @@ def evaluate(
             part = grouped(cases, column)
             part.to_csv(out / name, index=False)
             _show(part[part["method"] == "model"])
-    repeated = stability(table if exhaustive is None else pd.concat([table, exhaustive], ignore_index=True))
+    if repeat is None:
+        repeated = stability(table if exhaustive is None else pd.concat([table, exhaustive], ignore_index=True))
+    else:
+        second = read_table(repeat)
+        repeated = stability(pd.concat([exhaustive, second], ignore_index=True))
+        scored = against_repeat(cases, exhaustive, second)
+        scored.to_csv(out / "repeat.csv", index=False)
+        for column in ("model", "model_repeat", "oracle_repeat"):
+            log.info(
+                "%d cases timed again: %s geomean %.3f, %.0f%% within 10%%",
+                len(scored),
+                column,
+                float(np.exp(np.log(scored[column]).mean())),
+                100 * float((scored[column] <= 1.1).mean()),
+            )
     if repeated is None:
         log.info("no schedule was measured twice: no stability check")
     else:

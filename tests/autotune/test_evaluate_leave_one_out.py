@@ -265,6 +265,32 @@ def test_only_the_exhaustive_cases_are_scored_by_models_that_never_saw_their_gra
         ev.against_oracle(table, table[table["graph"] == "uni-a"])
 
 
+def test_choices_are_scored_against_a_second_timing_of_the_oracle(fits, tmp_path):
+    """A second exhaustive timing of cora, 2% slower, but for the oracle's best schedule at F = 16,
+    timed 1.6 ms: the model's choice (the oracle's best) scores 1.6 / 1.53 there, as a perfect
+    model of the oracle does; at F = 32 both score 1. ``stability.csv`` compares the oracle with
+    the repeat, and a repeat without an oracle is refused."""
+    table, exhaustive = make_table(), exhaustive_cora()
+    repeat = exhaustive.assign(time_ms=exhaustive["time_ms"] * 1.02)
+    repeat.loc[(repeat["F"] == 16) & (repeat["block_e"] == 1), "time_ms"] = 1.6
+    for name, frame in (("sampled", table), ("oracle", exhaustive), ("repeat", repeat)):
+        frame.to_csv(tmp_path / f"{name}.csv", index=False)
+    out = tmp_path / "eval"
+    argv = ["evaluate", "--data", str(tmp_path / "sampled.csv"), "--oracle", str(tmp_path / "oracle.csv")]
+    assert cli.main(argv + ["--repeat", str(tmp_path / "repeat.csv"), "--out", str(out)]) == 0
+    scored = pd.read_csv(out / "repeat.csv").set_index("F")
+    assert list(scored.index) == [16.0, 32.0] and (scored["schedules"] == len(BLOCKS) + 1).all()
+    assert (scored["model"] == 1.0).all()
+    assert scored.loc[16.0, "model_repeat"] == pytest.approx(1.6 / (1.5 * 1.02))
+    assert scored.loc[16.0, "oracle_repeat"] == pytest.approx(1.6 / (1.5 * 1.02))
+    assert scored.loc[32.0, ["model_repeat", "oracle_repeat"]].to_numpy() == pytest.approx(1.0)
+    stability = pd.read_csv(out / "stability.csv").set_index("F")
+    assert (stability["schedules"] == len(BLOCKS) + 1).all()
+    assert stability.loc[32.0, "spread"] == pytest.approx(1.02)
+    with pytest.raises(ValueError, match="^repeat: "):
+        ev.evaluate([tmp_path / "sampled.csv"], tmp_path / "none", repeat=[tmp_path / "repeat.csv"])
+
+
 def test_runtime_is_the_small_graph_rule_below_its_size_and_the_model_above(fits):
     """The rule's schedule (a vertex schedule's row renamed to it: 2.5x the best on cora, where
     block 8 is three doublings off) scores the runtime on a small graph; on a large one the
