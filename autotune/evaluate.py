@@ -323,14 +323,10 @@ def by_size(cases: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
-def stability(table: pd.DataFrame) -> Optional[pd.DataFrame]:
-    """Schedules measured twice: per case (of at least two of them), the schedules measured twice
-    (``schedules``), the geometric mean of the larger time of each over the smaller (``spread``),
-    the fraction of them whose two times are within 10% (``within_10pct``), and ``oracle``: the
-    second time of the schedule best in the first measurement over the best second time, the ratio
-    that a perfect model of the first measurement scores against the second. The first two
-    measurements of a schedule count, in the order the data lists them. ``None`` where no schedule
-    was measured twice."""
+def timed_twice(table: pd.DataFrame) -> Optional[pd.DataFrame]:
+    """The schedules of ``table`` timed successfully at least twice, indexed by case and
+    ``config``: their ``first`` and ``second`` times, in the order the table lists them; ``None``
+    where there are none."""
     rows = usable(table)
     key = CASE + ["config"]
     rows["run"] = rows.groupby(key, sort=False).cumcount()
@@ -339,7 +335,21 @@ def stability(table: pd.DataFrame) -> Optional[pd.DataFrame]:
     if rows.empty:
         return None
     times = rows.pivot_table(index=key, columns="run", values="time_ms", aggfunc="first")
-    first, second = times[0], times[1]
+    return times.rename(columns={0: "first", 1: "second"})[["first", "second"]]
+
+
+def stability(table: pd.DataFrame) -> Optional[pd.DataFrame]:
+    """Schedules measured twice: per case (of at least two of them), the schedules measured twice
+    (``schedules``), the geometric mean of the larger time of each over the smaller (``spread``),
+    the fraction of them whose two times are within 10% (``within_10pct``), and ``oracle``: the
+    second time of the schedule best in the first measurement over the best second time, the ratio
+    that a perfect model of the first measurement scores against the second. The first two
+    measurements of a schedule count, in the order the data lists them. ``None`` where no schedule
+    was measured twice."""
+    times = timed_twice(table)
+    if times is None:
+        return None
+    first, second = times["first"], times["second"]
     spread = np.maximum(first, second) / np.minimum(first, second)
     per_case = pd.DataFrame({"spread": spread, "first": first, "second": second}).groupby(level=CASE)
     out = per_case.apply(
@@ -426,22 +436,23 @@ LEAVE_OUT = ("real",)
 GROUPED_FILES = {"graph": "graphs.csv", "family": "families.csv", "F": "widths.csv"}
 
 
-def against_repeat(cases: pd.DataFrame, exhaustive: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
-    """The cases of ``cases`` (:func:`case_table` of the oracle ``exhaustive``'s held-out
-    predictions) that ``repeat``, a second timing of the same schedules, timed: per case
+def against_repeat(cases: pd.DataFrame, both: pd.DataFrame) -> pd.DataFrame:
+    """The cases of ``cases`` (:func:`case_table` of an oracle's held-out predictions) that a
+    second timing of the same schedules timed too, ``both`` being the oracle's rows followed by
+    the repeat's (:func:`timed_twice` pairs them): per case
     ``schedules`` (timed in both), ``model`` (the model's choice against the oracle, as in
     ``cases``), ``model_repeat`` (the repeat's time of the model's choice over the repeat's best)
     and ``oracle_repeat`` (the repeat's time of the oracle's best schedule over the repeat's best:
     what a perfect model of the oracle scores against the repeat). A ``model_repeat`` near
     ``model`` and far above ``oracle_repeat`` is the model's error, not the timings'. Only
     schedules timed successfully in both count."""
-    key = CASE + ["config"]
-    first = usable(exhaustive).groupby(key, sort=False)["time_ms"].min()
-    second = usable(repeat).groupby(key, sort=False)["time_ms"].min()
-    both = pd.DataFrame({"first": first, "second": second}).dropna().reset_index()
+    columns = CASE + ["schedules", "model", "model_repeat", "oracle_repeat"]
+    times = timed_twice(both)
+    if times is None:
+        return pd.DataFrame(columns=columns)
     scored = cases.set_index(CASE)
     rows = []
-    for case, timed in both.groupby(CASE, sort=False):
+    for case, timed in times.reset_index().groupby(CASE, sort=False):
         if case not in scored.index:
             continue
         chosen = scored.loc[case]
@@ -458,7 +469,7 @@ def against_repeat(cases: pd.DataFrame, exhaustive: pd.DataFrame, repeat: pd.Dat
                 oracle_repeat=float(timed["second"].loc[timed["first"].idxmin()] / best_second),
             )
         )
-    return pd.DataFrame(rows, columns=CASE + ["schedules", "model", "model_repeat", "oracle_repeat"])
+    return pd.DataFrame(rows, columns=columns)
 
 
 def evaluate(
@@ -524,9 +535,9 @@ def evaluate(
     if repeat is None:
         repeated = stability(table if exhaustive is None else pd.concat([table, exhaustive], ignore_index=True))
     else:
-        second = read_table(repeat)
-        repeated = stability(pd.concat([exhaustive, second], ignore_index=True))
-        scored = against_repeat(cases, exhaustive, second)
+        both = pd.concat([exhaustive, read_table(repeat)], ignore_index=True)
+        repeated = stability(both)
+        scored = against_repeat(cases, both)
         scored.to_csv(out / "repeat.csv", index=False)
         for column in ("model", "model_repeat", "oracle_repeat"):
             log.info(

@@ -244,20 +244,21 @@ class Case:
         self._compiled: Dict[str, Callable] = {}
         self._reference: Dict[str, Optional[Tuple[Tensor, ...]]] = {}
 
+    def graph(self, method: str) -> ug.GraphTensor:
+        """Our graph that ``method`` reads: the recorded step's for ``ours_recorded``."""
+        return self.loaded.recorded_graph if method == "ours_recorded" else self.loaded.graph
+
     def forward(self, method: str, config: Optional[ug.ParallelInfo] = None) -> Callable[..., Tensor]:
         """The function a method runs, called with the operands in slot order."""
-        edge_index, graph = self.loaded.edge_index, self.loaded.graph
+        edge_index, graph = self.loaded.edge_index, self.graph(method)
         if method == "pyg":
             return lambda x, *rest: self.pyg(x, edge_index, *rest)
         if method == "cusparse":
             weights = self.operands[1] if self.spec.name == "u_mul_e_sum" else None
             adj_t = sparse_adjacency(edge_index, self.loaded.num_nodes, weights)
             return lambda x, *rest: torch.sparse.mm(adj_t, x)
-        if method == "ours":
+        if method in ("ours", "ours_recorded"):
             return lambda *operands: ug.compute(graph, self.op, *operands)
-        if method == "ours_recorded":
-            recorded = self.loaded.recorded_graph
-            return lambda *operands: ug.compute(recorded, self.op, *operands)
         if method == "sweep":
             return lambda *operands: ug.compute(graph, self.op, *operands, parallel_info=config)
         if method not in self._compiled:  # one compiled callable serves both passes
@@ -303,8 +304,7 @@ class Case:
         ``method`` reads."""
         if not uses_triton(self.device):
             return "reference"
-        graph = self.loaded.recorded_graph if method == "ours_recorded" else self.loaded.graph
-        return decided_schedule(graph, self.op, self.operands).serialize()
+        return decided_schedule(self.graph(method), self.op, self.operands).serialize()
 
 
 def _measure_item(case: Case, item: Item, settings: Settings) -> dict:
