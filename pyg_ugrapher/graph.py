@@ -13,6 +13,7 @@ build one and the caches keep either, equal in value (``docs/caches.md``).
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -151,6 +152,98 @@ def _check_num(name: str, value: object) -> int:
     return value
 
 
+class RangeCheck:
+    """The range check of a graph's indices from the extremes that the build of its user-order
+    structure kept (:func:`~triton_kernels.row_offsets.build_user_order_pair`), read without waiting
+    for the device.
+
+    On a GPU the four extremes are copied into pinned host memory behind the build; the check
+    finishes at the first later look that finds the copy done (:meth:`finish`): its graph's next
+    operator call, or the construction of any later graph (:func:`finish_range_checks`), so a
+    sampler's new graph every step costs no host synchronisation. Until then the structure's
+    indices are clamped into range (no kernel reads outside its tensors); a bad index raises
+    ``ValueError`` at that later look, and at every use of its graph after. On a CPU the extremes
+    are there at once: the check finishes at construction."""
+
+    __slots__ = ("extremes", "copied", "num_src", "num_dst", "num_edges", "graph", "error", "passed")
+
+    def __init__(self, extremes: Tensor, num_src: int, num_dst: int, graph: "GraphTensor") -> None:
+        self.num_src, self.num_dst, self.num_edges = num_src, num_dst, graph.src.numel()
+        # Weakly: a pending check outlives a mini-batch's graph, and needs it only to name an index
+        # beyond the index dtype (see finish).
+        self.graph = weakref.ref(graph)
+        self.error: Optional[ValueError] = None
+        self.passed = False
+        self.copied: Optional[torch.cuda.Event] = None
+        if extremes.device.type == "cuda":
+            self.extremes = extremes.to("cpu", non_blocking=True)  # pinned: no wait
+            self.copied = torch.cuda.Event()
+            self.copied.record(torch.cuda.current_stream(extremes.device))  # the copy's stream
+        else:
+            self.extremes = extremes
+
+    def ready(self) -> bool:
+        """Whether the extremes have reached the host (never waits)."""
+        return self.copied is None or self.copied.query()
+
+    def finish(self, wait: bool = False) -> bool:
+        """Finish the check if its extremes are on the host (with ``wait``, after waiting for them):
+        whether it has finished. Raises ``ValueError`` (now and at every later call) for an index
+        out of range."""
+        if self.passed:
+            return True
+        if self.error is None:
+            if not wait and not self.ready():
+                return False
+            if self.copied is not None:
+                self.copied.synchronize()
+            try:
+                self._check(self.extremes.tolist())
+            except ValueError as error:
+                self.error = error
+            else:
+                self.passed = True
+                return True
+        raise self.error
+
+    def _check(self, extremes: List[int]) -> None:
+        graph = self.graph()
+        limits = torch.iinfo(self.extremes.dtype)
+        if graph is not None and (limits.min in extremes or limits.max in extremes):
+            # Saturated at the index dtype's range (out of any such graph's): the exact check
+            # names the index.
+            validate_endpoints(graph.src, graph.dst, self.num_src, self.num_dst)
+        check_extremes(extremes, self.num_src, self.num_dst)
+
+
+#: Range checks whose extremes were still on their way to the host (:class:`RangeCheck`).
+_PENDING_CHECKS: List[RangeCheck] = []
+_PENDING_LOCK = threading.Lock()
+
+
+def finish_range_checks() -> None:
+    """Finish every pending :class:`RangeCheck` whose extremes have reached the host (never waits):
+    a graph whose check fails raises its ``ValueError`` here, once, whichever graph is built next."""
+    if not _PENDING_CHECKS:
+        return
+    with _PENDING_LOCK:
+        done = [check for check in _PENDING_CHECKS if check.error is not None or check.passed or check.ready()]
+        for check in done:
+            _PENDING_CHECKS.remove(check)
+    failed = None
+    for check in done:
+        try:
+            check.finish()
+        except ValueError as error:
+            failed = failed or (check, error)
+    if failed is not None:
+        check, error = failed
+        raise ValueError(
+            f"{error}, in a graph built earlier (num_src={check.num_src}, num_dst={check.num_dst}, "
+            f"{check.num_edges} edges), whose check read the GPU's answer without waiting for it"
+        ) from error
+
+
 class GraphTensor:
     r"""A directed graph :math:`(u \to v)` with ``num_src`` source and ``num_dst`` destination vertices.
 
@@ -169,7 +262,9 @@ class GraphTensor:
         index_dtype: force int32 or int64 indices in the kernels; default: int32 where it fits.
         validate: check dtypes, shapes and index ranges (one device sync; not while a CUDA graph
             is being captured). A small GPU graph whose structure keeps the user's order is
-            checked by the kernel that builds that structure, which construction then builds.
+            checked by the kernel that builds that structure, which construction then builds,
+            without a sync: its index out of range raises ``ValueError`` at a later call
+            (:class:`RangeCheck`), and its structure reads it clamped into range until then.
     """
 
     def __init__(
@@ -200,6 +295,11 @@ class GraphTensor:
         )
         if checked_by_build:
             check_endpoints(src, dst)
+            # A side of no vertex has no range to clamp into: its error needs no device read.
+            if min(num_src, num_dst) == 0:
+                checked_by_build = False
+        if checked_by_build:
+            finish_range_checks()
         elif check_now:
             validate_endpoints(src, dst, num_src, num_dst)
         if index_dtype is None:
@@ -225,18 +325,17 @@ class GraphTensor:
         self._reverse_of: Optional[weakref.ReferenceType] = None
         self._validate = validate
         self._versions = (version(self.src), version(self.dst))
+        self._range_check: Optional[RangeCheck] = None
         if checked_by_build:
             device = self._resolve(None)
             # Built now for a later first use, maybe in training: never as inference tensors.
             with torch.inference_mode(False):
                 built = build_user_order_pair(self.src, self.dst, num_src, num_dst, index_dtype, extrema=True)
-            extremes = built.extremes.tolist()
-            limits = torch.iinfo(index_dtype)
-            if limits.min in extremes or limits.max in extremes:
-                # Saturated at the index dtype's range (out of any such graph's): the exact check
-                # names the index.
-                validate_endpoints(src, dst, num_src, num_dst)
-            check_extremes(extremes, num_src, num_dst)
+            check = RangeCheck(built.extremes, num_src, num_dst, self)
+            if not check.finish():
+                self._range_check = check
+                with _PENDING_LOCK:
+                    _PENDING_CHECKS.append(check)
             self._cache_user_order(device, built)
 
     # -- construction ------------------------------------------------------------------------
@@ -325,6 +424,13 @@ class GraphTensor:
         except RuntimeError:  # an inference tensor counts no versions: version() says None
             return self._versions == (version(self.src), version(self.dst))
 
+    def _finish_range_check(self, wait: bool = False) -> None:
+        """Finish the pending :class:`RangeCheck` of the edges if the device has answered (with
+        ``wait``, once it has): raise ``ValueError`` for an index out of range."""
+        check = self._range_check
+        if check is not None and check.finish(wait):
+            self._range_check = None
+
     def _refresh(self) -> None:
         """Drop this graph's and its reverse's structures if the edges changed in place since
         they were read (validated again first, as at construction): they were stale, and an
@@ -338,6 +444,10 @@ class GraphTensor:
             return
         if self._validate:
             validate_endpoints(self.src, self.dst, self.num_src, self.num_dst)
+            check = self._range_check
+            if check is not None:  # of the edges before the change: they are checked now
+                check.error, check.passed = None, True
+                self._range_check = None
         self._csr_cache.clear()
         self._csc_cache.clear()
         twin = self._twin()
@@ -354,6 +464,8 @@ class GraphTensor:
         self._refresh()
         device = self._resolve(device)
         if device not in self._csr_cache:
+            # Sorted (not a sampler's new graph, which keeps the user's order): of checked indices.
+            self._finish_range_check(wait=True)
             src, dst = self.coo(device)
             csr, csc = build_csr_pair(src, dst, self.num_src, self.num_dst, self.index_dtype)
             self._csr_cache[device] = csr
@@ -370,6 +482,8 @@ class GraphTensor:
         self._refresh()
         device = self._resolve(device)
         if device not in self._coo_cache:
+            # The user's indices as they are, which the sorting build reads: checked first.
+            self._finish_range_check(wait=True)
             self._coo_cache[device] = (self.src.to(device, self.index_dtype), self.dst.to(device, self.index_dtype))
         return self._coo_cache[device]
 
@@ -394,8 +508,11 @@ class GraphTensor:
         compiling = torch.compiler.is_compiling()
         if compiling:
             sort = True
-        elif not self._current():
-            self._refresh()
+        else:
+            if not self._current():
+                self._refresh()
+            if self._range_check is not None:
+                self._finish_range_check()
         # Looked up per operator call, which passes a tensor's (resolved) device: no resolving then.
         key = device if sort is None else (device, sort)
         built = self._structure_cache.get(key)
@@ -413,6 +530,7 @@ class GraphTensor:
         if sort is None:
             sort = recorded or not selection.reads_user_order(self.num_edges, device)
         if compiling and device not in self._csr_cache:
+            self._finish_range_check(wait=True)  # the op reads the user's indices as they are
             arrays = graph_structure(
                 self.src.to(device), self.dst.to(device), self.num_src, self.num_dst, self.index_dtype
             )
@@ -448,6 +566,8 @@ class GraphTensor:
         its sort and statistics are paid once for faster kernels at every replay."""
         if not self._current():
             self._refresh()
+        if self._range_check is not None:
+            self._finish_range_check()
         built = self._structure_cache.get(device)
         if built is not None and built.csr.user_order and _read_by_recorded_step(built.src):
             del self._structure_cache[device]  # built again by structure(): sorted and marked
@@ -469,6 +589,7 @@ class GraphTensor:
             twin.num_src, twin.num_dst = self.num_dst, self.num_src
             twin.index_dtype = self.index_dtype
             twin._validate = self._validate
+            twin._range_check = self._range_check
             twin._versions = self._versions[::-1]
             twin._csr_cache, twin._csc_cache = self._csc_cache, self._csr_cache
             twin._coo_cache = {}
@@ -635,6 +756,8 @@ __all__: Sequence[str] = [
     "GraphTensor",
     "as_graph",
     "validate_endpoints",
+    "RangeCheck",
+    "finish_range_checks",
     "graph_structure",
     "OP_TAGS",
     "GraphStructure",

@@ -6,8 +6,11 @@ degree, for means and for which rows have edges. One kernel over the edges does 
 graph needs of the device (:func:`build_user_order_pair`): it copies both endpoints into the index
 dtype, writes the edge ids, counts both endpoints' degrees by atomics into one zeroed buffer (each
 count one slot after its row, so that each half's running sum is that direction's ``rowptr``), and
-optionally keeps the extremes of the indices, which the graph's range check reads. Indices out of
-range are counted nowhere, so a bad index never writes out of bounds before the check sees it.
+optionally keeps the extremes of the indices, which the graph's range check reads. An index out of
+range is clamped into its side's range in the copies and the counts (the extremes keep it as
+given), so a structure built of a bad edge index is a graph's all the same: no kernel that reads it
+reads or writes out of bounds, whenever the range check reports the bad index
+(:class:`~pyg_ugrapher.graph.GraphTensor` reads the extremes without waiting for the GPU).
 """
 
 from __future__ import annotations
@@ -50,17 +53,21 @@ def user_order_kernel(
     live = e < num_edges
     u = tl.load(src_ptr + e.to(tl.int64) * src_stride, mask=live, other=0).to(tl.int64)
     v = tl.load(dst_ptr + e.to(tl.int64) * dst_stride, mask=live, other=0).to(tl.int64)
-    tl.store(src_out_ptr + e, u, mask=live)
-    tl.store(dst_out_ptr + e, v, mask=live)
+    # Clamped into range (a side of no vertex to 0: the caller refuses edges there), so that the
+    # copies, the counts and every kernel reading them stay in bounds.
+    u_in = tl.minimum(tl.maximum(u, 0), tl.maximum(num_src - 1, 0))
+    v_in = tl.minimum(tl.maximum(v, 0), tl.maximum(num_dst - 1, 0))
+    tl.store(src_out_ptr + e, u_in, mask=live)
+    tl.store(dst_out_ptr + e, v_in, mask=live)
     tl.store(eid_ptr + e, e, mask=live)
     # The buffer is in the index dtype (WIDE: int64): counts in int32 where indices fit it, whose
     # atomics contend less on a hub's counter. Destinations' counts from slot 1 of the counts,
-    # sources' from slot half + 1: slot 0 of each half stays 0. An index out of range is counted
-    # nowhere. Every atomic here is relaxed, as the generated kernels' are
-    # (:data:`~triton_kernels.codegen.ATOMIC_SEM`): nothing reads the buffer before the kernel ends.
+    # sources' from slot half + 1: slot 0 of each half stays 0. Every atomic here is relaxed, as
+    # the generated kernels' are (:data:`~triton_kernels.codegen.ATOMIC_SEM`): nothing reads the
+    # buffer before the kernel ends.
     counts_ptr = buffer_ptr + SLOTS  # past the extremes' slots (EXTREMES)
-    tl.atomic_add(counts_ptr + 1 + v, 1, mask=live & (v >= 0) & (v < num_dst), sem="relaxed")
-    tl.atomic_add(counts_ptr + half + 1 + u, 1, mask=live & (u >= 0) & (u < num_src), sem="relaxed")
+    tl.atomic_add(counts_ptr + 1 + v_in, 1, mask=live, sem="relaxed")
+    tl.atomic_add(counts_ptr + half + 1 + u_in, 1, mask=live, sem="relaxed")
     if EXTREMA:
         # Slots 0-3: the lowest source and destination index (or 0 if none is lower), the highest
         # (or 0 if none is higher), saturated at the buffer's range. Combined per program first:
@@ -109,8 +116,9 @@ def build_user_order_pair(
     (:func:`user_order_kernel`) and a running sum per direction, against
     :func:`~triton_kernels.csr_pair.build_csr_pair`'s sort and its kernel with eight outputs. With
     ``extrema``, the same kernel keeps the indices' extremes for the caller's range check, which
-    then costs one read of four numbers. The offsets are remembered
-    (:func:`~pyg_ugrapher.structure.mark_user_order`)."""
+    then costs one read of four numbers. An index out of range is clamped into its side's range
+    (one of a side of no vertex becomes 0, which the caller must refuse). The offsets are
+    remembered (:func:`~pyg_ugrapher.structure.mark_user_order`)."""
     if src.device != dst.device or src.numel() != dst.numel() or src.dim() != 1 or dst.dim() != 1:
         raise ValueError(
             f"src, dst: expected one-dimensional index tensors of one length and device, got shapes "
@@ -142,9 +150,10 @@ def build_user_order_pair(
         if extrema:
             extremes = buffer[:EXTREMES]
     else:
-        src_out, dst_out = src.to(index_dtype), dst.to(index_dtype)
+        src_out = src.clamp(0, max(num_src - 1, 0)).to(index_dtype)
+        dst_out = dst.clamp(0, max(num_dst - 1, 0)).to(index_dtype)
         eid = torch.arange(num_edges, dtype=index_dtype, device=device)
-        counts = [torch.bincount(index.to(torch.int64), minlength=n) for index, n in ((dst, num_dst), (src, num_src))]
+        counts = [torch.bincount(t.to(torch.int64), minlength=n) for t, n in ((dst_out, num_dst), (src_out, num_src))]
         rowptr, csc_rowptr = (torch.cat([c.new_zeros(1), c.cumsum(0)]).to(index_dtype) for c in counts)
         if extrema:
             # A zero column: the extremes are "or 0", as the kernel's.

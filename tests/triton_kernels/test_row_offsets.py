@@ -87,18 +87,21 @@ def test_pair_extremes_saturate_at_the_index_dtype(device):
     assert narrow.extremes.dtype == torch.int32 and narrow.extremes.tolist() == [0, -(2**31), 2**31 - 1, 1]
     wide = row_offsets.build_user_order_pair(src, dst, 3, 3, torch.int64, extrema=True)
     assert wide.extremes.dtype == torch.int64 and wide.extremes.tolist() == [0, -(2**35), 2**40, 1]
-    assert narrow.csr.rowptr.tolist() == wide.csr.rowptr.tolist() == [0, 1, 2, 2]
+    # Clamped into range: destinations [1, 0, 0].
+    assert narrow.csr.rowptr.tolist() == wide.csr.rowptr.tolist() == [0, 2, 3, 3]
 
 
-def test_pair_counts_no_index_out_of_range(device):
-    """Negative and too-large indices are counted nowhere (nothing written out of bounds: the
-    counts of the rows in range are exact) and show in the extremes, for the caller's check."""
+def test_pair_clamps_indices_out_of_range(device):
+    """Negative and too-large indices are clamped into their side's range in the copies and the
+    counts, which stay consistent (nothing that reads the structure reads out of bounds), and show
+    as given in the extremes, for the caller's check."""
     src = torch.tensor([0, -3, 1, 2, 7], device=device)
     dst = torch.tensor([1, 1, 9, -1, 0], device=device)
     pair = row_offsets.build_user_order_pair(src, dst, 3, 2, torch.int32, extrema=True)
     assert pair.extremes.tolist() == [-3, -1, 7, 9]
-    assert pair.csr.rowptr.tolist() == [0, 1, 3]  # destinations 0 (edge 4) and 1 (edges 0, 1)
-    assert pair.csc.rowptr.tolist() == [0, 1, 2, 3]  # sources 0, 1, 2 (edges 0, 2, 3)
+    clamped_src, clamped_dst = torch.tensor([0, 0, 1, 2, 2]), torch.tensor([1, 1, 1, 0, 0])
+    _check_pair(pair, clamped_src.to(device), clamped_dst.to(device), 3, 2, torch.int32)
+    assert pair.csr.rowptr.tolist() == [0, 2, 5] and pair.csc.rowptr.tolist() == [0, 2, 3, 5]
 
 
 def test_pair_rejects_mismatched_endpoints_and_index_dtypes():
