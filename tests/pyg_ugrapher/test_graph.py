@@ -457,7 +457,7 @@ def test_edges_fixed_in_place_clear_a_pending_failure(interpret, user_order, ans
 
 
 @pytest.mark.cuda
-def test_new_gpu_graphs_are_built_and_checked_without_a_sync():
+def test_new_gpu_graphs_are_built_and_checked_without_a_sync(user_order):
     """A sampler's new graph every step: SAGE training calls on new small GPU graphs wait for the
     GPU nowhere (``torch.cuda.set_sync_debug_mode("error")``), and a graph with an index out of
     range raises ValueError at a later call, its results meanwhile those of the clamped index."""
