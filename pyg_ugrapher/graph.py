@@ -176,7 +176,9 @@ class RangeCheck:
         self.passed = False
         self.copied: Optional[torch.cuda.Event] = None
         if extremes.device.type == "cuda":
-            self.extremes = extremes.to("cpu", non_blocking=True)  # pinned: no wait
+            # Pinned: the copy is queued behind the build, and the host goes on.
+            self.extremes = torch.empty(extremes.shape, dtype=extremes.dtype, pin_memory=True)
+            self.extremes.copy_(extremes, non_blocking=True)
             self.copied = torch.cuda.Event()
             self.copied.record(torch.cuda.current_stream(extremes.device))  # the copy's stream
         else:
