@@ -529,8 +529,9 @@ def select_graphs(names: Optional[Sequence[str]] = None, max_edges: float = math
     return [s for s in specs if s.num_edges <= max_edges]
 
 
-def _path(out: Path, graph: str, gpu: GpuInfo) -> Path:
-    gpu_tag = "".join(ch if ch.isalnum() else "_" for ch in gpu.name.lower())
+def collection_path(out: Path, graph: str, gpu_name: str) -> Path:
+    """The file in ``out`` of the timings collected on ``graph`` on the GPU named ``gpu_name``."""
+    gpu_tag = "".join(ch if ch.isalnum() else "_" for ch in gpu_name.lower())
     return out / f"{graph}__{gpu_tag}.csv.gz"
 
 
@@ -582,7 +583,7 @@ def collect(settings: Settings) -> Path:
         if time.monotonic() >= deadline:
             log.info("time budget spent; stopping before %s", spec.name)
             break
-        path = _path(out, spec.name, gpu)
+        path = collection_path(out, spec.name, gpu.name)
         rows: List[Dict] = []
         if settings.resume and path.exists():
             rows = pd.read_csv(path).to_dict("records")

@@ -14,6 +14,11 @@ Methods (the ``method`` column):
                     the sorted structure and the cost model's schedules, on small graphs too,
                     called eagerly; its ``gpu_ms`` is what every replay of such a step spends on
                     the operator, its wall and host times are eager calls'
+``oracle``          ``ug.compute`` on ``ours_recorded``'s graph with the fastest schedules of the
+                    exhaustive timings of this graph's whole design space on this GPU
+                    (``autotune/data/oracle``, forward only; the :data:`ORACLE_TOP` fastest timed
+                    again, the best kept in ``schedule``): how far any schedule goes on the graph;
+                    ``unavailable`` where no such timings were collected
 ``sweep``           ``ug.compute`` with one explicit schedule (``config``): a seeded sample of each
                     strategy's design space plus known-good anchors (forward only); the report
                     keeps the best per strategy
@@ -28,26 +33,30 @@ for every timed row.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import random
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
+import pandas as pd
 import torch
 import triton
 from torch import Tensor
 from tqdm import tqdm
 
 import pyg_ugrapher as ug
+from autotune.collect import collection_path, read_table
 from pyg_ugrapher.ops import decided_schedule
 from pyg_ugrapher.parallel import STRATEGIES
 from triton_kernels import space, uses_triton
 
 from .baselines import PYG_MODULES, sparse_adjacency
 from .graphs import GraphSpec, LoadedGraph
-from .rows import ResultsFile
+from .rows import ResultsFile, device_name
 from .timing import Budget, Settings, copy_bandwidth, failure, free_memory, max_rel_err, measure
 
 log = logging.getLogger(__name__)
@@ -56,7 +65,15 @@ PASSES = ("fwd", "fwd+bwd")
 FEATURES = (32, 128, 256)
 TINY_FEATURES = (8, 16)
 #: Every method, in the order a case runs them (the PyG reference first).
-METHODS = ("pyg", "pyg_compiled", "cusparse", "ours", "ours_compiled", "ours_recorded", "sweep", "floor")
+METHODS = ("pyg", "pyg_compiled", "cusparse", "ours", "ours_compiled", "ours_recorded", "oracle", "sweep", "floor")
+#: Methods of the forward pass alone.
+FORWARD_ONLY = ("cusparse", "oracle", "sweep")
+#: Exhaustive timings of the design space per real graph and GPU (``python -m autotune collect
+#: --configs 100000``), which the ``oracle`` method reads.
+ORACLE = Path(__file__).resolve().parent.parent / "autotune" / "data" / "oracle"
+#: The oracle's fastest schedules of a case that the ``oracle`` method times again: schedules within
+#: a few per cent of each other are ranked by chance in one timing.
+ORACLE_TOP = 3
 COMPILED = ("pyg_compiled", "ours_compiled")
 #: Sweep configurations per strategy (anchors included).
 SWEEP_SIZE = 6
@@ -177,6 +194,23 @@ def _sweep_or_none(op_name: str, F: int, per_strategy: int) -> List[ug.ParallelI
         return []
 
 
+def oracle_schedules(graph: str, op_name: str, F: int, gpu_name: str, top: int = ORACLE_TOP) -> List[ug.ParallelInfo]:
+    """The ``top`` fastest schedules of the exhaustive timings (:data:`ORACLE`) of the forward
+    ``op_name`` at width ``F`` in float32 on ``graph`` on the GPU named ``gpu_name``, fastest first;
+    ``[]`` where none were collected."""
+    table = _oracle_table(collection_path(ORACLE, graph, gpu_name))
+    if table is None:
+        return []
+    case = (table.op == op_name) & (table.F == F) & (table.reverse == 0) & (table.dtype == "float32")
+    timed = table[case & (table.status == "ok")]
+    return [ug.ParallelInfo.deserialize(text) for text in timed.nsmallest(top, "time_ms").config]
+
+
+@functools.lru_cache(maxsize=None)
+def _oracle_table(path: Path) -> Optional[pd.DataFrame]:
+    return read_table([path]) if path.exists() else None
+
+
 class Item(NamedTuple):
     """One planned measurement."""
 
@@ -203,7 +237,7 @@ def plan(op_names: Sequence[str], features: Sequence[int], methods: Sequence[str
         spec = OPS[name]
         for pass_ in PASSES if spec.backward else PASSES[:1]:
             for method in METHODS:
-                if method not in methods or (pass_ == "fwd+bwd" and method in ("cusparse", "sweep")):
+                if method not in methods or (pass_ == "fwd+bwd" and method in FORWARD_ONLY):
                     continue
                 if method == "cusparse" and not spec.spmm:
                     continue
@@ -245,8 +279,9 @@ class Case:
         self._reference: Dict[str, Optional[Tuple[Tensor, ...]]] = {}
 
     def graph(self, method: str) -> ug.GraphTensor:
-        """Our graph that ``method`` reads: the recorded step's for ``ours_recorded``."""
-        return self.loaded.recorded_graph if method == "ours_recorded" else self.loaded.graph
+        """Our graph that ``method`` reads: the recorded step's (sorted, as the oracle's timings
+        read it) for ``ours_recorded`` and ``oracle``."""
+        return self.loaded.recorded_graph if method in ("ours_recorded", "oracle") else self.loaded.graph
 
     def forward(self, method: str, config: Optional[ug.ParallelInfo] = None) -> Callable[..., Tensor]:
         """The function a method runs, called with the operands in slot order."""
@@ -259,7 +294,7 @@ class Case:
             return lambda x, *rest: torch.sparse.mm(adj_t, x)
         if method in ("ours", "ours_recorded"):
             return lambda *operands: ug.compute(graph, self.op, *operands)
-        if method == "sweep":
+        if method in ("sweep", "oracle"):
             return lambda *operands: ug.compute(graph, self.op, *operands, parallel_info=config)
         if method not in self._compiled:  # one compiled callable serves both passes
             if method == "pyg_compiled":
@@ -325,9 +360,12 @@ def _measure_item(case: Case, item: Item, settings: Settings) -> dict:
     except Exception as error:  # noqa: BLE001 - building a baseline may fail (OOM): record it
         return {**row, **failure(error)}
     compare = None if reference is None else (lambda result: max_rel_err(result, reference))
-    row.update(
-        measure(case.step(fn, item.pass_), case.device, settings, compare=compare, compiled=item.method in COMPILED)
-    )
+    if item.method == "oracle":
+        row.update(_fastest_of_oracle(case, settings, compare))
+    else:
+        row.update(
+            measure(case.step(fn, item.pass_), case.device, settings, compare=compare, compiled=item.method in COMPILED)
+        )
     if item.config is not None:
         row["schedule"] = row["config"]
     elif item.method in ("ours", "ours_compiled", "ours_recorded") and row["status"] == "ok":
@@ -336,6 +374,29 @@ def _measure_item(case: Case, item: Item, settings: Settings) -> dict:
     if reference is None and item.method != "pyg":
         row["note"] = "; ".join(filter(None, [row["note"], "unchecked: the PyG reference failed"]))
     return row
+
+
+def _fastest_of_oracle(case: Case, settings: Settings, compare: Optional[Callable[[object], float]]) -> dict:
+    """The ``oracle`` measurement of a case's forward pass: each of its :func:`oracle_schedules`
+    timed as a ``sweep`` row is, the fastest that matches the reference kept (its ``schedule``)."""
+    schedules = oracle_schedules(case.loaded.spec.name, case.spec.name, case.F, device_name(case.device))
+    if not schedules:
+        return {"status": "unavailable", "note": f"no exhaustive timings of this graph on this device in {ORACLE}"}
+    best: Optional[dict] = None
+    for schedule in schedules:
+        timed = measure(case.step(case.forward("oracle", schedule), "fwd"), case.device, settings, compare=compare)
+        timed["schedule"] = schedule.serialize()
+        if best is None or (timed["status"] == "ok" and not _faster(best, timed)):
+            best = timed
+    kept = f"fastest of the oracle's {len(schedules)} fastest schedules"
+    best["note"] = "; ".join(filter(None, [best["note"], kept]))
+    return best
+
+
+def _faster(a: dict, b: dict) -> bool:
+    """Whether measurement ``a`` is ``ok`` and faster than ``b`` (GPU time where there is one)."""
+    key = "gpu_ms" if a["gpu_ms"] == a["gpu_ms"] and b["gpu_ms"] == b["gpu_ms"] else "time_ms"
+    return a["status"] == "ok" and a[key] <= b[key]
 
 
 def run(

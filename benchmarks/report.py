@@ -247,7 +247,7 @@ def ops_tables(frame: pd.DataFrame) -> Tuple[str, str]:
         part = frame[(frame.op == op) & (frame["pass"] == pass_)]
         for F in sorted(part.F.unique(), key=int):
             speedups, vs_sparse, regrets, errors = [], [], [], []
-            gpu_vs_sparse, gpu_vs_compiled, recorded_vs_compiled = [], [], []
+            gpu_vs_sparse, gpu_vs_compiled, recorded_vs_compiled, oracle_vs_compiled = [], [], [], []
             for (graph,) in _unique(part[part.F == F], ("graph",)):
                 get = lambda m: at.get((graph, op, F, pass_, m))  # noqa: E731
                 ours = get("ours")
@@ -259,12 +259,13 @@ def ops_tables(frame: pd.DataFrame) -> Tuple[str, str]:
                 gpu_vs_sparse.append(_speedup(get("cusparse"), ours, "gpu_ms"))
                 gpu_vs_compiled.append(_speedup(get("pyg_compiled"), ours, "gpu_ms"))
                 recorded_vs_compiled.append(_speedup(get("pyg_compiled"), get("ours_recorded"), "gpu_ms"))
+                oracle_vs_compiled.append(_speedup(get("pyg_compiled"), get("oracle"), "gpu_ms"))
                 regrets.append(regret)
                 errors.append(ours)
                 rows.append(
                     [graph, F]
                     + [_cell(get(m)) for m in ("floor", "cusparse", "pyg", "pyg_compiled", "ours", "ours_compiled")]
-                    + [_cell(get("ours_recorded"), "gpu_ms")]
+                    + [_cell(get("ours_recorded"), "gpu_ms"), _cell(get("oracle"), "gpu_ms")]
                     + [_schedule(ours), _schedule(get("ours_recorded"))]
                     + [f"{_cell(b)} ({_schedule(b)})" if b is not None else "–" for b in bests]
                     + [_ratio(speedups[-1]), _ratio(regret), _err([ours, get("ours_compiled"), get("ours_recorded")])]
@@ -283,6 +284,7 @@ def ops_tables(frame: pd.DataFrame) -> Tuple[str, str]:
                     _ratio(_geomean(gpu_vs_compiled)),
                     _ratio(_geomean(gpu_vs_sparse)),
                     _ratio(_geomean(recorded_vs_compiled)),
+                    _ratio(_geomean(oracle_vs_compiled)),
                     _ratio(_geomean(regrets)),
                     _err(errors),
                     f"{(sweep.status != 'ok').sum()} / {len(sweep)}" if len(sweep) else "–",
@@ -290,6 +292,7 @@ def ops_tables(frame: pd.DataFrame) -> Tuple[str, str]:
             )
         header = (
             ["graph", "F", "floor", "cuSPARSE", "PyG", "PyG comp.", "ours", "ours comp.", "ours rec. (GPU)"]
+            + ["oracle (GPU)"]
             + ["our schedule", "recorded schedule"]
             + ([f"best {s}" for s in strategies] if pass_ == "fwd" else [])
             + ["ours vs PyG", "ours / best sweep", "max rel err"]
@@ -307,6 +310,7 @@ def ops_tables(frame: pd.DataFrame) -> Tuple[str, str]:
         "GPU time: ours vs PyG comp.",
         "GPU time: ours vs cuSPARSE",
         "GPU time: ours rec. vs PyG comp.",
+        "GPU time: oracle vs PyG comp.",
         "ours / best sweep",
         "max rel err",
         "sweep rows not ok",

@@ -200,7 +200,7 @@ def _run(args: argparse.Namespace, device: torch.device, out: Path) -> None:
         if suite == "headline":
             op_names = [o for o in ops.HEADLINE_OPS if not args.ops or o in args.ops]
             features = ops.TINY_FEATURES[-1:] if args.tiny else (128,)
-            methods = [m for m in ops.METHODS if m != "sweep"]
+            methods = [m for m in ops.METHODS if m not in ("sweep", "oracle")]  # synthetic graphs: no oracle
         else:
             op_names = args.ops or list(ops.OPS)
             features = args.features or (ops.TINY_FEATURES if args.tiny else ops.FEATURES)

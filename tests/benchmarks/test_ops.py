@@ -21,18 +21,48 @@ from torch_geometric.utils import scatter  # noqa: E402
 
 import pyg_ugrapher as ug  # noqa: E402
 from autotune import selection  # noqa: E402
+from autotune.collect import collection_path  # noqa: E402
 from benchmarks import graphs, ops, report, rows, run, timing  # noqa: E402
 from benchmarks.rows import OPS_COLUMNS  # noqa: E402
 from pyg_ugrapher.structure import marked_reused  # noqa: E402
+from triton_kernels import space  # noqa: E402
 
 TINY = ["--tiny", "--device", "cpu", "--compile-backend", "aot_eager"]
 
 
+def _oracle_table(folder: Path, graph: str, device: str) -> dict:
+    """Exhaustive timings of ``graph`` on ``device`` for the tiny run's forward operators, as
+    ``autotune collect`` writes them, with decoys the ``oracle`` method must skip (a backward op,
+    a failed and a half-precision row faster than every schedule): the three fastest schedules of
+    each (op, F), fastest first."""
+    rows, fastest = [], {}
+    for op in ops.OPS:
+        for F in ops.TINY_FEATURES:
+            schedules = space(ug.OpInfo.from_name(op), F)[:5]
+            for i, schedule in enumerate(schedules):
+                row = dict(op=op, F=F, reverse=0, dtype="float32", status="ok", config=schedule.serialize())
+                rows.append({**row, "time_ms": 1.0 + (i * 7 % 5)})
+            for decoy in ({"reverse": 1}, {"status": "error"}, {"dtype": "float16"}):
+                rows.append({**row, "time_ms": 0.5, **decoy})
+            by_time = sorted(range(len(schedules)), key=lambda i: i * 7 % 5)
+            fastest[(op, F)] = [schedules[i].serialize() for i in by_time[:3]]
+    path = collection_path(folder, graph, device)
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return fastest
+
+
 @pytest.fixture(scope="module")
 def ops_run(tmp_path_factory):
+    """The tiny ops suite on the CPU; the ``oracle`` method finds timings of cora alone."""
     out = tmp_path_factory.mktemp("ops")
-    report = run.main(["--suite", "ops", "--out", str(out), *TINY])
-    return out, pd.read_csv(out / "ops.csv"), report
+    oracle = tmp_path_factory.mktemp("oracle")
+    fastest = _oracle_table(oracle, "cora", rows.device_name(torch.device("cpu")))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ops, "ORACLE", oracle)
+        ops._oracle_table.cache_clear()
+        report = run.main(["--suite", "ops", "--out", str(out), *TINY])
+    ops._oracle_table.cache_clear()
+    return out, pd.read_csv(out / "ops.csv"), report, fastest
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +84,18 @@ def headline_run(tmp_path_factory):
 
 
 def test_ops_rows(ops_run):
-    _, frame, _ = ops_run
+    _, frame, _, _ = ops_run
     assert tuple(frame.columns) == OPS_COLUMNS
-    assert set(frame.method) == {"pyg", "cusparse", "ours", "ours_recorded", "sweep", "floor"}
+    assert set(frame.method) == {"pyg", "cusparse", "ours", "ours_recorded", "oracle", "sweep", "floor"}
     assert set(frame.op) == set(ops.OPS)
     assert set(frame.F) == set(ops.TINY_FEATURES)
-    assert (frame.status == "ok").all(), frame[frame.status != "ok"].note.tolist()
+    without_oracle = (frame.method == "oracle") & (frame.graph != "cora")
+    assert (frame[~without_oracle].status == "ok").all(), frame[frame.status != "ok"].note.tolist()
+    assert (frame[without_oracle].status == "unavailable").all() and without_oracle.any()
+    assert frame[without_oracle].note.str.startswith("no exhaustive timings of this graph on this device").all()
     assert set(frame[frame.method == "cusparse"].op) == {"copy_u_sum", "u_mul_e_sum"}
-    assert not (frame[frame.method.isin(["cusparse", "sweep"])]["pass"] == "fwd+bwd").any()
-    timed = frame[frame.method != "floor"]
+    assert not (frame[frame.method.isin(ops.FORWARD_ONLY)]["pass"] == "fwd+bwd").any()
+    timed = frame[(frame.method != "floor") & ~without_oracle]
     assert (timed.time_ms > 0).all() and (timed.first_call_s > 0).all()
     assert (frame.timer == "wall").all() and frame.gpu.str.startswith("cpu").all() and (frame.suite == "ops").all()
     for column in ("torch", "triton", "torch_geometric", "date", "commit"):
@@ -77,8 +110,37 @@ def test_ops_rows(ops_run):
     assert ours[(ours.op == "copy_u_sum") & (ours["pass"] == "fwd")].speedup_vs_cusparse.notna().all()
 
 
+def test_oracle_rows_keep_the_fastest_of_the_oracles_best(ops_run):
+    """An ``oracle`` row times the oracle's three fastest forward float32 schedules of its case
+    again and keeps one of them, checked against PyG like every row."""
+    _, frame, _, fastest = ops_run
+    oracle = frame[(frame.method == "oracle") & (frame.graph == "cora")]
+    assert len(oracle) == len(ops.OPS) * len(ops.TINY_FEATURES) and (oracle["pass"] == "fwd").all()
+    for row in oracle.itertuples():
+        assert row.schedule in fastest[(row.op, row.F)] and row.strategy == row.schedule.split(":")[0]
+        assert row.note == "fastest of the oracle's 3 fastest schedules" and row.max_rel_err <= timing.TOLERANCE
+        assert isinstance(row.config, float)  # empty: one row per case, which --resume finds
+
+
+def test_oracle_schedules_read_the_collected_timings(tmp_path, monkeypatch):
+    monkeypatch.setattr(ops, "ORACLE", tmp_path)
+    ops._oracle_table.cache_clear()
+    fastest = _oracle_table(tmp_path, "cora", "NVIDIA H200")
+    try:
+        got = ops.oracle_schedules("cora", "copy_u_sum", 8, "NVIDIA H200")
+        assert [s.serialize() for s in got] == fastest[("copy_u_sum", 8)]
+        assert [s.serialize() for s in ops.oracle_schedules("cora", "copy_u_sum", 8, "NVIDIA H200", top=1)] == (
+            fastest[("copy_u_sum", 8)][:1]
+        )
+        assert ops.oracle_schedules("cora", "copy_u_sum", 8, "NVIDIA H100") == []
+        assert ops.oracle_schedules("citeseer", "copy_u_sum", 8, "NVIDIA H200") == []
+        assert ops.oracle_schedules("cora", "copy_u_sum", 32, "NVIDIA H200") == []
+    finally:
+        ops._oracle_table.cache_clear()
+
+
 def test_ops_outputs_are_checked_against_pyg(ops_run):
-    _, frame, _ = ops_run
+    _, frame, _, _ = ops_run
     checked = frame[frame.method.isin(["ours", "ours_recorded", "cusparse", "sweep"])]
     assert checked.max_rel_err.notna().all()
     assert (checked.max_rel_err <= timing.TOLERANCE).all()
@@ -89,11 +151,12 @@ def test_ops_outputs_are_checked_against_pyg(ops_run):
 
 
 def test_ops_report(ops_run):
-    out, _, report = ops_run
+    out, _, report, _ = ops_run
     assert "### Operators over the corpus" in report and "| op | pass | F |" in report
+    assert "GPU time: oracle vs PyG comp." in report
     assert (out / "report.md").read_text() == report and "![ops](ops.png)" in report
     full = (out / "ops.md").read_text()
-    assert "### copy_u_max, fwd+bwd (ms)" in full and "best group" in full
+    assert "### copy_u_max, fwd+bwd (ms)" in full and "best group" in full and "oracle (GPU)" in full
     assert (out / "ops.png").stat().st_size > 0
 
 
