@@ -165,7 +165,7 @@ class RangeCheck:
     ``ValueError`` at that later look, and at every use of its graph after. On a CPU the extremes
     are there at once: the check finishes at construction."""
 
-    __slots__ = ("extremes", "copied", "num_src", "num_dst", "num_edges", "graph", "error", "passed")
+    __slots__ = ("extremes", "copied", "num_src", "num_dst", "num_edges", "graph", "error", "passed", "reported")
 
     def __init__(self, extremes: Tensor, num_src: int, num_dst: int, graph: "GraphTensor") -> None:
         self.num_src, self.num_dst, self.num_edges = num_src, num_dst, graph.src.numel()
@@ -174,6 +174,7 @@ class RangeCheck:
         self.graph = weakref.ref(graph)
         self.error: Optional[ValueError] = None
         self.passed = False
+        self.reported = False  # the error was raised to the user (by any call)
         self.copied: Optional[torch.cuda.Event] = None
         if extremes.device.type == "cuda":
             # Pinned: the copy is queued behind the build, and the host goes on.
@@ -206,6 +207,7 @@ class RangeCheck:
             else:
                 self.passed = True
                 return True
+        self.reported = True
         raise self.error
 
     def _check(self, extremes: List[int]) -> None:
@@ -225,15 +227,18 @@ _PENDING_LOCK = threading.Lock()
 
 def finish_range_checks() -> None:
     """Finish every pending :class:`RangeCheck` whose extremes have reached the host (never waits):
-    a graph whose check fails raises its ``ValueError`` here, once, whichever graph is built next."""
+    a graph whose check fails raises its ``ValueError`` here, whichever graph is built next, unless
+    a call of its own raised it already."""
     if not _PENDING_CHECKS:
         return
     with _PENDING_LOCK:
-        done = [check for check in _PENDING_CHECKS if check.error is not None or check.passed or check.ready()]
+        done = [check for check in _PENDING_CHECKS if check.reported or check.passed or check.ready()]
         for check in done:
             _PENDING_CHECKS.remove(check)
     failed = None
     for check in done:
+        if check.reported:
+            continue
         try:
             check.finish()
         except ValueError as error:
@@ -266,7 +271,8 @@ class GraphTensor:
             is being captured). A small GPU graph whose structure keeps the user's order is
             checked by the kernel that builds that structure, which construction then builds,
             without a sync: its index out of range raises ``ValueError`` at a later call
-            (:class:`RangeCheck`), and its structure reads it clamped into range until then.
+            (:class:`RangeCheck`), and its structure reads it clamped into range until then;
+            :meth:`validate` checks at once.
     """
 
     def __init__(
@@ -410,6 +416,18 @@ class GraphTensor:
             f"num_nodes={self.num_src}" if not self.is_bipartite else f"num_src={self.num_src}, num_dst={self.num_dst}"
         )
         return f"GraphTensor({sizes}, num_edges={self.num_edges}, device={self.device})"
+
+    def validate(self) -> "GraphTensor":
+        """Check the edges' dtypes, shapes and index ranges now, waiting for the device (one sync),
+        and return the graph (as PyG's ``EdgeIndex.validate``): where a new small GPU graph's check
+        is still on its way (:class:`RangeCheck`), its answer; otherwise the whole check, also for a
+        graph built with ``validate=False``. Raises ``ValueError`` for an index out of range."""
+        check = self._range_check
+        if check is not None and not check.passed:
+            self._finish_range_check(wait=True)
+        else:
+            validate_endpoints(self.src, self.dst, self.num_src, self.num_dst)
+        return self
 
     # -- structures --------------------------------------------------------------------------
     def _resolve(self, device: Union[None, str, torch.device]) -> torch.device:

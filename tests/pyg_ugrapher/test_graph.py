@@ -415,6 +415,7 @@ def test_a_range_check_waits_for_no_answer_and_reports_later(interpret, user_ord
             ug.compute(g, "copy_u_sum", x)
     with pytest.raises(ValueError, match="destination index 9"):  # the reverse shares the check
         ug.compute(g.reverse(), "copy_u_sum", x)
+    GraphTensor(torch.tensor([0]), torch.tensor([1]), 4, 4)  # reported already: not again
 
 
 def test_a_bad_graph_is_reported_by_the_next_graph_built(interpret, user_order, answer_held_back):
@@ -442,6 +443,19 @@ def test_a_bad_graph_is_reported_by_the_next_graph_built(interpret, user_order, 
         GraphTensor(torch.tensor([0, 1]), torch.tensor([2, 1]), 3, 2).csr()
     waited.csr()
     assert waited._range_check is None
+
+
+def test_validate_checks_at_once(interpret, user_order, answer_held_back):
+    """``validate()`` waits for a pending check's answer (or checks the whole graph) and returns the
+    graph: a bad index raises there, not at a later call; a graph built unchecked is checked too."""
+    bad = GraphTensor(torch.tensor([0, 1]), torch.tensor([1, 7]), 3, 3)
+    with pytest.raises(ValueError, match="^edge_index: destination index 7 out of range for num_dst=3$"):
+        bad.validate()
+    good = GraphTensor(torch.tensor([0, 1]), torch.tensor([1, 2]), 3, 3)
+    assert good.validate() is good and good._range_check is None and good.validate() is good
+    unchecked = GraphTensor(torch.tensor([0, -1]), torch.tensor([1, 2]), 3, 3, validate=False)
+    with pytest.raises(ValueError, match="^edge_index: negative vertex index -1$"):
+        unchecked.validate()
 
 
 def test_edges_fixed_in_place_clear_a_pending_failure(interpret, user_order, answer_held_back):
