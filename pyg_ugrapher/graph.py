@@ -292,21 +292,19 @@ class GraphTensor:
         check_now = validate and not (isinstance(src, Tensor) and capturing(src))
         # A small graph on the GPU is checked by the kernel that builds its structure in the user's
         # order (its first use builds it anyway): the check costs no launch of its own and one read
-        # of four numbers, where a separate check takes three launches and the same read.
+        # of four numbers, where a separate check takes three launches and the same read. Not a
+        # graph with a side of no vertex: no range to clamp into, and its error needs no device read.
         checked_by_build = (
             check_now
             and isinstance(src, Tensor)
             and src.numel() > 0
+            and min(num_src, num_dst) > 0
             and uses_triton(src.device)
             and selection.reads_user_order(src.numel(), src.device)
             and not _read_by_recorded_step(src)
         )
         if checked_by_build:
             check_endpoints(src, dst)
-            # A side of no vertex has no range to clamp into: its error needs no device read.
-            if min(num_src, num_dst) == 0:
-                checked_by_build = False
-        if checked_by_build:
             finish_range_checks()
         elif check_now:
             validate_endpoints(src, dst, num_src, num_dst)
