@@ -645,13 +645,23 @@ def _spare_row_index(edge_index: Tensor, flow: str, num_dst: int, num_loops: int
     index = plain_index(edge_index)
     _, i = endpoints(flow)
     routed = index.clone()
-    routed[i] = torch.where(index[0] == index[1], num_dst, index[i])
+    dst = index[i]
+    # A destination out of range moves one further, out of the graph's ``num_dst + 1`` rows too:
+    # the spare row takes self loops only, and the graph's range check still fails on the index.
+    routed[i] = torch.where(index[0] == index[1], num_dst, dst + (dst >= num_dst).to(dst.dtype))
     loops = torch.arange(num_loops, device=index.device).repeat(2, 1)
     return torch.cat([routed, loops], dim=1)
 
 
 def _spare_row_looped(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
-    return graph_of(_spare_row_index(edge_index, flow, num_dst, num_loops), flow, num_src, num_dst + 1)
+    # A sampler's batch is checked (see _cached).
+    return graph_of(
+        _spare_row_index(edge_index, flow, num_dst, num_loops),
+        flow,
+        num_src,
+        num_dst + 1,
+        validate=checked(edge_index, num_src, num_dst) is None,
+    )
 
 
 def _cached_spare_row(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
@@ -683,16 +693,19 @@ def spare_row_looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst:
     the gather; the caller gives destination operands a spare row and drops the output's
     (:attr:`Graph.spare_row`).
 
-    For ``torch.compile``, which without ``fullgraph`` breaks the graph at an op whose output size
-    depends on the data (:func:`looped_graph`'s kept edges); eager layers keep :func:`looped_graph`,
-    which needs no padded operands. So the graph is always the custom op's structure arrays, or
-    on a small graph its edges (:func:`traced_graph`)."""
+    Nothing here waits for the device: :func:`looped_graph` counts the stored loops on the host,
+    one synchronisation per new graph (a mini-batch's every step), and under ``torch.compile``
+    without ``fullgraph`` a graph break at the op whose output size depends on that count. Compiled,
+    the graph is the custom op's structure arrays, or on a small graph its edges
+    (:func:`traced_graph`); eager, the cached :class:`~pyg_ugrapher.graph.GraphTensor`."""
     num_edges = edge_index.size(1) + num_loops
     if traced_graph(edge_index.size(1)):
         edges = _edge_list(_spare_row_index(edge_index, flow, num_dst, num_loops), flow, num_src, num_dst + 1)
         return Graph(None, None, num_edges, True, edges)
-    arrays = _spare_row_looped_graph(edge_index, flow, num_src, num_dst, num_loops)
-    return Graph(None, GraphStructure.from_flat(arrays, user_order=False), edge_index.size(1) + num_loops, True)
+    if torch.compiler.is_compiling():
+        arrays = _spare_row_looped_graph(edge_index, flow, num_src, num_dst, num_loops)
+        return Graph(None, GraphStructure.from_flat(arrays, user_order=False), num_edges, True)
+    return Graph(_cached_spare_row(edge_index, flow, num_src, num_dst, num_loops), None, num_edges, True)
 
 
 def spare_row_loop_attr(edge_index: Tensor, edge_attr: Tensor, num_loops: int, fill_value: object) -> Tensor:

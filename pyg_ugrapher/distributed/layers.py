@@ -210,7 +210,7 @@ def _weighted_gcn_norm(conv: GCNConv, graph: DistributedGraph, edge_weight: Tens
     on = graph.graph
     if conv.add_self_loops:
         fill = 2.0 if conv.improved else 1.0
-        edge_weight = GCNConv.loop_weights(graph.edge_index, None, True, edge_weight, graph.num_local, fill)
+        edge_weight = GCNConv.loop_weights(graph.edge_index, True, edge_weight, graph.num_local, fill)
         on = graph.looped_graph
     src, dst = on.src, on.dst
     degree = edge_weight.new_zeros(graph.num_local).index_add(0, dst, edge_weight)

@@ -20,7 +20,6 @@ from ..graph_argument import (
     derived,
     eager_with_torch_sparse,
     edge_tensor,
-    fixed_sizes,
     gather_op,
     graph_of,
     is_sparse,
@@ -112,9 +111,11 @@ class GATConv(MessagePassing, ScriptedAsPyG):
        then ``out[v] = sum x[u] * p[e] / s[v]`` as one fused gather op, or ``alpha = p / s[v]``
        (``e_div_v``), dropout and ``u_mul_e_sum`` where the coefficients are needed.
 
-    Stored self loops are replaced as PyG replaces them. Under ``torch.compile`` they point to a
-    spare destination row instead of being removed (:func:`~pyg_ugrapher.graph_argument.spare_row_looped_graph`),
-    so the graph's sizes depend on shapes alone and the layer compiles into one graph. A
+    Stored self loops are replaced as PyG replaces them: they point to a spare destination row
+    instead of being removed (:func:`~pyg_ugrapher.graph_argument.spare_row_looped_graph`), so the
+    graph's sizes depend on shapes alone, a new graph costs no host synchronisation and the layer
+    compiles into one graph. Only ``return_attention_weights``, which returns the looped index,
+    removes them (one synchronisation per new graph). A
     ``SparseTensor`` ``adj_t`` gets PyG's ``set_diag``: its stored diagonal is replaced by loops on
     the first ``min(adj_t.size(0), adj_t.size(1))`` nodes. As in PyG, edge features (``edge_dim``)
     then need ``add_self_loops=False``, and its values of more than one dimension stand in for a
@@ -435,9 +436,9 @@ class GATConv(MessagePassing, ScriptedAsPyG):
         if not self.add_self_loops:
             graph, _ = adjacency(self, edge_index, num_src, num_dst)
             return graph, edge_index, edge_attr
-        if fixed_sizes(edge_index) and not return_attention_weights:
-            # Fixed sizes: one compiled graph without fullgraph, where the kept edges would break
-            # it, and a recording that serves every graph of the index's size.
+        if not return_attention_weights:
+            # Fixed sizes: no host sync for a new graph, one compiled graph without fullgraph (where
+            # the kept edges would break it), and a recording that serves every graph of its size.
             graph = spare_row_looped_graph(edge_index, self.flow, num_src, num_dst, num_loops)
             if edge_attr is not None:
                 edge_attr = spare_row_loop_attr(edge_index, edge_attr, num_loops, self.fill_value)

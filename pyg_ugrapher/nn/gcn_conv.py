@@ -15,7 +15,6 @@ from triton_kernels import uses_triton
 from ..graph import OP_TAGS
 from ..graph_argument import (
     Graph,
-    Looped,
     adjacency,
     batch_first,
     check_features,
@@ -23,13 +22,11 @@ from ..graph_argument import (
     eager_with_torch_sparse,
     edge_tensor,
     endpoints,
-    fixed_sizes,
     gather_op,
     graph_of,
     graph_with_loops,
     is_sparse,
     layer_graph,
-    looped_graph,
     named,
     node_sizes,
     nodes_first,
@@ -62,21 +59,14 @@ def fixed_size_graph(edge_index: Tensor, flow: str, num_nodes: int, add_self_loo
     return layer_graph(edge_index, flow, num_nodes, num_nodes)
 
 
-def unit_norm(
-    edge_index: Tensor,
-    flow: str,
-    num_nodes: int,
-    add_self_loops: bool,
-    dtype: torch.dtype,
-    kept: Optional[Tensor] = None,
-) -> Tensor:
+def unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: bool, dtype: torch.dtype) -> Tensor:
     r"""The normalised weights when every edge weighs 1, from node-level factors:
     :math:`\hat{d}_u^{-1/2} \hat{d}_v^{-1/2}` per edge, where :math:`\hat{d}_v` counts ``v``'s incoming
     edges that are not self loops, plus its own loop (or all of them, without ``add_self_loops``).
 
     Without loops the weights are in the index's edge order; with them, stored loops weigh 0 in
-    place (the padded and spare-row graphs of :func:`fixed_size_graph`), or only the ``kept`` edges
-    are weighted (:func:`looped_graph`'s), then each node's loop :math:`1 / \hat{d}_v`. A sampler's
+    place (the padded and spare-row graphs of :func:`fixed_size_graph`), then each node's loop
+    :math:`1 / \hat{d}_v`. A sampler's
     mini-batch is a new graph every step: where Triton runs, two kernels
     (:mod:`triton_kernels.unit_norm`), else a dozen torch operations, instead of two graph operators
     over the graph. Degrees are summed in float32 (float64 for double weights), exact up to
@@ -84,14 +74,12 @@ def unit_norm(
     index = plain_index(edge_index)
     j, i = endpoints(flow)
     src, dst = index[j], index[i]
-    if kept is None and uses_triton(index.device) and unit_norm_kernels.fits(index.size(1), num_nodes):
+    if uses_triton(index.device) and unit_norm_kernels.fits(index.size(1), num_nodes):
         return unit_norm_kernels.unit_norm_weights(src, dst, num_nodes, add_self_loops, dtype)
-    return unit_norm_torch(src, dst, num_nodes, add_self_loops, dtype, kept)
+    return unit_norm_torch(src, dst, num_nodes, add_self_loops, dtype)
 
 
-def unit_norm_torch(
-    src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: bool, dtype: torch.dtype, kept: Optional[Tensor] = None
-) -> Tensor:
+def unit_norm_torch(src: Tensor, dst: Tensor, num_nodes: int, add_self_loops: bool, dtype: torch.dtype) -> Tensor:
     """:func:`unit_norm` of the edges ``(src, dst)`` with torch operations."""
     acc = unit_norm_kernels.degree_dtype(dtype)
     if add_self_loops:
@@ -106,8 +94,7 @@ def unit_norm_torch(
     norm = factor.index_select(0, src).mul_(factor.index_select(0, dst))
     if not add_self_loops:
         return norm.to(dtype)
-    norm = norm.index_select(0, kept) if kept is not None else norm.mul_(weight)
-    return torch.cat([norm, factor.square()]).to(dtype)
+    return torch.cat([norm.mul_(weight), factor.square()]).to(dtype)
 
 
 def fixed_size_unit_norm(
@@ -182,9 +169,9 @@ class GCNConv(MessagePassing, ScriptedAsPyG):
     weighted normalisations, as PyG does. Self loops are added as PyG's ``add_remaining_self_loops``
     does (a stored loop's weight moves to its node's loop); for sums the stored loops stay in the
     graph at weight 0, so its size depends on shapes alone and ``torch.compile`` keeps the layer in
-    one graph. Other aggregations drop them (they would read the zero-weight messages); under
-    ``torch.compile`` they point them to a spare destination row instead, for the same reason
-    (:func:`~pyg_ugrapher.graph_argument.spare_row_looped_graph`). A ``SparseTensor`` ``adj_t`` is
+    one graph. Other aggregations, which would read the zero-weight messages, point them to a spare
+    destination row (:func:`~pyg_ugrapher.graph_argument.spare_row_looped_graph`): again no host
+    synchronisation for a new graph, and one compiled graph. A ``SparseTensor`` ``adj_t`` is
     normalised as PyG's ``gcn_norm`` normalises one: its values (or ones) are the edge weights and
     its stored diagonal is replaced by self loops of weight ``2`` (``improved``) or ``1``.
 
@@ -362,28 +349,16 @@ class GCNConv(MessagePassing, ScriptedAsPyG):
         edge_weight = edge_tensor("edge_weight", edge_weight, edge_index.size(1))
         if edge_weight is not None and edge_weight.dim() != 1:
             raise ValueError(f"edge_weight: expected shape [E], got {list(edge_weight.shape)}")
-        looped: Optional[Looped] = None
-        # Sums keep stored self loops at weight 0 in a graph of fixed size: no graph break when
-        # compiled. Other aggregations would read the zero-weight messages: eager, they replace
-        # them; compiled or recorded, they send them to a spare row, again in a graph of fixed size.
-        if self.add_self_loops and self._gather != "sum" and not fixed_sizes(edge_index):
-            looped = looped_graph(edge_index, self.flow, num_nodes, num_nodes, num_nodes)
-            graph = looped.graph
-        else:
-            graph = fixed_size_graph(edge_index, self.flow, num_nodes, self.add_self_loops, self._gather)
-            if not self.normalize:
-                return graph, edge_weight
-        in_place = self.add_self_loops and looped is None
+        # Stored self loops stay in a graph of fixed size: at weight 0 for sums, in a spare row for
+        # the other aggregations (which would read zero-weight messages). No host synchronisation
+        # for a new graph, and no graph break when compiled.
+        graph = fixed_size_graph(edge_index, self.flow, num_nodes, self.add_self_loops, self._gather)
+        if not self.normalize:
+            return graph, edge_weight
         if edge_weight is None:
             # Without weights the normalisation is a function of the graph alone: cache it there.
             # Every edge, self loops included, weighs 1: PyG 2.8's gcn_norm fills self loops
             # with 2 (improved=True) only when edge weights are given, and this matches it.
-            if looped is not None:
-                return graph, derived(
-                    edge_index,
-                    ("gcn_looped_norm", self.flow, num_nodes, x.dtype),
-                    lambda: unit_norm(edge_index, self.flow, num_nodes, True, x.dtype, looped.kept),
-                )
             if graph.edges is not None:
                 # Traced with the graph's ops (traced_graph): a few fused kernels, no custom op.
                 index = plain_index(edge_index)
@@ -393,7 +368,7 @@ class GCNConv(MessagePassing, ScriptedAsPyG):
             return graph, norm(edge_index, self.flow, num_nodes, self.add_self_loops, self._gather, x.dtype)
         fill = 2.0 if self.improved else 1.0
         return graph, gcn_norm_weights(
-            graph, self.loop_weights(edge_index, looped, in_place, edge_weight, num_nodes, fill)
+            graph, self.loop_weights(edge_index, self.add_self_loops, edge_weight, num_nodes, fill)
         )
 
     def _looped_sparse(self, index: Tensor, num_nodes: int):
@@ -402,25 +377,20 @@ class GCNConv(MessagePassing, ScriptedAsPyG):
         return graph_of(index, "source_to_target", num_nodes, num_nodes)
 
     @staticmethod
-    def loop_weights(
-        edge_index: Tensor, looped: Optional[Looped], in_place: bool, weight: Tensor, num_nodes: int, fill: float
-    ) -> Tensor:
-        """Edge weights in the order of the graph propagated on: a stored self loop's weight goes to
-        its node's loop, other loops get ``fill``; where the stored loops keep their places
-        (``in_place``: the padded graph, or the spare-row one, which sends them to the spare row),
-        at weight 0. Of a node's duplicate stored loops the last one lends its weight, on every
+    def loop_weights(edge_index: Tensor, add_self_loops: bool, weight: Tensor, num_nodes: int, fill: float) -> Tensor:
+        """Edge weights in the order of :func:`fixed_size_graph`'s graph: with ``add_self_loops``, a
+        stored self loop keeps its place at weight 0 (in the padded graph, or the spare-row one,
+        which sends it to the spare row) and lends its weight to its node's loop, other loops get
+        ``fill``. Of a node's duplicate stored loops the last one lends its weight, on every
         device: the assignment PyG indexes with leaves the winner unspecified on a GPU."""
-        if in_place:
-            index = plain_index(edge_index)
-            is_loop = index[0] == index[1]
-            # Edges that are not loops go to a spare slot past the last node, which is dropped.
-            slot = torch.where(is_loop, index[0], num_nodes)
-            loop_weight = _last_loop_weights(slot, weight, num_nodes + 1, fill)[:num_nodes]
-            return torch.cat([weight.masked_fill(is_loop, 0.0), loop_weight])
-        if looped is None:
+        if not add_self_loops:
             return weight
-        loop_weight = _last_loop_weights(looped.loop_nodes, weight.index_select(0, looped.loops), num_nodes, fill)
-        return torch.cat([weight.index_select(0, looped.kept), loop_weight])
+        index = plain_index(edge_index)
+        is_loop = index[0] == index[1]
+        # Edges that are not loops go to a spare slot past the last node, which is dropped.
+        slot = torch.where(is_loop, index[0], num_nodes)
+        loop_weight = _last_loop_weights(slot, weight, num_nodes + 1, fill)[:num_nodes]
+        return torch.cat([weight.masked_fill(is_loop, 0.0), loop_weight])
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels})"

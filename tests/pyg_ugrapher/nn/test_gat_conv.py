@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch_geometric.nn as pyg_nn
 from torch_geometric import EdgeIndex
-from torch_geometric.utils import to_torch_csr_tensor
+from torch_geometric.utils import remove_self_loops, to_torch_csr_tensor
 
 from pyg_ugrapher import ops
 from pyg_ugrapher.nn import GATConv
@@ -230,7 +230,12 @@ def test_sparse_adjacency(compare, small_graph, loops):
 
 
 def test_attention_dropout(small_graph):
-    x, edge_index = small_graph
+    x, looped_index = small_graph
+    assert (looped_index[0] == looped_index[1]).any()
+    # The returned coefficients are in PyG's edge order, with stored self loops removed; the fused
+    # path's drop mask is in the order of the graph that keeps them in a spare row: the same seed
+    # drops the same coefficients on a graph without stored loops.
+    edge_index, _ = remove_self_loops(looped_index)
     torch.manual_seed(0)
     theirs = pyg_nn.GATConv(6, 4, heads=2, dropout=0.5)
     ours = GATConv(6, 4, heads=2, dropout=0.5)
@@ -260,6 +265,12 @@ def test_attention_dropout(small_graph):
     ours.train()
     torch.manual_seed(1)
     torch.testing.assert_close(ours(x, edge_index), first, rtol=1e-5, atol=1e-6)
+    # With stored loops the fused path drops by its seed too.
+    torch.manual_seed(1)
+    looped = ours(x, looped_index)
+    torch.manual_seed(1)
+    torch.testing.assert_close(ours(x, looped_index), looped, rtol=0, atol=0)
+    assert not torch.allclose(looped, ours.eval()(x, looped_index))
 
 
 def test_ops_per_forward(small_graph):

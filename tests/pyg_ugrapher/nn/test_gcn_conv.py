@@ -154,8 +154,7 @@ def test_unit_weights_run_no_normalisation_op(small_graph):
 @pytest.mark.parametrize("add_self_loops", [True, False], ids=["loops", "no_loops"])
 def test_unit_norm_matches_gcn_norm(interpret, small_graph, flow, add_self_loops):
     """The weights of PyG's gcn_norm on a graph with repeated stored loops and isolated nodes: with
-    loops, in the looped graph's order (the kept edges, then one loop per node), and in the padded
-    graph's (stored loops in place at weight 0, then the loops)."""
+    loops, in the padded graph's order (stored loops in place at weight 0, then one loop per node)."""
     _, edge_index = small_graph
     num_nodes = int(edge_index.max()) + 4  # the last three nodes have no edges
     loops = torch.tensor([[3, 3, 3, 5], [3, 3, 3, 5]])
@@ -168,7 +167,6 @@ def test_unit_norm_matches_gcn_norm(interpret, small_graph, flow, add_self_loops
         return
     is_loop = edge_index[0] == edge_index[1]
     kept = (~is_loop).nonzero().view(-1)
-    torch.testing.assert_close(unit_norm(edge_index, flow, num_nodes, True, torch.float32, kept), theirs)
     num_edges = edge_index.size(1)
     # The kernels (here through Triton's interpreter), and the torch operations.
     for padded in (

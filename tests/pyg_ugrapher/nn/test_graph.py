@@ -45,14 +45,15 @@ def test_spare_row_graph_rows_are_the_looped_graphs(flow, case):
     looped = graph_argument.looped_graph(edge_index, flow, num_src, num_dst, num_loops)
     assert spare.spare_row and not looped.graph.spare_row
     assert spare.num_edges == edge_index.size(1) + num_loops
-    assert spare.structure.num_dst == num_dst + 1
+    spare_structure = spare.tensor.structure()
+    assert spare_structure.num_dst == num_dst + 1
 
     # Edge ids of the looped graph, as places in the spare-row graph: kept edges keep theirs,
     # added loops follow the stored edges.
     kept = looped.kept.tolist()
     place = kept + [edge_index.size(1) + k for k in range(num_loops)]
     expected = [[(u, place[e]) for u, e in row] for row in rows(looped.graph.tensor.structure(), num_dst)]
-    got = rows(spare.structure, num_dst + 1)
+    got = rows(spare_structure, num_dst + 1)
     assert got[:num_dst] == expected
     is_loop = (edge_index[0] == edge_index[1]).tolist()
     assert sorted(e for _, e in got[num_dst]) == [e for e, loop in enumerate(is_loop) if loop]
@@ -104,8 +105,22 @@ def test_looped_graph_is_pygs_remove_then_add_self_loops(flow):
 def test_looped_graph_checks_the_index_range(bad, message):
     with pytest.raises(ValueError, match=message):
         graph_argument.looped_graph(bad, "source_to_target", 12, 12, 12)
+    with pytest.raises(ValueError, match=message):
+        graph_argument.spare_row_looped_graph(bad, "source_to_target", 12, 12, 12)
     with pytest.raises(ValueError, match="^size: 13 self loops"):
         graph_argument.looped_graph(torch.tensor([[0], [1]]), "source_to_target", 12, 13, 13)
+
+
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+@pytest.mark.parametrize("destination", [12, 13])
+def test_spare_row_graph_refuses_a_destination_out_of_range(flow, destination):
+    """The spare row takes stored self loops only: an edge into the row just past the last node
+    (where the spare row lies) is out of range, as is any beyond."""
+    bad = torch.tensor([[0, 5, 4], [1, destination, 4]])
+    if flow == "target_to_source":
+        bad = bad.flip(0)
+    with pytest.raises(ValueError, match="destination index 1[34] out of range"):
+        graph_argument.spare_row_looped_graph(bad, flow, 12, 12, 12)
 
 
 @pytest.mark.parametrize("name", ["add_self_loops", "add_remaining_self_loops", "gcn_norm"])
