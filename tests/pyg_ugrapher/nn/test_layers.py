@@ -23,7 +23,7 @@ LAYERS = {
 
 def _forward(name, layer, x, edge_index):
     if name == "GINEConv":
-        return layer(x, edge_index, torch.ones(edge_index.size(1), 6))
+        return layer(x, edge_index, torch.ones(edge_index.size(1), 6, device=edge_index.device))
     return layer(x, edge_index)
 
 
