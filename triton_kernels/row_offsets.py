@@ -29,6 +29,10 @@ from .launch import cdiv, jit_kernel
 BLOCK = 256
 #: Slots of the extremes ahead of the degree counts in the kernel's buffer (:data:`UserOrderPair.extremes`).
 EXTREMES = 4
+#: Up to this many rows per direction, both directions' running sums are one scan of a ``[2, rows]``
+#: tensor, each row by one block: one launch where two 1-D scans take two (each a multi-block
+#: scan, with more host time per call). A longer row is scanned faster across the whole GPU.
+PAIRED_SCAN_ROWS = 1 << 14
 
 
 def user_order_kernel(
@@ -143,10 +147,14 @@ def build_user_order_pair(
                 num_edges, num_src, num_dst, half,
                 BLOCK=BLOCK, EXTREMA=extrema, WIDE=index_dtype == torch.int64, SLOTS=EXTREMES,
             )  # fmt: skip
-        # One running sum per direction: torch scans a 1-D tensor across the whole GPU, but the
-        # rows of a 2-D one each in one block.
-        rowptr = buffer[EXTREMES : EXTREMES + num_dst + 1].cumsum(0, dtype=index_dtype)
-        csc_rowptr = buffer[EXTREMES + half : EXTREMES + half + num_src + 1].cumsum(0, dtype=index_dtype)
+        # A running sum per direction (PAIRED_SCAN_ROWS): torch scans a 1-D tensor across the
+        # whole GPU, the rows of a 2-D one each in one block.
+        if half <= PAIRED_SCAN_ROWS:
+            both = buffer[EXTREMES:].view(2, half).cumsum(1, dtype=index_dtype)
+            rowptr, csc_rowptr = both[0, : num_dst + 1], both[1, : num_src + 1]
+        else:
+            rowptr = buffer[EXTREMES : EXTREMES + num_dst + 1].cumsum(0, dtype=index_dtype)
+            csc_rowptr = buffer[EXTREMES + half : EXTREMES + half + num_src + 1].cumsum(0, dtype=index_dtype)
         if extrema:
             extremes = buffer[:EXTREMES]
     else:

@@ -56,6 +56,19 @@ def test_pair_on_skewed_and_sparse_sizes(num_src, num_dst, num_edges, device):
     assert pair.extremes.tolist() == _extremes(src.cpu(), dst.cpu())
 
 
+@pytest.mark.parametrize("paired_scan_rows", [0, 1 << 14], ids=["two_scans", "paired_scan"])
+@pytest.mark.parametrize("num_src,num_dst", [(20000, 20), (20, 20000), (5, 7)])
+def test_pair_offsets_by_either_scan(monkeypatch, num_src, num_dst, paired_scan_rows, device):
+    """The running sums of both directions, as one scan of a ``[2, rows]`` tensor (up to
+    ``PAIRED_SCAN_ROWS`` rows) or two 1-D scans, on sides of very different sizes."""
+    monkeypatch.setattr(row_offsets, "PAIRED_SCAN_ROWS", paired_scan_rows)
+    g = torch.Generator().manual_seed(num_src)
+    src = torch.randint(0, num_src, (3000,), generator=g).to(device)
+    dst = torch.randint(0, num_dst, (3000,), generator=g).to(device)
+    pair = row_offsets.build_user_order_pair(src, dst, num_src, num_dst, torch.int32, extrema=True)
+    _check_pair(pair, src, dst, num_src, num_dst, torch.int32)
+
+
 def test_pair_of_a_100k_edge_hub(device):
     """Every edge into one vertex (100k atomics on one counter), vertices without edges around it."""
     g = torch.Generator().manual_seed(7)
