@@ -51,8 +51,8 @@ def test_matches_pyg(compare, small_graph, kwargs, weighted, train):
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_repeated_self_loops(compare, compile_ours, small_graph, kwargs, weighted, compiled):
     """Several stored loops on one node, one on another, with their own weights: sums keep them at
-    weight 0 in a graph of fixed size, other aggregations drop them (compiled: send them to a spare
-    row, and the layer stays one graph); all as PyG, gradients too."""
+    weight 0 in a graph of fixed size, other aggregations send them to a spare row (compiled, the
+    layer stays one graph); all as PyG, gradients too."""
     x, edge_index = small_graph
     loops = torch.tensor([[3, 3, 3, 5], [3, 3, 3, 5]])
     edge_index = torch.cat([loops[:, :2], edge_index, loops[:, 2:]], dim=1)
