@@ -26,13 +26,13 @@ structure arrays that
 serialised :class:`~pyg_ugrapher.OpInfo` a trace-time constant (:func:`op_text`). A compiled model
 thus has no graph break, one graph serves every graph of a mini-batch loader (only tensors
 change), and the structure of a graph seen before is not rebuilt. Removing stored self loops
-(``GATConv``, ``GCNConv`` with mean, max or min aggregation) keeps a data-dependent number of
-edges: the fake implementation gives it as an unbacked size, which ``torch.compile`` traces with
-``fullgraph=True`` and breaks the graph at otherwise. ``GCNConv``'s sums keep the stored loops
-at weight 0 instead (:func:`padded_looped_graph`), and the other compiled layers point them to a
-spare destination row (:func:`spare_row_looped_graph`): fixed sizes, no break. Only
-``GATConv(return_attention_weights=True)``, which returns the looped index itself, still removes
-them when compiled. Reading a ``SparseTensor`` (duck-typed, and cached in Python) is a graph break;
+keeps a data-dependent number of edges: the fake implementation gives it as an unbacked size,
+which ``torch.compile`` traces with ``fullgraph=True`` and breaks the graph at otherwise (and
+eager, counting them waits for the device). ``GCNConv``'s sums keep the stored loops at weight 0
+instead (:func:`padded_looped_graph`), and ``GATConv`` and ``GCNConv``'s other aggregations point
+them to a spare destination row (:func:`spare_row_looped_graph`): fixed sizes, no break, no sync.
+Only ``GATConv(return_attention_weights=True)``, which returns the looped index itself, still
+removes them. Reading a ``SparseTensor`` (duck-typed, and cached in Python) is a graph break;
 the rest of the layer compiles as for an edge index.
 
 A ``torch.sparse`` adjacency cannot enter a compiled graph at all: Dynamo does not trace a frame
@@ -183,13 +183,6 @@ def built_in_recording(graph: object) -> bool:
         and torch.cuda.is_current_stream_capturing()
         and not getattr(_HOLDING, "value", False)
     )
-
-
-def fixed_sizes(edge_index: object) -> bool:
-    """Whether a layer call must build graphs whose sizes follow from shapes alone (no self loops
-    removed, which keeps a data-dependent number of edges): under ``torch.compile``, and inside a
-    CUDA graph capture that builds the structures of ``edge_index`` (:func:`built_in_recording`)."""
-    return torch.compiler.is_compiling() or built_in_recording(edge_index)
 
 
 def _version(graph: Union[Tensor, SparseTensor]) -> Hashable:

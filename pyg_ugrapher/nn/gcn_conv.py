@@ -66,10 +66,9 @@ def unit_norm(edge_index: Tensor, flow: str, num_nodes: int, add_self_loops: boo
 
     Without loops the weights are in the index's edge order; with them, stored loops weigh 0 in
     place (the padded and spare-row graphs of :func:`fixed_size_graph`), then each node's loop
-    :math:`1 / \hat{d}_v`. A sampler's
-    mini-batch is a new graph every step: where Triton runs, two kernels
-    (:mod:`triton_kernels.unit_norm`), else a dozen torch operations, instead of two graph operators
-    over the graph. Degrees are summed in float32 (float64 for double weights), exact up to
+    :math:`1 / \hat{d}_v`. A sampler's mini-batch is a new graph every step: where Triton runs, two
+    kernels (:mod:`triton_kernels.unit_norm`), else a dozen torch operations, instead of two graph
+    operators over the graph. Degrees are summed in float32 (float64 for double weights), exact up to
     :math:`2^{24}` edges per node whatever ``dtype``."""
     index = plain_index(edge_index)
     j, i = endpoints(flow)
