@@ -507,14 +507,12 @@ class Looped(NamedTuple):
 
     graph: Graph
     kept: Tensor  #: ``[E']`` ids of the input edges that are kept, in order
-    loops: Tensor  #: ``[L]`` ids of the input's self loops
-    loop_nodes: Tensor  #: ``[L]`` their nodes
     index: Tensor  #: ``[2, E' + num_loops]`` the looped edge index, as PyG returns it
 
 
 def _looped(
     edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int
-) -> Tuple[GraphTensor, Tensor, Tensor, Tensor, Tensor]:
+) -> Tuple[GraphTensor, Tensor, Tensor]:
     index = plain_index(edge_index)
     is_loop = index[0] == index[1]
     j, i = endpoints(flow)
@@ -530,10 +528,9 @@ def _looped(
         # nonzero() calls and the graph's own check, a new mini-batch graph waited three times.
         (stored,) = validate_endpoints(index[j], index[i], num_src, num_dst, [is_loop.sum()])
     kept = torch.nonzero_static(~is_loop, size=index.size(1) - stored).view(-1)
-    loops = torch.nonzero_static(is_loop, size=stored).view(-1)
     added = torch.arange(num_loops, device=index.device).repeat(2, 1)
     looped = torch.cat([index[:, kept], added], dim=1)
-    return graph_of(looped, flow, num_src, num_dst, validate=False), kept, loops, index[0, loops], looped
+    return graph_of(looped, flow, num_src, num_dst, validate=False), kept, looped
 
 
 #: Compiled layer calls on an index of at most this many edges run their operators as traced
@@ -575,7 +572,7 @@ def _cached(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> GraphT
 
 def _cached_looped(
     edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int
-) -> Tuple[GraphTensor, Tensor, Tensor, Tensor, Tensor]:
+) -> Tuple[GraphTensor, Tensor, Tensor]:
     return derived(
         edge_index,
         ("looped", flow, num_src, num_dst, num_loops),
@@ -617,8 +614,8 @@ def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int) -> List[Tensor]
 
 @torch.library.custom_op("pyg_ugrapher::looped_graph", mutates_args=(), tags=OP_TAGS)
 def _looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
-    """The structure arrays of the looped graph (see :class:`Looped`), then its kept edge ids, loop
-    ids, loop nodes and edge index."""
+    """The structure arrays of the looped graph (see :class:`Looped`), then its kept edge ids and
+    edge index."""
     graph, *extra = _cached_looped(edge_index, flow, num_src, num_dst, num_loops)
     return _unaliased(graph.structure(edge_index.device, sort=True).flat() + extra, edge_index)
 
@@ -627,10 +624,9 @@ def _looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num
 def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> List[Tensor]:
     ctx = torch.library.get_ctx()
     num_kept = ctx.new_dynamic_size()
-    num_loops_stored = ctx.new_dynamic_size()
     structure = _structure_like(edge_index, num_src, num_dst, num_kept + num_loops, edge_index.size(1) + num_loops)
     ids = lambda size: edge_index.new_empty(size, dtype=torch.long)  # noqa: E731
-    return structure + [ids(num_kept), ids(num_loops_stored), ids(num_loops_stored), ids((2, num_kept + num_loops))]
+    return structure + [ids(num_kept), ids((2, num_kept + num_loops))]
 
 
 def _spare_row_index(edge_index: Tensor, flow: str, num_dst: int, num_loops: int) -> Tensor:
@@ -786,8 +782,8 @@ def looped_graph(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_
         arrays = _looped_graph(edge_index, flow, num_src, num_dst, num_loops)
         structure = GraphStructure.from_flat(arrays[:STRUCTURE_ARRAYS], user_order=False)
         return Looped(Graph(None, structure, structure.num_edges), *arrays[STRUCTURE_ARRAYS:])
-    graph, kept, loops, loop_nodes, index = _cached_looped(edge_index, flow, num_src, num_dst, num_loops)
-    return Looped(Graph(graph, None, graph.num_edges), kept, loops, loop_nodes, index)
+    graph, kept, index = _cached_looped(edge_index, flow, num_src, num_dst, num_loops)
+    return Looped(Graph(graph, None, graph.num_edges), kept, index)
 
 
 def looped_edge_attr(looped: Looped, edge_attr: Tensor, num_loops: int, fill_value: object) -> Tensor:
