@@ -642,6 +642,27 @@ def _spare_row_index(edge_index: Tensor, flow: str, num_dst: int, num_loops: int
     return torch.cat([routed, loops], dim=1)
 
 
+def spare_row_index(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Tensor:
+    """The ``[2, E + num_loops]`` edge index of :func:`spare_row_looped_graph`'s graph, cached on
+    ``edge_index``: for a layer that runs PyG's ``message()`` on an index (GATv2), whose graph
+    structure is then cached on this one. A GPU index is not checked here (its graph's range check
+    waits for nothing), a host index is, at once and in the caller's numbers: the graph of this
+    index has a destination row more."""
+    return derived(
+        edge_index,
+        ("spare_row_index", flow, num_src, num_dst, num_loops),
+        lambda: _checked_spare_row_index(edge_index, flow, num_src, num_dst, num_loops),
+    )
+
+
+def _checked_spare_row_index(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Tensor:
+    if not edge_index.is_cuda:
+        j, i = endpoints(flow)
+        index = plain_index(edge_index)
+        validate_endpoints(index[j], index[i], num_src, num_dst)
+    return _spare_row_index(edge_index, flow, num_dst, num_loops)
+
+
 def _spare_row_looped(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
     # A sampler's batch is checked (see _cached).
     return graph_of(

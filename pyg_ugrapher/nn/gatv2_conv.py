@@ -1,11 +1,20 @@
 from typing import Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn.conv.gatv2_conv import GATv2Conv as PyGGATv2Conv
 from torch_geometric.typing import SparseTensor
 
-from ..graph_argument import built_in_recording, check_features, is_sparse, looped_edge_attr, looped_graph
+from ..graph_argument import (
+    built_in_recording,
+    check_features,
+    is_sparse,
+    looped_edge_attr,
+    looped_graph,
+    spare_row_index,
+    spare_row_loop_attr,
+)
 from ..message_passing import MessagePassing
 from .twins import ScriptedAsPyG
 
@@ -32,12 +41,17 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
     attention logits and their segment softmax become graph operators, the weighted sum one fused
     operator. What the drop-in adds is the self-loop handling of a ``[2, E]`` edge index: PyG's
     ``forward`` removes and re-adds the self loops on every call (a new edge index whose graph
-    structure must be built again, and host synchronisations); here the looped graph is built once
-    per edge index (:func:`~pyg_ugrapher.graph_argument.looped_graph`) and reused while the index
-    is unchanged. Under ``torch.compile`` the layer runs so too, outside the compiled graph (PyG's
-    ``forward`` there breaks the graph at the self-loop removal and rebuilds the looped graph on
-    every call). Sparse adjacencies, recordings that rebuild the graph, explain mode and hooks run
-    PyG's ``forward`` on this layer.
+    structure must be built again, and host synchronisations); here the graph with the loops is
+    built once per edge index and reused while the index is unchanged. Its stored self loops keep
+    their places but go to a spare destination row whose output is dropped
+    (:func:`~pyg_ugrapher.graph_argument.spare_row_index`), so its sizes follow from shapes alone
+    and a new index (a mini-batch's) costs no host sync; with attention dropout, the mask is drawn
+    over that graph's edges, the same as PyG's on a graph without stored loops. Only
+    ``return_attention_weights``, which returns PyG's looped index, runs on the graph whose stored
+    loops are removed (:func:`~pyg_ugrapher.graph_argument.looped_graph`). Under ``torch.compile``
+    the layer runs so too, outside the compiled graph (PyG's ``forward`` there breaks the graph at
+    the self-loop removal and rebuilds the looped graph on every call). Sparse adjacencies,
+    recordings that rebuild the graph, explain mode and hooks run PyG's ``forward`` on this layer.
     """
 
     def forward(
@@ -71,7 +85,7 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
         edge_attr: Optional[Tensor],
         return_attention_weights: Optional[bool],
     ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
-        """:meth:`forward` on the looped graph cached on ``edge_index``."""
+        """:meth:`forward` on the graph with self loops cached on ``edge_index``."""
         H, C = self.heads, self.out_channels
         res: Optional[Tensor] = None
         if isinstance(x, Tensor):
@@ -92,11 +106,29 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
 
         num_src, num_dst = x_l.shape[0], x_r.shape[0]
         num_loops = min(num_src, num_dst)
-        looped = looped_graph(edge_index, self.flow, num_src, num_dst, num_loops)
-        if edge_attr is not None:
-            edge_attr = looped_edge_attr(looped, edge_attr, num_loops, self.fill_value)
-        alpha = self.edge_updater(looped.index, x=(x_l, x_r), edge_attr=edge_attr)
-        out = self.propagate(looped.index, x=(x_l, x_r), alpha=alpha)
+        # Under flow="target_to_source", PyG's generated edge_updater() and propagate() read x_i
+        # from x_r but size the destinations' row of the index by x_l: a bipartite graph there
+        # keeps the looped graph.
+        spare_row = not return_attention_weights and (self.flow == "source_to_target" or num_src == num_dst)
+        if not spare_row:
+            looped = looped_graph(edge_index, self.flow, num_src, num_dst, num_loops)
+            index = looped.index
+            if edge_attr is not None:
+                edge_attr = looped_edge_attr(looped, edge_attr, num_loops, self.fill_value)
+        else:
+            # Stored self loops go to a spare destination row, whose output is dropped: the graph's
+            # sizes follow from shapes alone, so a new index costs no host sync. x_r (read as x_i)
+            # gets that row, and x_l too where it sizes the destinations' row of the index.
+            index = spare_row_index(edge_index, self.flow, num_src, num_dst, num_loops)
+            if edge_attr is not None:
+                edge_attr = spare_row_loop_attr(edge_index, edge_attr, num_loops, self.fill_value)
+            x_r = F.pad(x_r, (0, 0, 0, 0, 0, 1))
+            if self.flow == "target_to_source":
+                x_l = F.pad(x_l, (0, 0, 0, 0, 0, 1))
+        alpha = self.edge_updater(index, x=(x_l, x_r), edge_attr=edge_attr)
+        out = self.propagate(index, x=(x_l, x_r), alpha=alpha)
+        if spare_row:
+            out = out[:-1]
 
         out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
         if res is not None:

@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch_geometric.nn as pyg_nn
 from torch_geometric import EdgeIndex
+from torch_geometric.utils import remove_self_loops
 
 import pyg_ugrapher as ug
 from pyg_ugrapher import ops
@@ -68,19 +69,24 @@ def test_return_attention_weights(compare, small_graph):
     compare(GATv2Conv(6, 4, heads=2), pyg_nn.GATv2Conv(6, 4, heads=2), forward, [x])
 
 
-def test_looped_graph_is_built_once_per_index(small_graph):
-    """The self loops are replaced once per edge index: every call runs on the cached looped
-    index (so on its cached graph structure); the index returned with the coefficients is the
-    caller's own copy."""
+def test_graphs_are_built_once_per_index(small_graph):
+    """The self loops are handled once per edge index: every plain call runs on the cached graph
+    whose stored loops go to a spare row (``E + N`` edges), every call returning the coefficients
+    on the cached looped graph (stored loops replaced), whose index the caller gets a copy of."""
     x, edge_index = small_graph
+    num_nodes, num_loops = x.size(0), int((edge_index[0] == edge_index[1]).sum())
     layer = GATv2Conv(6, 4, heads=2)
-    looped = looped_graph(edge_index, layer.flow, x.size(0), x.size(0), x.size(0))
-    graphs = []
-    with ops.observe(lambda call: graphs.append(call.graph)):
-        layer(x, edge_index)
-        _, (returned, _) = layer(x, edge_index, return_attention_weights=True)
-    assert graphs and all(graph is graphs[0] for graph in graphs)
-    assert graphs[0].num_edges == looped.index.size(1)
+    looped = looped_graph(edge_index, layer.flow, num_nodes, num_nodes, num_nodes)
+    plain, weighted = [], []
+    for graphs, kwargs in ((plain, {}), (weighted, {"return_attention_weights": True})):
+        with ops.observe(lambda call: graphs.append(call.graph)):
+            for _ in range(2):
+                result = layer(x, edge_index, **kwargs)
+    assert plain and all(graph is plain[0] for graph in plain)
+    assert plain[0].num_edges == edge_index.size(1) + num_nodes
+    assert weighted and all(graph is weighted[0] for graph in weighted)
+    assert weighted[0].num_edges == looped.index.size(1) == edge_index.size(1) - num_loops + num_nodes
+    returned = result[1][0]
     assert returned is not looped.index
     assert torch.equal(returned, looped.index)
 
@@ -168,8 +174,36 @@ def test_bad_input(small_graph):
         conv(x.long(), edge_index)
     with pytest.raises(TypeError, match="x:"):
         conv((x, None), edge_index)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="edge_index: source index 1[01][0-9] out of range for num_src=12"):
         conv(x, edge_index + 100)
+    # One past the last node is where the spare row lies: refused in the caller's numbers.
+    with pytest.raises(ValueError, match="edge_index: destination index 12 out of range for num_dst=12"):
+        conv(x, torch.tensor([[0, 1], [1, 12]]))
+
+
+def test_attention_dropout(small_graph):
+    """Dropout draws one mask over the graph's edges: on a graph without stored self loops the
+    edges are PyG's, in PyG's order, so the same seed drops the same coefficients as PyG's layer;
+    with stored loops (kept in place for a spare row) the mask is over more edges, in that order,
+    and the same seed still gives the same output."""
+    x, looped_index = small_graph
+    assert (looped_index[0] == looped_index[1]).any()
+    edge_index, _ = remove_self_loops(looped_index)
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATv2Conv(6, 4, heads=2, dropout=0.5).train()
+    ours = GATv2Conv(6, 4, heads=2, dropout=0.5).train()
+    ours.load_state_dict(theirs.state_dict())
+
+    def run(layer, index, seed):
+        torch.manual_seed(seed)
+        return layer(x, index)
+
+    first = run(ours, edge_index, 1)
+    torch.testing.assert_close(first, run(theirs, edge_index, 1), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(first, run(ours, edge_index, 2))
+    looped = run(ours, looped_index, 1)
+    torch.testing.assert_close(run(ours, looped_index, 1), looped, rtol=0, atol=0)
+    assert not torch.allclose(looped, ours.eval()(x, looped_index))
 
 
 def test_interpreter(compare, interpret, tiny_graph):
@@ -183,6 +217,36 @@ def test_interpreter(compare, interpret, tiny_graph):
         [x, edge_attr],
         train=True,
     )
+
+
+@pytest.mark.cuda
+def test_new_graph_steps_make_no_host_sync(user_order):
+    """A sampler's new graph every step, self loops stored in it: training calls wait for the GPU
+    nowhere (PyG's layer counts and removes the stored loops), and give PyG's result."""
+    gen = torch.Generator().manual_seed(0)
+    ours = GATv2Conv(6, 4, heads=2, edge_dim=3).cuda()
+    theirs = pyg_nn.GATv2Conv(6, 4, heads=2, edge_dim=3).cuda()
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(200, 6, generator=gen).cuda()
+
+    def new_graph():
+        index = torch.randint(0, 200, (2, 1000), generator=gen)
+        index[1, ::10] = index[0, ::10]  # stored self loops
+        return index.cuda(), torch.randn(1000, 3, generator=gen).cuda()
+
+    for _ in range(3):  # compiles the kernels
+        ours(x, *new_graph()).sum().backward()
+    graphs = [new_graph() for _ in range(4)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        outs = [ours(x, *graph) for graph in graphs]
+        for out in outs:
+            out.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for out, graph in zip(outs, graphs):
+        torch.testing.assert_close(out, theirs(x, *graph), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.cuda
