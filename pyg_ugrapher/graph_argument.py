@@ -645,9 +645,7 @@ def _spare_row_index(edge_index: Tensor, flow: str, num_dst: int, num_loops: int
 def spare_row_index(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Tensor:
     """The ``[2, E + num_loops]`` edge index of :func:`spare_row_looped_graph`'s graph, cached on
     ``edge_index``: for a layer that runs PyG's ``message()`` on an index (GATv2), whose graph
-    structure is then cached on this one. A GPU index is not checked here (its graph's range check
-    waits for nothing), a host index is, at once and in the caller's numbers: the graph of this
-    index has a destination row more."""
+    structure is then cached on this one. Checked as :func:`_checked_spare_row_index` says."""
     return derived(
         edge_index,
         ("spare_row_index", flow, num_src, num_dst, num_loops),
@@ -656,7 +654,10 @@ def spare_row_index(edge_index: Tensor, flow: str, num_src: int, num_dst: int, n
 
 
 def _checked_spare_row_index(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Tensor:
-    if not edge_index.is_cuda:
+    """:func:`_spare_row_index`, a host index checked first, at once and in the caller's numbers
+    (the graph of the result has a destination row more); a GPU index is left to its graph's range
+    check, which waits for nothing, and a sampler's batch was checked (see :func:`_cached`)."""
+    if not edge_index.is_cuda and checked(edge_index, num_src, num_dst) is None:
         j, i = endpoints(flow)
         index = plain_index(edge_index)
         validate_endpoints(index[j], index[i], num_src, num_dst)
@@ -664,13 +665,12 @@ def _checked_spare_row_index(edge_index: Tensor, flow: str, num_src: int, num_ds
 
 
 def _spare_row_looped(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
-    # A sampler's batch is checked (see _cached).
     return graph_of(
-        _spare_row_index(edge_index, flow, num_dst, num_loops),
+        _checked_spare_row_index(edge_index, flow, num_src, num_dst, num_loops),
         flow,
         num_src,
         num_dst + 1,
-        validate=checked(edge_index, num_src, num_dst) is None,
+        validate=edge_index.is_cuda and checked(edge_index, num_src, num_dst) is None,
     )
 
 

@@ -111,12 +111,17 @@ def test_looped_graph_checks_the_index_range(bad, message):
 @pytest.mark.parametrize("destination", [12, 13])
 def test_spare_row_graph_refuses_a_destination_out_of_range(flow, destination):
     """The spare row takes stored self loops only: an edge into the row just past the last node
-    (where the spare row lies) is out of range, as is any beyond."""
+    (where the spare row lies) is out of range, as is any beyond. A host index is refused in the
+    caller's numbers; the spare-row graph of an index that skipped that check (a GPU one, whose
+    graph's range check waits for nothing) refuses it too."""
     bad = torch.tensor([[0, 5, 4], [1, destination, 4]])
     if flow == "target_to_source":
         bad = bad.flip(0)
-    with pytest.raises(ValueError, match="destination index 1[34] out of range"):
+    with pytest.raises(ValueError, match=f"destination index {destination} out of range for num_dst=12"):
         graph_argument.spare_row_looped_graph(bad, flow, 12, 12, 12)
+    routed = graph_argument._spare_row_index(bad, flow, 12, 12)
+    with pytest.raises(ValueError, match="destination index 1[34] out of range for num_dst=13"):
+        graph_argument.graph_of(routed, flow, 12, 13)
 
 
 @pytest.mark.parametrize("name", ["add_self_loops", "add_remaining_self_loops", "gcn_norm"])
