@@ -142,6 +142,26 @@ def test_hub(compare):
     compare(GATv2Conv(6, 4, heads=2), pyg_nn.GATv2Conv(6, 4, heads=2), lambda layer, x: layer(x, edge_index), [x])
 
 
+@pytest.mark.parametrize("fill_value", ["mean", 0.5])
+def test_repeated_stored_loops(compare, fill_value):
+    """Stored self loops repeated on one node (all of them go to the spare row, their features
+    left out of the loops' fill), duplicate edges and an isolated node, in training with edge
+    features: PyG's results and gradients."""
+    edge_index = torch.tensor([[0, 0, 0, 1, 1, 2, 3, 3, 4, 5, 6], [0, 0, 0, 2, 2, 1, 3, 3, 0, 6, 5]])
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(8, 6, generator=generator)
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=generator)
+    torch.manual_seed(0)
+    kwargs = dict(heads=2, edge_dim=3, fill_value=fill_value)
+    compare(
+        GATv2Conv(6, 4, **kwargs),
+        pyg_nn.GATv2Conv(6, 4, **kwargs),
+        lambda layer, x, e: layer(x, edge_index, e),
+        [x, edge_attr],
+        train=True,
+    )
+
+
 def test_compiled_matches_pyg(compare, compile_ours, small_graph):
     """Under ``torch.compile`` the layer runs on its cached looped graph outside the compiled graph:
     every call reads the same graph."""
