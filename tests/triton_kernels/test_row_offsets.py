@@ -56,11 +56,12 @@ def test_pair_on_skewed_and_sparse_sizes(num_src, num_dst, num_edges, device):
     assert pair.extremes.tolist() == _extremes(src.cpu(), dst.cpu())
 
 
-@pytest.mark.parametrize("paired_scan_rows", [0, 1 << 14], ids=["two_scans", "paired_scan"])
+@pytest.mark.parametrize("paired_scan_rows", [0, 1 << 15], ids=["two_scans", "paired_scan"])
 @pytest.mark.parametrize("num_src,num_dst", [(20000, 20), (20, 20000), (5, 7)])
 def test_pair_offsets_by_either_scan(monkeypatch, num_src, num_dst, paired_scan_rows, device):
     """The running sums of both directions, as one scan of a ``[2, rows]`` tensor (up to
-    ``PAIRED_SCAN_ROWS`` rows) or two 1-D scans, on sides of very different sizes."""
+    ``PAIRED_SCAN_ROWS`` rows, here every size) or two 1-D scans (here every size), on sides of
+    very different sizes."""
     monkeypatch.setattr(row_offsets, "PAIRED_SCAN_ROWS", paired_scan_rows)
     g = torch.Generator().manual_seed(num_src)
     src = torch.randint(0, num_src, (3000,), generator=g).to(device)
