@@ -29,11 +29,13 @@ change), and the structure of a graph seen before is not rebuilt. Removing store
 keeps a data-dependent number of edges: the fake implementation gives it as an unbacked size,
 which ``torch.compile`` traces with ``fullgraph=True`` and breaks the graph at otherwise (and
 eager, counting them waits for the device). ``GCNConv``'s sums keep the stored loops at weight 0
-instead (:func:`padded_looped_graph`), and ``GATConv`` and ``GCNConv``'s other aggregations point
-them to a spare destination row (:func:`spare_row_looped_graph`): fixed sizes, no break, no sync.
-Only ``GATConv(return_attention_weights=True)``, which returns the looped index itself, still
-removes them. Reading a ``SparseTensor`` (duck-typed, and cached in Python) is a graph break;
-the rest of the layer compiles as for an edge index.
+instead (:func:`padded_looped_graph`), and ``GATConv``, ``GCNConv``'s other aggregations and
+``GATv2Conv`` (on :func:`spare_row_index`) point them to a spare destination row
+(:func:`spare_row_looped_graph`): fixed sizes, no break, no sync. Only a call with
+``return_attention_weights=True``, which returns the looped index itself, and ``GATv2Conv`` on a
+bipartite graph under ``flow="target_to_source"`` still remove them. Reading a ``SparseTensor``
+(duck-typed, and cached in Python) is a graph break; the rest of the layer compiles as for an edge
+index.
 
 A ``torch.sparse`` adjacency cannot enter a compiled graph at all: Dynamo does not trace a frame
 that reads a sparse tensor (even only to pass it on) but runs it eagerly as a whole, and still
