@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Callable, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -84,20 +84,32 @@ class DirectKernel:
     def __getitem__(self, grid: Sequence[int]) -> Callable[..., None]:
         return lambda *args, **kwargs: self.run(grid, args, kwargs)
 
-    def _key(self, device: int, args: Sequence[Any], kwargs: Dict[str, Any]):
+    def _key(self, device: int, args: Sequence[Any], kwargs: Dict[str, Any], values: Optional[List[Any]] = None):
+        """The specialisation key of a call (``None`` for an argument type not handled here). With
+        ``values``, also the launch's argument values, appended: a CUDA tensor as its address, which
+        Triton's launcher takes as it is, where for a tensor it calls ``data_ptr()`` and asks the
+        driver for the pointer's attributes, per argument and launch (a host cost that grows with
+        the kernel's many pointers); any other tensor as itself, for the launcher's own error."""
         key = [device, tuple(kwargs.items())]
         append = key.append
+        keep = values.append if values is not None else None
         for arg, specialised in zip(args, self.specialised):
             # Integers first, by exact type (a bool is not one): the check costs no call.
             if type(arg) is int:
                 kind = "i32" if -_I32 <= arg < _I32 else _int_type(arg)
                 append((kind, specialised and arg % 16 == 0, specialised and arg == 1))
             elif isinstance(arg, Tensor):
-                append((arg.dtype, arg.data_ptr() % 16 == 0))
+                address = arg.data_ptr()
+                append((arg.dtype, address % 16 == 0))
+                if keep is not None:
+                    keep(address if arg.is_cuda else arg)
+                    continue
             elif type(arg) is float:
                 append(_FLOAT)  # Triton passes every float as fp32, never specialised on its value
             else:
                 return None
+            if keep is not None:
+                keep(arg)
         return tuple(key)
 
     def run(self, grid: Sequence[int], args: Sequence[Any], kwargs: Dict[str, Any]) -> None:
@@ -118,7 +130,8 @@ class DirectKernel:
             with TRITON_LOCK:
                 self.fn[grid](*args, **kwargs)
             return
-        key = self._key(device, args, kwargs)
+        values: List[Any] = []
+        key = self._key(device, args, kwargs, values)
         binary = self.binaries.get(key) if key is not None else None
         if binary is None:
             with TRITON_LOCK:
@@ -131,7 +144,7 @@ class DirectKernel:
         grid_y = grid[1] if len(grid) > 1 else 1
         grid_z = grid[2] if len(grid) > 2 else 1
         binary.run(
-            grid[0], grid_y, grid_z, stream, binary.function, binary.packed_metadata, None, None, None, *args, *tail
+            grid[0], grid_y, grid_z, stream, binary.function, binary.packed_metadata, None, None, None, *values, *tail
         )
 
     def _remember(self, key: Tuple, compiled: Any, num_args: int, kwargs: Dict[str, Any]) -> None:

@@ -71,6 +71,25 @@ def test_a_binary_is_reused_for_the_same_specialisation(driver):
     assert len(kernel.binaries) == 1
 
 
+class OnTheGpu(torch.Tensor):
+    """A host tensor that says it is on the GPU: what the launch passes for a CUDA tensor."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_gpu_tensors_are_launched_by_address(driver):
+    """Triton's launcher takes an integer pointer as it is; for a tensor it calls ``data_ptr()`` and
+    asks the driver about the pointer. A tensor not on the GPU stays itself, for the launcher's error."""
+    fn = JitFunction()
+    gpu, host = torch.zeros(64).as_subclass(OnTheGpu), torch.zeros(64)
+    launches(fn, [((gpu, 32, 7), dict(BLOCK=16))] * 2 + [((host, 32, 7), dict(BLOCK=16))])
+    (_, _, first), (_, _, second) = fn.log[1], fn.log[2]
+    assert first[9] == gpu.data_ptr() and type(first[9]) is int
+    assert second[9] is host
+
+
 @pytest.mark.parametrize(
     "first,second",
     [
