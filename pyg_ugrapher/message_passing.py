@@ -493,7 +493,7 @@ class MessagePassing(PyGMessagePassing):
         cannot generate them for, take them the other way round under
         ``flow="target_to_source"``. The sizes they set are the same."""
         out = super()._collect(args, edge_index, size, kwargs)
-        if self.flow == "source_to_target" or not _generated_by_pyg(self, args is self._edge_user_args):
+        if self.flow == "source_to_target" or not _generated_by_pyg(type(self), args is self._edge_user_args):
             return out
         for arg in args:
             suffix = arg[-2:]
@@ -963,13 +963,15 @@ def _gather_sources(
 _GENERATED: "weakref.WeakKeyDictionary[type, Dict[bool, bool]]" = weakref.WeakKeyDictionary()
 
 
-def _generated_by_pyg(module: PyGMessagePassing, edge_updater: bool) -> bool:
-    """Whether PyG would run its generated ``propagate()`` (or ``edge_updater()``) for the class of
-    ``module`` were it PyG's (for a routed layer, the PyG class it was made from): PyG generates
+@torch.compiler.assume_constant_result
+def _generated_by_pyg(cls: type, edge_updater: bool) -> bool:
+    """Whether PyG would run its generated ``propagate()`` (or ``edge_updater()``) for the layer
+    class ``cls`` were it PyG's (for a routed class, the PyG class it was made from): PyG generates
     one where its inspector reads the method's call in the class's source
     (``MessagePassing._set_jittable_templates``), and runs its generic one otherwise (no source, a
-    call it cannot parse). Decided once per class, by PyG's own reading of that call."""
-    cls = type(module)
+    call it cannot parse). Decided once per class, by PyG's own reading of that call; under
+    ``torch.compile`` a constant of the compiled graph, decided when it is traced (Dynamo cannot
+    trace the reading of a source file: a graph break at each of its steps)."""
     known = _GENERATED.setdefault(cls, {})
     if edge_updater not in known:
         method = "edge_updater" if edge_updater else "propagate"

@@ -9,6 +9,7 @@ loader) must not recompile.
 
 import copy
 import pickle
+import weakref
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import pytest
@@ -20,7 +21,7 @@ from torch_geometric.utils import scatter, softmax
 
 import pyg_ugrapher as ug
 from autotune import selection
-from pyg_ugrapher import graph_argument
+from pyg_ugrapher import graph_argument, message_passing
 from pyg_ugrapher import nn as ug_nn
 
 RTOL = 1e-5
@@ -538,6 +539,27 @@ def test_message_passing_traced_first_under_compile():
     x, edge_index, weight, _ = layer_inputs()
     check_compiled(model, lambda m, x, ei, w: m(x, ei, w), [x, edge_index, weight])
     assert model.trace_count == 1 and model.fallback_reason is None
+
+
+@pytest.mark.parametrize("cls", [pyg_nn.ResGatedGraphConv, pyg_nn.LEConv], ids=lambda cls: cls.__name__)
+def test_routed_layer_under_target_to_source_compiles_whole(cls, monkeypatch):
+    """A routed layer with ``flow="target_to_source"`` whose first call is compiled: which end of
+    the pair ``(x_src, x_dst)`` PyG reads as ``x_j`` there depends on whether it generates the
+    class's ``propagate()``, which its inspector decides by reading the class's source. That
+    decision is a constant of the compiled graph (``fullgraph=True``: traced, each step of reading
+    the source broke the graph); outputs and gradients equal PyG's layer."""
+    monkeypatch.setattr(message_passing, "_GENERATED", weakref.WeakKeyDictionary())  # not decided yet
+    torch.manual_seed(0)
+    theirs = cls(6, 4, flow="target_to_source")
+    ours = ug.accelerate(torch.nn.ModuleList([copy.deepcopy(theirs)]))[0]
+    assert isinstance(ours, ug.MessagePassing)
+    forward = lambda m, x, ei: m(x, ei)  # noqa: E731
+    x, edge_index, _, _ = layer_inputs()
+    compiled = torch.compile(forward, fullgraph=True, backend="aot_eager")
+    got = outputs_and_grads(ours, compiled, [x, edge_index])
+    expected = outputs_and_grads(theirs, forward, [x, edge_index])
+    for index, (a, b) in enumerate(zip(got, expected)):
+        assert_close(a, b, "output" if index == 0 else f"gradient {index - 1}")
 
 
 @pytest.mark.parametrize(
