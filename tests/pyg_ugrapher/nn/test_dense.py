@@ -222,6 +222,28 @@ def test_projection_attention_gradients_only_where_asked(check_close):
     assert torch.equal(silent, torch.zeros_like(silent))
 
 
+@pytest.mark.parametrize("create_graph", [False, True], ids=["first-order", "double"])
+def test_projection_attention_folds_again_only_for_a_double_backward(create_graph, monkeypatch, check_close):
+    """A first-order backward reads the forward's fold of the vectors into the weight; a backward
+    that builds a graph of its own folds them again, from its differentiable inputs."""
+    folds = []
+    fold = _dense._fold
+    monkeypatch.setattr(_dense, "_fold", lambda *args: folds.append(args) or fold(*args))
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 12, bias=False)
+    vectors = [torch.randn(1, 3, 4, requires_grad=True) for _ in range(2)]
+    raw = torch.randn(20, 6, requires_grad=True)
+    x, alphas = _dense.projection_attention(lin, raw, vectors)
+    params = [raw, lin.weight] + vectors
+    loss = x.square().sum() + sum(a.square().sum() for a in alphas)
+    ours = torch.autograd.grad(loss, params, create_graph=create_graph)
+    assert len(folds) == (2 if create_graph else 1)
+    ref_x, ref_alphas = _attention_halves(lin, raw, vectors)
+    theirs = torch.autograd.grad(ref_x.square().sum() + sum(a.square().sum() for a in ref_alphas), params)
+    for a, b in zip(ours, theirs):
+        check_close(a, b)
+
+
 def test_projection_attention_keeps_pytorch_where_it_does_not_apply():
     """A lazy map initialises through its own forward (an edge projection too); under autocast the
     products are the autocast dtype, as PyG's; a dtype other than the weight's goes through the
