@@ -47,11 +47,13 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
     (:func:`~pyg_ugrapher.graph_argument.spare_row_index`), so its sizes follow from shapes alone
     and a new index (a mini-batch's) costs no host sync; with attention dropout, the mask is drawn
     over that graph's edges, the same as PyG's on a graph without stored loops. Only
-    ``return_attention_weights``, which returns PyG's looped index, runs on the graph whose stored
-    loops are removed (:func:`~pyg_ugrapher.graph_argument.looped_graph`). Under ``torch.compile``
-    the layer runs so too, outside the compiled graph (PyG's ``forward`` there breaks the graph at
-    the self-loop removal and rebuilds the looped graph on every call). Sparse adjacencies,
-    recordings that rebuild the graph, explain mode and hooks run PyG's ``forward`` on this layer.
+    ``return_attention_weights``, which returns PyG's looped index, and a bipartite graph under
+    ``flow="target_to_source"`` run on the graph whose stored loops are removed
+    (:func:`~pyg_ugrapher.graph_argument.looped_graph`). Under ``torch.compile`` the layer runs so
+    too, on the graph cached on the index, outside the compiled graph (PyG's ``forward`` there
+    breaks the graph at the self-loop removal and rebuilds the looped graph on every call). Sparse
+    adjacencies, recordings that rebuild the graph, explain mode and hooks run PyG's ``forward`` on
+    this layer.
     """
 
     def forward(

@@ -163,8 +163,8 @@ def test_repeated_stored_loops(compare, fill_value):
 
 
 def test_compiled_matches_pyg(compare, compile_ours, small_graph):
-    """Under ``torch.compile`` the layer runs on its cached looped graph outside the compiled graph:
-    every call reads the same graph."""
+    """Under ``torch.compile`` the layer runs on the graph cached on its index (stored self loops to
+    the spare row) outside the compiled graph: every call reads the same graph."""
     x, edge_index = small_graph
     torch.manual_seed(0)
     theirs = pyg_nn.GATv2Conv(6, 4, heads=2, edge_dim=3)
