@@ -165,10 +165,14 @@ class RangeCheck:
     ``ValueError`` at that later look, and at every use of its graph after. On a CPU the extremes
     are there at once: the check finishes at construction."""
 
-    __slots__ = ("extremes", "copied", "num_src", "num_dst", "num_edges", "graph", "error", "passed", "reported")
+    __slots__ = (
+        "extremes", "copied", "num_src", "num_dst", "num_edges", "added_dst_rows",
+        "graph", "error", "passed", "reported",
+    )  # fmt: skip
 
     def __init__(self, extremes: Tensor, num_src: int, num_dst: int, graph: "GraphTensor") -> None:
         self.num_src, self.num_dst, self.num_edges = num_src, num_dst, graph.src.numel()
+        self.added_dst_rows = graph.added_dst_rows
         # Weakly: a pending check outlives a mini-batch's graph, and needs it only to name an index
         # beyond the index dtype (see finish).
         self.graph = weakref.ref(graph)
@@ -216,8 +220,8 @@ class RangeCheck:
         if graph is not None and (limits.min in extremes or limits.max in extremes):
             # Saturated at the index dtype's range (out of any such graph's): the exact check
             # names the index.
-            validate_endpoints(graph.src, graph.dst, self.num_src, self.num_dst)
-        check_extremes(extremes, self.num_src, self.num_dst)
+            validate_endpoints(graph.src, graph.dst, self.num_src, self.num_dst, added_dst_rows=self.added_dst_rows)
+        check_extremes(extremes, self.num_src, self.num_dst, self.added_dst_rows)
 
 
 #: Range checks whose extremes were still on their way to the host (:class:`RangeCheck`).
@@ -246,7 +250,8 @@ def finish_range_checks() -> None:
     if failed is not None:
         check, error = failed
         raise ValueError(
-            f"{error}, in a graph built earlier (num_src={check.num_src}, num_dst={check.num_dst}, "
+            f"{error}, in a graph built earlier (num_src={check.num_src}, "
+            f"num_dst={check.num_dst - check.added_dst_rows}, "
             f"{check.num_edges} edges), whose check read the GPU's answer without waiting for it"
         ) from error
 
@@ -274,6 +279,11 @@ class GraphTensor:
             (:class:`RangeCheck`), and its structure reads it clamped into range until then;
             :meth:`validate` checks at once.
     """
+
+    #: Destination rows that the graph has past those of the index it was made of (a spare row:
+    #: :func:`~pyg_ugrapher.graph_argument.spare_row_looped_graph`), whose destinations out of range
+    #: it moved one row further per added row: its range errors name the index's own numbers.
+    added_dst_rows: int = 0
 
     def __init__(
         self,
@@ -307,7 +317,7 @@ class GraphTensor:
             check_endpoints(src, dst)
             finish_range_checks()
         elif check_now:
-            validate_endpoints(src, dst, num_src, num_dst)
+            validate_endpoints(src, dst, num_src, num_dst, added_dst_rows=self.added_dst_rows)
         if index_dtype is None:
             index_dtype = index_dtype_for(max(num_src, num_dst), src.numel())
         elif index_dtype not in (torch.int32, torch.int64):
@@ -424,7 +434,7 @@ class GraphTensor:
         if check is not None and not check.passed:
             self._finish_range_check(wait=True)
         else:
-            validate_endpoints(self.src, self.dst, self.num_src, self.num_dst)
+            validate_endpoints(self.src, self.dst, self.num_src, self.num_dst, added_dst_rows=self.added_dst_rows)
         return self
 
     # -- structures --------------------------------------------------------------------------
@@ -461,7 +471,7 @@ class GraphTensor:
         if versions == self._versions:
             return
         if self._validate:
-            validate_endpoints(self.src, self.dst, self.num_src, self.num_dst)
+            validate_endpoints(self.src, self.dst, self.num_src, self.num_dst, added_dst_rows=self.added_dst_rows)
             check = self._range_check
             if check is not None:  # of the edges before the change: they are checked now
                 check.error, check.passed = None, True
@@ -718,23 +728,31 @@ def check_endpoints(src: Tensor, dst: Tensor) -> None:
         raise ValueError(f"edge_index: src and dst are on different devices ({src.device}, {dst.device})")
 
 
-def check_extremes(extremes: Sequence[int], num_src: int, num_dst: int) -> None:
+def check_extremes(extremes: Sequence[int], num_src: int, num_dst: int, added_dst_rows: int = 0) -> None:
     """Check an edge list's index ranges from ``extremes``: the lowest source and destination
     index, then the highest (each may be clamped towards 0, as
-    :attr:`~triton_kernels.row_offsets.UserOrderPair.extremes` are: the check reads the same)."""
+    :attr:`~triton_kernels.row_offsets.UserOrderPair.extremes` are: the check reads the same).
+    A destination out of range is reported in the numbers of the index the edge list was made of,
+    ``added_dst_rows`` lower (:attr:`GraphTensor.added_dst_rows`)."""
     src_low, dst_low, src_high, dst_high = extremes
     if min(src_low, dst_low) < 0:
         raise ValueError(f"edge_index: negative vertex index {min(src_low, dst_low)}")
     if src_high >= num_src:
         raise ValueError(f"edge_index: source index {src_high} out of range for num_src={num_src}")
     if dst_high >= num_dst:
-        raise ValueError(f"edge_index: destination index {dst_high} out of range for num_dst={num_dst}")
+        raise ValueError(
+            f"edge_index: destination index {dst_high - added_dst_rows} out of range for "
+            f"num_dst={num_dst - added_dst_rows}"
+        )
 
 
-def validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int, extra: Sequence[Tensor] = ()) -> List[int]:
+def validate_endpoints(
+    src: Tensor, dst: Tensor, num_src: int, num_dst: int, extra: Sequence[Tensor] = (), *, added_dst_rows: int = 0
+) -> List[int]:
     """Check an edge list's endpoint tensors and their index ranges (``edge_index`` errors) in one
     device sync, which also reads the integer scalar tensors ``extra`` (in the index dtype, returned
-    as ints): a caller that needs a count from the device pays no second sync."""
+    as ints): a caller that needs a count from the device pays no second sync. ``added_dst_rows``:
+    :func:`check_extremes`."""
     check_endpoints(src, dst)
     if src.numel() == 0:
         return [int(t) for t in extra]
@@ -743,7 +761,7 @@ def validate_endpoints(src: Tensor, dst: Tensor, num_src: int, num_dst: int, ext
     dst_low, dst_high = torch.aminmax(dst)
     scalars = [src_low, dst_low, src_high, dst_high] + [t.to(src_low.dtype) for t in extra]
     read = torch.stack(scalars).tolist()
-    check_extremes(read[:4], num_src, num_dst)
+    check_extremes(read[:4], num_src, num_dst, added_dst_rows)
     return read[4:]
 
 

@@ -291,6 +291,30 @@ def endpoints(flow: str) -> Tuple[int, int]:
     return (0, 1) if flow == "source_to_target" else (1, 0)
 
 
+def refuse_unequal_sides_under_target_to_source(
+    layer, x: object, size: Optional[Tuple[Optional[int], Optional[int]]] = None
+) -> None:
+    """Raise ``NotImplementedError`` for a call of ``layer`` under ``flow="target_to_source"`` whose
+    sides differ in size (a pair of node features, or ``size``). PyG's ``propagate`` then reads the
+    messages' sources from ``x[1]`` and sizes the output by ``x[0]``, which the attention layers'
+    graphs do not follow: refused rather than answered with another output's shape."""
+    if layer.flow != "target_to_source":
+        return
+    unequal = (size is not None and None not in size and size[0] != size[1]) or (
+        isinstance(x, (tuple, list))
+        and len(x) == 2
+        and isinstance(x[0], Tensor)
+        and isinstance(x[1], Tensor)
+        and x[0].shape[0] != x[1].shape[0]
+    )
+    if unequal:
+        raise NotImplementedError(
+            f"flow: {type(layer).__name__} with flow='target_to_source' on a bipartite graph whose two "
+            "sides differ in size is not supported (PyG sizes its output by x[0] there); pass the "
+            "features as (x_dst, x_src) with the edge index flipped and flow='source_to_target'"
+        )
+
+
 def node_sizes(
     layer, edge_index: Tensor, size: Optional[Tuple[int, int]], x_src: Optional[Tensor], x_dst: Optional[Tensor]
 ) -> Tuple[int, int]:
@@ -666,12 +690,28 @@ def _checked_spare_row_index(edge_index: Tensor, flow: str, num_src: int, num_ds
     return _spare_row_index(edge_index, flow, num_dst, num_loops)
 
 
+class SpareRowGraphTensor(GraphTensor):
+    """The :class:`~pyg_ugrapher.graph.GraphTensor` of :func:`spare_row_looped_graph`: a destination
+    row more than the index it is made of has, whose range errors name that index's numbers
+    (:attr:`~pyg_ugrapher.graph.GraphTensor.added_dst_rows`), where :func:`_spare_row_index` moved
+    each destination out of range one row further."""
+
+    added_dst_rows = 1
+
+
+def spare_row_graph(routed: Tensor, flow: str, num_src: int, num_dst: int, validate: bool = True) -> GraphTensor:
+    """The graph of the index ``routed`` made by :func:`_spare_row_index` of an index of ``num_src``
+    and ``num_dst`` nodes: ``num_dst + 1`` destination rows."""
+    j, i = endpoints(flow)
+    return SpareRowGraphTensor(routed[j], routed[i], num_src, num_dst + 1, validate=validate)
+
+
 def _spare_row_looped(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> GraphTensor:
-    return graph_of(
+    return spare_row_graph(
         _checked_spare_row_index(edge_index, flow, num_src, num_dst, num_loops),
         flow,
         num_src,
-        num_dst + 1,
+        num_dst,
         validate=edge_index.is_cuda and checked(edge_index, num_src, num_dst) is None,
     )
 

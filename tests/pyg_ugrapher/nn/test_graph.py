@@ -108,20 +108,33 @@ def test_looped_graph_checks_the_index_range(bad, message):
 
 
 @pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
-@pytest.mark.parametrize("destination", [12, 13])
-def test_spare_row_graph_refuses_a_destination_out_of_range(flow, destination):
+@pytest.mark.parametrize("destination", [12, 13, 2**31 + 5])
+@pytest.mark.parametrize("checked_by", ["construction", "build"])
+def test_spare_row_graph_refuses_a_destination_out_of_range(request, flow, destination, checked_by):
     """The spare row takes stored self loops only: an edge into the row just past the last node
     (where the spare row lies) is out of range, as is any beyond. A host index is refused in the
-    caller's numbers; the spare-row graph of an index that skipped that check (a GPU one, whose
-    graph's range check waits for nothing) refuses it too."""
+    caller's numbers; so is the spare-row graph of an index that skipped that check (a GPU one,
+    whose graph's range check waits for nothing), though its index moved the destination a row
+    further, whether its check is the whole one at construction or the build's of a small GPU graph
+    (an index beyond int32 read again exactly)."""
+    if checked_by == "build":
+        request.getfixturevalue("interpret")
+        request.getfixturevalue("user_order")
     bad = torch.tensor([[0, 5, 4], [1, destination, 4]])
     if flow == "target_to_source":
         bad = bad.flip(0)
-    with pytest.raises(ValueError, match=f"destination index {destination} out of range for num_dst=12"):
+    message = f"^edge_index: destination index {destination} out of range for num_dst=12$"
+    with pytest.raises(ValueError, match=message):
         graph_argument.spare_row_looped_graph(bad, flow, 12, 12, 12)
     routed = graph_argument._spare_row_index(bad, flow, 12, 12)
-    with pytest.raises(ValueError, match="destination index 1[34] out of range for num_dst=13"):
-        graph_argument.graph_of(routed, flow, 12, 13)
+    with pytest.raises(ValueError, match=message):
+        graph_argument.spare_row_graph(routed, flow, 12, 12)
+    with pytest.raises(ValueError, match=f"destination index {destination + 1} out of range for num_dst=13"):
+        graph_argument.graph_of(routed, flow, 12, 13)  # a plain graph of the moved index names its numbers
+    good = bad.clone()
+    good[1 if flow == "source_to_target" else 0, 1] = 11
+    graph = graph_argument.spare_row_graph(graph_argument._spare_row_index(good, flow, 12, 12), flow, 12, 12)
+    assert graph.num_dst == 13 and graph.validate() is graph
 
 
 @pytest.mark.parametrize("name", ["add_self_loops", "add_remaining_self_loops", "gcn_norm"])
