@@ -58,19 +58,6 @@ def test_bipartite(compare, bipartite_graph, shared):
     )
 
 
-def test_bipartite_target_to_source_of_unequal_sides_is_refused(bipartite_graph):
-    """Under ``flow="target_to_source"`` PyG sizes the output by ``x[0]`` and reads the sources from
-    ``x[1]``: sides of different sizes raise NotImplementedError, in either order, never an output
-    of another shape; sides of one size run."""
-    x_src, _, edge_index = bipartite_graph
-    x_dst = torch.randn(7, 6, generator=torch.Generator().manual_seed(5))
-    layer = GATv2Conv(6, 4, heads=2, flow="target_to_source")
-    for pair in ((x_src, x_dst), (x_dst, x_src)):
-        with pytest.raises(NotImplementedError, match="^flow: GATv2Conv with flow='target_to_source'"):
-            layer(pair, edge_index.flip(0) % 7)
-    assert layer((x_dst, x_dst + 1), edge_index.flip(0) % 7).shape == (7, 8)
-
-
 def test_return_attention_weights(compare, small_graph):
     x, edge_index = small_graph
 

@@ -7,6 +7,7 @@ import torch
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from pyg_ugrapher import graph_argument
+from pyg_ugrapher.nn import GATConv, GATv2Conv
 from pyg_ugrapher.structure import GraphStructure
 
 from .conftest import make_graph
@@ -173,3 +174,17 @@ def test_kept_graph_helpers_keep_results_of_the_same_weights():
     learnt = torch.rand(edge_index.size(1), requires_grad=True)
     looped, looped_weight = kept(edge_index, learnt, num_nodes=12)
     assert looped_weight.requires_grad and kept(edge_index, learnt, num_nodes=12)[0] is not looped
+
+
+@pytest.mark.parametrize("layer_class", [GATConv, GATv2Conv])
+def test_bipartite_target_to_source_of_unequal_sides_is_refused(bipartite_graph, layer_class):
+    """Under ``flow="target_to_source"`` PyG sizes the output by ``x[0]`` and reads the sources from
+    ``x[1]``: the attention layers refuse sides of different sizes with NotImplementedError, in
+    either order, never answering an output of another shape; sides of one size run."""
+    x_src, _, edge_index = bipartite_graph
+    x_dst = torch.randn(7, 6, generator=torch.Generator().manual_seed(5))
+    layer = layer_class(6, 4, heads=2, flow="target_to_source")
+    for pair in ((x_src, x_dst), (x_dst, x_src)):
+        with pytest.raises(NotImplementedError, match=f"^flow: {layer_class.__name__} with flow='target_to_source'"):
+            layer(pair, edge_index.flip(0) % 7)
+    assert layer((x_dst, x_dst + 1), edge_index.flip(0) % 7).shape == (7, 8)
