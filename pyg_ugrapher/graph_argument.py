@@ -295,9 +295,11 @@ def refuse_unequal_sides_under_target_to_source(
     layer, x: object, size: Optional[Tuple[Optional[int], Optional[int]]] = None
 ) -> None:
     """Raise ``NotImplementedError`` for a call of ``layer`` under ``flow="target_to_source"`` whose
-    sides differ in size (a pair of node features, or ``size``). PyG's ``propagate`` then reads the
-    messages' sources from ``x[1]`` and sizes the output by ``x[0]``, which the attention layers'
-    graphs do not follow: refused rather than answered with another output's shape."""
+    sides differ in size (a pair of node features, or ``size``). The ``propagate()`` PyG generates
+    for the attention layers then reads ``x_j`` from ``x[0]`` and ``x_i`` from ``x[1]`` but sizes
+    the output by ``x[0]``, so the receivers' features and the output have different rows: no
+    graph of the layers' kernels has those sizes. Refused rather than answered with another
+    output's shape."""
     if layer.flow != "target_to_source":
         return
     unequal = (size is not None and None not in size and size[0] != size[1]) or (
@@ -310,8 +312,9 @@ def refuse_unequal_sides_under_target_to_source(
     if unequal:
         raise NotImplementedError(
             f"flow: {type(layer).__name__} with flow='target_to_source' on a bipartite graph whose two "
-            "sides differ in size is not supported (PyG sizes its output by x[0] there); pass the "
-            "features as (x_dst, x_src) with the edge index flipped and flow='source_to_target'"
+            "sides differ in size is not supported (PyG reads x_i from x[1] there but sizes the "
+            "output by x[0]); for messages from x[0] to x[1], flip the edge index and use "
+            "flow='source_to_target'"
         )
 
 
