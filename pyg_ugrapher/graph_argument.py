@@ -658,31 +658,44 @@ def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int)
     return structure + [ids(num_kept), ids((2, num_kept + num_loops))]
 
 
-def _spare_row_index(edge_index: Tensor, flow: str, num_dst: int, num_loops: int) -> Tensor:
-    """The ``[2, E + num_loops]`` index of :func:`spare_row_looped_graph`'s graph."""
+def _spare_row_index(
+    edge_index: Tensor, flow: str, num_dst: int, num_loops: int, spare_src_row_of: Optional[int] = None
+) -> Tensor:
+    """The ``[2, E + num_loops]`` index of :func:`spare_row_looped_graph`'s graph. With
+    ``spare_src_row_of`` (the sources' count, for a caller that gives the sources a spare row as
+    well), a source out of range moves one further too."""
     index = plain_index(edge_index)
-    _, i = endpoints(flow)
+    j, i = endpoints(flow)
     routed = index.clone()
     dst = index[i]
     # A destination out of range moves one further, out of the graph's ``num_dst + 1`` rows too:
     # the spare row takes self loops only, and the graph's range check still fails on the index.
     routed[i] = torch.where(index[0] == index[1], num_dst, dst + (dst >= num_dst).to(dst.dtype))
+    if spare_src_row_of is not None:
+        src = index[j]
+        routed[j] = src + (src >= spare_src_row_of).to(src.dtype)
     loops = torch.arange(num_loops, device=index.device).repeat(2, 1)
     return torch.cat([routed, loops], dim=1)
 
 
-def spare_row_index(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Tensor:
+def spare_row_index(
+    edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int, spare_src_row: bool = False
+) -> Tensor:
     """The ``[2, E + num_loops]`` edge index of :func:`spare_row_looped_graph`'s graph, cached on
     ``edge_index``: for a layer that runs PyG's ``message()`` on an index (GATv2), whose graph
-    structure is then cached on this one. Checked as :func:`_checked_spare_row_index` says."""
+    structure is then cached on this one. Checked as :func:`_checked_spare_row_index` says.
+    ``spare_src_row``: the layer gives the sources a spare row too, so a source index out of range
+    moves one further, past it (else that row, read as a source, would take it in)."""
     return derived(
         edge_index,
-        ("spare_row_index", flow, num_src, num_dst, num_loops),
-        lambda: _checked_spare_row_index(edge_index, flow, num_src, num_dst, num_loops),
+        ("spare_row_index", flow, num_src, num_dst, num_loops, spare_src_row),
+        lambda: _checked_spare_row_index(edge_index, flow, num_src, num_dst, num_loops, spare_src_row),
     )
 
 
-def _checked_spare_row_index(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int) -> Tensor:
+def _checked_spare_row_index(
+    edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int, spare_src_row: bool = False
+) -> Tensor:
     """:func:`_spare_row_index`, a host index checked first, at once and in the caller's numbers
     (the graph of the result has a destination row more); a GPU index is left to its graph's range
     check, which waits for nothing, and a sampler's batch was checked (see :func:`_cached`)."""
@@ -690,7 +703,7 @@ def _checked_spare_row_index(edge_index: Tensor, flow: str, num_src: int, num_ds
         j, i = endpoints(flow)
         index = plain_index(edge_index)
         validate_endpoints(index[j], index[i], num_src, num_dst)
-    return _spare_row_index(edge_index, flow, num_dst, num_loops)
+    return _spare_row_index(edge_index, flow, num_dst, num_loops, num_src if spare_src_row else None)
 
 
 class SpareRowGraphTensor(GraphTensor):

@@ -124,7 +124,9 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
             # Stored self loops go to a spare destination row, whose output is dropped: the graph's
             # sizes follow from shapes alone, so a new index costs no host sync. x_r (read as x_i)
             # gets that row, and x_l too where it sizes the destinations' row of the index.
-            index = spare_row_index(edge_index, self.flow, num_src, num_dst, num_loops)
+            index = spare_row_index(
+                edge_index, self.flow, num_src, num_dst, num_loops, spare_src_row=self.flow == "target_to_source"
+            )
             if edge_attr is not None:
                 edge_attr = spare_row_loop_attr(edge_index, edge_attr, num_loops, self.fill_value)
             x_r = F.pad(x_r, (0, 0, 0, 0, 0, 1))

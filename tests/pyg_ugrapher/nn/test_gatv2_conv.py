@@ -5,9 +5,10 @@ from torch_geometric import EdgeIndex
 from torch_geometric.utils import remove_self_loops
 
 import pyg_ugrapher as ug
-from pyg_ugrapher import ops
+from pyg_ugrapher import graph_argument, ops
 from pyg_ugrapher.graph_argument import looped_graph
 from pyg_ugrapher.nn import GATv2Conv
+from pyg_ugrapher.structure import CheckedIndex
 
 from .conftest import config_id
 
@@ -282,3 +283,19 @@ def test_seen_graph_step_makes_no_host_sync(small_graph):
         layer(x, edge_index).sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+@pytest.mark.parametrize("row", ["sources", "destinations"])
+def test_an_index_out_of_range_is_refused_without_the_host_check(monkeypatch, flow, row):
+    """A GPU index skips the host's check of its range (its graph's check waits for nothing), as
+    here an index whose sampler vouched for it: an index equal to the node count is refused all the
+    same, also where the layer gives the sources a spare row (target_to_source), which a source
+    index there must not reach."""
+    monkeypatch.setattr(graph_argument, "checked", lambda edge_index, num_src, num_dst: CheckedIndex(0, 4, 0))
+    sources, destinations = [0, 1, 2, 3], [1, 2, 3, 0]
+    (sources if row == "sources" else destinations)[3] = 4
+    index = torch.tensor([sources, destinations] if flow == "source_to_target" else [destinations, sources])
+    layer = GATv2Conv(8, 4, heads=2, flow=flow)
+    with pytest.raises((IndexError, ValueError), match="(out of range|larger than)"):
+        layer(torch.randn(4, 8), index)
