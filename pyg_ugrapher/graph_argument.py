@@ -83,6 +83,8 @@ from torch_geometric.utils import add_remaining_self_loops, add_self_loops, to_e
 from torch_geometric.utils.loop import compute_loop_attr
 
 from autotune import selection
+from triton_kernels import spare_row
+from triton_kernels.codegen import uses_triton
 
 from . import ops, reference
 from .graph import OP_TAGS, GraphTensor, validate_endpoints
@@ -663,9 +665,14 @@ def _spare_row_index(
 ) -> Tensor:
     """The ``[2, E + num_loops]`` index of :func:`spare_row_looped_graph`'s graph. With
     ``spare_src_row_of`` (the sources' count, for a caller that gives the sources a spare row as
-    well), a source out of range moves one further too."""
-    index = plain_index(edge_index)
+    well), a source out of range moves one further too. Where kernels run, outside
+    ``torch.compile`` (which traces the torch operations), one kernel writes it
+    (:func:`triton_kernels.spare_row.spare_row_index`)."""
     j, i = endpoints(flow)
+    if uses_triton(edge_index.device) and not torch.compiler.is_compiling():
+        index = edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
+        return spare_row.spare_row_index(index, i, num_dst, num_loops, spare_src_row_of)
+    index = plain_index(edge_index)
     routed = index.clone()
     dst = index[i]
     # A destination out of range moves one further, out of the graph's ``num_dst + 1`` rows too:
