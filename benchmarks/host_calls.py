@@ -7,9 +7,10 @@ costs the host decides it. For every graph and width this suite times, ours agai
   ``scatter(x[src], dst)``;
 * ``layer SAGEConv`` / ``layer GINConv`` / ``layer GCNConv``: one layer with its default arguments
   (GIN around a Linear), on a graph it has seen;
-* ``new graph SAGEConv`` / ``new graph GCNConv``: that layer on a new edge index at every call (a
-  mini-batch's: the index is copied before each call, so nothing is cached for it; GCN's adds self
-  loops and normalises), forward only;
+* ``new graph SAGEConv`` / ``new graph GCNConv`` / ``new graph GATConv``: that layer on a new edge
+  index at every call (a mini-batch's: the index is copied before each call, so nothing is cached
+  for it; GCN's adds self loops and normalises, GAT's replaces the stored self loops and groups the
+  rows for its one-pass softmax), forward only;
 * ``compiled layer SAGEConv`` / ``compiled layer GCNConv``: the layer under ``torch.compile``
   (default mode), PyG's compiled against ours: our operators run as custom ops, whose dispatch
   costs host time at every call, where Inductor fuses PyG's gathers and scatters into its own
@@ -71,6 +72,7 @@ CASES = (
     "layer GCNConv",
     "new graph SAGEConv",
     "new graph GCNConv",
+    "new graph GATConv",
     "compiled layer SAGEConv",
     "compiled layer GCNConv",
     "compiled op copy_u_sum",

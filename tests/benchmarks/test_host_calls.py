@@ -10,7 +10,15 @@ from benchmarks import host_calls, report, rows
 
 def test_rows_table_and_plot(tmp_path):
     host_calls.main(
-        ["--graphs", "cora", "--cases", "op copy_u_mean", "new graph SAGEConv", "new graph GCNConv"]
+        [
+            "--graphs",
+            "cora",
+            "--cases",
+            "op copy_u_mean",
+            "new graph SAGEConv",
+            "new graph GCNConv",
+            "new graph GATConv",
+        ]
         + ["--calls", "2", "--repeats", "1", "--device", "cpu", "--out", str(tmp_path)]
     )
     results = pd.read_csv(tmp_path / "host_calls.csv")
@@ -25,6 +33,7 @@ def test_rows_table_and_plot(tmp_path):
             ("op copy_u_mean", "forward+backward"),
             ("new graph SAGEConv", "forward"),
             ("new graph GCNConv", "forward"),
+            ("new graph GATConv", "forward"),
         ]
         for impl in ("pyg", "ours")
     )
