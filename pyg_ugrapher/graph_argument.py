@@ -83,7 +83,7 @@ from torch_geometric.utils import add_remaining_self_loops, add_self_loops, to_e
 from torch_geometric.utils.loop import compute_loop_attr
 
 from autotune import selection
-from triton_kernels import spare_row
+from triton_kernels import self_loops
 from triton_kernels.codegen import uses_triton
 
 from . import ops, reference
@@ -667,11 +667,11 @@ def _spare_row_index(
     ``spare_src_row_of`` (the sources' count, for a caller that gives the sources a spare row as
     well), a source out of range moves one further too. Where kernels run, outside
     ``torch.compile`` (which traces the torch operations), one kernel writes it
-    (:func:`triton_kernels.spare_row.spare_row_index`)."""
+    (:func:`triton_kernels.self_loops.spare_row_index`)."""
     j, i = endpoints(flow)
     if uses_triton(edge_index.device) and not torch.compiler.is_compiling():
         index = edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
-        return spare_row.spare_row_index(index, i, num_dst, num_loops, spare_src_row_of)
+        return self_loops.spare_row_index(index, i, num_dst, num_loops, spare_src_row_of)
     index = plain_index(edge_index)
     routed = index.clone()
     dst = index[i]
@@ -803,7 +803,11 @@ def graph_with_loops(edge_index: Tensor, flow: str, num_nodes: int) -> GraphTens
 
 def _looped_index(edge_index: Tensor, num_nodes: int) -> Tensor:
     """The ``[2, E + num_nodes]`` index of :func:`graph_with_loops`: a self loop per node after the
-    edges."""
+    edges; where kernels run, outside ``torch.compile``, written by one kernel
+    (:func:`triton_kernels.self_loops.looped_index`)."""
+    if uses_triton(edge_index.device) and not torch.compiler.is_compiling():
+        index = edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
+        return self_loops.looped_index(index, num_nodes)
     loops = torch.arange(num_nodes, device=edge_index.device).repeat(2, 1)
     return torch.cat([plain_index(edge_index), loops], dim=1)
 
