@@ -293,31 +293,25 @@ def endpoints(flow: str) -> Tuple[int, int]:
     return (0, 1) if flow == "source_to_target" else (1, 0)
 
 
-def refuse_unequal_sides_under_target_to_source(
-    layer, x: object, size: Optional[Tuple[Optional[int], Optional[int]]] = None
-) -> None:
-    """Raise ``NotImplementedError`` for a call of ``layer`` under ``flow="target_to_source"`` whose
-    sides differ in size (a pair of node features, or ``size``). The ``propagate()`` PyG generates
-    for the attention layers then reads ``x_j`` from ``x[0]`` and ``x_i`` from ``x[1]`` but sizes
-    the output by ``x[0]``, so the receivers' features and the output have different rows: no
-    graph of the layers' kernels has those sizes. Refused rather than answered with another
-    output's shape."""
-    if layer.flow != "target_to_source":
-        return
-    unequal = (size is not None and None not in size and size[0] != size[1]) or (
+def unequal_sides_under_target_to_source(
+    flow: str, x: object, size: Optional[Tuple[Optional[int], Optional[int]]] = None
+) -> bool:
+    """Whether a call under ``flow="target_to_source"`` has sides of different sizes (a pair of node
+    features, or ``size``). The ``propagate()`` PyG generates for the attention layers then reads
+    ``x_j`` from ``x[0]`` and ``x_i`` from ``x[1]`` but sizes the output by ``x[0]``, so the
+    receivers' features and the output have different rows: no graph of the layers' kernels has
+    those sizes, and they run PyG's layer there (:func:`~pyg_ugrapher.nn.twins.pyg_twin`)."""
+    if flow != "target_to_source":
+        return False
+    if size is not None and None not in size and size[0] != size[1]:
+        return True
+    return (
         isinstance(x, (tuple, list))
         and len(x) == 2
         and isinstance(x[0], Tensor)
         and isinstance(x[1], Tensor)
         and x[0].shape[0] != x[1].shape[0]
     )
-    if unequal:
-        raise NotImplementedError(
-            f"flow: {type(layer).__name__} with flow='target_to_source' on a bipartite graph whose two "
-            "sides differ in size is not supported (PyG reads x_i from x[1] there but sizes the "
-            "output by x[0]); for messages from x[0] to x[1], flip the edge index and use "
-            "flow='source_to_target'"
-        )
 
 
 def node_sizes(

@@ -28,16 +28,16 @@ from ..graph_argument import (
     named,
     node_sizes,
     op_text,
-    refuse_unequal_sides_under_target_to_source,
     run,
     spare_row_loop_attr,
     spare_row_looped_graph,
     sparse_tensor_graph,
+    unequal_sides_under_target_to_source,
 )
 from ..ir import Expr, OpInfo
 from ..message_passing import MessagePassing
 from ._dense import add_bias, projection_attention
-from .twins import ScriptedAsPyG
+from .twins import ScriptedAsPyG, pyg_twin
 
 
 def exp_shifted() -> OpInfo:
@@ -276,11 +276,12 @@ class GATConv(MessagePassing, ScriptedAsPyG):
         In explain mode, with hooks on ``message()`` or ``aggregate()`` or with
         ``decomposed_layers > 1`` (:meth:`unfused_reason`), the call runs PyG's ``GATConv.forward``
         on this layer: its edge masks weigh the per-edge messages, its hooks see them. A bipartite
-        call under ``flow="target_to_source"`` whose sides differ in size raises
-        ``NotImplementedError``
-        (:func:`~pyg_ugrapher.graph_argument.refuse_unequal_sides_under_target_to_source`).
+        call under ``flow="target_to_source"`` whose sides differ in size runs PyG's layer on this
+        layer's parameters
+        (:func:`~pyg_ugrapher.graph_argument.unequal_sides_under_target_to_source`).
         """
-        refuse_unequal_sides_under_target_to_source(self, x, size)
+        if unequal_sides_under_target_to_source(self.flow, x, size):
+            return pyg_twin(self)(x, edge_index, edge_attr, size, return_attention_weights)
         if self.unfused_reason() is not None:
             # Explain mode, hooks, decomposed layers: PyG's algorithm on this layer's parameters,
             # through PyG's propagation (which honours them).

@@ -12,12 +12,12 @@ from ..graph_argument import (
     is_sparse,
     looped_edge_attr,
     looped_graph,
-    refuse_unequal_sides_under_target_to_source,
     spare_row_index,
     spare_row_loop_attr,
+    unequal_sides_under_target_to_source,
 )
 from ..message_passing import MessagePassing
-from .twins import ScriptedAsPyG
+from .twins import ScriptedAsPyG, pyg_twin
 
 
 class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
@@ -54,8 +54,8 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
     too, on the graph cached on the index, outside the compiled graph (PyG's ``forward`` there
     breaks the graph at the self-loop removal and rebuilds the looped graph on every call). Sparse
     adjacencies, recordings that rebuild the graph, explain mode and hooks run PyG's ``forward`` on
-    this layer. A bipartite call under ``flow="target_to_source"`` whose sides differ in size raises
-    ``NotImplementedError`` (PyG sizes its output by ``x[0]`` there).
+    this layer, and PyG's layer on this layer's parameters runs a bipartite call under
+    ``flow="target_to_source"`` whose sides differ in size (PyG sizes its output by ``x[0]`` there).
     """
 
     def forward(
@@ -76,7 +76,9 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
                 ``(edge_index, alpha)``: the graph with its self loops and the attention
                 coefficients ``[E, H]``. (default: :obj:`None`)
         """
-        refuse_unequal_sides_under_target_to_source(self, x)
+        if unequal_sides_under_target_to_source(self.flow, x):
+            # PyG's sizes there follow no graph of the kernels' (see the helper): PyG's layer runs.
+            return pyg_twin(self)(x, edge_index, edge_attr, return_attention_weights)
         if not self._loops_cached(edge_index):
             return PyGGATv2Conv.forward(self, x, edge_index, edge_attr, return_attention_weights)
         if torch.compiler.is_compiling():

@@ -4,6 +4,7 @@ from typing import List, Tuple
 
 import pytest
 import torch
+import torch_geometric.nn as pyg_nn
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from pyg_ugrapher import graph_argument
@@ -176,15 +177,25 @@ def test_kept_graph_helpers_keep_results_of_the_same_weights():
     assert looped_weight.requires_grad and kept(edge_index, learnt, num_nodes=12)[0] is not looped
 
 
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("sides", ["x_src first", "x_dst first"])
 @pytest.mark.parametrize("layer_class", [GATConv, GATv2Conv])
-def test_bipartite_target_to_source_of_unequal_sides_is_refused(bipartite_graph, layer_class):
-    """Under ``flow="target_to_source"`` PyG sizes the output by ``x[0]`` and reads the sources from
-    ``x[1]``: the attention layers refuse sides of different sizes with NotImplementedError, in
-    either order, never answering an output of another shape; sides of one size run."""
+def test_bipartite_target_to_source_of_unequal_sides(compare, bipartite_graph, layer_class, sides, train):
+    """Under ``flow="target_to_source"`` the ``propagate()`` PyG generates for the attention layers
+    reads ``x_j`` from ``x[0]`` and ``x_i`` from ``x[1]`` but sizes the output by ``x[0]``: sides of
+    different sizes, in either order, give PyG's outputs and gradients (PyG's layer runs)."""
     x_src, _, edge_index = bipartite_graph
     x_dst = torch.randn(7, 6, generator=torch.Generator().manual_seed(5))
-    layer = layer_class(6, 4, heads=2, flow="target_to_source")
-    for pair in ((x_src, x_dst), (x_dst, x_src)):
-        with pytest.raises(NotImplementedError, match=f"^flow: {layer_class.__name__} with flow='target_to_source'"):
-            layer(pair, edge_index.flip(0) % 7)
-    assert layer((x_dst, x_dst + 1), edge_index.flip(0) % 7).shape == (7, 8)
+    pair = [x_src, x_dst] if sides == "x_src first" else [x_dst, x_src]
+    index = edge_index.flip(0) % 7  # row 1 indexes x[0] and row 0 x[1], the receivers of PyG's output
+    pyg_class = getattr(pyg_nn, layer_class.__name__)
+    torch.manual_seed(0)
+    theirs = pyg_class(6, 4, heads=2, flow="target_to_source")
+    out = compare(
+        layer_class(6, 4, heads=2, flow="target_to_source"),
+        theirs,
+        lambda layer, a, b: layer((a, b), index),
+        pair,
+        train=train,
+    )
+    assert out[0].shape == (pair[0].shape[0], 8)
