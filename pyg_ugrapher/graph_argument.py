@@ -654,6 +654,15 @@ def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int)
     return structure + [ids(num_kept), ids((2, num_kept + num_loops))]
 
 
+def _kernel_input(edge_index: Tensor) -> Optional[Tensor]:
+    """``edge_index`` as a plain tensor where a kernel of :mod:`triton_kernels.self_loops` writes
+    its looped index (kernels run, and not under ``torch.compile``, which traces the torch
+    operations instead); ``None`` elsewhere."""
+    if not uses_triton(edge_index.device) or torch.compiler.is_compiling():
+        return None
+    return edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
+
+
 def _spare_row_index(
     edge_index: Tensor, flow: str, num_dst: int, num_loops: int, spare_src_row_of: Optional[int] = None
 ) -> Tensor:
@@ -663,9 +672,9 @@ def _spare_row_index(
     ``torch.compile`` (which traces the torch operations), one kernel writes it
     (:func:`triton_kernels.self_loops.spare_row_index`)."""
     j, i = endpoints(flow)
-    if uses_triton(edge_index.device) and not torch.compiler.is_compiling():
-        index = edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
-        return self_loops.spare_row_index(index, i, num_dst, num_loops, spare_src_row_of)
+    written = _kernel_input(edge_index)
+    if written is not None:
+        return self_loops.spare_row_index(written, i, num_dst, num_loops, spare_src_row_of)
     index = plain_index(edge_index)
     routed = index.clone()
     dst = index[i]
@@ -799,9 +808,9 @@ def _looped_index(edge_index: Tensor, num_nodes: int) -> Tensor:
     """The ``[2, E + num_nodes]`` index of :func:`graph_with_loops`: a self loop per node after the
     edges; where kernels run, outside ``torch.compile``, written by one kernel
     (:func:`triton_kernels.self_loops.looped_index`)."""
-    if uses_triton(edge_index.device) and not torch.compiler.is_compiling():
-        index = edge_index.as_tensor() if isinstance(edge_index, EdgeIndex) else edge_index
-        return self_loops.looped_index(index, num_nodes)
+    written = _kernel_input(edge_index)
+    if written is not None:
+        return self_loops.looped_index(written, num_nodes)
     loops = torch.arange(num_nodes, device=edge_index.device).repeat(2, 1)
     return torch.cat([plain_index(edge_index), loops], dim=1)
 

@@ -27,7 +27,7 @@ from .launch import cdiv, jit_kernel
 BLOCK = 1024
 
 
-def spare_row_kernel(
+def looped_index_kernel(
     index_ptr,
     row_stride,
     column_stride,
@@ -73,15 +73,23 @@ def _checked(index: Tensor, num_loops: int) -> None:
         raise ValueError(f"num_loops: expected a count, got {num_loops}")
 
 
-def _launch(index: Tensor, num_loops: int, route: bool, dst_row: int, num_dst: int, num_src: int) -> Tensor:
+def _launch(
+    index: Tensor,
+    num_loops: int,
+    route: bool,
+    dst_row: int = 1,
+    num_dst: int = 0,
+    spare_src_row_of: Optional[int] = None,
+) -> Tensor:
     num_edges = index.size(1)
     total = num_edges + num_loops
     out = torch.empty(2, total, dtype=torch.int64, device=index.device)
     if total:
-        kernel = jit_kernel(spare_row_kernel, ("num_edges", "num_loops", "num_dst", "num_src"), interpreting())
+        kernel = jit_kernel(looped_index_kernel, ("num_edges", "num_loops", "num_dst", "num_src"), interpreting())
+        num_src = -1 if spare_src_row_of is None else spare_src_row_of  # read only with SPARE_SRC
         kernel[(cdiv(total, BLOCK),)](
             index, index.stride(0), index.stride(1), out, num_edges, num_loops, num_dst, num_src,
-            ROUTE=route, DST_ROW=dst_row, SPARE_SRC=route and num_src >= 0, BLOCK=BLOCK,
+            ROUTE=route, DST_ROW=dst_row, SPARE_SRC=spare_src_row_of is not None, BLOCK=BLOCK,
         )  # fmt: skip
     return out
 
@@ -91,7 +99,7 @@ def looped_index(index: Tensor, num_loops: int) -> Tensor:
     the loops ``(k, k)`` of ``k < num_loops``, on a GPU or through Triton's interpreter; a new
     tensor, sharing nothing with ``index``."""
     _checked(index, num_loops)
-    return _launch(index, num_loops, False, 1, 0, -1)
+    return _launch(index, num_loops, route=False)
 
 
 def spare_row_index(
@@ -110,4 +118,4 @@ def spare_row_index(
         raise ValueError(f"dst_row: expected 0 or 1, got {dst_row}")
     if num_dst < 0:
         raise ValueError(f"num_dst: expected a count, got {num_dst}")
-    return _launch(index, num_loops, True, dst_row, num_dst, -1 if spare_src_row_of is None else spare_src_row_of)
+    return _launch(index, num_loops, True, dst_row, num_dst, spare_src_row_of)
