@@ -61,6 +61,26 @@ def test_looped_index_matches_the_torch_operations(monkeypatch, device, layout, 
     assert torch.equal(got.cpu(), want)
 
 
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+def test_a_hub_and_isolated_vertices(monkeypatch, device, flow):
+    """A destination of 100,000 edges (a few of them self loops on it), vertices with no edge at
+    all, and loops for every vertex, the isolated ones included: both kernels as the torch ones."""
+    g = torch.Generator().manual_seed(7)
+    num_nodes, hub = 50, 3
+    sources = torch.randint(4, 40, (100_000,), generator=g)  # vertices 0-2 and 40-49 have no edge
+    sources[:5] = hub
+    ends = [sources, torch.full_like(sources, hub)]
+    index = torch.stack(ends if flow == "source_to_target" else ends[::-1])
+    j, i = graph_argument.endpoints(flow)
+    got = self_loops.spare_row_index(index.to(device), i, num_nodes, num_nodes, num_nodes)
+    assert torch.equal(got.cpu(), _expected(monkeypatch, index, flow, num_nodes, num_nodes, num_nodes))
+    assert int((got[i, :100_000] == num_nodes).sum()) == 5  # the hub's stored loops, in the spare row
+    with monkeypatch.context() as patch:
+        patch.setattr(graph_argument, "uses_triton", lambda device: False)
+        want = graph_argument._looped_index(index, num_nodes)
+    assert torch.equal(self_loops.looped_index(index.to(device), num_nodes).cpu(), want)
+
+
 def test_is_what_the_spare_row_graph_reads(monkeypatch, device):
     """Where kernels run, the layers' spare-row index is the kernel's, equal to the torch one's."""
     index = torch.tensor([[0, 1, 2, 3, 3], [1, 2, 3, 0, 3]], device=device)
