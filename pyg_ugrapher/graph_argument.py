@@ -695,12 +695,38 @@ def spare_row_index(
     ``edge_index``: for a layer that runs PyG's ``message()`` on an index (GATv2), whose graph
     structure is then cached on this one. Checked as :func:`_checked_spare_row_index` says.
     ``spare_src_row``: the layer gives the sources a spare row too, so a source index out of range
-    moves one further, past it (else that row, read as a source, would take it in)."""
+    moves one further, past it (else that row, read as a source, would take it in). Under
+    ``torch.compile``, the custom op ``pyg_ugrapher::spare_row_index`` returns the cached index, so
+    that the structure of its graph, cached on it, is found at every call."""
+    if torch.compiler.is_compiling():
+        return _compiled_spare_row_index(edge_index, flow, num_src, num_dst, num_loops, spare_src_row)
+    return _cached_spare_row_index(edge_index, flow, num_src, num_dst, num_loops, spare_src_row)
+
+
+def _cached_spare_row_index(
+    edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int, spare_src_row: bool
+) -> Tensor:
     return derived(
         edge_index,
         ("spare_row_index", flow, num_src, num_dst, num_loops, spare_src_row),
         lambda: _checked_spare_row_index(edge_index, flow, num_src, num_dst, num_loops, spare_src_row),
     )
+
+
+@torch.library.custom_op("pyg_ugrapher::spare_row_index", mutates_args=(), tags=OP_TAGS)
+def _compiled_spare_row_index(
+    edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int, spare_src_row: bool
+) -> Tensor:
+    """:func:`spare_row_index` from (or into) its cache."""
+    (index,) = _unaliased(
+        [_cached_spare_row_index(edge_index, flow, num_src, num_dst, num_loops, spare_src_row)], edge_index
+    )
+    return index
+
+
+@_compiled_spare_row_index.register_fake
+def _(edge_index: Tensor, flow: str, num_src: int, num_dst: int, num_loops: int, spare_src_row: bool) -> Tensor:
+    return edge_index.new_empty((2, edge_index.size(1) + num_loops))
 
 
 def _checked_spare_row_index(

@@ -48,13 +48,15 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
     (:func:`~pyg_ugrapher.graph_argument.spare_row_index`), so its sizes follow from shapes alone
     and a new index (a mini-batch's) costs no host sync; with attention dropout, the mask is drawn
     over that graph's edges, the same as PyG's on a graph without stored loops. Only
-    ``return_attention_weights``, which returns PyG's looped index, and a bipartite graph under
-    ``flow="target_to_source"`` run on the graph whose stored loops are removed
-    (:func:`~pyg_ugrapher.graph_argument.looped_graph`). Under ``torch.compile`` the layer runs so
-    too, on the graph cached on the index, outside the compiled graph (PyG's ``forward`` there
-    breaks the graph at the self-loop removal and rebuilds the looped graph on every call). Sparse
-    adjacencies, recordings that rebuild the graph, explain mode and hooks run PyG's ``forward`` on
-    this layer, and PyG's layer on this layer's parameters runs a bipartite call under
+    ``return_attention_weights``, which returns PyG's looped index, runs on the graph whose stored
+    loops are removed (:func:`~pyg_ugrapher.graph_argument.looped_graph`); under ``torch.compile``
+    it runs so on the graph cached on the index, outside the compiled graph. Every other compiled
+    call reads the spare-row index cached on the index, in the compiled graph (PyG's ``forward``
+    there breaks the graph at the self-loop removal, a size read from the index; with
+    ``dynamic=True`` ours breaks it at the capture of ``message()``, which needs the edge count,
+    as for any :class:`~pyg_ugrapher.MessagePassing`). Sparse adjacencies,
+    recordings that rebuild the graph, explain mode and hooks run PyG's ``forward`` on this layer,
+    and PyG's layer on this layer's parameters runs a bipartite call under
     ``flow="target_to_source"`` whose sides differ in size (PyG sizes its output by ``x[0]`` there).
     """
 
@@ -81,7 +83,7 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
             return pyg_twin(self)(x, edge_index, edge_attr, return_attention_weights)
         if not self._loops_cached(edge_index):
             return PyGGATv2Conv.forward(self, x, edge_index, edge_attr, return_attention_weights)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() and return_attention_weights:
             return _looped_forward_outside_compile(self, x, edge_index, edge_attr, return_attention_weights)
         return self._looped_forward(x, edge_index, edge_attr, return_attention_weights)
 
@@ -113,10 +115,9 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
 
         num_src, num_dst = x_l.shape[0], x_r.shape[0]
         num_loops = min(num_src, num_dst)
-        # Under flow="target_to_source", PyG's generated edge_updater() and propagate() read x_i
-        # from x_r but size the destinations' row of the index by x_l: a bipartite graph there
-        # keeps the looped graph.
-        spare_row = not return_attention_weights and (self.flow == "source_to_target" or num_src == num_dst)
+        # Sides of different sizes under flow="target_to_source" ran PyG's layer (forward), so the
+        # spare row serves every call but one returning PyG's looped index.
+        spare_row = not return_attention_weights
         if not spare_row:
             looped = looped_graph(edge_index, self.flow, num_src, num_dst, num_loops)
             index = looped.index
@@ -164,6 +165,8 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
         )
 
 
-#: :meth:`GATv2Conv._looped_forward` run eagerly from a compiled model (a graph break): the looped
-#: graph's cache is looked up by the index's identity, which a compiled graph does not keep.
+#: :meth:`GATv2Conv._looped_forward` run eagerly from a compiled model (a graph break) where it
+#: returns the attention weights: PyG's looped index, whose size depends on the count of stored self
+#: loops, is cached on the index, looked up by the index's identity, which a compiled graph does not
+#: keep.
 _looped_forward_outside_compile = torch.compiler.disable(GATv2Conv._looped_forward)

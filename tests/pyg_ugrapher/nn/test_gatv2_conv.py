@@ -10,7 +10,7 @@ from pyg_ugrapher.graph_argument import looped_graph
 from pyg_ugrapher.nn import GATv2Conv
 from pyg_ugrapher.structure import CheckedIndex
 
-from .conftest import config_id
+from .conftest import config_id, make_graph
 
 CONFIGS = [
     {},
@@ -163,20 +163,44 @@ def test_repeated_stored_loops(compare, fill_value):
     )
 
 
-def test_compiled_matches_pyg(compare, compile_ours, small_graph):
-    """Under ``torch.compile`` the layer runs on the graph cached on its index (stored self loops to
-    the spare row) outside the compiled graph: every call reads the same graph."""
+def test_compiled_matches_pyg(compare, compile_ours, small_graph, monkeypatch):
+    """Under ``torch.compile`` the layer is one compiled graph, which reads the spare-row index
+    cached on the index (through the custom op ``pyg_ugrapher::spare_row_index``), so every call
+    finds the structure cached on that: PyG's results and gradients at every call."""
     x, edge_index = small_graph
     torch.manual_seed(0)
     theirs = pyg_nn.GATv2Conv(6, 4, heads=2, edge_dim=3)
     ours = GATv2Conv(6, 4, heads=2, edge_dim=3)
     edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
-    forward, _ = compile_ours(lambda layer, x, e: layer(x, edge_index, e), ours)
-    graphs = []
-    with ops.observe(lambda call: graphs.append(call.graph)):
+    forward, counter = compile_ours(lambda layer, x, e: layer(x, edge_index, e), ours)
+    indices = []
+    cached = graph_argument._cached_spare_row_index
+    monkeypatch.setattr(
+        graph_argument, "_cached_spare_row_index", lambda *args: indices.append(cached(*args)) or indices[-1]
+    )
+    for _ in range(3):
         compare(ours, theirs, forward, [x, edge_attr], train=True)
-        compare(ours, theirs, forward, [x, edge_attr], train=True)
-    assert graphs and all(graph is graphs[0] for graph in graphs)
+    # The first call's lazily read message() defaults recompile once (as for any MessagePassing).
+    assert counter.frame_count <= 2
+    assert len(indices) == 3 and all(index is indices[0] for index in indices)
+
+
+def test_compiled_with_dynamic_shapes_matches_pyg(compare):
+    """``dynamic=True`` (a mini-batch loader's new graph every call): PyG's results and gradients
+    on graphs of several sizes."""
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATv2Conv(6, 4, heads=2)
+    ours = GATv2Conv(6, 4, heads=2)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda layer, x, e: layer(x, e), backend="aot_eager", dynamic=True)
+    try:
+        for seed, (num_nodes, num_edges) in enumerate([(12, 40), (15, 52), (9, 25)]):
+            x = torch.randn(num_nodes, 6, generator=torch.Generator().manual_seed(seed))
+            edge_index = make_graph(num_nodes, num_edges, seed=seed)
+            forward = lambda layer, x: compiled(layer, x, edge_index) if layer is ours else layer(x, edge_index)  # noqa: E731
+            compare(ours, theirs, forward, [x], train=True)
+    finally:
+        torch._dynamo.reset()
 
 
 def test_state_dict_and_repr():
