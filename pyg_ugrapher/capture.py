@@ -446,6 +446,9 @@ class Trace:
         self.dtypes: List[torch.dtype] = []  #: of each leaf
         self._leaf_ids: Dict[Operand, int] = {}
         self.reads_rows = False
+        #: Handlers running: the shapes they read are the capture's, not message()'s, and do not
+        #: make the capture depend on the edge count (a handler that does sets ``reads_rows``).
+        self._handling = 0
         self.module = module
         self.values: List[Value] = []
         self.stores: List[Tuple[str, str]] = []
@@ -546,16 +549,21 @@ class Trace:
                     f"on them; a captured message must not depend on the data"
                 )
             raise CaptureError(f"message() calls {name}, which the IR cannot express ({_ELEMENTWISE_HINT})")
-        return handler(self, name, args, kwargs)
+        self._handling += 1
+        try:
+            return handler(self, name, args, kwargs)
+        finally:
+            self._handling -= 1
 
     def metadata(self, name: str, func: Callable, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
         x = args[0]
-        if name in _ROW_METADATA:
-            self.reads_rows = True
-        elif name == "torch.Tensor.size":
-            dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            if dim is None or _normalize(dim, x.dim()) == 0:
+        if not self._handling:
+            if name in _ROW_METADATA:
                 self.reads_rows = True
+            elif name == "torch.Tensor.size":
+                dim = args[1] if len(args) > 1 else kwargs.get("dim")
+                if dim is None or _normalize(dim, x.dim()) == 0:
+                    self.reads_rows = True
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 

@@ -83,6 +83,10 @@ AGGREGATE_GATHER = "aggregate()"
 
 #: How many argument signatures a module keeps captures for.
 MAX_CAPTURES = 64
+#: The edge count ``message()`` is traced with under ``torch.compile``, whose edge count may be
+#: symbolic (``dynamic=True``), never a number the trace could take: a capture that reads the count
+#: holds for that count alone, and there PyG's propagation runs (:func:`_compiled_capture`).
+COMPILED_TRACE_EDGES = 2
 
 FallbackObserver = Callable[["MessagePassing", str], None]
 
@@ -737,7 +741,7 @@ class MessagePassing(PyGMessagePassing):
             )
         # The signature without its first entry, message() itself, which the constant function
         # reads from the module (a function is not a constant of the trace).
-        captured = _compiled_capture(self._ug.token, signature[1:], int(num_edges), gather)
+        captured = _compiled_capture(self._ug.token, signature[1:], gather)
         if isinstance(captured, _CompiledStage):
             return _stage_or_fall_back(self, captured.reason, num_edges)
         if isinstance(captured, str):
@@ -1104,14 +1108,17 @@ def _staged_eagerly(module: "MessagePassing", edge_index: Adj, size: Size, kwarg
 
 @torch.compiler.assume_constant_result
 def _compiled_capture(
-    token: int, signature: Tuple[Hashable, ...], num_edges: int, gather: str
+    token: int, signature: Tuple[Hashable, ...], gather: str
 ) -> Union[_Compiled, _CompiledStage, str]:
     """The capture of ``message()`` of the module of ``token`` (see :data:`_MODULES`) for an
     argument signature, as constants (or the reason it cannot be captured). Runs in Python while
     ``torch.compile`` traces: the tracing of ``message()`` is not itself traceable. The module's
     plain attributes are read here, once; a compiled model that changes one that ``message()``
-    reads needs ``torch._dynamo.reset()``."""
+    reads needs ``torch._dynamo.reset()``. Traced on :data:`COMPILED_TRACE_EDGES` edges, not the
+    call's count, which may be symbolic (a constant function takes constants only): a capture, or
+    a verdict against capturing, that depends on the count is refused."""
     module = _MODULES[token]
+    num_edges = COMPILED_TRACE_EDGES
     arguments = {}
     for entry in signature:
         if len(entry) == 2:
@@ -1122,12 +1129,19 @@ def _compiled_capture(
             arguments[name] = Argument(rows + shape, dtype, device, requires_grad, kind, why)
     message = getattr(module.message, "__func__", module.message)
     key = (gather, torch.is_grad_enabled(), _settings(module), message) + signature
+    reads_rows = (
+        "message() reads the number of edges, which a compiled graph may not know (dynamic shapes): "
+        "PyG's propagation runs"
+    )
     try:
         captured = module._lookup(key, arguments, num_edges, gather)
-    except _Stage as stage:
-        return _CompiledStage(str(stage))
-    except _Fallback as fallback:
-        return str(fallback)
+    except (_Stage, _Fallback) as refused:
+        failure = module._ug.captures.get(key)
+        if isinstance(failure, _Failure) and failure.num_edges is not None:
+            return reads_rows
+        return _CompiledStage(str(refused)) if isinstance(refused, _Stage) else str(refused)
+    if captured.num_edges is not None:
+        return reads_rows
     return _Compiled(
         captured.op.serialize(),
         None if captured.gather is None else captured.gather.serialize(),

@@ -472,6 +472,49 @@ def graph_targets(calls: List[set]) -> Callable:
 
 @pytest.mark.parametrize(
     "cls, aggr",
+    [(WeightedSum, "mean"), (Attention, None), (EdgeLinear, "max")],
+    ids=["weighted_mean", "heads", "linear_products"],
+)
+def test_captured_message_passing_on_graphs_of_several_sizes(cls, aggr):
+    """Compiled as users compile a model (no ``dynamic=True``): the second graph size makes the
+    sizes symbolic (Dynamo's automatic dynamic shapes), and the capture, traced on a fixed edge
+    count, still enters the graph as constants: no graph break, no recompile after that one,
+    eager's results on every graph."""
+    torch.manual_seed(0)
+    model = cls(aggr=aggr) if aggr else cls()
+    forward = (lambda m, x, ei, w: m(x, ei, w)) if cls is WeightedSum else (lambda m, x, ei, w: m(x, ei))
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(forward, fullgraph=True, backend=counter)
+    for step, (num_nodes, num_edges) in enumerate([(12, 40), (15, 52), (9, 25), (20, 70)]):
+        inputs = layer_inputs(num_nodes, num_edges, seed=step)[:3]
+        expected = outputs_and_grads(model, forward, inputs)
+        for index, (a, b) in enumerate(zip(outputs_and_grads(model, compiled, inputs), expected)):
+            assert_close(a, b, f"graph {step}, tensor {index}")
+    assert counter.frame_count == 2 and model.fallback_reason is None
+
+
+def test_a_message_reading_the_edge_count_runs_pyg_propagation_when_compiled():
+    """A capture that depends on the edge count holds for that count alone, which a compiled graph
+    may not know: PyG's propagation runs there, with eager's results."""
+
+    class ViewsRows(ug.MessagePassing):
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j):
+            return x_j.view(x_j.size(0), -1) * 2
+
+    model = ViewsRows(aggr="max")
+    inputs = layer_inputs()[:2]
+    forward = lambda m, x, ei: m(x, ei)  # noqa: E731
+    got = outputs_and_grads(model, torch.compile(forward, fullgraph=True, backend="aot_eager"), inputs)
+    assert "reads the number of edges" in model.fallback_reason
+    for index, (a, b) in enumerate(zip(got, outputs_and_grads(model, forward, inputs))):
+        assert_close(a, b, "output" if index == 0 else f"gradient {index - 1}")
+
+
+@pytest.mark.parametrize(
+    "cls, aggr",
     [
         (WeightedSum, "mean"),
         (Attention, None),

@@ -683,6 +683,22 @@ def test_reading_the_edge_count_keys_the_capture():
     assert ours.trace_count == 2 and ours.capture.num_edges == other.size(1)
 
 
+def test_the_capture_reading_shapes_itself_serves_every_edge_count():
+    """A Linear of a concatenation (EdgeConv's message): the shapes that the capture reads to split
+    it are not message()'s reads of the edge count, so one capture serves graphs of every size (a
+    mini-batch's new graph every step traces nothing)."""
+
+    def message(self, x_i, x_j):
+        return torch.tanh(self.lin(torch.cat([x_i, x_j - x_i], dim=-1)))
+
+    x, edge_index, _, _ = random_inputs("reference", seed=26)
+    ours, theirs = twins(message, aggr="max", setup=lambda m: setattr(m, "lin", torch.nn.Linear(8, 3)))
+    compare(ours, theirs, edge_index, x=x)
+    for seed, (num_nodes, num_edges) in enumerate([(9, 25), (14, 51)]):
+        compare(ours, theirs, make_graph(num_nodes, num_edges, seed=seed), x=torch.randn(num_nodes, 4))
+    assert ours.trace_count == 1 and ours.capture.num_edges is None
+
+
 def test_graph_without_edges():
     ours, theirs = twins(gcn_message, aggr="max")
     compare(ours, theirs, torch.empty(2, 0, dtype=torch.long), x=torch.randn(5, 3), edge_weight=torch.rand(0))
