@@ -136,6 +136,11 @@ def _notify_stage(module: "MessagePassing", description: str) -> None:
 class _Fallback(Exception):
     """Raised while preparing a captured propagation: run PyG's path; ``str()`` is the reason."""
 
+    def __str__(self) -> str:
+        # In Python, not Exception's C method, which torch 2.11's Dynamo cannot trace (a fallback
+        # under torch.compile then broke the graph).
+        return self.args[0] if self.args else ""
+
 
 class _Stage(_Fallback):
     """Raised when ``message()`` is not one fused operator: run it staged (:mod:`pyg_ugrapher.staging`)."""
