@@ -195,7 +195,8 @@ class _State:
         self.edge_fallback: Optional[str] = None
         self.trace_count = 0
         self.call = _Call()
-        self.defaults: Optional[Dict[str, Any]] = None  #: of message()/update() arguments
+        #: ``(name, default)`` of the message()/aggregate()/update() arguments (:func:`_argument_defaults`)
+        self.defaults: Optional[Tuple[Tuple[str, Any], ...]] = None
 
     def __reduce__(self):
         # Captures are not saved with a module: they are re-traced on first use.
@@ -529,16 +530,7 @@ class MessagePassing(PyGMessagePassing):
         """``kwargs`` with the defaults of the ``message()``/``update()`` arguments it lacks, as PyG's
         compiled ``propagate()`` gives them (its generic one, which ours builds on, would pass
         ``inspect.Parameter.empty``)."""
-        if self._ug.defaults is None:
-            params = self.inspector.get_flat_param_dict(
-                ["message", "aggregate", "update"], exclude=list(self.special_args)
-            )
-            self._ug.defaults = {
-                name: param.default
-                for name, param in params.items()
-                if param.default is not inspect.Parameter.empty and not name.endswith(("_i", "_j"))
-            }
-        missing = {name: value for name, value in self._ug.defaults.items() if name not in kwargs}
+        missing = {name: value for name, value in _argument_defaults(self._ug.token) if name not in kwargs}
         return {**missing, **kwargs} if missing else kwargs
 
     def _materialize(self, value: Any, edge_index: Adj) -> Any:
@@ -1109,6 +1101,26 @@ def _staged_eagerly(module: "MessagePassing", edge_index: Adj, size: Size, kwarg
     """A staged propagation under ``torch.compile``, outside the compiled graph: a staged run calls
     ``message()`` on traced tensors every time, which Dynamo cannot trace."""
     return module._propagate_hooked(edge_index, size, kwargs)
+
+
+@torch.compiler.assume_constant_result
+def _argument_defaults(token: int) -> Tuple[Tuple[str, Any], ...]:
+    """The ``(name, default)`` pairs of the ``message()``/``aggregate()``/``update()`` arguments of
+    the module of ``token`` (see :data:`_MODULES`), read once and kept on its state. A constant of a
+    compiled graph (pairs, not a dict, whose keys Dynamo would guard on): a compiled call that read
+    the state itself would guard on it, and the first call, which fills it, would be compiled twice."""
+    module = _MODULES[token]
+    state = module._ug
+    if state.defaults is None:
+        params = module.inspector.get_flat_param_dict(
+            ["message", "aggregate", "update"], exclude=list(module.special_args)
+        )
+        state.defaults = tuple(
+            (name, param.default)
+            for name, param in params.items()
+            if param.default is not inspect.Parameter.empty and not name.endswith(("_i", "_j"))
+        )
+    return state.defaults
 
 
 @torch.compiler.assume_constant_result

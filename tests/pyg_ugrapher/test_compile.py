@@ -493,6 +493,20 @@ def test_captured_message_passing_on_graphs_of_several_sizes(cls, aggr):
     assert counter.frame_count == 2 and model.fallback_reason is None
 
 
+def test_captured_message_passing_compiled_first_compiles_once():
+    """A module compiled before any eager call: its first call reads the arguments' defaults as a
+    constant of the graph, so the second call finds the same graph (no recompile)."""
+    torch.manual_seed(0)
+    model = WeightedSum(aggr="mean")
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(lambda m, x, ei, w: m(x, ei, w), fullgraph=True, backend=counter)
+    inputs = layer_inputs()[:3]
+    first, second = (outputs_and_grads(model, compiled, inputs) for _ in range(2))
+    for index, (a, b) in enumerate(zip(first, second)):
+        assert_close(a, b, f"tensor {index}")
+    assert counter.frame_count == 1
+
+
 def test_a_message_reading_the_edge_count_runs_pyg_propagation_when_compiled():
     """A capture that depends on the edge count holds for that count alone, which a compiled graph
     may not know: PyG's propagation runs there, with eager's results."""
