@@ -814,6 +814,10 @@ class MessagePassing(PyGMessagePassing):
             if argument.kind is not None:
                 tensors[name] = tensor
             shape = argument.shape if argument.kind is None else argument.shape[1:]
+            if argument.kind is None and shape and shape[0] == num_edges:
+                # one row per edge (an integer index, say): keyed without the count, which a
+                # capture that reads it records (Capture.num_edges)
+                shape = (_EDGE_ROWS,) + shape[1:]
             signature.append(
                 (name, argument.kind, shape, argument.dtype, argument.device, argument.requires_grad, argument.why)
             )
@@ -1142,8 +1146,11 @@ def _compiled_capture(
             arguments[entry[0]] = _thaw(entry[1])
         else:
             name, kind, shape, dtype, device, requires_grad, why = entry
-            rows = (num_edges,) if kind is not None else ()
-            arguments[name] = Argument(rows + shape, dtype, device, requires_grad, kind, why)
+            if kind is not None:
+                shape = (num_edges,) + shape
+            elif shape and shape[0] == _EDGE_ROWS:
+                shape = (num_edges,) + shape[1:]
+            arguments[name] = Argument(shape, dtype, device, requires_grad, kind, why)
     message = getattr(module.message, "__func__", module.message)
     key = (gather, torch.is_grad_enabled(), _settings(module), message) + signature
     reads_rows = (
@@ -1267,6 +1274,9 @@ def _not_an_operand(tensor: Tensor) -> str:
         return "a 0-dimensional tensor"
     return ""
 
+
+#: The first dimension of a non-operand tensor argument with one row per edge, in capture keys.
+_EDGE_ROWS = "edges"
 
 _ATOMS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, type)
 

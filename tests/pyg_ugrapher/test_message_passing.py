@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch_geometric import EdgeIndex
 from torch_geometric.nn import MessagePassing as PyGMessagePassing
 from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation
-from torch_geometric.utils import scatter
+from torch_geometric.utils import scatter, softmax
 
 import pyg_ugrapher as ug
 
@@ -696,6 +696,21 @@ def test_the_capture_reading_shapes_itself_serves_every_edge_count():
     compare(ours, theirs, edge_index, x=x)
     for seed, (num_nodes, num_edges) in enumerate([(9, 25), (14, 51)]):
         compare(ours, theirs, make_graph(num_nodes, num_edges, seed=seed), x=torch.randn(num_nodes, 4))
+    assert ours.trace_count == 1 and ours.capture.num_edges is None
+
+
+def test_an_integer_argument_per_edge_keys_the_capture_without_the_edge_count():
+    """The receivers' index given to PyG's softmax (TransformerConv's, AGNNConv's message) is one
+    integer per edge, not an operand: the capture is keyed by its other dimensions, so graphs of
+    one node count and new edge counts (DropEdge's every step) trace message() once."""
+
+    def message(self, x_i, x_j, index, ptr, size_i):
+        return x_j * softmax((x_i * x_j).sum(-1), index, ptr, size_i).unsqueeze(-1)
+
+    ours, theirs = twins(message)
+    for seed, num_edges in enumerate([40, 25, 51]):
+        x = torch.randn(12, 4, generator=torch.Generator().manual_seed(seed))
+        compare(ours, theirs, make_graph(12, num_edges, seed=seed), x=x)
     assert ours.trace_count == 1 and ours.capture.num_edges is None
 
 
