@@ -118,6 +118,54 @@ class CaptureError(Exception):
         self.num_edges = num_edges
 
 
+#: The node counts PyG gives ``message()`` and ``aggregate()``: keys of no capture
+#: (:class:`NodeCount`).
+NODE_COUNTS = ("size_i", "size_j", "dim_size")
+
+
+class NodeCount(int):
+    """A node count given to a traced ``message()`` or ``aggregate()`` (:data:`NODE_COUNTS`), which
+    PyG's ``softmax`` and ``scatter`` may take: the trace reads it through :func:`plain_count`. Any
+    other use as a number (arithmetic, a comparison, a conversion, a torch call) raises
+    :class:`CaptureError`, so a capture never depends on it and serves every node count."""
+
+    name: str
+
+    def __new__(cls, value: int, name: str) -> "NodeCount":
+        count = super().__new__(cls, value)
+        count.name = name
+        return count
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise CaptureError(
+            f"message() computes with the node count {self.name}, which a capture serving every graph cannot hold"
+        )
+
+    __hash__ = int.__hash__
+
+
+for _method in (
+    "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ __rfloordiv__ "
+    "__mod__ __rmod__ __divmod__ __rdivmod__ __pow__ __rpow__ __neg__ __pos__ __abs__ __invert__ __and__ "
+    "__rand__ __or__ __ror__ __xor__ __rxor__ __lshift__ __rlshift__ __rshift__ __rrshift__ __lt__ __le__ "
+    "__gt__ __ge__ __eq__ __ne__ __bool__ __int__ __float__ __index__ __round__ __trunc__ __floor__ __ceil__"
+).split():
+    setattr(NodeCount, _method, NodeCount._refuse)
+
+
+def plain_count(value: Any) -> Any:
+    """``value`` as a plain ``int`` where it is a :class:`NodeCount`; as it is otherwise."""
+    return int.__int__(value) if isinstance(value, NodeCount) else value
+
+
+def with_node_counts(arguments: Mapping[str, Any]) -> Dict[str, Any]:
+    """``arguments`` with each integer node count (:data:`NODE_COUNTS`) a :class:`NodeCount`."""
+    return {
+        name: NodeCount(value, name) if name in NODE_COUNTS and type(value) is int else value
+        for name, value in arguments.items()
+    }
+
+
 @dataclass(frozen=True)
 class Argument:
     """A tensor argument of ``message()``, as the trace sees it: metadata only, no values.
@@ -184,7 +232,7 @@ def capture(
     trace.num_dst = next((size for size in sizes if type(size) is int), None)
     before = dict(vars(module)) if module is not None else {}
     try:
-        kwargs = trace.traced_arguments(arguments)
+        kwargs = trace.traced_arguments(with_node_counts(arguments))
         try:
             with tracing(trace, message) as traced_message, ParameterCalls(trace):
                 result = traced_message(**kwargs)
@@ -195,7 +243,8 @@ def capture(
         if module is not None:
             trace.store(module, before)
         if aggregate is not None:
-            return trace.finish_aggregate(trace.run_aggregate(result, *aggregate))
+            method, aggregate_arguments = aggregate
+            return trace.finish_aggregate(trace.run_aggregate(result, method, with_node_counts(aggregate_arguments)))
         if softmax_temperature is not None:
             return trace.finish(trace.softmax_aggregate(result, softmax_temperature), "sum")
         return trace.finish(result, gather_op)
@@ -272,6 +321,9 @@ class ParameterCalls(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        count = next((value for value in flat_arguments(args, kwargs) if isinstance(value, NodeCount)), None)
+        if count is not None:
+            count._refuse()
         out = func(*args, **kwargs)
         if not any(isinstance(value, TracedTensor) for value in flat_arguments(args, kwargs)):
             self.trace.record_call(func, args, kwargs, out)
@@ -829,6 +881,7 @@ class Trace:
             )
         if dim not in (0, -src.dim()):
             raise CaptureError(f"message() calls torch_geometric.utils.softmax along dim={dim}, not over the edges")
+        num_nodes = plain_count(num_nodes)
         if num_nodes is not None and num_nodes != self.num_dst:
             raise CaptureError(
                 "message() calls torch_geometric.utils.softmax with num_nodes that is not the number of receivers"
@@ -911,6 +964,7 @@ class Trace:
             )
         if _normalize(dim, src.dim()) != 0:
             raise CaptureError(f"aggregate() scatters along dim={dim}, not over the edges")
+        dim_size = plain_count(dim_size)
         if dim_size is None or dim_size != self.num_dst:
             raise CaptureError("aggregate() scatters with dim_size that is not the number of receivers")
         gather_op = _SCATTER_REDUCTIONS.get(reduce)

@@ -55,7 +55,7 @@ from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
 from .aggregation import GATHER_OPS, GatherRunner, in_pytorch, on_graph_operators
 from .aggregation import aggregate as aggregate_parts
 from .backward import canonical
-from .capture import Argument, CaptureError
+from .capture import NODE_COUNTS, Argument, CaptureError
 from .capture import capture as trace_message
 from .graph import GraphTensor
 from .graph_argument import derived, layer_structure, note_bounds
@@ -87,6 +87,9 @@ MAX_CAPTURES = 64
 #: symbolic (``dynamic=True``), never a number the trace could take: a capture that reads the count
 #: holds for that count alone, and there PyG's propagation runs (:func:`_compiled_capture`).
 COMPILED_TRACE_EDGES = 2
+#: The node counts (``size_i``...) a compiled trace gives ``message()``: a capture never depends on
+#: them (:class:`~pyg_ugrapher.capture.NodeCount`), and the call's may be symbolic.
+COMPILED_TRACE_NODES = 3
 
 FallbackObserver = Callable[["MessagePassing", str], None]
 
@@ -803,7 +806,11 @@ class MessagePassing(PyGMessagePassing):
                 argument = Argument.of(tensor, None if why else "edge", why)
             else:
                 try:
-                    signature.append((name, _freeze(value)))
+                    # A node count keys no capture: one that computes with it is refused
+                    # (capture.NodeCount), so the capture serves every graph.
+                    signature.append(
+                        (name, _NODE_COUNT if name in NODE_COUNTS and type(value) is int else _freeze(value))
+                    )
                 except TypeError:
                     raise _Fallback(
                         f"message() takes argument {name!r} of type {type(value).__name__}, which cannot key a capture"
@@ -1143,7 +1150,7 @@ def _compiled_capture(
     arguments = {}
     for entry in signature:
         if len(entry) == 2:
-            arguments[entry[0]] = _thaw(entry[1])
+            arguments[entry[0]] = COMPILED_TRACE_NODES if entry[1] == _NODE_COUNT else _thaw(entry[1])
         else:
             name, kind, shape, dtype, device, requires_grad, why = entry
             if kind is not None:
@@ -1275,6 +1282,8 @@ def _not_an_operand(tensor: Tensor) -> str:
     return ""
 
 
+#: A node count (``size_i``...) in capture keys, whatever its value.
+_NODE_COUNT = ("node count",)
 #: The first dimension of a non-operand tensor argument with one row per edge, in capture keys.
 _EDGE_ROWS = "edges"
 

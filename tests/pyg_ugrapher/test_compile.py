@@ -472,16 +472,17 @@ def graph_targets(calls: List[set]) -> Callable:
 
 @pytest.mark.parametrize(
     "cls, aggr",
-    [(WeightedSum, "mean"), (Attention, None), (EdgeLinear, "max")],
-    ids=["weighted_mean", "heads", "linear_products"],
+    [(WeightedSum, "mean"), (Attention, None), (EdgeLinear, "max"), (SoftmaxAttention, "add")],
+    ids=["weighted_mean", "heads", "linear_products", "softmax"],
 )
 def test_captured_message_passing_on_graphs_of_several_sizes(cls, aggr):
     """Compiled as users compile a model (no ``dynamic=True``): the second graph size makes the
     sizes symbolic (Dynamo's automatic dynamic shapes), and the capture, traced on a fixed edge
-    count, still enters the graph as constants: no graph break, no recompile after that one,
-    eager's results on every graph."""
+    count and node count (softmax's ``size_i``), still enters the graph as constants: no graph
+    break, no recompile after that one, eager's results on every graph."""
     torch.manual_seed(0)
     model = cls(aggr=aggr) if aggr else cls()
+    model.staged_min_edges = 0  # the softmax's several operators captured on these small graphs too
     forward = (lambda m, x, ei, w: m(x, ei, w)) if cls is WeightedSum else (lambda m, x, ei, w: m(x, ei))
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(forward, fullgraph=True, backend=counter)

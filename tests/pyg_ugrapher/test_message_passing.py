@@ -714,6 +714,44 @@ def test_an_integer_argument_per_edge_keys_the_capture_without_the_edge_count():
     assert ours.trace_count == 1 and ours.capture.num_edges is None
 
 
+def test_the_node_count_given_to_softmax_keys_no_capture():
+    """``size_i``, which PyG's softmax takes, keys no capture: graphs of new node and edge counts
+    (a mini-batch's every step) trace message() once."""
+
+    def message(self, x_i, x_j, index, ptr, size_i):
+        return x_j * softmax((x_i * x_j).sum(-1), index, ptr, size_i).unsqueeze(-1)
+
+    ours, theirs = twins(message)
+    for seed, (num_nodes, num_edges) in enumerate([(12, 40), (9, 25), (15, 51)]):
+        x = torch.randn(num_nodes, 4, generator=torch.Generator().manual_seed(seed))
+        compare(ours, theirs, make_graph(num_nodes, num_edges, seed=seed), x=x)
+    assert ours.trace_count == 1
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda x_j, size_i: x_j / size_i,
+        lambda x_j, size_i: x_j * (2.0 if size_i > 10 else 1.0),
+        lambda x_j, size_i: x_j * float(size_i),
+        lambda x_j, size_i: x_j + torch.full_like(x_j, size_i),
+    ],
+    ids=["arithmetic", "branch", "float", "torch_call"],
+)
+def test_a_message_computing_with_the_node_count_is_not_captured(use):
+    """The node count used as a number would make a capture hold for one node count: such a
+    message() is refused (it runs staged), with PyG's results on every graph."""
+
+    def message(self, x_j, size_i):
+        return self.use(x_j, size_i)
+
+    ours, theirs = twins(message, setup=lambda m: setattr(m, "use", use))
+    for seed, (num_nodes, num_edges) in enumerate([(12, 40), (9, 25)]):
+        x = torch.randn(num_nodes, 4, generator=torch.Generator().manual_seed(seed))
+        compare(ours, theirs, make_graph(num_nodes, num_edges, seed=seed), captured="staged", x=x)
+        assert "node count size_i" in ours.staged_reason
+
+
 def test_graph_without_edges():
     ours, theirs = twins(gcn_message, aggr="max")
     compare(ours, theirs, torch.empty(2, 0, dtype=torch.long), x=torch.randn(5, 3), edge_weight=torch.rand(0))
