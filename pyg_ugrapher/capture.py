@@ -123,39 +123,43 @@ class CaptureError(Exception):
 NODE_COUNTS = ("size_i", "size_j", "dim_size")
 
 
-class NodeCount(int):
+class NodeCount:
     """A node count given to a traced ``message()`` or ``aggregate()`` (:data:`NODE_COUNTS`), which
-    PyG's ``softmax`` and ``scatter`` may take: the trace reads it through :func:`plain_count`. Any
-    other use as a number (arithmetic, a comparison, a conversion, a torch call) raises
-    :class:`CaptureError`, so a capture never depends on it and serves every node count."""
+    PyG's ``softmax`` and ``scatter`` may take: the trace reads it through :func:`plain_count`. Not
+    an ``int``, so every other use as a number (arithmetic, a comparison, a conversion, an index,
+    a torch call) goes through its methods, which raise :class:`CaptureError`: a capture never
+    depends on it and serves every node count."""
 
-    name: str
+    __slots__ = ("value", "name")
 
-    def __new__(cls, value: int, name: str) -> "NodeCount":
-        count = super().__new__(cls, value)
-        count.name = name
-        return count
+    def __init__(self, value: int, name: str) -> None:
+        self.value = value
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"NodeCount({self.name}={self.value})"
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise CaptureError(
             f"message() computes with the node count {self.name}, which a capture serving every graph cannot hold"
         )
 
-    __hash__ = int.__hash__
+    __hash__ = object.__hash__
 
 
 for _method in (
     "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ __rfloordiv__ "
     "__mod__ __rmod__ __divmod__ __rdivmod__ __pow__ __rpow__ __neg__ __pos__ __abs__ __invert__ __and__ "
     "__rand__ __or__ __ror__ __xor__ __rxor__ __lshift__ __rlshift__ __rshift__ __rrshift__ __lt__ __le__ "
-    "__gt__ __ge__ __eq__ __ne__ __bool__ __int__ __float__ __index__ __round__ __trunc__ __floor__ __ceil__"
+    "__gt__ __ge__ __eq__ __ne__ __bool__ __int__ __float__ __complex__ __index__ __round__ __trunc__ "
+    "__floor__ __ceil__"
 ).split():
     setattr(NodeCount, _method, NodeCount._refuse)
 
 
 def plain_count(value: Any) -> Any:
-    """``value`` as a plain ``int`` where it is a :class:`NodeCount`; as it is otherwise."""
-    return int.__int__(value) if isinstance(value, NodeCount) else value
+    """The number a :class:`NodeCount` holds; ``value`` itself otherwise."""
+    return value.value if isinstance(value, NodeCount) else value
 
 
 def with_node_counts(arguments: Mapping[str, Any]) -> Dict[str, Any]:
