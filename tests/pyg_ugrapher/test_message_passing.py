@@ -752,6 +752,18 @@ def test_a_message_computing_with_the_node_count_is_not_captured(use):
         compare(ours, theirs, make_graph(num_nodes, num_edges, seed=seed), captured="staged", x=x)
 
 
+def test_a_message_type_checking_the_node_count_sees_an_int():
+    """``isinstance(size_i, int)`` holds in a traced message() as in PyG's, so the branch it takes,
+    and the capture, are PyG's."""
+
+    def message(self, x_j, size_i):
+        return x_j * (2.0 if isinstance(size_i, int) else 1.0)
+
+    ours, theirs = twins(message)
+    x, edge_index, _, _ = random_inputs("reference", seed=27)
+    compare(ours, theirs, edge_index, x=x)
+
+
 def test_graph_without_edges():
     ours, theirs = twins(gcn_message, aggr="max")
     compare(ours, theirs, torch.empty(2, 0, dtype=torch.long), x=torch.randn(5, 3), edge_weight=torch.rand(0))
