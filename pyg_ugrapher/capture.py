@@ -167,12 +167,16 @@ def plain_count(value: Any) -> Any:
     return value.value if isinstance(value, NodeCount) else value
 
 
+def is_node_count(name: str, value: Any) -> bool:
+    """Whether the argument ``name`` of ``message()`` or ``aggregate()`` is a node count PyG passes
+    (:data:`NODE_COUNTS`, an integer): what keys no capture, and what the trace reads as a
+    :class:`NodeCount`."""
+    return name in NODE_COUNTS and type(value) is int
+
+
 def with_node_counts(arguments: Mapping[str, Any]) -> Dict[str, Any]:
-    """``arguments`` with each integer node count (:data:`NODE_COUNTS`) a :class:`NodeCount`."""
-    return {
-        name: NodeCount(value, name) if name in NODE_COUNTS and type(value) is int else value
-        for name, value in arguments.items()
-    }
+    """``arguments`` with each integer node count (:func:`is_node_count`) a :class:`NodeCount`."""
+    return {name: NodeCount(value, name) if is_node_count(name, value) else value for name, value in arguments.items()}
 
 
 @dataclass(frozen=True)

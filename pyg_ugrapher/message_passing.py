@@ -55,7 +55,7 @@ from torch_geometric.utils import is_sparse, is_torch_sparse_tensor
 from .aggregation import GATHER_OPS, GatherRunner, in_pytorch, on_graph_operators
 from .aggregation import aggregate as aggregate_parts
 from .backward import canonical
-from .capture import NODE_COUNTS, Argument, CaptureError
+from .capture import Argument, CaptureError, is_node_count
 from .capture import capture as trace_message
 from .graph import GraphTensor
 from .graph_argument import derived, layer_structure, note_bounds
@@ -808,9 +808,7 @@ class MessagePassing(PyGMessagePassing):
                 try:
                     # A node count keys no capture: one that computes with it is refused
                     # (capture.NodeCount), so the capture serves every graph.
-                    signature.append(
-                        (name, _NODE_COUNT if name in NODE_COUNTS and type(value) is int else _freeze(value))
-                    )
+                    signature.append((name, _NODE_COUNT if is_node_count(name, value) else _freeze(value)))
                 except TypeError:
                     raise _Fallback(
                         f"message() takes argument {name!r} of type {type(value).__name__}, which cannot key a capture"

@@ -51,10 +51,9 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
     ``return_attention_weights``, which returns PyG's looped index, runs on the graph whose stored
     loops are removed (:func:`~pyg_ugrapher.graph_argument.looped_graph`); under ``torch.compile``
     it runs so on the graph cached on the index, outside the compiled graph. Every other compiled
-    call reads the spare-row index cached on the index, in the compiled graph (PyG's ``forward``
-    there breaks the graph at the self-loop removal, a size read from the index; with
-    ``dynamic=True`` ours breaks it at the capture of ``message()``, which needs the edge count,
-    as for any :class:`~pyg_ugrapher.MessagePassing`). Sparse adjacencies,
+    call reads the spare-row index cached on the index, in the compiled graph, also with
+    ``dynamic=True`` (PyG's ``forward`` there breaks the graph at the self-loop removal, a size
+    read from the index). Sparse adjacencies,
     recordings that rebuild the graph, explain mode and hooks run PyG's ``forward`` on this layer,
     and PyG's layer on this layer's parameters runs a bipartite call under
     ``flow="target_to_source"`` whose sides differ in size (PyG sizes its output by ``x[0]`` there).
