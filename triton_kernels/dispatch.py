@@ -97,6 +97,29 @@ _PERMUTED = IdentityMap()
 _ORDERS = 2
 
 
+#: copy -> (the tensor it copies, the copy's version then): see :func:`read_as`.
+_COPIES = IdentityMap()
+
+
+def read_as(copy: Tensor, original: Tensor) -> None:
+    """Take ``copy``, unchanged, for ``original`` as an edge operand: where ``original`` comes back,
+    so does ``copy``, and its rows are read in the CSR order kept for ``original``. A compiled graph
+    owns its ops' outputs (Inductor may write into one once it is dead), so a custom op returns a
+    copy of a cached tensor, a new tensor every step: a compiled GCNConv's normalised weights would
+    otherwise be read through the edge ids every step, where an eager layer reads its cached
+    weights in CSR order. Nothing is kept where nothing may be (:func:`is_reused`)."""
+    if not (copy.requires_grad or copy.is_inference() or keeps_nothing(copy) or keeps_nothing(original)):
+        _COPIES[copy] = (original, copy._version)
+
+
+def _copied(tensor: Tensor) -> Tensor:
+    """The tensor that ``tensor`` is an unchanged :func:`read_as` copy of, else ``tensor``."""
+    copied = _COPIES.get(tensor)
+    if copied is None or copied[1] != tensor._version:
+        return tensor
+    return copied[0]
+
+
 def _entry(tensor: Tensor, eid: Tensor) -> Optional[list]:
     """The bookkeeping of ``tensor`` on the graph of ``eid``, if current."""
     for entry in _PERMUTED.get(tensor, ()):
@@ -107,7 +130,9 @@ def _entry(tensor: Tensor, eid: Tensor) -> Optional[list]:
 
 def seen(tensor: Tensor, eid: Tensor) -> bool:
     """Whether :func:`is_reused` would say ``tensor`` comes back, without marking it."""
-    return not tensor.requires_grad and not keeps_nothing(tensor) and _entry(tensor, eid) is not None
+    if tensor.requires_grad or keeps_nothing(tensor):
+        return False
+    return _entry(_copied(tensor), eid) is not None
 
 
 def is_reused(tensor: Tensor, eid: Tensor) -> bool:
@@ -121,6 +146,7 @@ def is_reused(tensor: Tensor, eid: Tensor) -> bool:
     inference tensor, which counts no versions."""
     if tensor.requires_grad or tensor.is_inference() or keeps_nothing(tensor):
         return False
+    tensor = _copied(tensor)
     if _entry(tensor, eid) is not None:
         return True
     entries = [e for e in _PERMUTED.get(tensor, ()) if e[0] is not eid and e[1] == tensor._version]
@@ -130,8 +156,9 @@ def is_reused(tensor: Tensor, eid: Tensor) -> bool:
 
 def in_csr_order(tensor: Tensor, eid: Tensor) -> Tensor:
     """``tensor`` (rows in user edge order, reused: see :func:`is_reused`) with its rows in the CSR
-    order of ``eid``, flattened to 2-D; permuted once per tensor version and graph."""
-    entry = _entry(tensor, eid)
+    order of ``eid``, flattened to 2-D; permuted once per tensor version and graph (a
+    :func:`read_as` copy: once for the tensor it copies)."""
+    entry = _entry(_copied(tensor), eid)
     if entry is None:  # not marked (requires grad, captured): nothing to keep it for
         return _as_rows(tensor).index_select(0, eid)
     if entry[2] is None:
@@ -859,6 +886,7 @@ __all__: Tuple[str, ...] = (
     "PairPlan",
     "packed_rows",
     "all_packed",
+    "read_as",
     "run_with_edge_output",
     "run_softmax",
     "prepare_softmax",

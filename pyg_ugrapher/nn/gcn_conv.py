@@ -9,8 +9,8 @@ from torch_geometric.nn.inits import zeros
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import add_self_loops
 
+from triton_kernels import read_as, uses_triton
 from triton_kernels import unit_norm as unit_norm_kernels
-from triton_kernels import uses_triton
 
 from ..graph import OP_TAGS
 from ..graph_argument import (
@@ -117,8 +117,12 @@ def _compiled_unit_norm(
     """:func:`fixed_size_unit_norm` for a compiled GCNConv: traced, the normalisation would run
     every call (two graph operators, a few elementwise kernels), where an eager call reads it from
     the cache on the index. A copy, as the compiled graph owns its ops' outputs (Inductor may write
-    into one once it is dead)."""
-    return fixed_size_unit_norm(edge_index, flow, num_nodes, add_self_loops, gather, dtype).clone()
+    into one once it is dead), which the kernels read as the cached weights
+    (:func:`triton_kernels.read_as`): in CSR order from the second step on, as an eager layer's."""
+    weights = fixed_size_unit_norm(edge_index, flow, num_nodes, add_self_loops, gather, dtype)
+    copy = weights.clone()
+    read_as(copy, weights)
+    return copy
 
 
 @_compiled_unit_norm.register_fake

@@ -173,6 +173,55 @@ def test_plan_for_reused_operands_reads_them_in_csr_order(
 @pytest.mark.parametrize(
     "info",
     [
+        ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4, num_warps=4),
+        ug.ParallelInfo("group", group_size=3, block_v=2, block_e=2, block_f=4, num_warps=4),
+    ],
+    ids=["vertex", "group"],
+)
+def test_a_copy_read_as_its_original_is_read_in_its_csr_order(
+    info, device, graph_factory, operand_factory, check_close
+):
+    """A :func:`read_as` copy of a weight that came back (a compiled graph's copy of a cached
+    weight, a new tensor every call) comes back too, and is read from the rows of the original
+    permuted once; a copy changed in place, or one that requires grad, is read as itself."""
+    op = OpInfo.from_name("u_mul_e_sum")
+    graph = graph_factory("mixed")
+    x, weight = operand_factory(graph, op, "row_bcast", device=device)
+    layout = infer_layout(op, [x.shape, weight.shape])
+    arrays = _arrays_of(graph, device)
+    eid = arrays.csr.eid
+    expected = reference.execute(graph, op, [x, weight])
+    check_close(dispatch.run(op, layout, arrays, [x, weight], info), expected, None, "first read marks the weight")
+    plan = dispatch.prepare(op, layout, [x, weight], info, torch.float32, reused=(False, True))
+    rows = []
+    for call in range(3):
+        copy = weight.clone()
+        dispatch.read_as(copy, weight)
+        assert dispatch.seen(copy, eid)
+        check_close(plan(arrays, [x, copy]), expected, None, f"copy {call}")
+        [(_, _, permuted)] = dispatch._PERMUTED[weight]
+        rows.append(permuted)
+        assert dispatch._PERMUTED.get(copy) is None
+    assert rows[0] is not None and rows[0] is rows[1] is rows[2]
+
+    changed = weight.clone()
+    dispatch.read_as(changed, weight)
+    changed.mul_(-2.0)
+    assert not dispatch.seen(changed, eid)
+    check_close(
+        dispatch.run(op, layout, arrays, [x, changed], info),
+        reference.execute(graph, op, [x, changed]),
+        None,
+        "changed",
+    )
+    trained = weight.clone().requires_grad_()
+    dispatch.read_as(trained, weight)
+    assert not dispatch.seen(trained, eid) and dispatch._COPIES.get(trained) is None
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
         ug.ParallelInfo("edge", block_e=8, block_f=4, num_warps=4),
         ug.ParallelInfo("vertex", block_v=2, block_e=4, block_f=4, num_warps=4),
     ],

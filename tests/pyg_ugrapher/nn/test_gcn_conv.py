@@ -8,10 +8,12 @@ from torch_geometric import EdgeIndex
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.utils import to_torch_coo_tensor, to_torch_csr_tensor
 
+from autotune import selection
 from pyg_ugrapher import ops
 from pyg_ugrapher.nn import GCNConv
 from pyg_ugrapher.nn.gcn_conv import unit_norm, unit_norm_torch
 from pyg_ugrapher.ops import custom_ops
+from triton_kernels import dispatch
 
 CONFIGS = [
     {},
@@ -88,6 +90,31 @@ def test_compiled_reads_cached_normalisation(compare, compile_ours, small_graph,
 
     edge_index[0, :5] = edge_index[1, :5]  # five more self loops
     compare(ours, theirs, forward, [x], train=True)
+
+
+def test_compiled_reads_cached_normalisation_in_csr_order(
+    interpret, compare, compile_ours, small_graph, monkeypatch, custom_op_graphs
+):
+    """Compiled on a graph whose operators run outside CUDA graphs (a large one's), the normalised
+    weights, a new copy every call, are read in CSR order from the second call on, forward and
+    backward, from rows permuted once: as an eager layer reads its cached weights, not through
+    the edge ids every step."""
+    monkeypatch.setattr(selection, "SMALL_GRAPH_EDGES", -1)
+    x, edge_index = small_graph
+    torch.manual_seed(0)
+    theirs, ours = pyg_nn.GCNConv(6, 4), GCNConv(6, 4)
+    forward, counter = compile_ours(lambda layer, x: layer(x, edge_index), ours)
+    compare(ours, theirs, forward, [x], train=True)
+
+    read, permute = [], dispatch.in_csr_order
+    monkeypatch.setattr(dispatch, "in_csr_order", lambda t, eid: read.append((eid, permute(t, eid))) or read[-1][1])
+    for _ in range(2):
+        compare(ours, theirs, forward, [x], train=True)
+    assert len(read) == 4  # two calls, each forward and backward
+    (forward_eid, first), (backward_eid, first_back), (eid, again), (back_eid, again_back) = read
+    assert forward_eid is eid and backward_eid is back_eid and forward_eid is not backward_eid
+    assert again is first and again_back is first_back
+    assert counter.frame_count == 1
 
 
 def _static_ids(kwargs):
