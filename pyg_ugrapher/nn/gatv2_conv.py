@@ -53,7 +53,10 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
     it runs so on the graph cached on the index, outside the compiled graph. Every other compiled
     call reads the spare-row index cached on the index, in the compiled graph, also with
     ``dynamic=True`` (PyG's ``forward`` there breaks the graph at the self-loop removal, a size
-    read from the index). Sparse adjacencies,
+    read from the index). On a graph of at least
+    :attr:`~pyg_ugrapher.MessagePassing.staged_min_edges` edges the attention (``edge_update()``
+    and its softmax) runs on graph operators outside the compiled graph, as in eager mode; on a
+    smaller one Inductor compiles PyG's code for it. Sparse adjacencies,
     recordings that rebuild the graph, explain mode and hooks run PyG's ``forward`` on this layer,
     and PyG's layer on this layer's parameters runs a bipartite call under
     ``flow="target_to_source"`` whose sides differ in size (PyG sizes its output by ``x[0]`` there).

@@ -5,8 +5,9 @@ from torch_geometric import EdgeIndex
 from torch_geometric.utils import remove_self_loops
 
 import pyg_ugrapher as ug
-from pyg_ugrapher import graph_argument, ops
+from pyg_ugrapher import MessagePassing, graph_argument, ops
 from pyg_ugrapher.graph_argument import looped_graph
+from pyg_ugrapher.message_passing import STAGED_MIN_EDGES
 from pyg_ugrapher.nn import GATv2Conv
 from pyg_ugrapher.structure import CheckedIndex
 
@@ -164,13 +165,15 @@ def test_repeated_stored_loops(compare, fill_value):
 
 
 def test_compiled_matches_pyg(compare, compile_ours, small_graph, monkeypatch):
-    """Under ``torch.compile`` the layer is one compiled graph, which reads the spare-row index
-    cached on the index (through the custom op ``pyg_ugrapher::spare_row_index``), so every call
-    finds the structure cached on that: PyG's results and gradients at every call."""
+    """Under ``torch.compile``, on a graph below ``staged_min_edges`` edges, the layer is one
+    compiled graph, which reads the spare-row index cached on the index (through the custom op
+    ``pyg_ugrapher::spare_row_index``), so every call finds the structure cached on that: PyG's
+    results and gradients at every call."""
     x, edge_index = small_graph
     torch.manual_seed(0)
     theirs = pyg_nn.GATv2Conv(6, 4, heads=2, edge_dim=3)
     ours = GATv2Conv(6, 4, heads=2, edge_dim=3)
+    ours.staged_min_edges = STAGED_MIN_EDGES  # the default; the tests set 0
     edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
     forward, counter = compile_ours(lambda layer, x, e: layer(x, edge_index, e), ours)
     indices = []
@@ -182,6 +185,28 @@ def test_compiled_matches_pyg(compare, compile_ours, small_graph, monkeypatch):
         compare(ours, theirs, forward, [x, edge_attr], train=True)
     assert counter.frame_count == 1
     assert len(indices) == 3 and all(index is indices[0] for index in indices)
+
+
+def test_compiled_on_a_large_graph_runs_the_attention_staged(compare, compile_ours, small_graph, monkeypatch):
+    """On a graph of at least ``staged_min_edges`` edges a compiled call computes the attention as
+    an eager call does, ``edge_update()`` staged on graph operators outside the compiled graph,
+    not PyG's softmax traced over every edge: PyG's results and gradients at every call, and no
+    recompilation."""
+    x, edge_index = small_graph
+    torch.manual_seed(0)
+    theirs = pyg_nn.GATv2Conv(6, 4, heads=2, edge_dim=3)
+    ours = GATv2Conv(6, 4, heads=2, edge_dim=3)
+    ours.staged_min_edges = edge_index.size(1)
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
+    forward, counter = compile_ours(lambda layer, x, e: layer(x, edge_index, e), ours)
+    staged, stage = [], MessagePassing._staged_edge_update
+    monkeypatch.setattr(MessagePassing, "_staged_edge_update", lambda *args: staged.append(1) or stage(*args))
+    for call in range(3):
+        compare(ours, theirs, forward, [x, edge_attr], train=True)
+        assert len(staged) == call + 1 and ours.edge_fallback_reason is None
+    frames = counter.frame_count
+    compare(ours, theirs, forward, [x, edge_attr], train=True)
+    assert counter.frame_count == frames
 
 
 def test_compiled_with_dynamic_shapes_matches_pyg(compare):
