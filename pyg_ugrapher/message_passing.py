@@ -207,13 +207,6 @@ class _State:
 
 
 @torch.compiler.disable
-def _edge_updated_eagerly(module: "MessagePassing", edge_index: Tensor, size: Size, kwargs: Dict[str, Any]) -> Any:
-    """``module.edge_updater`` of a large graph under ``torch.compile``, outside the compiled graph:
-    a staged run calls ``edge_update()`` on traced tensors, which Dynamo cannot trace."""
-    return module._edge_updater(edge_index, size, kwargs)
-
-
-@torch.compiler.disable
 def _propagate_eagerly(module: "MessagePassing", edge_index: Tensor, size: Size, kwargs: Dict[str, Any]) -> Tensor:
     """``module.propagate`` of a ``torch.sparse`` adjacency, never traced (see ``propagate``)."""
     return module._propagate(edge_index, size, kwargs)
@@ -420,32 +413,11 @@ class MessagePassing(PyGMessagePassing):
     def edge_updater(self, edge_index: Adj, size: Size = None, **kwargs: Any) -> Any:
         """PyG's ``edge_updater()``, with ``edge_update()`` run staged (see :mod:`pyg_ugrapher.staging`):
         its elementwise parts and PyG's ``softmax`` as graph operators, on the node tensors as they
-        are, on a graph of at least :attr:`staged_min_edges` edges. A class with its own
-        ``edge_updater()``, a sparse adjacency or a smaller graph get PyG's path
-        (:attr:`edge_fallback_reason` says why). Under ``torch.compile`` a smaller graph's call is
-        PyG's code, which Dynamo traces as it traces PyG's own layer; a larger graph's runs staged
-        outside the compiled graph, as a staged propagation does: traced, PyG's softmax over every
-        edge (a scatter, a gather and elementwise passes over ``[E, heads]`` tensors) took several
-        times the staged run's time."""
+        are. A class with its own ``edge_updater()``, a sparse adjacency or ``torch.compile`` get
+        PyG's path (:attr:`edge_fallback_reason` says why)."""
         if torch.compiler.is_compiling():
-            if self._edge_update_staged(edge_index):
-                return _edge_updated_eagerly(self, edge_index, size, kwargs)
+            # Exactly PyG's code, for Dynamo to trace as it traces PyG's own layer.
             return _generic_edge_updater()(self, edge_index, size=size, **kwargs)
-        return self._edge_updater(edge_index, size, kwargs)
-
-    def _edge_update_staged(self, edge_index: Adj) -> bool:
-        """Whether an eager ``edge_updater()`` call on ``edge_index`` would try the staged run: a
-        plain ``[2, E]`` index of at least :attr:`staged_min_edges` edges, a class without its own
-        ``edge_updater()`` (under ``dynamic=True`` the comparison guards on the edge count)."""
-        return (
-            isinstance(edge_index, Tensor)
-            and not is_torch_sparse_tensor(edge_index)
-            and _custom_edge_updater(type(self)) is None
-            and edge_index.size(1) >= self.staged_min_edges
-        )
-
-    def _edge_updater(self, edge_index: Adj, size: Size, kwargs: Dict[str, Any]) -> Any:
-        """:meth:`edge_updater` outside ``torch.compile``."""
         custom = _custom_edge_updater(type(self))
         if custom is not None:
             self._ug.edge_fallback = "the class defines its own edge_updater()"

@@ -54,9 +54,10 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
     call reads the spare-row index cached on the index, in the compiled graph, also with
     ``dynamic=True`` (PyG's ``forward`` there breaks the graph at the self-loop removal, a size
     read from the index). On a graph of at least
-    :attr:`~pyg_ugrapher.MessagePassing.staged_min_edges` edges the attention (``edge_update()``
-    and its softmax) runs on graph operators outside the compiled graph, as in eager mode; on a
-    smaller one Inductor compiles PyG's code for it. Sparse adjacencies,
+    :attr:`~pyg_ugrapher.MessagePassing.staged_min_edges` edges with its loops, where the attention
+    (``edge_update()`` and its softmax) runs on graph operators, the layer runs as in eager mode
+    outside the compiled graph (a graph break); on a smaller one Inductor compiles PyG's code for
+    the attention. Sparse adjacencies,
     recordings that rebuild the graph, explain mode and hooks run PyG's ``forward`` on this layer,
     and PyG's layer on this layer's parameters runs a bipartite call under
     ``flow="target_to_source"`` whose sides differ in size (PyG sizes its output by ``x[0]`` there).
@@ -85,9 +86,24 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
             return pyg_twin(self)(x, edge_index, edge_attr, return_attention_weights)
         if not self._loops_cached(edge_index):
             return PyGGATv2Conv.forward(self, x, edge_index, edge_attr, return_attention_weights)
-        if torch.compiler.is_compiling() and return_attention_weights:
+        if torch.compiler.is_compiling() and (return_attention_weights or self._attention_staged(x, edge_index)):
             return _looped_forward_outside_compile(self, x, edge_index, edge_attr, return_attention_weights)
         return self._looped_forward(x, edge_index, edge_attr, return_attention_weights)
+
+    def _attention_staged(self, x: Union[Tensor, Tuple[Tensor, Tensor]], edge_index: Tensor) -> bool:
+        """Whether an eager call computes the attention staged on graph operators: its graph, the
+        index with a loop per node of the smaller side, has at least
+        :attr:`~pyg_ugrapher.MessagePassing.staged_min_edges` edges. Compiled, such a call runs
+        eagerly outside the compiled graph: traced, ``edge_update()`` is PyG's code, whose softmax
+        over every edge Inductor compiles to several times the staged run's time. Under
+        ``dynamic=True`` the comparison guards on the sizes."""
+        if isinstance(x, Tensor):
+            loops = x.size(0)
+        elif isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(side, Tensor) for side in x):
+            loops = min(x[0].size(0), x[1].size(0))
+        else:
+            return False  # _looped_forward refuses it
+        return edge_index.size(1) + loops >= self.staged_min_edges
 
     def _looped_forward(
         self,
@@ -168,7 +184,7 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
 
 
 #: :meth:`GATv2Conv._looped_forward` run eagerly from a compiled model (a graph break) where it
-#: returns the attention weights: PyG's looped index, whose size depends on the count of stored self
+#: returns the attention weights (PyG's looped index, whose size depends on the count of stored self
 #: loops, is cached on the index, looked up by the index's identity, which a compiled graph does not
-#: keep.
+#: keep) or computes the attention staged (:meth:`GATv2Conv._attention_staged`).
 _looped_forward_outside_compile = torch.compiler.disable(GATv2Conv._looped_forward)

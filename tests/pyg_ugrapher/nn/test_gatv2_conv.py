@@ -188,15 +188,15 @@ def test_compiled_matches_pyg(compare, compile_ours, small_graph, monkeypatch):
 
 
 def test_compiled_on_a_large_graph_runs_the_attention_staged(compare, compile_ours, small_graph, monkeypatch):
-    """On a graph of at least ``staged_min_edges`` edges a compiled call computes the attention as
-    an eager call does, ``edge_update()`` staged on graph operators outside the compiled graph,
-    not PyG's softmax traced over every edge: PyG's results and gradients at every call, and no
-    recompilation."""
+    """On a graph of at least ``staged_min_edges`` edges with its loops, a compiled call runs the
+    layer as an eager call does, outside the compiled graph, ``edge_update()`` staged on graph
+    operators, not PyG's softmax traced over every edge: PyG's results and gradients at every
+    call, and no recompilation. One edge fewer, the layer is compiled."""
     x, edge_index = small_graph
     torch.manual_seed(0)
     theirs = pyg_nn.GATv2Conv(6, 4, heads=2, edge_dim=3)
     ours = GATv2Conv(6, 4, heads=2, edge_dim=3)
-    ours.staged_min_edges = edge_index.size(1)
+    ours.staged_min_edges = edge_index.size(1) + x.size(0)
     edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
     forward, counter = compile_ours(lambda layer, x, e: layer(x, edge_index, e), ours)
     staged, stage = [], MessagePassing._staged_edge_update
@@ -207,6 +207,11 @@ def test_compiled_on_a_large_graph_runs_the_attention_staged(compare, compile_ou
     frames = counter.frame_count
     compare(ours, theirs, forward, [x, edge_attr], train=True)
     assert counter.frame_count == frames
+
+    ours.staged_min_edges += 1
+    staged.clear()
+    compare(ours, theirs, forward, [x, edge_attr], train=True)
+    assert not staged and counter.frame_count > frames
 
 
 def test_compiled_with_dynamic_shapes_matches_pyg(compare):
