@@ -107,6 +107,10 @@ class Mixed(torch.nn.Module):
 
 
 def test_mixed_model(graph):
+    # Seeded: with some initialisations a max aggregation's result is exactly 0, where PyG's
+    # gradient differs from ours by design (docs/limitations.md), and which ones depends on the
+    # tests run before this one.
+    torch.manual_seed(0)
     model = Mixed()
     parameters = list(model.parameters())
     converted, report = convert_and_compare(model, *graph)
