@@ -75,7 +75,6 @@ def check_compiled(model: torch.nn.Module, forward: Callable, inputs: Sequence[t
 
 
 # -- the drop-in layers ------------------------------------------------------------------------------
-#: id -> (layer factory, forward(layer, x, edge_index, edge_weight, edge_attr)).
 def deployed(layer: ug.MessagePassing) -> ug.MessagePassing:
     """``layer`` with the default :attr:`~pyg_ugrapher.MessagePassing.staged_min_edges` (the tests
     set it to 0): compiled on these small graphs, its ``edge_update()`` is PyG's code in the
@@ -84,6 +83,7 @@ def deployed(layer: ug.MessagePassing) -> ug.MessagePassing:
     return layer
 
 
+#: id -> (layer factory, forward(layer, x, edge_index, edge_weight, edge_attr)).
 LAYERS: Dict[str, Tuple[Callable[[], torch.nn.Module], Callable]] = {
     "gcn": (lambda: ug_nn.GCNConv(6, 4), lambda m, x, ei, w, e: m(x, ei)),
     "gcn_weighted": (lambda: ug_nn.GCNConv(6, 4, improved=True), lambda m, x, ei, w, e: m(x, ei, w)),
