@@ -135,11 +135,12 @@ def _eager(x: Tensor, *maps: torch.nn.Module) -> bool:
     """Whether the maps' own products may be replaced on ``x``: not traced (Dynamo cannot trace
     ``is_lazy``, so that comes first), no autocast (under it a map computes in the autocast dtype),
     initialised weights, each map :func:`called_plainly`."""
-    return not (
-        torch.compiler.is_compiling()
-        or torch.is_autocast_enabled(x.device.type)
-        or any(is_lazy(m.weight) or not called_plainly(m) for m in maps)
-    )
+    if torch.compiler.is_compiling() or torch.is_autocast_enabled(x.device.type):
+        return False
+    for lin in maps:  # a loop, not any() of a generator: each generator step is a Python call
+        if is_lazy(lin.weight) or not called_plainly(lin):
+            return False
+    return True
 
 
 def _fused(x: Tensor, *maps: torch.nn.Module) -> bool:
@@ -164,11 +165,17 @@ def _elements(x: Tensor, lin: torch.nn.Module) -> int:
 def linear_sum(lin: torch.nn.Module, x: Tensor, root: torch.nn.Module, root_x: Tensor) -> Tensor:
     """``lin(x) + root(root_x)`` for PyG or torch ``Linear`` maps, ``root`` without bias, as two
     :class:`_Linear` GEMMs where that applies (:func:`_eager`, :func:`_fused` for both inputs),
-    else through the modules: the root term with ``lin``'s bias, then ``x``'s product added in
-    place. The backward runs the later node first and then frees ``x`` (the layer's aggregation),
-    before the root term's weight gradient is allocated: as one node, both weight gradients would
-    be allocated while it is alive, which puts a step's peak memory above compiled PyG's."""
-    if torch.compiler.is_compiling() or _elements(x, lin) < MIN_ELEMENTS:
+    else through the modules (any other module runs as itself): the root term with ``lin``'s
+    bias, then ``x``'s product added in place. The backward runs the later node first and then
+    frees ``x`` (the layer's aggregation), before the root term's weight gradient is allocated: as
+    one node, both weight gradients would be allocated while it is alive, which puts a step's peak
+    memory above compiled PyG's."""
+    if (
+        torch.compiler.is_compiling()
+        or type(lin) not in _LINEARS
+        or type(root) not in _LINEARS
+        or _elements(x, lin) < MIN_ELEMENTS
+    ):
         return lin(x) + root(root_x)  # what linear(lin, x) would call (the lazy check first: see linear)
     if (
         root.bias is not None
@@ -184,10 +191,10 @@ def linear_sum(lin: torch.nn.Module, x: Tensor, root: torch.nn.Module, root_x: T
 def linear(lin: torch.nn.Module, x: Tensor) -> Tensor:
     """``lin(x)`` for a PyG or torch ``Linear`` (its parameters and initialisation untouched) whose
     bias needs a gradient: :class:`_Linear` where that applies, else :func:`add_bias`'s bias
-    gradient for inputs of more dimensions; the module itself otherwise (and always where it has
-    hooks, see :func:`called_plainly`)."""
+    gradient for inputs of more dimensions; the module itself otherwise (any other module, and a
+    ``Linear`` with hooks, see :func:`called_plainly`)."""
     # Dynamo cannot trace the lazy check of _elements.
-    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling() or type(lin) not in _LINEARS:
         return lin(x)
     return _eager_linear(lin, x)
 
@@ -209,6 +216,51 @@ def _eager_linear(lin: torch.nn.Module, x: Tensor) -> Tensor:
 
 #: Module types whose forward is ``F.linear(x, weight, bias)`` and nothing else.
 _LINEARS = (torch.nn.Linear, PygLinear)
+
+#: Gathers that commute with a linear map: ``gather(x) @ W^T == gather(x @ W^T)`` (a sum or mean of
+#: rows, weighted or not, an empty one included: both sides are zero).
+LINEAR_GATHERS = frozenset(("sum", "mean"))
+
+
+def projects_first(lin: torch.nn.Module, x: Tensor, root: Optional[torch.nn.Module] = None) -> bool:
+    """Whether a layer's linear map ``lin`` of its aggregation of ``x`` by a gather of
+    :data:`LINEAR_GATHERS` (SAGEConv, GraphConv: ``lin(aggregation(x)) + root(x_dst)``) runs first,
+    as GCN's does: ``aggregation(x @ W^T)`` plus :func:`root_term`.
+
+    The aggregation, and the one its backward runs, then read and write ``out_channels`` features
+    instead of ``in_channels``, and the order changes only the rounding. So where ``lin`` narrows
+    the features (a model's last layer narrows to its classes) of an ``x`` of
+    :data:`MIN_ELEMENTS` elements or more: a graph operator's time grows with its width where the
+    graph fills the GPU, while on small graphs, whose steps are host time, the check itself would
+    cost more than it saves. Not where the order would add an aggregation to the backward: where
+    ``x`` needs no gradient but the weight does (a model's first layer on raw features), the
+    weight's gradient reads the aggregation kept from the forward in one order and needs a second
+    one in the other. The maps must be plain ``Linear`` modules (``root`` without bias,
+    :func:`_eager`: not under ``torch.compile`` or autocast, no hooks)."""
+    if torch.compiler.is_compiling() or x.numel() < MIN_ELEMENTS or type(lin) not in _LINEARS:
+        return False
+    weight = lin.weight
+    if (
+        isinstance(weight, UninitializedTensorMixin)
+        or weight.shape[0] >= weight.shape[1]
+        or (torch.is_grad_enabled() and weight.requires_grad and not x.requires_grad)
+    ):
+        return False
+    if root is None:
+        return _eager(x, lin)
+    return type(root) in _LINEARS and root.bias is None and _eager(x, lin, root)
+
+
+def root_term(lin: torch.nn.Module, root: Optional[torch.nn.Module], root_x: Optional[Tensor], out: Tensor) -> Tensor:
+    """``out`` (a projected aggregation, :func:`projects_first`) plus ``lin``'s bias and
+    ``root(root_x)`` where both are given: the root term as :func:`linear_sum` computes it, one
+    :class:`_Linear` GEMM with the bias in its epilogue where that applies."""
+    bias = lin.bias
+    if root is None or root_x is None:
+        return out if bias is None else add_bias(out, bias)
+    if bias is not None and bias.requires_grad and torch.is_grad_enabled() and _fused(root_x, root, lin):
+        return out + _Linear.apply(root_x, root.weight, bias, None)
+    return out + F.linear(root_x, root.weight, bias)
 
 
 def network(net: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:

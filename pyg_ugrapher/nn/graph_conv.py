@@ -1,12 +1,13 @@
 from typing import Optional, Tuple, Union
 
+import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import SparseTensor
 
 from ..graph_argument import aggregate, eager_with_torch_sparse, gather_op, pair, sparse_tensor_graph
 from ..message_passing import MessagePassing
-from ._dense import linear, linear_sum
+from ._dense import LINEAR_GATHERS, linear, linear_sum, projects_first, root_term
 from .twins import ScriptedAsPyG
 
 
@@ -83,13 +84,17 @@ class GraphConv(MessagePassing, ScriptedAsPyG):
     ) -> Tensor:
         x_src, x_dst = pair(x)
         edge_index, size, edge_weight = sparse_tensor_graph(self, edge_index, size, edge_weight, "weights")
-        if self.unfused_reason() is not None:
-            out = self.propagate(edge_index, x=(x_src, x_dst), edge_weight=edge_weight, size=size)
-        else:
+        root = None if x_dst is None else self.lin_root
+        fused = self.unfused_reason() is None
+        if fused and self._gather in LINEAR_GATHERS and projects_first(self.lin_rel, x_src, root):
+            x_rel = F.linear(x_src, self.lin_rel.weight)
+            out = aggregate(self, self._gather, x_rel, x_dst, edge_index, size, edge_weight)
+            return root_term(self.lin_rel, root, x_dst, out)
+        if fused:
             out = aggregate(self, self._gather, x_src, x_dst, edge_index, size, edge_weight)
-        if x_dst is None:
-            return linear(self.lin_rel, out)
-        return linear_sum(self.lin_rel, out, self.lin_root, x_dst)
+        else:
+            out = self.propagate(edge_index, x=(x_src, x_dst), edge_weight=edge_weight, size=size)
+        return linear(self.lin_rel, out) if root is None else linear_sum(self.lin_rel, out, root, x_dst)
 
     def message(self, x_j: Tensor, edge_weight: Optional[Tensor]) -> Tensor:
         """PyG's message, for the calls that run PyG's propagation (:meth:`unfused_reason`)."""

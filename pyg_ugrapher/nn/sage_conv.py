@@ -8,7 +8,7 @@ from torch_geometric.typing import SparseTensor
 
 from ..graph_argument import GATHERS, aggregate, eager_with_torch_sparse, pair, sparse_tensor_graph
 from ..message_passing import MessagePassing
-from ._dense import linear, linear_sum
+from ._dense import LINEAR_GATHERS, linear, linear_sum, projects_first, root_term
 from .twins import ScriptedAsPyG
 
 
@@ -132,14 +132,17 @@ class SAGEConv(MessagePassing, ScriptedAsPyG):
         if self.project:
             x_src = self.lin(x_src).relu()
 
-        if self._gather is None or self.unfused_reason() is not None:
-            out = self.propagate(edge_index, x=(x_src, x_dst), size=size)
+        root = self.lin_r if self.root_weight and x_dst is not None else None
+        fused = self._gather is not None and self.unfused_reason() is None
+        if fused and self._gather in LINEAR_GATHERS and projects_first(self.lin_l, x_src, root):
+            x_l = F.linear(x_src, self.lin_l.weight)
+            out = root_term(self.lin_l, root, x_dst, aggregate(self, self._gather, x_l, x_dst, edge_index, size))
         else:
-            out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
-        if self.root_weight and x_dst is not None:
-            out = linear_sum(self.lin_l, out, self.lin_r, x_dst)
-        else:
-            out = linear(self.lin_l, out)
+            if fused:
+                out = aggregate(self, self._gather, x_src, x_dst, edge_index, size)
+            else:
+                out = self.propagate(edge_index, x=(x_src, x_dst), size=size)
+            out = linear(self.lin_l, out) if root is None else linear_sum(self.lin_l, out, root, x_dst)
         if self.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
         return out

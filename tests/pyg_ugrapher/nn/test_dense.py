@@ -3,7 +3,8 @@ autograd's sum, a root term added in a GEMM's epilogue equals the modules' sum, 
 ``Sequential`` network equals its own forward, hooks included, and its modules are never changed
 (a hook fires once per call, another thread calling them meanwhile runs their own forward), GAT's
 projection and attention halves as one node equal PyTorch's ops, the plain paths are kept where they
-must be, and every layer that uses them still matches PyG with them switched on for small graphs."""
+must be, and every layer that uses them still matches PyG with them switched on for small graphs; a
+narrowing map runs before a sum or mean aggregation where that adds no aggregation to the backward."""
 
 import threading
 import weakref
@@ -13,6 +14,7 @@ import torch
 import torch_geometric.nn as pyg_nn
 
 import pyg_ugrapher.nn as ug_nn
+from pyg_ugrapher import ops
 from pyg_ugrapher.nn import _dense
 
 #: The threshold the tests that compare both paths run under: their tensors are small.
@@ -474,3 +476,110 @@ def test_layers_with_the_product_match_pyg(name, make, compare, small_graph, mon
     torch.manual_seed(0)
     compare(make(ug_nn), make(pyg_nn), lambda layer, x: layer(x, edge_index), [x], train=True)
     assert bool(applied) == (name not in PLAIN_LAYERS)
+
+
+#: Layers whose linear map follows a gather that commutes with it, narrowing 6 -> 4 features, and a
+#: call of each on ``(layer, x, edge_index, edge_weight)``.
+NARROWING = [
+    ("SAGEConv-mean", lambda ns: ns.SAGEConv(6, 4), lambda layer, x, ei, w: layer(x, ei)),
+    (
+        "SAGEConv-sum-no-root",
+        lambda ns: ns.SAGEConv(6, 4, aggr="sum", root_weight=False),
+        lambda layer, x, ei, w: layer(x, ei),
+    ),
+    ("SAGEConv-bipartite", lambda ns: ns.SAGEConv((6, 5), 4), lambda layer, x, ei, w: layer((x, x[:, :5]), ei)),
+    ("GraphConv-add-weighted", lambda ns: ns.GraphConv(6, 4), lambda layer, x, ei, w: layer(x, ei, w)),
+    ("GraphConv-mean", lambda ns: ns.GraphConv(6, 4, aggr="mean"), lambda layer, x, ei, w: layer(x, ei)),
+]
+
+
+def _aggregated_widths(run) -> list:
+    """The feature width of every graph operator call ``run()`` makes."""
+    calls = []
+    with ops.observe(calls.append):
+        run()
+    return [call.operands[0].shape[-1] for call in calls]
+
+
+@pytest.fixture
+def isolated_graph(small_graph):
+    """``(x, edge_index, edge_weight)``: the small graph without the edges of vertices 10 and 11
+    (isolated: their sum and mean are empty), a self loop and a duplicate edge added."""
+    x, edge_index = small_graph
+    keep = (edge_index < 10).all(0)
+    edge_index = torch.cat([edge_index[:, keep], torch.tensor([[3, 4], [3, 5]])], 1)
+    edge_index = torch.cat([edge_index, edge_index[:, :1]], 1)
+    weight = torch.rand(edge_index.size(1), generator=torch.Generator().manual_seed(3))
+    return x, edge_index, weight
+
+
+@pytest.fixture
+def any_size(monkeypatch):
+    """:data:`_dense.MIN_ELEMENTS` lowered to 1: the test graphs are small."""
+    monkeypatch.setattr(_dense, "MIN_ELEMENTS", 1)
+
+
+@pytest.mark.parametrize("name,make,call", NARROWING, ids=[name for name, _, _ in NARROWING])
+def test_a_narrowing_map_runs_before_the_aggregation(name, make, call, compare, isolated_graph, any_size):
+    x, edge_index, weight = isolated_graph
+    torch.manual_seed(0)
+    ours, theirs = make(ug_nn), make(pyg_nn)
+    # Outputs and the gradients of x, the edge weights and every parameter, against PyG's.
+    compare(ours, theirs, lambda layer, x, w: call(layer, x, edge_index, w), [x, weight], train=True)
+    assert _aggregated_widths(lambda: call(ours, x.detach().requires_grad_(), edge_index, weight)) == [4]
+    with torch.no_grad():
+        assert _aggregated_widths(lambda: call(ours, x.detach(), edge_index, weight)) == [4]
+
+
+@pytest.mark.parametrize("name,make,call", NARROWING, ids=[name for name, _, _ in NARROWING])
+def test_a_first_layer_aggregates_before_its_map(name, make, call, check_close, isolated_graph, any_size):
+    """Features that need no gradient under a weight that does: the weight's gradient reads the
+    aggregation kept from the forward, where the other order would run a second one backward."""
+    x, edge_index, weight = isolated_graph
+    x = x.detach()
+    torch.manual_seed(0)
+    ours, theirs = make(ug_nn), make(pyg_nn)
+    ours.load_state_dict(theirs.state_dict())
+    assert _aggregated_widths(lambda: call(ours, x, edge_index, weight)) == [6]
+    results = []
+    for layer in (ours, theirs):
+        out = call(layer, x, edge_index, weight)
+        results.append((out, *torch.autograd.grad(out.square().sum(), list(layer.parameters()))))
+    for mine, pyg in zip(*results):
+        check_close(mine, pyg)
+
+
+def test_the_aggregation_stays_first_where_the_map_cannot_move(small_graph, monkeypatch):
+    x, edge_index = small_graph
+    x = x.detach().requires_grad_()
+    # Features of fewer than MIN_ELEMENTS elements: host time, which the check would add to.
+    assert _aggregated_widths(lambda: ug_nn.SAGEConv(6, 4)(x, edge_index)) == [6]
+    monkeypatch.setattr(_dense, "MIN_ELEMENTS", x.numel())
+    assert _aggregated_widths(lambda: ug_nn.SAGEConv(6, 4)(x, edge_index)) == [4]
+    assert _aggregated_widths(lambda: ug_nn.SAGEConv(6, 8)(x, edge_index)) == [6]  # a widening map
+    assert _aggregated_widths(lambda: ug_nn.SAGEConv(6, 4, aggr="max")(x, edge_index)) == [6]
+    hooked = ug_nn.SAGEConv(6, 4)
+    seen = []
+    hooked.lin_l.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[-1]))
+    assert _aggregated_widths(lambda: hooked(x, edge_index)) == [6]
+    assert seen == [6]  # the hook sees the call the layer's code makes: lin_l on the aggregation
+    replaced = ug_nn.SAGEConv(6, 4)
+    replaced.lin_l = torch.nn.Sequential(torch.nn.Linear(6, 4))  # not a plain Linear: runs as written
+    assert _aggregated_widths(lambda: replaced(x, edge_index)) == [6]
+    lazy = ug_nn.SAGEConv(-1, 4)
+    assert _aggregated_widths(lambda: lazy(x, edge_index)) == [6]  # its weight is made by this call
+
+
+@pytest.mark.parametrize("name", ["SAGEConv", "GraphConv"])
+def test_a_narrowing_map_runs_before_the_kernels_aggregation(name, compare, interpret, tiny_graph, any_size):
+    """The same order on the Triton kernels (the interpreter), the weighted GraphConv's edge
+    weights' gradient included."""
+    x, edge_index = tiny_graph
+    weight = torch.rand(edge_index.size(1), generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(0)
+    ours, theirs = getattr(ug_nn, name)(4, 3), getattr(pyg_nn, name)(4, 3)
+    if name == "SAGEConv":
+        compare(ours, theirs, lambda layer, x: layer(x, edge_index), [x], train=True)
+    else:
+        compare(ours, theirs, lambda layer, x, w: layer(x, edge_index, w), [x, weight], train=True)
+    assert _aggregated_widths(lambda: ours(x.detach().requires_grad_(), edge_index)) == [3]
