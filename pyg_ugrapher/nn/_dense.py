@@ -231,24 +231,35 @@ def projects_first(lin: torch.nn.Module, x: Tensor, root: Optional[torch.nn.Modu
     instead of ``in_channels``, and the order changes only the rounding. So where ``lin`` narrows
     the features (a model's last layer narrows to its classes) of an ``x`` of
     :data:`MIN_ELEMENTS` elements or more: a graph operator's time grows with its width where the
-    graph fills the GPU, while on small graphs, whose steps are host time, the check itself would
-    cost more than it saves. Not where the order would add an aggregation to the backward: where
-    ``x`` needs no gradient but the weight does (a model's first layer on raw features), the
+    graph fills the GPU, while on small graphs, whose eager steps are host time, the check itself
+    would cost more than it saves. Not where the order would add an aggregation to the backward:
+    where ``x`` needs no gradient but the weight does (a model's first layer on raw features), the
     weight's gradient reads the aggregation kept from the forward in one order and needs a second
-    one in the other. The maps must be plain ``Linear`` modules (``root`` without bias,
-    :func:`_eager`: not under ``torch.compile`` or autocast, no hooks)."""
-    if torch.compiler.is_compiling() or x.numel() < MIN_ELEMENTS or type(lin) not in _LINEARS:
+    one in the other. The maps must be plain ``Linear`` modules, ``root`` without bias
+    (:func:`_replaceable`); under ``torch.compile`` too, where the compiled graph then holds the
+    same order."""
+    maps = (lin,) if root is None else (lin, root)
+    if x.numel() < MIN_ELEMENTS or not _replaceable(x, maps) or (root is not None and root.bias is not None):
         return False
     weight = lin.weight
-    if (
-        isinstance(weight, UninitializedTensorMixin)
-        or weight.shape[0] >= weight.shape[1]
-        or (torch.is_grad_enabled() and weight.requires_grad and not x.requires_grad)
-    ):
+    if torch.is_grad_enabled() and weight.requires_grad and not x.requires_grad:
         return False
-    if root is None:
-        return _eager(x, lin)
-    return type(root) in _LINEARS and root.bias is None and _eager(x, lin, root)
+    return weight.shape[0] < weight.shape[1]
+
+
+def _replaceable(x: Tensor, maps: Sequence[torch.nn.Module]) -> bool:
+    """Whether each of ``maps`` may be replaced by ``F.linear`` of its parameters on ``x``, also
+    under ``torch.compile``: a torch or PyG ``Linear`` :func:`called_plainly` (an uninitialised PyG
+    ``Linear`` is not: its initialisation is a hook), with an initialised weight (checked outside
+    ``torch.compile`` only: Dynamo cannot trace the check), no autocast (under it a map computes in
+    the autocast dtype)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return False
+    compiling = torch.compiler.is_compiling()
+    for lin in maps:
+        if type(lin) not in _LINEARS or not called_plainly(lin) or (not compiling and is_lazy(lin.weight)):
+            return False
+    return True
 
 
 def root_term(lin: torch.nn.Module, root: Optional[torch.nn.Module], root_x: Optional[Tensor], out: Tensor) -> Tensor:
@@ -258,7 +269,13 @@ def root_term(lin: torch.nn.Module, root: Optional[torch.nn.Module], root_x: Opt
     bias = lin.bias
     if root is None or root_x is None:
         return out if bias is None else add_bias(out, bias)
-    if bias is not None and bias.requires_grad and torch.is_grad_enabled() and _fused(root_x, root, lin):
+    if (
+        bias is not None
+        and bias.requires_grad
+        and torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()  # Inductor fuses the bias gradient's reduction
+        and _fused(root_x, root, lin)
+    ):
         return out + _Linear.apply(root_x, root.weight, bias, None)
     return out + F.linear(root_x, root.weight, bias)
 

@@ -14,7 +14,7 @@ import torch
 import torch_geometric.nn as pyg_nn
 
 import pyg_ugrapher.nn as ug_nn
-from pyg_ugrapher import ops
+from pyg_ugrapher import graph_argument, ops
 from pyg_ugrapher.nn import _dense
 
 #: The threshold the tests that compare both paths run under: their tensors are small.
@@ -583,3 +583,32 @@ def test_a_narrowing_map_runs_before_the_kernels_aggregation(name, compare, inte
     else:
         compare(ours, theirs, lambda layer, x, w: layer(x, edge_index, w), [x, weight], train=True)
     assert _aggregated_widths(lambda: ours(x.detach().requires_grad_(), edge_index)) == [3]
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["custom-ops", "traced"])
+def test_a_compiled_narrowing_map_runs_before_the_aggregation(
+    traced, compare, compile_ours, isolated_graph, any_size, monkeypatch
+):
+    """Compiled, the graph Dynamo makes holds the same order, on the custom ops and on the traced
+    aggregation of small graphs, with no graph break, and matches PyG."""
+    if not traced:
+        monkeypatch.setattr(graph_argument, "TRACED_GRAPH_EDGES", -1)
+    x, edge_index, _ = isolated_graph
+    torch.manual_seed(0)
+    ours, theirs = ug_nn.SAGEConv(6, 4), pyg_nn.SAGEConv(6, 4)
+    forward, counter = compile_ours(lambda layer, x: layer(x, edge_index), ours)
+    compare(ours, theirs, forward, [x], train=True)
+    assert counter.frame_count == 1
+    graphs = []
+
+    def backend(graph_module, inputs):
+        graphs.append(graph_module.graph)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    torch.compile(lambda x: ours(x, edge_index), backend=backend)(x.detach().requires_grad_())
+    (graph,) = graphs
+    linears = [node for node in graph.nodes if node.target is torch._C._nn.linear]
+    # The projection without its bias, of the input itself: the aggregation reads its output.
+    (projection,) = [node for node in linears if len(node.args) == 2 and node.args[0].op == "placeholder"]
+    assert all(user.target is not torch._C._nn.linear for user in projection.users)
