@@ -2,11 +2,11 @@
 
 For every graph, model (GCN, GAT, GATv2, GraphSAGE, GIN; two layers, default arguments: GCN
 normalises at every call, GAT adds its self loops), implementation (PyG's layers, ours; in eager
-steps also ``no-graph``, the same model without its graph operators (:mod:`benchmarks.graph_free`):
-the floor of an eager step, whatever implements the operators) and way of running the step, a row
-of ``steps.csv`` holds the median wall-clock time of one training step (forward, loss, backward,
-Adam) over ``--repeats`` runs of ``--steps`` steps, warm-up excluded, with the host's time in it
-(the clock is read after ``torch.cuda.synchronize``). Modes:
+and recorded steps also ``no-graph``, the same model without its graph operators
+(:mod:`benchmarks.graph_free`): the floor of such a step, whatever implements the operators) and
+way of running the step, a row of ``steps.csv`` holds the median wall-clock time of one training
+step (forward, loss, backward, Adam) over ``--repeats`` runs of ``--steps`` steps, warm-up
+excluded, with the host's time in it (the clock is read after ``torch.cuda.synchronize``). Modes:
 
 * ``eager``;
 * ``compiled``: ``torch.compile(model)`` (mini-batches: ``dynamic=True``);
@@ -69,8 +69,9 @@ from .timing import failure, synchronize
 from .train_e2e import MODELS, build_model
 
 IMPLEMENTATIONS = {"pyg": torch_geometric.nn, "ours": pyg_ugrapher.nn, "no-graph": graph_free}
-#: The implementations timed in eager steps only: the floor of a step (:mod:`benchmarks.graph_free`).
-EAGER_ONLY = ("no-graph",)
+#: The modes each floor of a step (:mod:`benchmarks.graph_free`) is timed in: an eager step, and a
+#: recorded one, whose replay has no host time left to bound.
+FLOOR_MODES = {"no-graph": ("eager", "recorded")}
 FULL_MODES = ("eager", "compiled", "reduce-overhead", "recorded", "compiled-layers-eager")
 MINIBATCH_MODES = ("eager", "compiled", "recorded", "compiled-layers-eager")
 #: The modes a run times unless ``--modes`` names others.
@@ -197,7 +198,7 @@ class Case:
         # PyG's model first: ours loads its weights, so both start equal.
         reference = build_model(model_name, torch_geometric.nn, args.features, args.hidden, problem.num_classes, False)
         model = build_model(model_name, IMPLEMENTATIONS[impl], args.features, args.hidden, problem.num_classes, False)
-        if impl not in EAGER_ONLY:  # the floor's stand-ins have parameters of their own
+        if impl not in FLOOR_MODES:  # the floor's stand-ins have parameters of their own
             model.load_state_dict(reference.state_dict())
         model = model.to(self.device)
         if mode == "compiled-layers-eager":
@@ -309,6 +310,12 @@ def run_pair(build: Callable[[str], Case], rows: Dict[str, Dict], args) -> None:
             rows[impl].update(failure(error))
 
 
+def implementations(mode: str) -> List[str]:
+    """The implementations a case of ``mode`` times: every one, a floor only in its
+    :data:`FLOOR_MODES`."""
+    return [impl for impl in IMPLEMENTATIONS if mode in FLOOR_MODES.get(impl, (mode,))]
+
+
 def cases(args) -> Iterator[tuple]:
     """``(dataset, batching, model, mode)`` of every case to time, each for every implementation."""
     for dataset in args.datasets:
@@ -347,8 +354,7 @@ def run(args) -> pd.DataFrame:
                 "features": args.features,
                 "hidden": args.hidden,
             }
-            for impl in IMPLEMENTATIONS
-            if mode == "eager" or impl not in EAGER_ONLY
+            for impl in implementations(mode)
         }
         run_pair(lambda impl: Case(problem, model, impl, mode, batching, args), rows, args)
         torch._dynamo.reset()

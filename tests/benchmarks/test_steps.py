@@ -38,6 +38,13 @@ def test_eager_and_compiled_steps_on_cora(tmp_path, monkeypatch):
     assert (tmp_path / "steps.png").stat().st_size > 0
 
 
+def test_the_floor_is_timed_in_eager_and_recorded_steps():
+    assert steps.implementations("eager") == ["pyg", "ours", "no-graph"]
+    assert steps.implementations("recorded") == ["pyg", "ours", "no-graph"]
+    assert steps.implementations("compiled") == ["pyg", "ours"]
+    assert steps.implementations("reduce-overhead") == ["pyg", "ours"]
+
+
 def test_minibatches_cover_every_node_once():
     problem = steps.make_problem("cora", features=8, seed=0)
     batches = steps.minibatches(problem, parts=4, seed=0)
