@@ -97,13 +97,10 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
         eagerly outside the compiled graph: traced, ``edge_update()`` is PyG's code, whose softmax
         over every edge Inductor compiles to several times the staged run's time. Under
         ``dynamic=True`` the comparison guards on the sizes."""
-        if isinstance(x, Tensor):
-            loops = x.size(0)
-        elif isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(side, Tensor) for side in x):
-            loops = min(x[0].size(0), x[1].size(0))
-        else:
+        sizes = _side_sizes(x)
+        if sizes is None:
             return False  # _looped_forward refuses it
-        return edge_index.size(1) + loops >= self.staged_min_edges
+        return edge_index.size(1) + min(sizes) >= self.staged_min_edges
 
     def _looped_forward(
         self,
@@ -131,7 +128,7 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
             x_l = self.lin_l(x[0]).view(-1, H, C)
             x_r = self.lin_r(x[1]).view(-1, H, C)
 
-        num_src, num_dst = x_l.shape[0], x_r.shape[0]
+        num_src, num_dst = _side_sizes(x)
         num_loops = min(num_src, num_dst)
         # Sides of different sizes under flow="target_to_source" ran PyG's layer (forward), so the
         # spare row serves every call but one returning PyG's looped index.
@@ -181,6 +178,16 @@ class GATv2Conv(MessagePassing, PyGGATv2Conv, ScriptedAsPyG):
             and (torch.compiler.is_compiling() or not built_in_recording(edge_index))
             and self.unfused_reason() is None
         )
+
+
+def _side_sizes(x: object) -> Optional[Tuple[int, int]]:
+    """``(sources, destinations)`` of the node features ``x`` (a tensor, or a pair of tensors), the
+    loops of the looped graph being the smaller; ``None`` for anything else."""
+    if isinstance(x, Tensor):
+        return x.size(0), x.size(0)
+    if isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[0], Tensor) and isinstance(x[1], Tensor):
+        return x[0].size(0), x[1].size(0)
+    return None
 
 
 #: :meth:`GATv2Conv._looped_forward` run eagerly from a compiled model (a graph break) where it
