@@ -12,6 +12,7 @@ import weakref
 import pytest
 import torch
 import torch_geometric.nn as pyg_nn
+from torch_geometric.utils import to_torch_csr_tensor
 
 import pyg_ugrapher.nn as ug_nn
 from pyg_ugrapher import graph_argument, ops
@@ -488,6 +489,11 @@ NARROWING = [
         lambda layer, x, ei, w: layer(x, ei),
     ),
     ("SAGEConv-bipartite", lambda ns: ns.SAGEConv((6, 5), 4), lambda layer, x, ei, w: layer((x, x[:, :5]), ei)),
+    (
+        "SAGEConv-sparse-adjacency",
+        lambda ns: ns.SAGEConv(6, 4),
+        lambda layer, x, ei, w: layer(x, to_torch_csr_tensor(ei.flip(0), size=(x.size(0), x.size(0)))),
+    ),
     ("GraphConv-add-weighted", lambda ns: ns.GraphConv(6, 4), lambda layer, x, ei, w: layer(x, ei, w)),
     ("GraphConv-mean", lambda ns: ns.GraphConv(6, 4, aggr="mean"), lambda layer, x, ei, w: layer(x, ei)),
 ]
