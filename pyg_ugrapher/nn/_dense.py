@@ -225,26 +225,32 @@ LINEAR_GATHERS = frozenset(("sum", "mean"))
 def projects_first(lin: torch.nn.Module, x: Tensor, root: Optional[torch.nn.Module] = None) -> bool:
     """Whether a layer's linear map ``lin`` of its aggregation of ``x`` by a gather of
     :data:`LINEAR_GATHERS` (SAGEConv, GraphConv: ``lin(aggregation(x)) + root(x_dst)``) runs first,
-    as GCN's does: ``aggregation(x @ W^T)`` plus :func:`root_term`.
+    as GCN's does: ``aggregation(x @ W^T)`` plus :func:`root_term`. The order changes only the
+    rounding; what it changes is the width of the aggregations a step runs.
 
-    The aggregation, and the one its backward runs, then read and write ``out_channels`` features
-    instead of ``in_channels``, and the order changes only the rounding. So where ``lin`` narrows
-    the features (a model's last layer narrows to its classes) of an ``x`` of
-    :data:`MIN_ELEMENTS` elements or more: a graph operator's time grows with its width where the
-    graph fills the GPU, while on small graphs, whose eager steps are host time, the check itself
-    would cost more than it saves. Not where the order would add an aggregation to the backward:
-    where ``x`` needs no gradient but the weight does (a model's first layer on raw features), the
-    weight's gradient reads the aggregation kept from the forward in one order and needs a second
-    one in the other. The maps must be plain ``Linear`` modules, ``root`` without bias
-    (:func:`_replaceable`); under ``torch.compile`` too, where the compiled graph then holds the
-    same order."""
+    Aggregation first, the forward aggregates ``in_channels`` features, and the backward does
+    again where ``x`` needs a gradient. Map first, both aggregate ``out_channels`` features, and
+    the backward aggregates wherever ``x`` or the weight needs a gradient (the weight's gradient
+    then reads the aggregated output gradient instead of the aggregation kept from the forward).
+    The map goes first where that aggregates fewer features in all: a model's last layer, which
+    narrows to its classes, and a first layer on raw features many times wider than its output
+    (bag-of-words inputs of thousands of features), but not a first layer of 128 -> 64 (one
+    128-wide aggregation against two 64-wide ones). Only on an ``x`` of :data:`MIN_ELEMENTS`
+    elements or more, where a graph operator's time grows with its width; small graphs' eager
+    steps are host time, which the check would only add to. The maps must be plain ``Linear``
+    modules, ``root`` without bias (:func:`_replaceable`); under ``torch.compile`` too, where the
+    compiled graph then holds the same order."""
     maps = (lin,) if root is None else (lin, root)
     if x.numel() < MIN_ELEMENTS or not _replaceable(x, maps) or (root is not None and root.bias is not None):
         return False
     weight = lin.weight
-    if torch.is_grad_enabled() and weight.requires_grad and not x.requires_grad:
-        return False
-    return weight.shape[0] < weight.shape[1]
+    out_channels, in_channels = weight.shape
+    if not torch.is_grad_enabled():
+        return out_channels < in_channels
+    # Aggregations of each width per step, forward and backward.
+    after = 1 + (x.requires_grad or weight.requires_grad)
+    before = 1 + x.requires_grad
+    return out_channels * after < in_channels * before
 
 
 def _replaceable(x: Tensor, maps: Sequence[torch.nn.Module]) -> bool:

@@ -537,16 +537,30 @@ def test_a_narrowing_map_runs_before_the_aggregation(name, make, call, compare, 
         assert _aggregated_widths(lambda: call(ours, x.detach(), edge_index, weight)) == [4]
 
 
-@pytest.mark.parametrize("name,make,call", NARROWING, ids=[name for name, _, _ in NARROWING])
-def test_a_first_layer_aggregates_before_its_map(name, make, call, check_close, isolated_graph, any_size):
-    """Features that need no gradient under a weight that does: the weight's gradient reads the
-    aggregation kept from the forward, where the other order would run a second one backward."""
+#: First layers (features without a gradient, weights with one) on the 6 features of the test
+#: graph, and the width they aggregate: 6 -> 4 once at 6 (map first would aggregate 4 twice, forward
+#: and for the weight's gradient), 6 -> 2 twice at 2.
+FIRST_LAYERS = [
+    ("SAGEConv-6-4", lambda ns: ns.SAGEConv(6, 4), lambda layer, x, ei, w: layer(x, ei), 6),
+    ("SAGEConv-6-2", lambda ns: ns.SAGEConv(6, 2), lambda layer, x, ei, w: layer(x, ei), 2),
+    ("GraphConv-6-4", lambda ns: ns.GraphConv(6, 4), lambda layer, x, ei, w: layer(x, ei, w), 6),
+    ("GraphConv-6-2", lambda ns: ns.GraphConv(6, 2, aggr="mean"), lambda layer, x, ei, w: layer(x, ei, w), 2),
+]
+
+
+@pytest.mark.parametrize("name,make,call,width", FIRST_LAYERS, ids=[case[0] for case in FIRST_LAYERS])
+def test_a_first_layer_maps_first_where_that_aggregates_fewer_features(
+    name, make, call, width, check_close, isolated_graph, any_size
+):
+    """Features that need no gradient under a weight that does: map first, the weight's gradient
+    needs a second aggregation (of the output gradient), so the map goes first only where it
+    narrows the features to less than half."""
     x, edge_index, weight = isolated_graph
     x = x.detach()
     torch.manual_seed(0)
     ours, theirs = make(ug_nn), make(pyg_nn)
     ours.load_state_dict(theirs.state_dict())
-    assert _aggregated_widths(lambda: call(ours, x, edge_index, weight)) == [6]
+    assert _aggregated_widths(lambda: call(ours, x, edge_index, weight)) == [width]
     results = []
     for layer in (ours, theirs):
         out = call(layer, x, edge_index, weight)
