@@ -134,13 +134,8 @@ def called_plainly(module: torch.nn.Module) -> bool:
 def _eager(x: Tensor, *maps: torch.nn.Module) -> bool:
     """Whether the maps' own products may be replaced on ``x``: not traced (Dynamo cannot trace
     ``is_lazy``, so that comes first), no autocast (under it a map computes in the autocast dtype),
-    initialised weights, each map :func:`called_plainly`."""
-    if torch.compiler.is_compiling() or torch.is_autocast_enabled(x.device.type):
-        return False
-    for lin in maps:  # a loop, not any() of a generator: each generator step is a Python call
-        if is_lazy(lin.weight) or not called_plainly(lin):
-            return False
-    return True
+    initialised weights, each map a plain ``Linear`` (:func:`_replaceable`)."""
+    return not torch.compiler.is_compiling() and _replaceable(x, maps, compiling=False)
 
 
 def _fused(x: Tensor, *maps: torch.nn.Module) -> bool:
@@ -241,7 +236,11 @@ def projects_first(lin: torch.nn.Module, x: Tensor, root: Optional[torch.nn.Modu
     modules, ``root`` without bias (:func:`_replaceable`); under ``torch.compile`` too, where the
     compiled graph then holds the same order."""
     maps = (lin,) if root is None else (lin, root)
-    if x.numel() < MIN_ELEMENTS or not _replaceable(x, maps) or (root is not None and root.bias is not None):
+    if (
+        x.numel() < MIN_ELEMENTS
+        or not _replaceable(x, maps, torch.compiler.is_compiling())
+        or (root is not None and root.bias is not None)
+    ):
         return False
     weight = lin.weight
     out_channels, in_channels = weight.shape
@@ -253,16 +252,15 @@ def projects_first(lin: torch.nn.Module, x: Tensor, root: Optional[torch.nn.Modu
     return out_channels * after < in_channels * before
 
 
-def _replaceable(x: Tensor, maps: Sequence[torch.nn.Module]) -> bool:
+def _replaceable(x: Tensor, maps: Sequence[torch.nn.Module], compiling: bool) -> bool:
     """Whether each of ``maps`` may be replaced by ``F.linear`` of its parameters on ``x``, also
-    under ``torch.compile``: a torch or PyG ``Linear`` :func:`called_plainly` (an uninitialised PyG
-    ``Linear`` is not: its initialisation is a hook), with an initialised weight (checked outside
-    ``torch.compile`` only: Dynamo cannot trace the check), no autocast (under it a map computes in
-    the autocast dtype)."""
+    under ``torch.compile`` (``compiling``): a torch or PyG ``Linear`` :func:`called_plainly` (an
+    uninitialised PyG ``Linear`` is not: its initialisation is a hook), with an initialised weight
+    (checked outside ``torch.compile`` only: Dynamo cannot trace the check), no autocast (under it
+    a map computes in the autocast dtype)."""
     if torch.is_autocast_enabled(x.device.type):
         return False
-    compiling = torch.compiler.is_compiling()
-    for lin in maps:
+    for lin in maps:  # a loop, not any() of a generator: each generator step is a Python call
         if type(lin) not in _LINEARS or not called_plainly(lin) or (not compiling and is_lazy(lin.weight)):
             return False
     return True
