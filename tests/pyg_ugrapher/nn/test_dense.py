@@ -632,3 +632,23 @@ def test_a_compiled_narrowing_map_runs_before_the_aggregation(
     # The projection without its bias, of the input itself: the aggregation reads its output.
     (projection,) = [node for node in linears if len(node.args) == 2 and node.args[0].op == "placeholder"]
     assert all(user.target is not torch._C._nn.linear for user in projection.users)
+
+
+@pytest.mark.parametrize("graph", ["empty", "hub"])
+@pytest.mark.parametrize("name,make,call", NARROWING, ids=[name for name, _, _ in NARROWING])
+def test_a_narrowing_map_on_an_empty_graph_and_a_hub(name, make, call, graph, compare, any_size):
+    """Map first on a graph without edges (every output the root term and the bias) and on one
+    vertex receiving 2,000 edges (duplicates among them) while the others receive none."""
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(12, 6, generator=generator)
+    if graph == "empty":
+        edge_index = torch.empty(2, 0, dtype=torch.long)
+    else:
+        edge_index = torch.stack(
+            [torch.randint(0, 12, (2000,), generator=generator), torch.zeros(2000, dtype=torch.long)]
+        )
+    weight = torch.rand(edge_index.size(1), generator=generator)
+    torch.manual_seed(0)
+    ours, theirs = make(ug_nn), make(pyg_nn)
+    compare(ours, theirs, lambda layer, x, w: call(layer, x, edge_index, w), [x, weight], train=True)
+    assert _aggregated_widths(lambda: call(ours, x.detach().requires_grad_(), edge_index, weight)) == [4]
