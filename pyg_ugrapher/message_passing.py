@@ -214,6 +214,12 @@ def _propagate_eagerly(module: "MessagePassing", edge_index: Tensor, size: Size,
 
 #: The default :attr:`MessagePassing.staged_min_edges`.
 STAGED_MIN_EDGES = 1 << 20
+#: The default :attr:`MessagePassing.fused_min_edges`: the size up to which the automatic schedules
+#: treat a GPU graph as host-bound (:data:`autotune.selection.SMALL_GRAPH_EDGES`).
+FUSED_MIN_EDGES = 1 << 18
+#: The devices whose eager propagations on graphs of fewer than
+#: :attr:`MessagePassing.fused_min_edges` edges run PyG's propagation (:func:`_runs_pyg_eagerly`).
+HOST_BOUND_DEVICES = ("cuda",)
 
 
 #: Where a module keeps its propagate() pre-hooks (PyG's ``_propagate_forward_pre_hooks``).
@@ -249,7 +255,8 @@ class MessagePassing(PyGMessagePassing):
     for other aggregations, an ``aggregate()`` of the class's own that is not one PyG ``scatter``
     of the messages over the receivers, hooks on ``message()``/``aggregate()``,
     explain mode, ``decomposed_layers > 1``, and inputs for which PyG runs
-    ``message_and_aggregate()``. :attr:`fallback_reason` says why, as a sentence. A ``message()`` or
+    ``message_and_aggregate()``, and for eager calls on small GPU graphs (:attr:`fused_min_edges`).
+    :attr:`fallback_reason` says why, as a sentence. A ``message()`` or
     ``edge_update()`` that is not one IR op runs *staged* (:mod:`pyg_ugrapher.staging`) on a graph
     of at least :attr:`staged_min_edges` edges, and PyG's way on a smaller one.
 
@@ -282,6 +289,14 @@ class MessagePassing(PyGMessagePassing):
     #: graph operators to make up for it (the layers and training-step benchmarks,
     #: ``docs/performance.md``). Set it on the class, a subclass or a layer (``0``: on every graph).
     staged_min_edges: int = STAGED_MIN_EDGES
+    #: An eager propagation on a GPU graph of fewer than this many edges runs PyG's propagation
+    #: (:attr:`fallback_reason` says so), except under ``torch.compile``, while
+    #: :class:`~pyg_ugrapher.recording.RecordedStep` records a step and while a CUDA graph is
+    #: captured. Such a step is bound by host time: PyG's few torch calls and their backward in
+    #: C++ cost less of it than a graph operator's call and its backward in Python, and its kernels
+    #: take microseconds either way (the training-step benchmark, ``docs/performance.md``). Set it
+    #: on the class, a subclass or a layer (``0``: the fused operator on every graph).
+    fused_min_edges: int = FUSED_MIN_EDGES
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "MessagePassing":
         # The state is made with the object, not in __init__: the class also works as a mixin before
@@ -379,6 +394,8 @@ class MessagePassing(PyGMessagePassing):
         if reason is not None:
             return self._fallback(reason, edge_index, size, kwargs)
         mutable_size = self._check_input(edge_index, size)
+        if _runs_pyg_eagerly(self, edge_index):
+            return self._fallback(_host_bound_reason(self), edge_index, size, kwargs)
         try:
             prepared = self._prepare(edge_index, mutable_size, kwargs, gather)
         except _Fallback as fallback:
@@ -453,14 +470,15 @@ class MessagePassing(PyGMessagePassing):
         if not isinstance(edge_index, Tensor) or is_torch_sparse_tensor(edge_index):
             raise _Fallback("only a [2, E] edge_index runs edge_update() staged")
         mutable_size = self._check_input(edge_index, size=None)
+        num_edges = _num_edges(edge_index)
+        # Before the collection: a smaller graph's fallback collects PyG's way.
+        _stage_or_fall_back(self, "edge_update() runs staged", num_edges)
         self._ug.call.collecting = True
         try:
             collected = self._collect(self._edge_user_args, edge_index, mutable_size, kwargs)
         finally:
             self._ug.call.collecting = False
         edge_kwargs = self.inspector.collect_param_data("edge_update", collected)
-        num_edges = _num_edges(edge_index)
-        _stage_or_fall_back(self, "edge_update() runs staged", num_edges)
         arguments, tensors, _ = self._describe(edge_kwargs, num_edges)
         graph = self._call_graph(edge_index, collected)
         try:
@@ -1092,6 +1110,32 @@ def _stage_or_fall_back(module: "MessagePassing", reason: str, num_edges: int) -
             f"{reason}; a graph of fewer than {limit} edges runs PyG's{compiled} propagation, which "
             f"costs less host time there than a staged run (see MessagePassing.staged_min_edges)"
         )
+
+
+def _runs_pyg_eagerly(module: "MessagePassing", edge_index: Adj) -> bool:
+    """Whether a propagation of ``module`` over ``edge_index`` (checked already) runs PyG's
+    propagation because its step is bound by host time: an eager call on a ``[2, E]`` index on one
+    of the :data:`HOST_BOUND_DEVICES` with fewer than :attr:`~MessagePassing.fused_min_edges` edges,
+    outside a recording of a whole step (:func:`~pyg_ugrapher.structure.records_steps`) and a
+    CUDA graph capture, where kernel time is what a replay costs."""
+    # Compiling first: Dynamo then reads no size (no guard on it).
+    return (
+        not torch.compiler.is_compiling()
+        and isinstance(edge_index, Tensor)
+        and edge_index.layout == torch.strided
+        and edge_index.size(1) < module.fused_min_edges
+        and edge_index.device.type in HOST_BOUND_DEVICES
+        and not records_steps()
+        and not (edge_index.is_cuda and torch.cuda.is_current_stream_capturing())
+    )
+
+
+def _host_bound_reason(module: "MessagePassing") -> str:
+    """Why :func:`_runs_pyg_eagerly` ran PyG's propagation, as a sentence."""
+    return (
+        f"an eager call on a graph of fewer than {module.fused_min_edges} edges runs PyG's propagation, "
+        f"which costs less host time there (see MessagePassing.fused_min_edges)"
+    )
 
 
 def _steps_or_fall_back(module: "MessagePassing", steps: int, num_edges: int, parts: bool = False) -> None:

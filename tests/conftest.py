@@ -120,11 +120,13 @@ def pyg_fused_propagations():
 
 
 @pytest.fixture(autouse=True)
-def staged_on_small_graphs(monkeypatch):
-    """Propagations that run staged do so on the tests' small graphs too: by default a graph of
-    fewer than ``MessagePassing.staged_min_edges`` edges runs PyG's propagation instead, which the
-    tests of that rule ask for themselves."""
+def staged_and_fused_on_small_graphs(monkeypatch):
+    """Propagations that run staged or fused do so on the tests' small graphs too: by default a
+    graph of fewer than ``MessagePassing.staged_min_edges`` edges (and, eager on a GPU, of fewer
+    than ``MessagePassing.fused_min_edges``) runs PyG's propagation instead, which the tests of
+    those rules ask for themselves."""
     monkeypatch.setattr(ug.MessagePassing, "staged_min_edges", 0)
+    monkeypatch.setattr(ug.MessagePassing, "fused_min_edges", 0)
 
 
 # -- where compute runs --------------------------------------------------------------------------

@@ -14,6 +14,8 @@ from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation
 from torch_geometric.utils import scatter, softmax
 
 import pyg_ugrapher as ug
+from pyg_ugrapher import message_passing
+from pyg_ugrapher.structure import recording_steps
 
 from ..conftest import FakeSparseTensor
 
@@ -256,6 +258,35 @@ def test_gcn_like(executor):
     ours, theirs = twins(gcn_message)
     compare(ours, theirs, edge_index, x=x, edge_weight=torch.rand(num_edges, generator=generator))
     assert ours.capture.op.name == "u_mul_e_sum"
+
+
+@pytest.mark.parametrize("graph_size", ["at_the_threshold", "below_it"])
+def test_eager_calls_on_small_gpu_graphs_run_pygs_propagation(monkeypatch, graph_size):
+    """On a host-bound device (the CPU stands in for a GPU here), an eager propagation on a graph of
+    fewer than ``fused_min_edges`` edges runs PyG's, with the reason, and the fused operator from
+    that many; while a whole step is recorded it runs fused on the smaller graph too. PyG's
+    results either way."""
+    monkeypatch.setattr(message_passing, "HOST_BOUND_DEVICES", ("cpu",))
+    x, edge_index, num_edges, generator = random_inputs("reference")
+    limit = num_edges + (graph_size == "below_it")
+    monkeypatch.setattr(ug.MessagePassing, "fused_min_edges", limit)
+    weight = torch.rand(num_edges, generator=generator)
+    ours, theirs = twins(gcn_message)
+    below = graph_size == "below_it"
+    compare(ours, theirs, edge_index, captured=not below, x=x, edge_weight=weight)
+    if below:
+        assert f"fewer than {limit} edges runs PyG's propagation" in ours.fallback_reason
+        with recording_steps():
+            compare(ours, theirs, edge_index, x=x, edge_weight=weight)
+        assert ours.capture.op.name == "u_mul_e_sum"
+
+
+def test_eager_calls_on_small_graphs_of_other_devices_run_fused(monkeypatch):
+    """The rule is the host-bound devices' only: the same small graph on the CPU runs fused."""
+    x, edge_index, num_edges, generator = random_inputs("reference")
+    monkeypatch.setattr(ug.MessagePassing, "fused_min_edges", num_edges + 1)
+    ours, theirs = twins(gcn_message)
+    compare(ours, theirs, edge_index, x=x, edge_weight=torch.rand(num_edges, generator=generator))
 
 
 def test_gin_like(executor):

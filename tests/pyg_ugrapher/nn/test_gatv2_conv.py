@@ -5,9 +5,9 @@ from torch_geometric import EdgeIndex
 from torch_geometric.utils import remove_self_loops
 
 import pyg_ugrapher as ug
-from pyg_ugrapher import MessagePassing, graph_argument, ops
+from pyg_ugrapher import MessagePassing, graph_argument, message_passing, ops
 from pyg_ugrapher.graph_argument import looped_graph
-from pyg_ugrapher.message_passing import STAGED_MIN_EDGES
+from pyg_ugrapher.message_passing import FUSED_MIN_EDGES, STAGED_MIN_EDGES
 from pyg_ugrapher.nn import GATv2Conv
 from pyg_ugrapher.structure import CheckedIndex
 
@@ -101,6 +101,31 @@ def test_runs_graph_operators_only(small_graph):
         layer(x, edge_index, torch.randn(edge_index.size(1), 3))
     assert calls
     assert layer.fallback_reason is None and layer.edge_fallback_reason is None
+
+
+def test_an_eager_small_gpu_graph_runs_pygs_propagation(compare, small_graph, monkeypatch):
+    """Eager on a small graph of a host-bound device (the CPU stands in for a GPU), the layer's
+    propagation runs PyG's on the graph with its loops: PyG's results, the reason given, no graph
+    operator called for it; the attention below ``staged_min_edges`` runs PyG's way too."""
+    x, edge_index = small_graph
+    monkeypatch.setattr(message_passing, "HOST_BOUND_DEVICES", ("cpu",))
+    monkeypatch.setattr(MessagePassing, "fused_min_edges", FUSED_MIN_EDGES)
+    monkeypatch.setattr(MessagePassing, "staged_min_edges", STAGED_MIN_EDGES)
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(0)
+    ours = GATv2Conv(6, 4, heads=2, edge_dim=3)
+    calls = []
+    with ops.observe(calls.append):
+        compare(
+            ours,
+            pyg_nn.GATv2Conv(6, 4, heads=2, edge_dim=3),
+            lambda layer, x, edge_attr: layer(x, edge_index, edge_attr),
+            [x, edge_attr],
+            train=True,
+        )
+    assert not calls
+    assert f"fewer than {FUSED_MIN_EDGES} edges runs PyG's propagation" in ours.fallback_reason
+    assert f"fewer than {STAGED_MIN_EDGES} edges runs PyG's propagation" in ours.edge_fallback_reason
 
 
 def test_accelerate_swaps_it():
@@ -294,9 +319,12 @@ def test_interpreter(compare, interpret, tiny_graph):
 
 
 @pytest.mark.cuda
-def test_new_graph_steps_make_no_host_sync(user_order):
+@pytest.mark.parametrize("fused_min_edges", [0, FUSED_MIN_EDGES], ids=["fused", "pygs_propagation"])
+def test_new_graph_steps_make_no_host_sync(monkeypatch, user_order, fused_min_edges):
     """A sampler's new graph every step, self loops stored in it: training calls wait for the GPU
-    nowhere (PyG's layer counts and removes the stored loops), and give PyG's result."""
+    nowhere (PyG's layer counts and removes the stored loops), and give PyG's result, also where
+    the small graph's propagation runs PyG's (``fused_min_edges``)."""
+    monkeypatch.setattr(MessagePassing, "fused_min_edges", fused_min_edges)
     gen = torch.Generator().manual_seed(0)
     ours = GATv2Conv(6, 4, heads=2, edge_dim=3).cuda()
     theirs = pyg_nn.GATv2Conv(6, 4, heads=2, edge_dim=3).cuda()
@@ -324,9 +352,12 @@ def test_new_graph_steps_make_no_host_sync(user_order):
 
 
 @pytest.mark.cuda
-def test_seen_graph_step_makes_no_host_sync(small_graph):
+@pytest.mark.parametrize("fused_min_edges", [0, FUSED_MIN_EDGES], ids=["fused", "pygs_propagation"])
+def test_seen_graph_step_makes_no_host_sync(monkeypatch, small_graph, fused_min_edges):
     """On an index already seen, a training step of the layer does not synchronise with the host
-    (PyG's own GATv2Conv does, removing and adding the self loops)."""
+    (PyG's own GATv2Conv does, removing and adding the self loops), also where the small graph's
+    propagation runs PyG's (``fused_min_edges``)."""
+    monkeypatch.setattr(MessagePassing, "fused_min_edges", fused_min_edges)
     x, edge_index = (t.cuda() for t in small_graph)
     layer = GATv2Conv(6, 4, heads=2).cuda()
     layer(x, edge_index).sum().backward()
