@@ -89,7 +89,17 @@ from triton_kernels.codegen import uses_triton
 from . import ops, reference
 from .graph import OP_TAGS, GraphTensor, validate_endpoints
 from .ir import OpInfo
-from .structure import CSR, STRUCTURE_ARRAYS, EdgeList, GraphStructure, IdentityMap, checked, collecting, version
+from .structure import (
+    CSR,
+    STRUCTURE_ARRAYS,
+    EdgeList,
+    GraphStructure,
+    IdentityMap,
+    checked,
+    collecting,
+    records_steps,
+    version,
+)
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -962,13 +972,49 @@ def run(graph: Graph, build: Callable[..., OpInfo], args: Tuple[Hashable, ...], 
     """Run the op ``build(*args)`` on ``graph``: :func:`pyg_ugrapher.compute` in eager mode, the
     custom op it calls under ``torch.compile`` (``compute``'s Python-side checks and caches are
     not traceable; the layers pass it only shapes they checked), the reference executor's torch
-    operations on a compiled small graph's edges (:func:`traced_graph`)."""
+    operations on a compiled small graph's edges (:func:`traced_graph`) and on an eager
+    host-bound one's (:func:`host_bound`)."""
     if graph.edges is not None:
         return reference.execute_plan(graph.edges, traced_plan(build, *args), operands)
     if graph.structure is not None:
         return ops.call_graph_op(graph.structure, list(operands), op_text(build, *args), ops.AUTO)
+    device_operand = operands[0]
+    if host_bound(graph.num_edges, device_operand):
+        edges = eager_edges(graph.tensor, device_operand.device)
+        return reference.execute_plan(edges, traced_plan(build, *args), operands)
     op, text = _layer_op_and_text(build, args)
     return ops.compute_checked(graph.tensor, op, text, list(operands))
+
+
+#: Eager layer calls on a graph of fewer than this many edges on a :data:`HOST_BOUND_DEVICES`
+#: device run their operators as torch operations (:func:`host_bound`).
+HOST_BOUND_EDGES = 1 << 18
+HOST_BOUND_DEVICES = ("cuda",)
+
+
+def host_bound(num_edges: int, operand: Tensor, limit: Optional[int] = None) -> bool:
+    """Whether an eager call on a graph of ``num_edges`` edges whose operands lie where ``operand``
+    does is bound by host time: fewer than ``limit`` (default :data:`HOST_BOUND_EDGES`) edges, on
+    one of the :data:`HOST_BOUND_DEVICES`, outside ``torch.compile``, a recording of a whole step
+    (:func:`~pyg_ugrapher.structure.records_steps`) and a CUDA graph capture, where kernel time is
+    what a replay costs. There a graph operator's call and its backward in Python cost more host
+    time than the reference executor's few torch operations (PyG's own gathers and scatters) and
+    their backward in C++, and the kernels take microseconds either way."""
+    return (
+        not torch.compiler.is_compiling()
+        and num_edges < (HOST_BOUND_EDGES if limit is None else limit)
+        and operand.device.type in HOST_BOUND_DEVICES
+        and not records_steps()
+        and not (operand.is_cuda and torch.cuda.is_current_stream_capturing())
+    )
+
+
+def eager_edges(graph: GraphTensor, device: torch.device) -> EdgeList:
+    """The edges of ``graph`` in the user's order on ``device``, as its eager structure holds them:
+    a new graph's indices clamped into range until its range check finishes (no gather reads
+    outside its tensors)."""
+    structure = graph.eager_structure(device)
+    return EdgeList(structure.src, structure.dst, graph.num_src, graph.num_dst)
 
 
 def pair(x: object, static: bool = False) -> Tuple[Tensor, Optional[Tensor]]:

@@ -58,7 +58,7 @@ from .backward import canonical
 from .capture import Argument, CaptureError, is_node_count
 from .capture import capture as trace_message
 from .graph import GraphTensor
-from .graph_argument import derived, layer_structure, note_bounds
+from .graph_argument import HOST_BOUND_EDGES, derived, host_bound, layer_structure, note_bounds
 from .ir import Expr, OpInfo
 from .ops import AUTO, call_graph_op, compute
 from .program import Capture, OpRunner, Step, build_operand, build_value
@@ -214,12 +214,9 @@ def _propagate_eagerly(module: "MessagePassing", edge_index: Tensor, size: Size,
 
 #: The default :attr:`MessagePassing.staged_min_edges`.
 STAGED_MIN_EDGES = 1 << 20
-#: The default :attr:`MessagePassing.fused_min_edges`: the size up to which the automatic schedules
-#: treat a GPU graph as host-bound (:data:`autotune.selection.SMALL_GRAPH_EDGES`).
-FUSED_MIN_EDGES = 1 << 18
-#: The devices whose eager propagations on graphs of fewer than
-#: :attr:`MessagePassing.fused_min_edges` edges run PyG's propagation (:func:`_runs_pyg_eagerly`).
-HOST_BOUND_DEVICES = ("cuda",)
+#: The default :attr:`MessagePassing.fused_min_edges`: the drop-in layers' own
+#: :data:`~pyg_ugrapher.graph_argument.HOST_BOUND_EDGES`.
+FUSED_MIN_EDGES = HOST_BOUND_EDGES
 
 
 #: Where a module keeps its propagate() pre-hooks (PyG's ``_propagate_forward_pre_hooks``).
@@ -1114,19 +1111,15 @@ def _stage_or_fall_back(module: "MessagePassing", reason: str, num_edges: int) -
 
 def _runs_pyg_eagerly(module: "MessagePassing", edge_index: Adj) -> bool:
     """Whether a propagation of ``module`` over ``edge_index`` (checked already) runs PyG's
-    propagation because its step is bound by host time: an eager call on a ``[2, E]`` index on one
-    of the :data:`HOST_BOUND_DEVICES` with fewer than :attr:`~MessagePassing.fused_min_edges` edges,
-    outside a recording of a whole step (:func:`~pyg_ugrapher.structure.records_steps`) and a
-    CUDA graph capture, where kernel time is what a replay costs."""
+    propagation because its step is bound by host time: an eager call on a ``[2, E]`` index of
+    fewer than :attr:`~MessagePassing.fused_min_edges` edges that
+    :func:`~pyg_ugrapher.graph_argument.host_bound` finds bound by host time."""
     # Compiling first: Dynamo then reads no size (no guard on it).
     return (
         not torch.compiler.is_compiling()
         and isinstance(edge_index, Tensor)
         and edge_index.layout == torch.strided
-        and edge_index.size(1) < module.fused_min_edges
-        and edge_index.device.type in HOST_BOUND_DEVICES
-        and not records_steps()
-        and not (edge_index.is_cuda and torch.cuda.is_current_stream_capturing())
+        and host_bound(edge_index.size(1), edge_index, module.fused_min_edges)
     )
 
 

@@ -121,12 +121,15 @@ def pyg_fused_propagations():
 
 @pytest.fixture(autouse=True)
 def staged_and_fused_on_small_graphs(monkeypatch):
-    """Propagations that run staged or fused do so on the tests' small graphs too: by default a
-    graph of fewer than ``MessagePassing.staged_min_edges`` edges (and, eager on a GPU, of fewer
-    than ``MessagePassing.fused_min_edges``) runs PyG's propagation instead, which the tests of
-    those rules ask for themselves."""
+    """Propagations that run staged or fused, and the layers' graph operators, do so on the tests'
+    small graphs too: by default a graph of fewer than ``MessagePassing.staged_min_edges`` edges
+    (and, eager on a GPU, of fewer than ``MessagePassing.fused_min_edges``) runs PyG's propagation
+    instead, and eager on a GPU the layers' operators on a graph of fewer than
+    ``graph_argument.HOST_BOUND_EDGES`` run as torch operations; the tests of those rules ask for
+    them themselves."""
     monkeypatch.setattr(ug.MessagePassing, "staged_min_edges", 0)
     monkeypatch.setattr(ug.MessagePassing, "fused_min_edges", 0)
+    monkeypatch.setattr(graph_argument, "HOST_BOUND_EDGES", 0)
 
 
 # -- where compute runs --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from ..graph_argument import (
     edge_tensor,
     gather_op,
     graph_of,
+    host_bound,
     is_sparse,
     looped_edge_attr,
     looped_graph,
@@ -354,7 +355,12 @@ class GATConv(MessagePassing, ScriptedAsPyG):
         # Returned coefficients come from their own ops, and the output from the plain call's
         # fused op (the same numbers as a call without them), unless dropout must drop both alike.
         # A compiled small graph's edges (traced_graph) take the separate ops, as torch operations.
-        if self._gather == "sum" and not (return_attention_weights and dropping) and graph.edges is None:
+        if (
+            self._gather == "sum"
+            and not (return_attention_weights and dropping)
+            and graph.edges is None
+            and (graph.structure is not None or not host_bound(graph.num_edges, x_src))
+        ):
             keep = None
             if dropping:
                 keep = F.dropout(alpha_src.new_ones(graph.num_edges, H), p=self.dropout, training=True)
@@ -391,16 +397,19 @@ class GATConv(MessagePassing, ScriptedAsPyG):
         self, graph: Graph, logits: Tensor, x_src: Tensor, return_attention_weights: Optional[bool]
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Softmax and aggregation as separate ops: where the attention coefficients are returned
-        with dropout, or the aggregation is not a sum."""
+        with dropout, the aggregation is not a sum, or the graph's operators run as torch
+        operations (a compiled small graph, an eager host-bound one). Without dropout the output
+        comes from the same op whether the coefficients are returned or not, so it is the same."""
         numer, denom = self._softmax(graph, logits)
-        if return_attention_weights or (self.training and self.dropout > 0):
+        if self.training and self.dropout > 0:
             alpha = run(graph, named, ("e_div_v",), [numer, denom])
-            alpha = F.dropout(alpha, p=self.dropout, training=self.training)
+            alpha = F.dropout(alpha, p=self.dropout, training=True)
             return run(graph, named, (f"u_mul_e_{self._gather}",), [x_src, alpha.unsqueeze(-1)]), alpha
         out = run(
             graph, weighted_source, (self._gather,), [x_src, numer.unsqueeze(-1), denom.reciprocal().unsqueeze(-1)]
         )
-        return out, None
+        alpha = run(graph, named, ("e_div_v",), [numer, denom]) if return_attention_weights else None
+        return out, alpha
 
     @staticmethod
     def _softmax(graph: Graph, logits: Tensor) -> Tuple[Tensor, Tensor]:

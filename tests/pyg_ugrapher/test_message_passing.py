@@ -14,7 +14,7 @@ from torch_geometric.nn.aggr import MaxAggregation, MeanAggregation
 from torch_geometric.utils import scatter, softmax
 
 import pyg_ugrapher as ug
-from pyg_ugrapher import message_passing
+from pyg_ugrapher import graph_argument
 from pyg_ugrapher.structure import recording_steps
 
 from ..conftest import FakeSparseTensor
@@ -266,7 +266,7 @@ def test_eager_calls_on_small_gpu_graphs_run_pygs_propagation(monkeypatch, graph
     fewer than ``fused_min_edges`` edges runs PyG's, with the reason, and the fused operator from
     that many; while a whole step is recorded it runs fused on the smaller graph too. PyG's
     results either way."""
-    monkeypatch.setattr(message_passing, "HOST_BOUND_DEVICES", ("cpu",))
+    monkeypatch.setattr(graph_argument, "HOST_BOUND_DEVICES", ("cpu",))
     x, edge_index, num_edges, generator = random_inputs("reference")
     limit = num_edges + (graph_size == "below_it")
     monkeypatch.setattr(ug.MessagePassing, "fused_min_edges", limit)

@@ -5,7 +5,7 @@ from torch_geometric import EdgeIndex
 from torch_geometric.utils import remove_self_loops
 
 import pyg_ugrapher as ug
-from pyg_ugrapher import MessagePassing, graph_argument, message_passing, ops
+from pyg_ugrapher import MessagePassing, graph_argument, ops
 from pyg_ugrapher.graph_argument import looped_graph
 from pyg_ugrapher.message_passing import FUSED_MIN_EDGES, STAGED_MIN_EDGES
 from pyg_ugrapher.nn import GATv2Conv
@@ -108,7 +108,7 @@ def test_an_eager_small_gpu_graph_runs_pygs_propagation(compare, small_graph, mo
     propagation runs PyG's on the graph with its loops: PyG's results, the reason given, no graph
     operator called for it; the attention below ``staged_min_edges`` runs PyG's way too."""
     x, edge_index = small_graph
-    monkeypatch.setattr(message_passing, "HOST_BOUND_DEVICES", ("cpu",))
+    monkeypatch.setattr(graph_argument, "HOST_BOUND_DEVICES", ("cpu",))
     monkeypatch.setattr(MessagePassing, "fused_min_edges", FUSED_MIN_EDGES)
     monkeypatch.setattr(MessagePassing, "staged_min_edges", STAGED_MIN_EDGES)
     edge_attr = torch.randn(edge_index.size(1), 3, generator=torch.Generator().manual_seed(4))
